@@ -1,0 +1,110 @@
+"""Triton's tensor data types: wire names, config enum names, numpy dtypes, sizes."""
+
+from __future__ import annotations
+
+import struct
+
+import ml_dtypes
+import numpy as np
+
+# Wire name -> numpy dtype. BYTES tensors are numpy object arrays of `bytes`.
+_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+}
+
+DATATYPES: tuple[str, ...] = tuple(_NUMPY)
+
+# Types whose JSON form is not allowed: they travel only as binary data.
+BINARY_ONLY: frozenset[str] = frozenset({"FP16", "BF16"})
+
+_BY_NUMPY: dict[np.dtype, str] = {dt: name for name, dt in _NUMPY.items()}
+
+
+def is_datatype(name: str) -> bool:
+    return name in _NUMPY
+
+
+def to_numpy_dtype(datatype: str) -> np.dtype:
+    """The numpy dtype that holds a tensor of `datatype` (KeyError for an unknown name)."""
+    return _NUMPY[datatype]
+
+
+def from_numpy_dtype(dtype: np.dtype) -> str:
+    """The wire data type of a numpy dtype; `str`/`bytes` arrays map to BYTES."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in ("S", "U", "O"):
+        return "BYTES"
+    return _BY_NUMPY[dtype]
+
+
+def element_size(datatype: str) -> int:
+    """Bytes per element; 0 for BYTES, whose elements vary in size."""
+    if datatype == "BYTES":
+        return 0
+    return _NUMPY[datatype].itemsize
+
+
+def config_to_wire(config_type: str) -> str:
+    """`TYPE_INT32` -> `INT32`; `TYPE_STRING` -> `BYTES` (the config and wire names differ there)."""
+    name = config_type.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def wire_to_config(datatype: str) -> str:
+    """`INT32` -> `TYPE_INT32`; `BYTES` -> `TYPE_STRING`."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def num_elements(shape: tuple[int, ...] | list[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+_LENGTH = struct.Struct("<I")
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """BYTES elements in row-major order, each as a 4-byte little-endian length and its bytes."""
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
+    """Inverse of `serialize_bytes`: a 1-D object array. ValueError if the buffer is malformed
+    or (when `count` is given) holds a different number of elements."""
+    view = memoryview(buffer)
+    items: list[bytes] = []
+    offset, end = 0, len(view)
+    while offset < end:
+        if offset + 4 > end:
+            raise ValueError("BYTES data ends inside a 4-byte length prefix")
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        if offset + length > end:
+            raise ValueError(f"BYTES element of {length} bytes runs past the end of the data")
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    if count is not None and len(items) != count:
+        raise ValueError(f"BYTES data holds {len(items)} elements, expected {count}")
+    result = np.empty(len(items), dtype=np.object_)
+    result[:] = items
+    return result
