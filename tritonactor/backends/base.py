@@ -1,6 +1,6 @@
 """The backend API, mirroring Triton's lifecycle:
 
-    backend initialize -> model initialize -> instance initialize -> execute(requests) ... -> finalize
+    backend init -> model init -> instance init -> execute(requests)... -> finalize
 
 A backend is found by name in the registry. Every method may block: the instance actor calls
 them off the event loop (a backend whose `execute` is `async def` is awaited on the loop instead).
@@ -94,7 +94,7 @@ class Backend(ABC):
 
     @abstractmethod
     def load_model(self, context: ModelContext) -> BackendModel:
-        """Initialize one version of a model; raise TritonError (or any exception) to fail the load."""
+        """Initialize one version of a model; raising (TritonError or any error) fails the load."""
 
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """At server shutdown."""

@@ -57,7 +57,7 @@ def config_to_json(config: ModelConfig) -> dict[str, Any]:
 
 
 def config_from_json(data: dict[str, Any] | str | bytes) -> ModelConfig:
-    """A ModelConfig from Triton's JSON form (as `/config` answers, or a load request's override)."""
+    """A ModelConfig from Triton's JSON form (as `/config` answers, or a load override)."""
     message = _PROTOBUF_CLASS()
     try:
         if isinstance(data, (str, bytes)):

@@ -58,7 +58,7 @@ def element_size(datatype: str) -> int:
 
 
 def config_to_wire(config_type: str) -> str:
-    """`TYPE_INT32` -> `INT32`; `TYPE_STRING` -> `BYTES` (the config and wire names differ there)."""
+    """`TYPE_INT32` -> `INT32`; `TYPE_STRING` -> `BYTES` (config and wire names differ there)."""
     name = config_type.removeprefix("TYPE_")
     return "BYTES" if name == "STRING" else name
 

@@ -1,0 +1,231 @@
+"""The actor runtime on its own: mailboxes, tell/ask, supervision, shutdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+
+from tritonactor.actors import Actor, ActorRef, ActorStopped, ActorSystem, Reply
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass(frozen=True)
+class Add:
+    amount: int
+
+
+@dataclass(frozen=True)
+class Get:
+    reply: Reply[int]
+
+
+@dataclass(frozen=True)
+class Boom:
+    reply: Reply[int] | None = None
+
+
+@dataclass(frozen=True)
+class Slow:
+    reply: Reply[int]
+    seconds: float = 0.05
+
+
+class Counter(Actor[Any]):
+    def __init__(self, name: str = "counter", log: list[str] | None = None) -> None:
+        super().__init__(name)
+        self.total = 0
+        self.log = log if log is not None else []
+
+    async def started(self) -> None:
+        self.log.append(f"{self.name} started")
+
+    async def receive(self, message: Any) -> None:
+        match message:
+            case Add(amount):
+                self.total += amount
+            case Get(reply):
+                reply.set(self.total)
+            case Slow(reply, seconds):
+                await anyio.sleep(seconds)
+                reply.set(self.total)
+            case Boom():
+                raise RuntimeError(f"{self.name} exploded")
+
+    async def stopped(self) -> None:
+        self.log.append(f"{self.name} stopped")
+
+
+async def test_tell_then_ask_sees_messages_in_order() -> None:
+    async with ActorSystem() as system:
+        ref = await system.spawn(Counter())
+        for amount in range(1, 11):
+            await ref.tell(Add(amount))
+        assert await ref.ask(Get) == 55
+
+
+async def test_mailbox_is_bounded() -> None:
+    class Tiny(Counter):
+        mailbox_size = 2
+
+    async with ActorSystem() as system:
+        gate = anyio.Event()
+
+        class Blocked(Tiny):
+            async def receive(self, message: Any) -> None:
+                await gate.wait()
+                await super().receive(message)
+
+        ref = await system.spawn(Blocked())
+        await ref.tell(Add(1))  # taken by the loop, which then blocks on the gate
+        await anyio.sleep(0.01)
+        ref.tell_nowait(Add(1))
+        ref.tell_nowait(Add(1))
+        assert ref.mailbox_depth == 2
+        with pytest.raises(anyio.WouldBlock):
+            ref.tell_nowait(Add(1))
+        gate.set()
+        assert await ref.ask(Get) == 3
+
+
+async def test_stop_drains_queue_then_runs_stopped_hook() -> None:
+    log: list[str] = []
+    async with ActorSystem() as system:
+        ref = await system.spawn(Counter(log=log))
+        replies = [Reply[int]() for _ in range(3)]
+        for reply in replies:
+            await ref.tell(Slow(reply, 0.01))
+        ref.stop()
+        with pytest.raises(ActorStopped):
+            await ref.tell(Add(1))
+        assert [await reply.wait() for reply in replies] == [0, 0, 0]
+    assert log == ["counter started", "counter stopped"]
+
+
+async def test_failing_actor_is_reported_and_its_pending_asks_fail() -> None:
+    failures: list[tuple[str, str]] = []
+    async with ActorSystem(
+        on_failure=lambda ref, err: failures.append((ref.name, str(err)))
+    ) as system:
+        ref = await system.spawn(Counter())
+        survivor = await system.spawn(Counter("survivor"))
+        waiting = Reply[int]()
+        ref.tell_nowait(Boom())
+        ref.tell_nowait(Slow(waiting))  # queued behind the failing message
+        with pytest.raises(ActorStopped):
+            await waiting.wait()
+        with anyio.fail_after(1):
+            while not failures:
+                await anyio.sleep(0.001)
+        assert failures == [("counter", "counter exploded")]
+        assert not ref.running
+        with pytest.raises(ActorStopped):
+            await ref.ask(Get)
+        # the system and its other actors keep running
+        assert await survivor.ask(Get) == 0
+
+
+async def test_failure_while_answering_fails_that_ask() -> None:
+    async with ActorSystem() as system:
+        ref = await system.spawn(Counter())
+        with pytest.raises(ActorStopped):
+            await ref.ask(Boom)
+
+
+class Parent(Actor[Any]):
+    def __init__(self, log: list[str]) -> None:
+        super().__init__("parent")
+        self.log = log
+        self.failed: list[str] = []
+        self.child: ActorRef[Any] | None = None
+
+    async def started(self) -> None:
+        self.child = await self.spawn(Counter("child", self.log))
+
+    async def receive(self, message: Any) -> None:
+        match message:
+            case Get(reply):
+                reply.set(len(self.failed))
+
+    async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
+        self.failed.append(f"{child.name}: {error}")
+
+    async def stopped(self) -> None:
+        self.log.append("parent stopped")
+
+
+async def test_parent_is_told_when_child_fails() -> None:
+    log: list[str] = []
+    async with ActorSystem() as system:
+        parent_actor = Parent(log)
+        parent = await system.spawn(parent_actor)
+        assert parent_actor.child is not None
+        await parent_actor.child.tell(Boom())
+        with anyio.fail_after(1):
+            while await parent.ask(Get) == 0:
+                await anyio.sleep(0.001)
+        assert parent_actor.failed == ["child: child exploded"]
+        assert parent_actor.children == ()
+
+
+async def test_stopping_parent_stops_children_first() -> None:
+    log: list[str] = []
+    async with ActorSystem() as system:
+        parent = await system.spawn(Parent(log))
+        parent.stop()
+        with anyio.fail_after(1):
+            while parent.running:
+                await anyio.sleep(0.001)
+    assert log == ["child started", "child stopped", "parent stopped"]
+
+
+async def test_unhandled_child_failure_escalates_to_parent() -> None:
+    failures: list[str] = []
+
+    class Strict(Parent):
+        on_child_failed = Actor.on_child_failed  # default policy: escalate
+
+    async with ActorSystem(on_failure=lambda ref, err: failures.append(ref.name)) as system:
+        strict = Strict([])
+        await system.spawn(strict)
+        assert strict.child is not None
+        await strict.child.tell(Boom())
+        with anyio.fail_after(1):
+            while not failures:
+                await anyio.sleep(0.001)
+        assert failures == ["parent"]
+
+
+async def test_error_in_started_fails_spawn() -> None:
+    class Broken(Counter):
+        async def started(self) -> None:
+            raise ValueError("cannot start")
+
+    async with ActorSystem() as system:
+        with pytest.raises(ValueError, match="cannot start"):
+            await system.spawn(Broken())
+        # a failed start leaves the system usable
+        assert await (await system.spawn(Counter())).ask(Get) == 0
+
+
+async def test_shutdown_timeout_cancels_stuck_actor() -> None:
+    class Stuck(Counter):
+        async def receive(self, message: Any) -> None:
+            await anyio.sleep_forever()
+
+    waiting = Reply[int]()
+    with anyio.fail_after(2):
+        async with ActorSystem(shutdown_timeout=0.1) as system:
+            ref = await system.spawn(Stuck())
+            await ref.tell(Add(1))
+            await ref.tell(Get(waiting))
+    with pytest.raises(ActorStopped):
+        await waiting.wait()

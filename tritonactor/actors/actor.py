@@ -1,0 +1,276 @@
+"""Actors: a bounded mailbox, a loop that handles one message at a time, and an owner.
+
+An actor runs inside its parent's task group and owns a task group for its own children, so
+stopping an actor stops its subtree, and nothing outlives its owner. A message that expects an
+answer carries a `reply` (see `Reply`); if the actor stops or fails with such messages still
+queued, their replies fail with `ActorStopped` instead of leaving the caller waiting forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from tritonactor.actors.reply import Reply
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M")
+R = TypeVar("R")
+
+
+class ActorStopped(Exception):
+    """The actor's mailbox is closed: it has stopped, or is stopping, or has failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildFailed:
+    """Delivered to a parent's mailbox when one of its children failed."""
+
+    child: ActorRef[Any]
+    error: BaseException
+
+
+class ActorRef(Generic[M]):
+    """The only handle other code has on an actor: send it messages, ask it, stop it."""
+
+    __slots__ = ("_actor", "_send", "name")
+
+    def __init__(self, actor: Actor[M], send: MemoryObjectSendStream[M]) -> None:
+        self._actor = actor
+        self._send = send
+        self.name = actor.name
+
+    async def tell(self, message: M) -> None:
+        """Queue a message, waiting while the mailbox is full."""
+        try:
+            await self._send.send(message)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ActorStopped(f"actor '{self.name}' is not running") from None
+
+    def tell_nowait(self, message: M) -> None:
+        """Queue a message now; `anyio.WouldBlock` when the mailbox is full."""
+        try:
+            self._send.send_nowait(message)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ActorStopped(f"actor '{self.name}' is not running") from None
+
+    async def ask(self, make: Callable[[Reply[R]], M]) -> R:
+        """Send `make(reply)` and wait for the actor to answer through `reply`."""
+        reply: Reply[R] = Reply()
+        await self.tell(make(reply))
+        return await reply.wait()
+
+    def stop(self) -> None:
+        """Close the mailbox: the actor handles what is already queued, then stops."""
+        self._send.close()
+
+    @property
+    def mailbox_depth(self) -> int:
+        return self._send.statistics().current_buffer_used
+
+    @property
+    def running(self) -> bool:
+        return self._actor.running
+
+    def __repr__(self) -> str:
+        return f"<ActorRef {self.name}>"
+
+
+class Actor(Generic[M]):
+    """Subclass and implement `receive`. Optional hooks: `started`, `stopped`, `on_child_failed`."""
+
+    mailbox_size: int = 256
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        send, receive = anyio.create_memory_object_stream[M](self.mailbox_size)
+        self._receive: MemoryObjectReceiveStream[M] = receive
+        self.ref: ActorRef[M] = ActorRef(self, send)
+        self.parent: ActorRef[Any] | None = None
+        self.running = False
+        self._children: list[ActorRef[Any]] = []
+        self._task_group: TaskGroup | None = None
+        self._current: Any = None
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    async def started(self) -> None:
+        """Runs before the first message; an error here fails `spawn` for the caller."""
+
+    async def receive(self, message: M) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement receive()")
+
+    async def stopped(self) -> None:
+        """Runs after the mailbox is drained and every child has stopped."""
+
+    async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
+        """Default: a failed child fails its parent too (the failure travels up to the system)."""
+        raise error
+
+    # -- children ------------------------------------------------------------------------------
+
+    async def spawn(self, child: Actor[Any]) -> ActorRef[Any]:
+        """Start a child in this actor's task group; returns once its `started` hook is done."""
+        if self._task_group is None:
+            raise ActorStopped(f"actor '{self.name}' is not running; cannot spawn '{child.name}'")
+        child.parent = self.ref
+        await self._task_group.start(_supervise, child, self._child_failed)
+        self._children.append(child.ref)
+        return child.ref
+
+    @property
+    def children(self) -> tuple[ActorRef[Any], ...]:
+        return tuple(self._children)
+
+    async def _child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
+        try:
+            await self.ref.tell(ChildFailed(child, error))  # type: ignore[arg-type]
+        except ActorStopped:
+            log.error("actor '%s' failed while its parent '%s' was stopping", child.name, self.name)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _run(self, task_status: TaskStatus[None]) -> None:
+        try:
+            async with anyio.create_task_group() as task_group:
+                self._task_group = task_group
+                await self.started()
+                self.running = True
+                task_status.started()
+                try:
+                    async for message in self._receive:
+                        self._current = message
+                        if isinstance(message, ChildFailed):
+                            self._children.remove(message.child)
+                            await self.on_child_failed(message.child, message.error)
+                        else:
+                            await self.receive(message)
+                        self._current = None
+                finally:
+                    for child in self._children:
+                        child.stop()
+            await self.stopped()
+        finally:
+            self.running = False
+            self._task_group = None
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        self.ref.stop()
+        error = ActorStopped(f"actor '{self.name}' stopped before answering")
+        pending = [self._current] if self._current is not None else []
+        self._current = None
+        while True:
+            try:
+                pending.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        self._receive.close()
+        for message in pending:
+            reply = getattr(message, "reply", None)
+            if isinstance(reply, Reply):
+                reply.fail(error)
+
+
+async def _supervise(
+    actor: Actor[Any],
+    report: Callable[[ActorRef[Any], BaseException], Any],
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    started = False
+
+    def mark_started() -> None:
+        nonlocal started
+        started = True
+        task_status.started()
+
+    try:
+        await actor._run(_StartedSignal(mark_started))
+    except Exception as error:
+        error = _unwrap(error)
+        if not started:
+            raise error from None
+        log.warning("actor '%s' failed: %r", actor.name, error)
+        await report(actor.ref, error)
+
+
+def _unwrap(error: Exception) -> Exception:
+    # An actor's task group wraps what its loop raised; report the error itself.
+    while isinstance(error, ExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+class _StartedSignal:
+    """Adapts a callback to anyio's TaskStatus, so `_supervise` knows whether start finished."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self._callback = callback
+
+    def started(self, value: None = None) -> None:
+        self._callback()
+
+
+class ActorSystem:
+    """The root owner: `async with ActorSystem() as system: ref = await system.spawn(actor)`.
+
+    A child of the system that fails is logged and handed to `on_failure`; the system keeps
+    running. Leaving the block stops every actor (gracefully, within `shutdown_timeout`)."""
+
+    def __init__(
+        self,
+        on_failure: Callable[[ActorRef[Any], BaseException], Any] | None = None,
+        shutdown_timeout: float = math.inf,
+    ) -> None:
+        self._on_failure = on_failure
+        self._shutdown_timeout = shutdown_timeout
+        self._task_group: TaskGroup | None = None
+        self._children: list[ActorRef[Any]] = []
+
+    async def __aenter__(self) -> ActorSystem:
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> bool | None:
+        task_group = self._task_group
+        assert task_group is not None
+        self.stop()
+        # Past the deadline the task group's own scope cancels whatever is still running.
+        deadline = anyio.current_time() + self._shutdown_timeout
+        task_group.cancel_scope.deadline = deadline
+        try:
+            return await task_group.__aexit__(*exc_info)
+        finally:
+            self._task_group = None
+            if anyio.current_time() >= deadline:
+                log.error("actors did not stop within %.1fs; cancelled", self._shutdown_timeout)
+
+    async def spawn(self, actor: Actor[Any]) -> ActorRef[Any]:
+        if self._task_group is None:
+            raise ActorStopped("the actor system is not running")
+        await self._task_group.start(_supervise, actor, self._failed)
+        self._children.append(actor.ref)
+        return actor.ref
+
+    def stop(self) -> None:
+        for child in self._children:
+            child.stop()
+
+    async def _failed(self, child: ActorRef[Any], error: BaseException) -> None:
+        if child in self._children:
+            self._children.remove(child)
+        log.error("actor '%s' failed: %r", child.name, error)
+        if self._on_failure is not None:
+            result = self._on_failure(child, error)
+            if hasattr(result, "__await__"):
+                await result
