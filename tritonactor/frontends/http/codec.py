@@ -1,0 +1,621 @@
+"""The KServe v2 / Triton HTTP inference body <-> InferenceRequest / InferenceResponse.
+
+Pure functions over bytes and dicts: no models, actors or web framework. Decisions that a reader
+of the wire protocol alone would not guess:
+
+- Numeric binary inputs are zero-copy `np.frombuffer` views of the request body. They are
+  read-only (the body is `bytes`) and may be unaligned (the JSON header has any length); a
+  consumer that must write into an input copies it first.
+- Only wire-level consistency is checked here (element counts, byte sizes, JSON types); shapes
+  and datatypes are checked against the model config elsewhere.
+- `binary_data_size` and resolved `shared_memory_*` parameters describe transport, not the
+  tensor, so they are dropped from `Tensor.parameters`.
+- FP16 and BF16 have no JSON form (as in Triton): such inputs must be binary, and such outputs
+  are always answered in binary whatever the client asked; every client reads binary outputs.
+- A BYTES output asked for as JSON whose elements are not all UTF-8 is answered in binary,
+  since JSON strings cannot carry arbitrary bytes.
+- An output answered as JSON has a "parameters" key only when the tensor has parameters of its
+  own: Triton's C++ client reads any output "parameters" as binary-data info.
+- A raw binary request (the whole body is the data of a model's only input) of a BYTES input is
+  one element: the body itself, with no 4-byte length prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tritonactor.core.datatypes import (
+    BINARY_ONLY,
+    deserialize_bytes,
+    is_datatype,
+    num_elements,
+    serialize_bytes,
+    to_numpy_dtype,
+)
+from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.core.types import (
+    InferenceRequest,
+    InferenceResponse,
+    Parameters,
+    RequestedOutput,
+    Tensor,
+)
+
+# (region name, offset, byte size) -> the bytes of a registered shared-memory region.
+SharedMemoryReader = Callable[[str, int, int], bytes | memoryview]
+
+_SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+_INTEGER_KINDS = "iu"
+_FLOAT_KINDS = "iuf"
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+
+def decode_json(body: bytes | bytearray | memoryview | str) -> Any:
+    """Parse a JSON request body; malformed JSON is the client's error (INVALID_ARG)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+
+
+def encode_json(obj: Any) -> bytes:
+    """Serialize a response body; numpy arrays of numbers and bools are written natively."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError as exc:
+        raise internal(f"failed to serialize the response JSON: {exc}") from None
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+
+def decode_infer_request(
+    body: bytes | bytearray | memoryview,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+    *,
+    shared_memory: SharedMemoryReader | None = None,
+) -> InferenceRequest:
+    """Decode an inference request body.
+
+    `header_length` is the `Inference-Header-Content-Length` header: the body is that many bytes
+    of JSON followed by the inputs' binary data. None means the whole body is JSON.
+    `shared_memory` reads inputs that name a shared-memory region; without it they are refused.
+    """
+    header, binary = _split_body(body, header_length)
+    document = decode_json(header)
+    if not isinstance(document, dict):
+        raise invalid_arg("the inference request must be a JSON object")
+    reader = _BinaryReader(binary, has_header_length=header_length is not None)
+    inputs = _decode_inputs(document, reader, shared_memory)
+    reader.finish()
+    parameters = _decode_parameters(document.get("parameters"), "the inference request")
+    _require_bool(parameters, "binary_data_output", "the inference request")
+    return InferenceRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=_decode_id(document.get("id")),
+        inputs=inputs,
+        outputs=_decode_outputs(document.get("outputs")),
+        parameters=parameters,
+    )
+
+
+def decode_raw_request(
+    body: bytes | bytearray | memoryview,
+    input_name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    model_name: str,
+    model_version: str,
+) -> InferenceRequest:
+    """Decode a raw binary request: the whole body is the data of the model's only input.
+
+    `input_name`, `datatype` and `shape` come from the model config (the full shape, batch
+    dimension included). One -1 dimension is inferred from the body's size. Every output is
+    answered in binary, since the client sent no JSON to ask otherwise.
+    """
+    if not is_datatype(datatype):
+        raise invalid_arg(f"unknown datatype '{datatype}' for input '{input_name}'")
+    if datatype == "BYTES":
+        concrete = _infer_shape(input_name, datatype, shape, 1)
+        data = np.empty(1, dtype=np.object_)
+        data[0] = bytes(body)
+        data = data.reshape(concrete)
+    else:
+        itemsize = to_numpy_dtype(datatype).itemsize
+        count, remainder = divmod(len(body), itemsize)
+        if remainder:
+            raise invalid_arg(
+                f"raw binary data of {len(body)} bytes for input '{input_name}' is not a whole "
+                f"number of {datatype} elements"
+            )
+        concrete = _infer_shape(input_name, datatype, shape, count)
+        data = _array_from_binary(input_name, datatype, concrete, memoryview(body))
+    return InferenceRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=[Tensor(input_name, datatype, concrete, data)],
+        parameters={"binary_data_output": True},
+    )
+
+
+def _split_body(
+    body: bytes | bytearray | memoryview, header_length: int | None
+) -> tuple[memoryview, memoryview]:
+    view = memoryview(body)
+    if header_length is None:
+        return view, view[len(view) :]
+    if header_length < 0 or header_length > len(view):
+        raise invalid_arg(
+            f"Inference-Header-Content-Length {header_length} is outside the request body "
+            f"of {len(view)} bytes"
+        )
+    return view[:header_length], view[header_length:]
+
+
+class _BinaryReader:
+    """Hands out the binary section to inputs in order of appearance."""
+
+    __slots__ = ("_has_header_length", "_offset", "_view")
+
+    def __init__(self, view: memoryview, *, has_header_length: bool) -> None:
+        self._view = view
+        self._offset = 0
+        self._has_header_length = has_header_length
+
+    def take(self, name: str, size: int) -> memoryview:
+        if not self._has_header_length:
+            raise invalid_arg(
+                f"input '{name}' has 'binary_data_size' but the request has no binary data "
+                "(no Inference-Header-Content-Length header)"
+            )
+        end = self._offset + size
+        if end > len(self._view):
+            remaining = len(self._view) - self._offset
+            raise invalid_arg(
+                f"unexpected end of binary data for input '{name}': it needs {size} bytes, "
+                f"{remaining} remain"
+            )
+        chunk = self._view[self._offset : end]
+        self._offset = end
+        return chunk
+
+    def finish(self) -> None:
+        extra = len(self._view) - self._offset
+        if extra:
+            raise invalid_arg(
+                f"unexpected additional input data: {extra} bytes follow the last input's "
+                "binary data"
+            )
+
+
+def _decode_id(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise invalid_arg("the request 'id' must be a string")
+    return value
+
+
+def _decode_parameters(value: Any, owner: str) -> Parameters:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid_arg(f"'parameters' of {owner} must be a JSON object")
+    for key, item in value.items():
+        if not isinstance(item, bool | int | float | str):
+            raise invalid_arg(
+                f"parameter '{key}' of {owner} must be a bool, number or string, "
+                f"not {_json_type(item)}"
+            )
+    return value
+
+
+def _require_bool(parameters: Parameters, key: str, owner: str) -> None:
+    if key in parameters and not isinstance(parameters[key], bool):
+        raise invalid_arg(f"parameter '{key}' of {owner} must be a bool")
+
+
+def _decode_outputs(value: Any) -> list[RequestedOutput]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid_arg("'outputs' of the inference request must be a JSON array")
+    outputs = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise invalid_arg(f"requested output {index} must be a JSON object")
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise invalid_arg(f"requested output {index} has no 'name' string")
+        owner = f"requested output '{name}'"
+        parameters = _decode_parameters(item.get("parameters"), owner)
+        _require_bool(parameters, "binary_data", owner)
+        outputs.append(RequestedOutput(name, parameters))
+    return outputs
+
+
+def _decode_inputs(
+    document: dict[str, Any], reader: _BinaryReader, shared_memory: SharedMemoryReader | None
+) -> list[Tensor]:
+    if "inputs" not in document:
+        raise invalid_arg("the inference request has no 'inputs'")
+    items = document["inputs"]
+    if not isinstance(items, list):
+        raise invalid_arg("'inputs' of the inference request must be a JSON array")
+    inputs: list[Tensor] = []
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        tensor = _decode_input(index, item, reader, shared_memory)
+        if tensor.name in seen:
+            raise invalid_arg(f"input '{tensor.name}' appears more than once in the request")
+        seen.add(tensor.name)
+        inputs.append(tensor)
+    return inputs
+
+
+def _decode_input(
+    index: int, item: Any, reader: _BinaryReader, shared_memory: SharedMemoryReader | None
+) -> Tensor:
+    if not isinstance(item, dict):
+        raise invalid_arg(f"input {index} must be a JSON object")
+    name = item.get("name")
+    if not isinstance(name, str):
+        raise invalid_arg(f"input {index} has no 'name' string")
+    datatype = item.get("datatype")
+    if not isinstance(datatype, str):
+        raise invalid_arg(f"input '{name}' has no 'datatype' string")
+    if not is_datatype(datatype):
+        raise invalid_arg(f"input '{name}' has unknown datatype '{datatype}'")
+    shape = _decode_shape(name, item.get("shape"))
+    parameters = _decode_parameters(item.get("parameters"), f"input '{name}'")
+    data = _decode_input_data(name, datatype, shape, item, parameters, reader, shared_memory)
+    return Tensor(name, datatype, shape, data, parameters)
+
+
+def _decode_shape(name: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise invalid_arg(f"input '{name}' has no 'shape' array")
+    for dim in value:
+        # bool is an int in Python, but `true` is no dimension.
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            raise invalid_arg(f"'shape' of input '{name}' must hold integers, got {value}")
+        if dim < 0:
+            raise invalid_arg(f"'shape' of input '{name}' has a negative dimension: {value}")
+    return tuple(value)
+
+
+def _decode_input_data(
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    item: dict[str, Any],
+    parameters: Parameters,
+    reader: _BinaryReader,
+    shared_memory: SharedMemoryReader | None,
+) -> np.ndarray:
+    binary_size = parameters.pop("binary_data_size", None)
+    in_shared_memory = "shared_memory_region" in parameters
+    sources = ("data" in item) + (binary_size is not None) + in_shared_memory
+    if sources > 1:
+        raise invalid_arg(
+            f"input '{name}' must have only one of 'data', binary data or shared memory"
+        )
+    if binary_size is not None:
+        size = _non_negative_int(binary_size, f"'binary_data_size' of input '{name}'")
+        return _array_from_binary(name, datatype, shape, reader.take(name, size))
+    if in_shared_memory:
+        buffer = _read_shared_memory(name, parameters, shared_memory)
+        return _array_from_binary(name, datatype, shape, memoryview(buffer))
+    if "data" in item:
+        return _array_from_json(name, datatype, shape, item["data"])
+    if num_elements(shape) == 0:
+        return np.empty(shape, dtype=to_numpy_dtype(datatype))
+    raise invalid_arg(f"input '{name}' has no 'data', binary data or shared memory")
+
+
+def _non_negative_int(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise invalid_arg(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _read_shared_memory(
+    name: str, parameters: Parameters, shared_memory: SharedMemoryReader | None
+) -> bytes | memoryview:
+    region = parameters.pop("shared_memory_region")
+    size = parameters.pop("shared_memory_byte_size", None)
+    offset = parameters.pop("shared_memory_offset", 0)
+    if not isinstance(region, str):
+        raise invalid_arg(f"'shared_memory_region' of input '{name}' must be a string")
+    if size is None:
+        raise invalid_arg(f"input '{name}' names a shared memory region without a byte size")
+    size = _non_negative_int(size, f"'shared_memory_byte_size' of input '{name}'")
+    offset = _non_negative_int(offset, f"'shared_memory_offset' of input '{name}'")
+    if shared_memory is None:
+        raise invalid_arg(f"input '{name}' uses shared memory, which this endpoint cannot read")
+    return shared_memory(region, offset, size)
+
+
+def _array_from_binary(
+    name: str, datatype: str, shape: tuple[int, ...], buffer: memoryview
+) -> np.ndarray:
+    count = num_elements(shape)
+    if datatype == "BYTES":
+        try:
+            return deserialize_bytes(buffer, count).reshape(shape)
+        except ValueError as exc:
+            raise invalid_arg(
+                f"unable to parse BYTES binary data for input '{name}': {exc}"
+            ) from None
+    dtype = to_numpy_dtype(datatype)
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise invalid_arg(
+            f"unexpected size of binary data for input '{name}': {len(buffer)} bytes, expected "
+            f"{expected} for shape {list(shape)} of {datatype}"
+        )
+    array = np.frombuffer(buffer, dtype=dtype)
+    if datatype == "BOOL":
+        array = _normalize_bools(array)
+    return array.reshape(shape)
+
+
+def _normalize_bools(array: np.ndarray) -> np.ndarray:
+    # A byte other than 0/1 would make a numpy bool that compares unequal to True.
+    raw = array.view(np.uint8)
+    if raw.size and raw.max() > 1:
+        return raw != 0
+    return array
+
+
+def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    if datatype in BINARY_ONLY:
+        raise invalid_arg(
+            f"{datatype} data for input '{name}' cannot be sent as JSON; use binary data"
+        )
+    if not isinstance(data, list):
+        raise invalid_arg(f"'data' of input '{name}' must be a JSON array")
+    flat = _json_strings(name, data) if datatype == "BYTES" else _json_numbers(name, datatype, data)
+    count = num_elements(shape)
+    if flat.size != count:
+        raise invalid_arg(
+            f"unexpected shape for input '{name}': shape {list(shape)} holds {count} elements, "
+            f"'data' has {flat.size}"
+        )
+    return flat.reshape(shape)
+
+
+def _json_numbers(name: str, datatype: str, data: list[Any]) -> np.ndarray:
+    try:
+        parsed = np.array(data)
+    except ValueError:
+        # Ragged nesting: numpy refuses it, but the wire only cares about the flat order.
+        parsed = np.array(_flatten(data))
+    parsed = parsed.reshape(-1)
+    dtype = to_numpy_dtype(datatype)
+    if parsed.size == 0:
+        return parsed.astype(dtype)
+    if dtype.kind in _INTEGER_KINDS:
+        return _json_integers(name, datatype, parsed, data)
+    allowed = "b" if datatype == "BOOL" else _FLOAT_KINDS
+    if parsed.dtype.kind not in allowed:
+        raise invalid_arg(f"'data' of input '{name}' must hold {datatype} values")
+    return parsed.astype(dtype, copy=False)
+
+
+def _json_integers(name: str, datatype: str, parsed: np.ndarray, data: list[Any]) -> np.ndarray:
+    dtype = to_numpy_dtype(datatype)
+    if parsed.dtype.kind in _INTEGER_KINDS:
+        if not np.can_cast(parsed.dtype, dtype):
+            limits = np.iinfo(dtype)
+            if int(parsed.min()) < limits.min or int(parsed.max()) > limits.max:
+                raise _out_of_range(name, datatype)
+        return parsed.astype(dtype, copy=False)
+    # numpy infers float64 for a list that mixes values above the int64 range with others
+    # (UINT64 data), so only then are the values checked one by one.
+    values = _flatten(data)
+    if not all(type(value) is int for value in values):
+        raise invalid_arg(f"'data' of input '{name}' must hold {datatype} values")
+    try:
+        return np.array(values, dtype=dtype)
+    except OverflowError:
+        raise _out_of_range(name, datatype) from None
+
+
+def _out_of_range(name: str, datatype: str) -> TritonError:
+    limits = np.iinfo(to_numpy_dtype(datatype))
+    return invalid_arg(
+        f"'data' of input '{name}' holds a value outside the {datatype} range "
+        f"[{limits.min}, {limits.max}]"
+    )
+
+
+def _json_strings(name: str, data: list[Any]) -> np.ndarray:
+    try:
+        try:
+            items = [value.encode() for value in data]
+        except AttributeError:
+            items = [value.encode() for value in _flatten(data)]
+    except (AttributeError, UnicodeEncodeError):
+        raise invalid_arg(f"'data' of BYTES input '{name}' must hold strings") from None
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    return array
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    flat: list[Any] = []
+    for value in data:
+        if isinstance(value, list):
+            flat.extend(_flatten(value))
+        else:
+            flat.append(value)
+    return flat
+
+
+def _infer_shape(name: str, datatype: str, shape: tuple[int, ...], count: int) -> tuple[int, ...]:
+    """`shape` with its one -1 dimension set so that it holds `count` elements."""
+    variable = [index for index, dim in enumerate(shape) if dim < 0]
+    fixed = num_elements([dim for dim in shape if dim >= 0])
+    if not variable:
+        if fixed != count:
+            raise invalid_arg(
+                f"raw binary data for input '{name}' holds {count} {datatype} elements, "
+                f"shape {list(shape)} needs {fixed}"
+            )
+        return tuple(shape)
+    if len(variable) > 1:
+        raise invalid_arg(
+            f"cannot infer the shape of input '{name}' from raw binary data: {list(shape)} "
+            "has more than one variable dimension"
+        )
+    if fixed == 0 or count % fixed:
+        raise invalid_arg(
+            f"raw binary data for input '{name}' holds {count} {datatype} elements, which "
+            f"do not fit shape {list(shape)}"
+        )
+    concrete = list(shape)
+    concrete[variable[0]] = count // fixed
+    return tuple(concrete)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+def encode_infer_response(
+    response: InferenceResponse, request: InferenceRequest
+) -> tuple[bytes, int | None]:
+    """Encode a response as the request asked: (body, JSON header length or None).
+
+    The header length is not None when some output travels as binary data after the JSON; the
+    front end then sends it as `Inference-Header-Content-Length`.
+    """
+    binary_by_default = request.parameters.get("binary_data_output") is True
+    binary_requested = {
+        output.name: output.parameters["binary_data"] is True
+        for output in request.outputs
+        if "binary_data" in output.parameters
+    }
+    outputs: list[dict[str, Any]] = []
+    chunks: list[Any] = []
+    for tensor in response.outputs:
+        wants_binary = binary_requested.get(tensor.name, binary_by_default)
+        entry, chunk = _encode_output(tensor, wants_binary)
+        outputs.append(entry)
+        if chunk is not None:
+            chunks.append(chunk)
+    header = encode_json(_response_header(response, outputs))
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _response_header(response: InferenceResponse, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    # Built key by key: orjson keeps insertion order, and Triton's order reads best in logs.
+    header: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+    }
+    if response.id:
+        header["id"] = response.id
+    if response.parameters:
+        header["parameters"] = response.parameters
+    header["outputs"] = outputs
+    return header
+
+
+def _encode_output(tensor: Tensor, wants_binary: bool) -> tuple[dict[str, Any], Any]:
+    """The output's JSON entry and, when it travels in binary, its data (a bytes-like object)."""
+    array = _output_array(tensor)
+    entry: dict[str, Any] = {
+        "name": tensor.name,
+        "datatype": tensor.datatype,
+        "shape": list(tensor.shape),
+    }
+    if not wants_binary and tensor.datatype not in BINARY_ONLY:
+        data = _json_data(tensor.datatype, array)
+        if data is not None:
+            if tensor.parameters:
+                entry["parameters"] = tensor.parameters
+            entry["data"] = data
+            return entry, None
+    chunk = _binary_data(tensor.datatype, array)
+    entry["parameters"] = {**tensor.parameters, "binary_data_size": len(chunk)}
+    return entry, chunk
+
+
+def _output_array(tensor: Tensor) -> np.ndarray:
+    if not is_datatype(tensor.datatype):
+        raise internal(f"output '{tensor.name}' has unknown datatype '{tensor.datatype}'")
+    if tensor.datatype == "BYTES":
+        array = np.asarray(tensor.data)
+    else:
+        # A no-op for well-behaved backends; a wrong dtype would otherwise corrupt the body.
+        array = np.asarray(tensor.data, dtype=to_numpy_dtype(tensor.datatype))
+    expected = num_elements(tensor.shape)
+    if array.size != expected:
+        raise internal(
+            f"output '{tensor.name}' holds {array.size} elements, its shape "
+            f"{list(tensor.shape)} needs {expected}"
+        )
+    return array
+
+
+def _json_data(datatype: str, array: np.ndarray) -> Any:
+    """The flat JSON value of `array`, or None when it has no JSON form."""
+    if datatype == "BYTES":
+        return _utf8_strings(array)
+    # orjson writes contiguous numeric and bool arrays as JSON lists without Python objects.
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def _utf8_strings(array: np.ndarray) -> list[str] | None:
+    strings: list[str] = []
+    for item in array.reshape(-1).tolist():
+        if isinstance(item, str):
+            strings.append(item)
+        elif isinstance(item, bytes | bytearray):
+            try:
+                strings.append(item.decode())
+            except UnicodeDecodeError:
+                return None
+        else:
+            raise internal(f"a BYTES output holds a {type(item).__name__}, not bytes or str")
+    return strings
+
+
+def _binary_data(datatype: str, array: np.ndarray) -> bytes | np.ndarray:
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    # A uint8 view exports a plain byte buffer (BF16 has no buffer format of its own), which
+    # bytes.join copies once into the body.
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+__all__ = [
+    "SharedMemoryReader",
+    "decode_infer_request",
+    "decode_json",
+    "decode_raw_request",
+    "encode_infer_response",
+    "encode_json",
+]
