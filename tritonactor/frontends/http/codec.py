@@ -530,13 +530,10 @@ def encode_infer_response(
 
 
 def _response_header(response: InferenceResponse, outputs: list[dict[str, Any]]) -> dict[str, Any]:
-    # Built key by key: orjson keeps insertion order, and Triton's order reads best in logs.
-    header: dict[str, Any] = {
-        "model_name": response.model_name,
-        "model_version": response.model_version,
-    }
-    if response.id:
-        header["id"] = response.id
+    # Built key by key in Triton's order (orjson keeps insertion order): id first, when set.
+    header: dict[str, Any] = {"id": response.id} if response.id else {}
+    header["model_name"] = response.model_name
+    header["model_version"] = response.model_version
     if response.parameters:
         header["parameters"] = response.parameters
     header["outputs"] = outputs

@@ -1,0 +1,59 @@
+"""The ASGI app: `hypercorn tritonactor.app:app`.
+
+`app` is built at import from the TRITONACTOR_* environment (hypercorn looks the name up in the
+module's namespace): building it only reads settings, so a bad setting stops the server at once
+with its message. Nothing starts until the ASGI lifespan does. Tests use `create_app(settings)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+
+from tritonactor.frontends.http.app import create_http_app
+from tritonactor.server import Server
+from tritonactor.settings import Settings, SettingsError
+
+log = logging.getLogger("tritonactor")
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """The HTTP app of a server built from `settings` (default: the environment). The server's
+    actors start and its models load in the ASGI lifespan."""
+    server = Server(settings if settings is not None else Settings.from_env())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        _configure_logging(server.settings)
+        for variable, value in server.settings.describe():
+            log.info("%s=%s", variable, value)
+        async with server.running():
+            yield
+
+    app = create_http_app(server, lifespan=lifespan)
+    app.state.server = server
+    return app
+
+
+def _configure_logging(settings: Settings) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=logging.DEBUG if settings.log_verbose > 0 else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+
+
+def _app_from_environment() -> Starlette:
+    try:
+        return create_app()
+    except SettingsError as error:
+        print(f"tritonactor: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+app = _app_from_environment()

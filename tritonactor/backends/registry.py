@@ -1,0 +1,109 @@
+"""Backends found through the `tritonactor.backends` entry-point group, so a third party can
+add one by installing a package; `backend:` and `platform:` both resolve."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from tritonactor._proto.inference import ModelConfig
+from tritonactor.backends.base import Backend
+from tritonactor.core.errors import TritonError, invalid_arg, unavailable
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "tritonactor.backends"
+
+# Triton's platform names, and the model file each backend looks for by default: used when a
+# config names neither a backend nor a platform.
+PLATFORM_BACKENDS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+}
+DEFAULT_FILES = {
+    "model.onnx": "onnxruntime",
+    "model.pt": "pytorch",
+    "model.plan": "tensorrt",
+    "model.py": "python",
+}
+
+
+class BackendRegistry:
+    """Creates each backend once, on first use, and calls its `initialize`."""
+
+    def __init__(self, factories: dict[str, Callable[[], Backend]] | None = None) -> None:
+        if factories is None:
+            factories = {ep.name: ep.load for ep in entry_points(group=ENTRY_POINT_GROUP)}
+            factories = {name: _loaded(load) for name, load in factories.items()}
+        self._factories = factories
+        self._backends: dict[str, Backend] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def backend_name(self, config: ModelConfig, model_dir: Path, versions: list[int]) -> str:
+        """Which backend serves this model: `backend:`, else `platform:`, else the model file
+        found in its version folders."""
+        if config.backend:
+            return config.backend
+        if config.platform:
+            if config.platform == "ensemble":
+                return "ensemble"
+            name = PLATFORM_BACKENDS.get(config.platform)
+            if name is None:
+                raise invalid_arg(
+                    f"unknown platform '{config.platform}' for model '{config.name}'; "
+                    f"known platforms: {', '.join(sorted(PLATFORM_BACKENDS))}"
+                )
+            return name
+        for version in sorted(versions, reverse=True):
+            for filename, name in DEFAULT_FILES.items():
+                if (model_dir / str(version) / filename).exists():
+                    return name
+        raise invalid_arg(
+            f"unable to find a backend for model '{config.name}': its config names no backend "
+            f"or platform and no version folder holds {', '.join(DEFAULT_FILES)}"
+        )
+
+    def get(self, name: str) -> Backend:
+        with self._lock:
+            backend = self._backends.get(name)
+            if backend is not None:
+                return backend
+            factory = self._factories.get(name)
+            if factory is None:
+                raise unavailable(
+                    f"backend '{name}' is not installed; installed backends: "
+                    f"{', '.join(self.names) or 'none'}"
+                )
+            try:
+                backend = factory()
+                backend.initialize()
+            except TritonError:
+                raise
+            except Exception as error:
+                raise unavailable(f"backend '{name}' failed to initialize: {error}") from error
+            self._backends[name] = backend
+            return backend
+
+    def finalize(self) -> None:
+        with self._lock:
+            for name, backend in self._backends.items():
+                try:
+                    backend.finalize()
+                except Exception:
+                    log.exception("backend '%s' failed to finalize", name)
+            self._backends.clear()
+
+
+def _loaded(load: Callable[[], type[Backend]]) -> Callable[[], Backend]:
+    def create() -> Backend:
+        return load()()
+
+    return create

@@ -1,0 +1,209 @@
+"""The HTTP front end: KServe v2 with Triton's extensions, on starlette. It only translates the
+wire format; every decision is the server's (router, control plane)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tritonactor.config.model_config import config_to_json
+from tritonactor.core.errors import TritonError, invalid_arg
+from tritonactor.frontends.http.codec import (
+    decode_infer_request,
+    decode_json,
+    decode_raw_request,
+    encode_infer_response,
+    encode_json,
+)
+from tritonactor.scheduling.router import ModelHandle
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from tritonactor.server import Server
+
+JSON = "application/json"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(encode_json(data), status_code=status, media_type=JSON)
+
+
+def error_response(message: str, status: int) -> Response:
+    return json_response({"error": message}, status)
+
+
+def create_http_app(
+    server: Server,
+    lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
+) -> Starlette:
+    routes = _Routes(server)
+    model = "/v2/models/{model}"
+    versioned = "/v2/models/{model}/versions/{version:int}"
+    return Starlette(
+        routes=[
+            Route("/v2", routes.server_metadata, methods=["GET"]),
+            Route("/v2/health/live", routes.live, methods=["GET"]),
+            Route("/v2/health/ready", routes.ready, methods=["GET"]),
+            Route("/v2/repository/index", routes.repository_index, methods=["POST"]),
+            *(Route(base, routes.model_metadata, methods=["GET"]) for base in (model, versioned)),
+            *(Route(f"{b}/ready", routes.model_ready, methods=["GET"]) for b in (model, versioned)),
+            *(
+                Route(f"{b}/config", routes.model_config, methods=["GET"])
+                for b in (model, versioned)
+            ),
+            *(Route(f"{b}/infer", routes.infer, methods=["POST"]) for b in (model, versioned)),
+        ],
+        exception_handlers={
+            TritonError: _triton_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        lifespan=lifespan,
+    )
+
+
+async def _triton_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, TritonError)
+    return error_response(error.message, error.code.http_status)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    return error_response(error.detail, error.status_code)
+
+
+async def _internal_error(request: Request, error: Exception) -> Response:
+    log.error("request %s %s failed", request.method, request.url.path, exc_info=error)
+    return error_response(f"internal error: {type(error).__name__}: {error}", 500)
+
+
+def _version(request: Request) -> str:
+    version = request.path_params.get("version")
+    return "" if version is None else str(version)
+
+
+class _Routes:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.router = server.router
+
+    async def server_metadata(self, request: Request) -> Response:
+        server = self.server
+        return json_response(
+            {"name": server.name, "version": server.version, "extensions": server.extensions}
+        )
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200 if self.server.live else 400)
+
+    async def ready(self, request: Request) -> Response:
+        return Response(status_code=200 if await self.server.ready() else 400)
+
+    async def repository_index(self, request: Request) -> Response:
+        body = await request.body()
+        options = decode_json(body) if body.strip() else {}
+        if not isinstance(options, dict):
+            raise invalid_arg("the repository index request must be a JSON object")
+        ready = options.get("ready", False)
+        if not isinstance(ready, bool):
+            raise invalid_arg("'ready' in the repository index request must be a boolean")
+        entries = []
+        for entry in await self.server.index(ready_only=ready):
+            item = {"name": entry.name, "version": entry.version, "state": entry.state}
+            if entry.reason:
+                item["reason"] = entry.reason
+            entries.append(item)
+        return json_response(entries)
+
+    def _handle(self, request: Request) -> ModelHandle:
+        return self.router.resolve(request.path_params["model"], _version(request))
+
+    async def model_metadata(self, request: Request) -> Response:
+        handle = self._handle(request)
+        signature = handle.signature
+        batch = signature.max_batch_size
+        return json_response(
+            {
+                "name": handle.name,
+                "versions": [str(v) for v in self.router.ready_versions(handle.name)],
+                "platform": handle.config.platform or handle.config.backend,
+                "inputs": [
+                    _tensor_metadata(t.name, t.datatype, t.shape(batch)) for t in signature.inputs
+                ],
+                "outputs": [
+                    _tensor_metadata(t.name, t.datatype, t.shape(batch)) for t in signature.outputs
+                ],
+            }
+        )
+
+    async def model_ready(self, request: Request) -> Response:
+        try:
+            self._handle(request)
+        except TritonError:
+            return error_response("Model version not ready", 400)
+        return Response(status_code=200)
+
+    async def model_config(self, request: Request) -> Response:
+        return json_response(config_to_json(self._handle(request).config))
+
+    async def infer(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        version = _version(request)
+        body = await request.body()
+        header = request.headers.get("inference-header-content-length")
+        header_length = _header_length(header, len(body))
+        if header_length == 0:
+            infer_request = self._raw_request(body, name, version)
+        else:
+            infer_request = decode_infer_request(body, header_length, name, version)
+        response = await self.router.infer(infer_request)
+        payload, json_length = encode_infer_response(response, infer_request)
+        if json_length is None:
+            return Response(payload, media_type=JSON)
+        return Response(
+            payload,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(json_length)},
+        )
+
+    def _raw_request(self, body: bytes, name: str, version: str) -> Any:
+        handle = self.router.resolve(name, version)
+        inputs = handle.signature.inputs
+        if len(inputs) != 1:
+            raise invalid_arg(
+                f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+                f"deduced but got {len(inputs)} inputs in '{name}' model configuration"
+            )
+        spec = inputs[0]
+        shape = tuple(spec.shape(handle.signature.max_batch_size))
+        return decode_raw_request(body, spec.name, spec.datatype, shape, name, version)
+
+
+def _header_length(value: str | None, body_length: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        raise invalid_arg(
+            f"Inference-Header-Content-Length must be an integer, got: '{value}'"
+        ) from None
+    if not 0 <= length <= body_length:
+        raise invalid_arg(
+            f"inference header size should be in range (0, {body_length}), got: {length}"
+        )
+    return length
+
+
+def _tensor_metadata(name: str, datatype: str, shape: list[int]) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": shape}

@@ -1,0 +1,49 @@
+"""Triton's default scheduler: each request is a batch of one, run by whichever instance is idle."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from tritonactor.actors import Actor, ActorRef, ActorStopped
+from tritonactor.core.errors import unavailable
+from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle
+
+SchedulerMessage = Infer | InstanceIdle | InstanceGone
+
+
+class DefaultScheduler(Actor[SchedulerMessage]):
+    mailbox_size = 1024
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._queue: deque[Infer] = deque()
+        self._idle: deque[ActorRef[Any]] = deque()
+
+    async def receive(self, message: SchedulerMessage) -> None:
+        if isinstance(message, Infer):
+            self._queue.append(message)
+        elif isinstance(message, InstanceIdle):
+            self._idle.append(message.instance)
+        else:
+            if message.instance in self._idle:
+                self._idle.remove(message.instance)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._queue and self._idle:
+            instance = self._idle.popleft()
+            item = self._queue.popleft()
+            try:
+                instance.tell_nowait(Execute([item]))
+            except ActorStopped:
+                self._queue.appendleft(item)  # that instance is gone; another takes the request
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    async def stopped(self) -> None:
+        error = unavailable(f"model '{self.name}' is unloading; the request was not run")
+        while self._queue:
+            self._queue.popleft().reply.fail(error)

@@ -1,0 +1,63 @@
+"""The instance actor: one `instance_group` instance, executing one batch at a time off the loop."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import anyio
+
+from tritonactor.actors import Actor, ActorRef
+from tritonactor.backends.base import BackendInstance, Result
+from tritonactor.core.errors import TritonError, internal
+from tritonactor.scheduling.messages import Execute, InstanceIdle
+
+log = logging.getLogger(__name__)
+
+
+class InstanceActor(Actor[Execute]):
+    mailbox_size = 4  # the scheduler sends a batch only to an idle instance
+
+    def __init__(self, name: str, backend: BackendInstance, scheduler: ActorRef[Any]) -> None:
+        super().__init__(name)
+        self._backend = backend
+        self._scheduler = scheduler
+        self._is_async = inspect.iscoroutinefunction(backend.execute)
+        # One worker thread at a time for this instance: its backend is not re-entrant.
+        self._limiter = anyio.CapacityLimiter(1)
+
+    async def started(self) -> None:
+        await self._scheduler.tell(InstanceIdle(self.ref))
+
+    async def receive(self, message: Execute) -> None:
+        requests = [item.request for item in message.batch]
+        try:
+            if self._is_async:
+                results = await self._backend.execute(requests)  # type: ignore[misc]
+            else:
+                results = await anyio.to_thread.run_sync(
+                    self._backend.execute, requests, limiter=self._limiter
+                )
+            if len(results) != len(requests):
+                raise internal(
+                    f"instance '{self.name}' returned {len(results)} responses "
+                    f"for {len(requests)} requests"
+                )
+        except Exception as error:  # a backend bug fails this batch, not the instance
+            log.exception("instance '%s' failed to execute a batch", self.name)
+            failure = error if isinstance(error, TritonError) else internal(str(error))
+            results = [failure] * len(requests)
+        _answer(message, results)
+        await self._scheduler.tell(InstanceIdle(self.ref))
+
+    async def stopped(self) -> None:
+        await anyio.to_thread.run_sync(self._backend.finalize, limiter=self._limiter)
+
+
+def _answer(message: Execute, results: list[Result]) -> None:
+    for item, result in zip(message.batch, results, strict=True):
+        if isinstance(result, TritonError):
+            item.reply.fail(result)
+        else:
+            item.reply.set(result)

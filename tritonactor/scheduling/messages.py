@@ -1,0 +1,38 @@
+"""Messages of the data plane: what the router, schedulers and instances tell each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tritonactor.actors import ActorRef, Reply
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Infer:
+    """A request for a scheduler; answered with the response or failed with a TritonError."""
+
+    request: InferenceRequest
+    reply: Reply[InferenceResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """A batch for an instance: each request is answered through its own reply."""
+
+    batch: list[Infer]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceIdle:
+    """An instance is ready for its next batch (sent once at start and after every batch)."""
+
+    instance: ActorRef[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGone:
+    """An instance stopped or failed: the scheduler must not hand it work again."""
+
+    instance: ActorRef[Any]

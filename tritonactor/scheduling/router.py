@@ -1,0 +1,92 @@
+"""The router: name + version -> the scheduler of a ready model version. The only part of the
+data plane the front ends talk to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tritonactor._proto.inference import ModelConfig
+from tritonactor.actors import ActorRef, ActorStopped
+from tritonactor.core.errors import TritonError, invalid_arg, not_found, unavailable
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.scheduling.messages import Infer
+from tritonactor.scheduling.signature import ModelSignature
+
+
+@dataclass(frozen=True, slots=True)
+class ModelHandle:
+    """A ready model version as the router serves it."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    signature: ModelSignature
+    scheduler: ActorRef[Any]
+
+
+class Router:
+    """Holds the table of ready versions. The control plane changes the table (`add`,
+    `remove`); the front ends only read it and send requests through it."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, dict[int, ModelHandle]] = {}
+        # Names the repository knows (ready or not), so an error can say "not ready" vs "unknown".
+        self.known: set[str] = set()
+
+    def add(self, handle: ModelHandle) -> None:
+        versions = dict(self._models.get(handle.name, {}))
+        versions[handle.version] = handle
+        self._models[handle.name] = dict(sorted(versions.items()))
+
+    def remove(self, name: str, version: int) -> None:
+        versions = dict(self._models.get(name, {}))
+        versions.pop(version, None)
+        if versions:
+            self._models[name] = versions
+        else:
+            self._models.pop(name, None)
+
+    def ready_versions(self, name: str) -> list[int]:
+        return list(self._models.get(name, {}))
+
+    def resolve(self, name: str, version: str = "") -> ModelHandle:
+        """The handle serving `name` at `version` ("" = the highest ready version)."""
+        versions = self._models.get(name)
+        if version:
+            number = parse_version(version)
+            handle = versions.get(number) if versions else None
+            if handle is None:
+                raise self._not_ready(name, version)
+            return handle
+        if not versions:
+            raise self._not_ready(name, version)
+        return versions[next(reversed(versions))]
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        handle = self.resolve(request.model_name, request.model_version)
+        handle.signature.validate(request)
+        request.resolved_version = handle.version
+        try:
+            return await handle.scheduler.ask(lambda reply: Infer(request, reply))
+        except ActorStopped:
+            raise unavailable(
+                f"model '{handle.name}' version {handle.version} stopped before answering"
+            ) from None
+
+    def _not_ready(self, name: str, version: str) -> TritonError:
+        if name not in self.known:
+            return not_found(f"Request for unknown model: '{name}' is not found")
+        if version:
+            return not_found(f"Request for unknown model: '{name}' version {version} is not found")
+        return not_found(f"Request for unknown model: '{name}' has no available versions")
+
+
+def parse_version(version: str) -> int:
+    try:
+        number = int(version)
+    except ValueError:
+        number = -1
+    if number < 0 or not version.isdigit():
+        raise invalid_arg(f"failed to parse model version '{version}': not a version number")
+    return number
