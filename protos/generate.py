@@ -35,6 +35,7 @@ def generate(out: Path) -> None:
         ],
         check=True,
         capture_output=True,
+        cwd=PROTOS.parent,  # the compiler formats its output with the project's ruff settings
     )
 
 

@@ -171,9 +171,7 @@ class ModelInstanceGroupKind(betterproto2.Enum):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> EnumDescriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.enum_types_by_name[
-            "ModelInstanceGroup.Kind"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.enum_types_by_name["ModelInstanceGroup.Kind"]
 
     AUTO = 0
 
@@ -232,9 +230,7 @@ class ModelQueuePolicyTimeoutAction(betterproto2.Enum):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> EnumDescriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.enum_types_by_name[
-            "ModelQueuePolicy.TimeoutAction"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.enum_types_by_name["ModelQueuePolicy.TimeoutAction"]
 
     REJECT = 0
 
@@ -269,17 +265,13 @@ class BatchInput(betterproto2.Message):
         1, betterproto2.TYPE_ENUM, default_factory=lambda: BatchInputKind(0)
     )
 
-    target_name: "list[str]" = betterproto2.field(
-        2, betterproto2.TYPE_STRING, repeated=True
-    )
+    target_name: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
 
     data_type: "DataType" = betterproto2.field(
         3, betterproto2.TYPE_ENUM, default_factory=lambda: DataType(0)
     )
 
-    source_input: "list[str]" = betterproto2.field(
-        4, betterproto2.TYPE_STRING, repeated=True
-    )
+    source_input: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
 
 
 default_message_pool.register_message("inference", "BatchInput", BatchInput)
@@ -292,17 +284,13 @@ class BatchOutput(betterproto2.Message):
     def DESCRIPTOR() -> Descriptor:
         return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["BatchOutput"]
 
-    target_name: "list[str]" = betterproto2.field(
-        1, betterproto2.TYPE_STRING, repeated=True
-    )
+    target_name: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
 
     kind: "BatchOutputKind" = betterproto2.field(
         2, betterproto2.TYPE_ENUM, default_factory=lambda: BatchOutputKind(0)
     )
 
-    source_input: "list[str]" = betterproto2.field(
-        3, betterproto2.TYPE_STRING, repeated=True
-    )
+    source_input: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
 
 
 default_message_pool.register_message("inference", "BatchOutput", BatchOutput)
@@ -336,13 +324,9 @@ class ModelConfig(betterproto2.Message):
 
     max_batch_size: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
 
-    input: "list[ModelInput]" = betterproto2.field(
-        5, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    input: "list[ModelInput]" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, repeated=True)
 
-    output: "list[ModelOutput]" = betterproto2.field(
-        6, betterproto2.TYPE_MESSAGE, repeated=True
-    )
+    output: "list[ModelOutput]" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, repeated=True)
 
     batch_input: "list[BatchInput]" = betterproto2.field(
         20, betterproto2.TYPE_MESSAGE, repeated=True
@@ -377,25 +361,19 @@ class ModelConfig(betterproto2.Message):
     cc_model_filenames: "dict[str, str]" = betterproto2.field(
         9,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
     metric_tags: "dict[str, str]" = betterproto2.field(
         10,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
     parameters: "dict[str, ModelParameter]" = betterproto2.field(
         14,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
     )
 
     model_warmup: "list[ModelWarmup]" = betterproto2.field(
@@ -431,17 +409,13 @@ class ModelDynamicBatching(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelDynamicBatching"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelDynamicBatching"]
 
     preferred_batch_size: "list[int]" = betterproto2.field(
         1, betterproto2.TYPE_INT32, repeated=True
     )
 
-    max_queue_delay_microseconds: "int" = betterproto2.field(
-        2, betterproto2.TYPE_UINT64
-    )
+    max_queue_delay_microseconds: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
 
     preserve_ordering: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
 
@@ -456,15 +430,11 @@ class ModelDynamicBatching(betterproto2.Message):
     priority_queue_policy: "dict[int, ModelQueuePolicy]" = betterproto2.field(
         7,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_UINT64, betterproto2.TYPE_MESSAGE
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_UINT64, betterproto2.TYPE_MESSAGE),
     )
 
 
-default_message_pool.register_message(
-    "inference", "ModelDynamicBatching", ModelDynamicBatching
-)
+default_message_pool.register_message("inference", "ModelDynamicBatching", ModelDynamicBatching)
 
 
 @dataclass(eq=False, repr=False)
@@ -489,9 +459,7 @@ class ModelEnsemblingStep(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelEnsembling.Step"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelEnsembling.Step"]
 
     model_name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -500,25 +468,19 @@ class ModelEnsemblingStep(betterproto2.Message):
     input_map: "dict[str, str]" = betterproto2.field(
         3,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
     output_map: "dict[str, str]" = betterproto2.field(
         4,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
     model_namespace: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "inference", "ModelEnsembling.Step", ModelEnsemblingStep
-)
+default_message_pool.register_message("inference", "ModelEnsembling.Step", ModelEnsemblingStep)
 
 
 @dataclass(eq=False, repr=False)
@@ -581,18 +543,14 @@ class ModelInstanceGroup(betterproto2.Message):
         8, betterproto2.TYPE_MESSAGE, repeated=True
     )
 
-    profile: "list[str]" = betterproto2.field(
-        5, betterproto2.TYPE_STRING, repeated=True
-    )
+    profile: "list[str]" = betterproto2.field(5, betterproto2.TYPE_STRING, repeated=True)
 
     passive: "bool" = betterproto2.field(7, betterproto2.TYPE_BOOL)
 
     host_policy: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
 
 
-default_message_pool.register_message(
-    "inference", "ModelInstanceGroup", ModelInstanceGroup
-)
+default_message_pool.register_message("inference", "ModelInstanceGroup", ModelInstanceGroup)
 
 
 @dataclass(eq=False, repr=False)
@@ -645,18 +603,14 @@ class ModelMetricsMetricControl(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelMetrics.MetricControl"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelMetrics.MetricControl"]
 
-    metric_identifier: "ModelMetricsMetricControlMetricIdentifier | None" = (
-        betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+    metric_identifier: "ModelMetricsMetricControlMetricIdentifier | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    histogram_options: "ModelMetricsMetricControlHistogramOptions | None" = (
-        betterproto2.field(
-            2, betterproto2.TYPE_MESSAGE, optional=True, group="metric_options"
-        )
+    histogram_options: "ModelMetricsMetricControlHistogramOptions | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True, group="metric_options"
     )
 
 
@@ -674,9 +628,7 @@ class ModelMetricsMetricControlHistogramOptions(betterproto2.Message):
             "ModelMetrics.MetricControl.HistogramOptions"
         ]
 
-    buckets: "list[float]" = betterproto2.field(
-        1, betterproto2.TYPE_DOUBLE, repeated=True
-    )
+    buckets: "list[float]" = betterproto2.field(1, betterproto2.TYPE_DOUBLE, repeated=True)
 
 
 default_message_pool.register_message(
@@ -725,18 +677,14 @@ class ModelOptimizationPolicy(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelOptimizationPolicy"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelOptimizationPolicy"]
 
     graph: "ModelOptimizationPolicyGraph | None" = betterproto2.field(
         1, betterproto2.TYPE_MESSAGE, optional=True
     )
 
     priority: "ModelOptimizationPolicyModelPriority" = betterproto2.field(
-        2,
-        betterproto2.TYPE_ENUM,
-        default_factory=lambda: ModelOptimizationPolicyModelPriority(0),
+        2, betterproto2.TYPE_ENUM, default_factory=lambda: ModelOptimizationPolicyModelPriority(0)
     )
 
     cuda: "ModelOptimizationPolicyCuda | None" = betterproto2.field(
@@ -747,17 +695,15 @@ class ModelOptimizationPolicy(betterproto2.Message):
         betterproto2.field(4, betterproto2.TYPE_MESSAGE, optional=True)
     )
 
-    input_pinned_memory: "ModelOptimizationPolicyPinnedMemoryBuffer | None" = (
-        betterproto2.field(5, betterproto2.TYPE_MESSAGE, optional=True)
+    input_pinned_memory: "ModelOptimizationPolicyPinnedMemoryBuffer | None" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    output_pinned_memory: "ModelOptimizationPolicyPinnedMemoryBuffer | None" = (
-        betterproto2.field(6, betterproto2.TYPE_MESSAGE, optional=True)
+    output_pinned_memory: "ModelOptimizationPolicyPinnedMemoryBuffer | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, optional=True
     )
 
-    gather_kernel_buffer_threshold: "int" = betterproto2.field(
-        7, betterproto2.TYPE_UINT32
-    )
+    gather_kernel_buffer_threshold: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
 
     eager_batching: "bool" = betterproto2.field(8, betterproto2.TYPE_BOOL)
 
@@ -772,9 +718,7 @@ class ModelOptimizationPolicyCuda(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelOptimizationPolicy.Cuda"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelOptimizationPolicy.Cuda"]
 
     graphs: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
 
@@ -806,20 +750,16 @@ class ModelOptimizationPolicyCudaGraphSpec(betterproto2.Message):
     input: "dict[str, ModelOptimizationPolicyCudaGraphSpecShape]" = betterproto2.field(
         2,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
     )
 
-    graph_lower_bound: "ModelOptimizationPolicyCudaGraphSpecLowerBound | None" = (
-        betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
+    graph_lower_bound: "ModelOptimizationPolicyCudaGraphSpecLowerBound | None" = betterproto2.field(
+        3, betterproto2.TYPE_MESSAGE, optional=True
     )
 
 
 default_message_pool.register_message(
-    "inference",
-    "ModelOptimizationPolicy.Cuda.GraphSpec",
-    ModelOptimizationPolicyCudaGraphSpec,
+    "inference", "ModelOptimizationPolicy.Cuda.GraphSpec", ModelOptimizationPolicyCudaGraphSpec
 )
 
 
@@ -837,9 +777,7 @@ class ModelOptimizationPolicyCudaGraphSpecLowerBound(betterproto2.Message):
     input: "dict[str, ModelOptimizationPolicyCudaGraphSpecShape]" = betterproto2.field(
         2,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
     )
 
 
@@ -878,12 +816,12 @@ class ModelOptimizationPolicyExecutionAccelerators(betterproto2.Message):
             "ModelOptimizationPolicy.ExecutionAccelerators"
         ]
 
-    gpu_execution_accelerator: "list[ModelOptimizationPolicyExecutionAcceleratorsAccelerator]" = betterproto2.field(
-        1, betterproto2.TYPE_MESSAGE, repeated=True
+    gpu_execution_accelerator: "list[ModelOptimizationPolicyExecutionAcceleratorsAccelerator]" = (
+        betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
     )
 
-    cpu_execution_accelerator: "list[ModelOptimizationPolicyExecutionAcceleratorsAccelerator]" = betterproto2.field(
-        2, betterproto2.TYPE_MESSAGE, repeated=True
+    cpu_execution_accelerator: "list[ModelOptimizationPolicyExecutionAcceleratorsAccelerator]" = (
+        betterproto2.field(2, betterproto2.TYPE_MESSAGE, repeated=True)
     )
 
 
@@ -908,9 +846,7 @@ class ModelOptimizationPolicyExecutionAcceleratorsAccelerator(betterproto2.Messa
     parameters: "dict[str, str]" = betterproto2.field(
         2,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
 
@@ -926,9 +862,7 @@ class ModelOptimizationPolicyGraph(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelOptimizationPolicy.Graph"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelOptimizationPolicy.Graph"]
 
     level: "int" = betterproto2.field(1, betterproto2.TYPE_INT32)
 
@@ -1007,14 +941,10 @@ class ModelQueuePolicy(betterproto2.Message):
         return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelQueuePolicy"]
 
     timeout_action: "ModelQueuePolicyTimeoutAction" = betterproto2.field(
-        1,
-        betterproto2.TYPE_ENUM,
-        default_factory=lambda: ModelQueuePolicyTimeoutAction(0),
+        1, betterproto2.TYPE_ENUM, default_factory=lambda: ModelQueuePolicyTimeoutAction(0)
     )
 
-    default_timeout_microseconds: "int" = betterproto2.field(
-        2, betterproto2.TYPE_UINT64
-    )
+    default_timeout_microseconds: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
 
     allow_timeout_override: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
 
@@ -1046,9 +976,7 @@ class ModelRateLimiterResource(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelRateLimiter.Resource"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelRateLimiter.Resource"]
 
     name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -1067,18 +995,14 @@ class ModelRepositoryAgents(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelRepositoryAgents"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelRepositoryAgents"]
 
     agents: "list[ModelRepositoryAgentsAgent]" = betterproto2.field(
         1, betterproto2.TYPE_MESSAGE, repeated=True
     )
 
 
-default_message_pool.register_message(
-    "inference", "ModelRepositoryAgents", ModelRepositoryAgents
-)
+default_message_pool.register_message("inference", "ModelRepositoryAgents", ModelRepositoryAgents)
 
 
 @dataclass(eq=False, repr=False)
@@ -1086,18 +1010,14 @@ class ModelRepositoryAgentsAgent(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelRepositoryAgents.Agent"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelRepositoryAgents.Agent"]
 
     name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
     parameters: "dict[str, str]" = betterproto2.field(
         2,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_STRING
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
 
 
@@ -1116,9 +1036,7 @@ class ModelResponseCache(betterproto2.Message):
     enable: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
 
 
-default_message_pool.register_message(
-    "inference", "ModelResponseCache", ModelResponseCache
-)
+default_message_pool.register_message("inference", "ModelResponseCache", ModelResponseCache)
 
 
 @dataclass(eq=False, repr=False)
@@ -1133,9 +1051,7 @@ class ModelSequenceBatching(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelSequenceBatching"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelSequenceBatching"]
 
     direct: "ModelSequenceBatchingStrategyDirect | None" = betterproto2.field(
         3, betterproto2.TYPE_MESSAGE, optional=True, group="strategy_choice"
@@ -1145,9 +1061,7 @@ class ModelSequenceBatching(betterproto2.Message):
         4, betterproto2.TYPE_MESSAGE, optional=True, group="strategy_choice"
     )
 
-    max_sequence_idle_microseconds: "int" = betterproto2.field(
-        1, betterproto2.TYPE_UINT64
-    )
+    max_sequence_idle_microseconds: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
 
     control_input: "list[ModelSequenceBatchingControlInput]" = betterproto2.field(
         2, betterproto2.TYPE_MESSAGE, repeated=True
@@ -1160,9 +1074,7 @@ class ModelSequenceBatching(betterproto2.Message):
     iterative_sequence: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
 
 
-default_message_pool.register_message(
-    "inference", "ModelSequenceBatching", ModelSequenceBatching
-)
+default_message_pool.register_message("inference", "ModelSequenceBatching", ModelSequenceBatching)
 
 
 @dataclass(eq=False, repr=False)
@@ -1170,27 +1082,17 @@ class ModelSequenceBatchingControl(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelSequenceBatching.Control"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelSequenceBatching.Control"]
 
     kind: "ModelSequenceBatchingControlKind" = betterproto2.field(
-        1,
-        betterproto2.TYPE_ENUM,
-        default_factory=lambda: ModelSequenceBatchingControlKind(0),
+        1, betterproto2.TYPE_ENUM, default_factory=lambda: ModelSequenceBatchingControlKind(0)
     )
 
-    int32_false_true: "list[int]" = betterproto2.field(
-        2, betterproto2.TYPE_INT32, repeated=True
-    )
+    int32_false_true: "list[int]" = betterproto2.field(2, betterproto2.TYPE_INT32, repeated=True)
 
-    fp32_false_true: "list[float]" = betterproto2.field(
-        3, betterproto2.TYPE_FLOAT, repeated=True
-    )
+    fp32_false_true: "list[float]" = betterproto2.field(3, betterproto2.TYPE_FLOAT, repeated=True)
 
-    bool_false_true: "list[bool]" = betterproto2.field(
-        5, betterproto2.TYPE_BOOL, repeated=True
-    )
+    bool_false_true: "list[bool]" = betterproto2.field(5, betterproto2.TYPE_BOOL, repeated=True)
 
     data_type: "DataType" = betterproto2.field(
         4, betterproto2.TYPE_ENUM, default_factory=lambda: DataType(0)
@@ -1266,9 +1168,7 @@ class ModelSequenceBatchingState(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelSequenceBatching.State"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelSequenceBatching.State"]
 
     input_name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -1284,9 +1184,7 @@ class ModelSequenceBatchingState(betterproto2.Message):
         5, betterproto2.TYPE_MESSAGE, repeated=True
     )
 
-    use_same_buffer_for_input_output: "bool" = betterproto2.field(
-        6, betterproto2.TYPE_BOOL
-    )
+    use_same_buffer_for_input_output: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
 
     use_growable_memory: "bool" = betterproto2.field(7, betterproto2.TYPE_BOOL)
 
@@ -1305,17 +1203,13 @@ class ModelSequenceBatchingStrategyDirect(betterproto2.Message):
             "ModelSequenceBatching.StrategyDirect"
         ]
 
-    max_queue_delay_microseconds: "int" = betterproto2.field(
-        1, betterproto2.TYPE_UINT64
-    )
+    max_queue_delay_microseconds: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
 
     minimum_slot_utilization: "float" = betterproto2.field(2, betterproto2.TYPE_FLOAT)
 
 
 default_message_pool.register_message(
-    "inference",
-    "ModelSequenceBatching.StrategyDirect",
-    ModelSequenceBatchingStrategyDirect,
+    "inference", "ModelSequenceBatching.StrategyDirect", ModelSequenceBatchingStrategyDirect
 )
 
 
@@ -1334,17 +1228,13 @@ class ModelSequenceBatchingStrategyOldest(betterproto2.Message):
         2, betterproto2.TYPE_INT32, repeated=True
     )
 
-    max_queue_delay_microseconds: "int" = betterproto2.field(
-        3, betterproto2.TYPE_UINT64
-    )
+    max_queue_delay_microseconds: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
 
     preserve_ordering: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
 
 
 default_message_pool.register_message(
-    "inference",
-    "ModelSequenceBatching.StrategyOldest",
-    ModelSequenceBatchingStrategyOldest,
+    "inference", "ModelSequenceBatching.StrategyOldest", ModelSequenceBatchingStrategyOldest
 )
 
 
@@ -1358,9 +1248,7 @@ class ModelTensorReshape(betterproto2.Message):
     shape: "list[int]" = betterproto2.field(1, betterproto2.TYPE_INT64, repeated=True)
 
 
-default_message_pool.register_message(
-    "inference", "ModelTensorReshape", ModelTensorReshape
-)
+default_message_pool.register_message("inference", "ModelTensorReshape", ModelTensorReshape)
 
 
 @dataclass(eq=False, repr=False)
@@ -1368,16 +1256,12 @@ class ModelTransactionPolicy(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelTransactionPolicy"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelTransactionPolicy"]
 
     decoupled: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
 
 
-default_message_pool.register_message(
-    "inference", "ModelTransactionPolicy", ModelTransactionPolicy
-)
+default_message_pool.register_message("inference", "ModelTransactionPolicy", ModelTransactionPolicy)
 
 
 @dataclass(eq=False, repr=False)
@@ -1407,9 +1291,7 @@ class ModelVersionPolicy(betterproto2.Message):
     )
 
 
-default_message_pool.register_message(
-    "inference", "ModelVersionPolicy", ModelVersionPolicy
-)
+default_message_pool.register_message("inference", "ModelVersionPolicy", ModelVersionPolicy)
 
 
 @dataclass(eq=False, repr=False)
@@ -1417,16 +1299,12 @@ class ModelVersionPolicyAll(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelVersionPolicy.All"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelVersionPolicy.All"]
 
     pass
 
 
-default_message_pool.register_message(
-    "inference", "ModelVersionPolicy.All", ModelVersionPolicyAll
-)
+default_message_pool.register_message("inference", "ModelVersionPolicy.All", ModelVersionPolicyAll)
 
 
 @dataclass(eq=False, repr=False)
@@ -1434,9 +1312,7 @@ class ModelVersionPolicyLatest(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelVersionPolicy.Latest"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelVersionPolicy.Latest"]
 
     num_versions: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
 
@@ -1451,13 +1327,9 @@ class ModelVersionPolicySpecific(betterproto2.Message):
     @betterproto2.staticproperty
     @staticmethod
     def DESCRIPTOR() -> Descriptor:
-        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name[
-            "ModelVersionPolicy.Specific"
-        ]
+        return MODEL_CONFIG_PROTO_DESCRIPTOR.message_types_by_name["ModelVersionPolicy.Specific"]
 
-    versions: "list[int]" = betterproto2.field(
-        1, betterproto2.TYPE_INT64, repeated=True
-    )
+    versions: "list[int]" = betterproto2.field(1, betterproto2.TYPE_INT64, repeated=True)
 
 
 default_message_pool.register_message(
@@ -1479,9 +1351,7 @@ class ModelWarmup(betterproto2.Message):
     inputs: "dict[str, ModelWarmupInput]" = betterproto2.field(
         3,
         betterproto2.TYPE_MAP,
-        map_meta=betterproto2.map_meta(
-            betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE
-        ),
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
     )
 
     count: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
@@ -1523,9 +1393,7 @@ class ModelWarmupInput(betterproto2.Message):
     )
 
 
-default_message_pool.register_message(
-    "inference", "ModelWarmup.Input", ModelWarmupInput
-)
+default_message_pool.register_message("inference", "ModelWarmup.Input", ModelWarmupInput)
 
 
 MODEL_CONFIG_PROTO_DESCRIPTOR = default_google_proto_descriptor_pool.AddSerializedFile(

@@ -1,0 +1,104 @@
+"""Start the real server (`hypercorn tritonactor.app:app`) in a subprocess on free ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    """A running server; `url` is host:port as tritonclient wants it."""
+
+    process: subprocess.Popen[bytes]
+    http_port: int
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.url}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_server(
+    repositories: list[Path] | None,
+    log_dir: Path,
+    extra_env: Mapping[str, str] | None = None,
+    wait_ready: bool = True,
+    timeout: float = 60,
+) -> ServerProcess:
+    """`hypercorn tritonactor.app:app` with TRITONACTOR_* settings; waits until it is live."""
+    http_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
+    env.update(
+        {
+            "TRITONACTOR_GRPC_PORT": str(free_port()),
+            "TRITONACTOR_METRICS_PORT": str(free_port()),
+            "TRITONACTOR_JOURNAL": str(log_dir / "journal.jsonl"),
+        }
+    )
+    if repositories:
+        env["TRITONACTOR_MODEL_REPOSITORY"] = ",".join(str(r) for r in repositories)
+    env.update(extra_env or {})
+    log_path = log_dir / f"server-{http_port}.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hypercorn",
+                "tritonactor.app:app",
+                "--bind",
+                f"127.0.0.1:{http_port}",
+            ],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    server = ServerProcess(process, http_port, log_path, env)
+    deadline = time.monotonic() + timeout
+    path = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(f"{server.base}{path}", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(
+        f"server did not become {'ready' if wait_ready else 'live'}:\n{server.log()}"
+    )

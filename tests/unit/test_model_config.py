@@ -1,0 +1,63 @@
+"""config.pbtxt and JSON <-> ModelConfig through protobuf's own parsers."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritonactor._proto.inference import DataType
+from tritonactor.config.model_config import (
+    ConfigError,
+    config_from_json,
+    config_to_json,
+    parse_pbtxt,
+)
+
+TEXT = """
+name: "m"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]
+dynamic_batching {
+  max_queue_delay_microseconds: 100
+  priority_queue_policy { key: 2 value { max_queue_size: 3 } }
+}
+parameters { key: "k" value { string_value: "v" } }
+"""
+
+
+def test_text_format_fields() -> None:
+    config = parse_pbtxt(TEXT)
+    assert config.max_batch_size == 8
+    assert config.input[0].data_type == DataType.TYPE_FP32
+    assert config.input[0].dims == [-1, 3]
+    assert config.dynamic_batching is not None
+    assert config.dynamic_batching.priority_queue_policy[2].max_queue_size == 3
+    assert config.parameters["k"].string_value == "v"
+
+
+def test_json_uses_numbers_for_64_bit_integers_and_round_trips() -> None:
+    config = parse_pbtxt(TEXT)
+    data = config_to_json(config)
+    assert data["input"][0]["dims"] == [-1, 3]
+    assert data["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    assert data["input"][0]["data_type"] == "TYPE_FP32"
+    assert config_from_json(data) == config
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "what"),
+    [
+        ('name: "m"\nmax_batch_size: "x"', "cfg.pbtxt:2:17", "Couldn't parse integer"),
+        ('name: "m"\n  nonsense: 1', "cfg.pbtxt:2:3", 'no field named "nonsense"'),
+        ('name: "m"\ninput [ { name: "a" ', "cfg.pbtxt:2:", "Expected"),
+    ],
+)
+def test_parse_errors_name_file_line_and_column(text: str, where: str, what: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_pbtxt(text, "cfg.pbtxt")
+    assert str(caught.value).startswith(where)
+    assert what in str(caught.value)
+
+
+def test_bad_json_override_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="invalid model config JSON"):
+        config_from_json({"max_batch_size": "lots"})

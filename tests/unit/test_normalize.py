@@ -1,0 +1,47 @@
+"""Triton's config defaults and the instances an instance_group implies."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritonactor.config.model_config import ConfigError, parse_pbtxt
+from tritonactor.config.normalize import fill_defaults, instance_specs
+
+
+def test_defaults_without_gpus() -> None:
+    config = fill_defaults(parse_pbtxt('name: "m"'), gpus=0)
+    assert config.version_policy is not None and config.version_policy.latest is not None
+    assert config.version_policy.latest.num_versions == 1
+    specs = instance_specs(config)
+    assert [(s.name, s.kind, s.device_id) for s in specs] == [("m_0_0", "KIND_CPU", 0)]
+
+
+def test_counts_and_kinds() -> None:
+    config = fill_defaults(
+        parse_pbtxt(
+            'name: "m" instance_group [ { count: 3 kind: KIND_CPU }, '
+            '{ name: "g" count: 2 kind: KIND_GPU gpus: [0, 1] } ]'
+        ),
+        gpus=2,
+    )
+    specs = instance_specs(config)
+    assert [s.name for s in specs] == ["m_0_0", "m_0_1", "m_0_2", "g_0", "g_1", "g_2", "g_3"]
+    assert [s.device_id for s in specs if s.kind == "KIND_GPU"] == [0, 0, 1, 1]
+
+
+def test_auto_kind_prefers_gpu_when_present() -> None:
+    config = fill_defaults(parse_pbtxt('name: "m"'), gpus=1)
+    assert [s.kind for s in instance_specs(config)] == ["KIND_GPU"]
+
+
+def test_gpu_group_without_gpus_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="KIND_GPU but no GPUs are available"):
+        fill_defaults(parse_pbtxt('name: "m" instance_group [ { kind: KIND_GPU } ]'), gpus=0)
+    with pytest.raises(ConfigError, match="invalid or unsupported gpu id 3"):
+        fill_defaults(parse_pbtxt('name: "m" instance_group [ { kind: KIND_GPU gpus: 3 } ]'), 1)
+
+
+def test_fill_defaults_leaves_its_input_alone() -> None:
+    original = parse_pbtxt('name: "m"')
+    fill_defaults(original, gpus=0)
+    assert original.instance_group == [] and original.version_policy is None

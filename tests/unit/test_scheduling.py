@@ -1,0 +1,202 @@
+"""The data plane in-process: router -> scheduler -> instance actors, with a small test backend."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from tritonactor.actors import ActorSystem
+from tritonactor.backends.base import (
+    Backend,
+    BackendInstance,
+    BackendModel,
+    InstanceContext,
+    ModelContext,
+    Result,
+)
+from tritonactor.config.model_config import parse_pbtxt
+from tritonactor.config.normalize import fill_defaults
+from tritonactor.core.errors import ErrorCode, TritonError, internal
+from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
+from tritonactor.scheduling.model import ModelVersionActor
+from tritonactor.scheduling.router import ModelHandle, Router
+from tritonactor.scheduling.signature import ModelSignature
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = """
+name: "echo"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
+instance_group [ { count: %d kind: KIND_CPU } ]
+"""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class EchoInstance(BackendInstance):
+    def __init__(self, backend: EchoBackend, name: str) -> None:
+        self.backend = backend
+        self.name = name
+
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        results: list[Result] = []
+        for request in requests:
+            data = request.inputs[0].data
+            if self.backend.barrier is not None:
+                self.backend.barrier.wait(timeout=5)  # every instance must be in here at once
+            if int(data.flat[0]) < 0:
+                results.append(internal("negative input"))
+                continue
+            self.backend.executed_by.append(self.name)
+            results.append(
+                InferenceResponse(
+                    request.model_name,
+                    str(request.resolved_version),
+                    request.id,
+                    [Tensor("OUT", "INT32", data.shape, data * 2)],
+                )
+            )
+        return results
+
+    def finalize(self) -> None:
+        self.backend.finalized.append(self.name)
+
+
+class EchoModel(BackendModel):
+    def __init__(self, backend: EchoBackend) -> None:
+        self.backend = backend
+
+    def create_instance(self, context: InstanceContext) -> BackendInstance:
+        if self.backend.fail_instance == context.index:
+            raise RuntimeError(f"instance {context.index} cannot start")
+        return EchoInstance(self.backend, context.name)
+
+    def finalize(self) -> None:
+        self.backend.finalized.append("model")
+
+
+class EchoBackend(Backend):
+    name = "echo"
+
+    def __init__(self, barrier: threading.Barrier | None = None, fail_instance: int = -1) -> None:
+        self.barrier = barrier
+        self.fail_instance = fail_instance
+        self.executed_by: list[str] = []
+        self.finalized: list[str] = []
+
+    def load_model(self, context: ModelContext) -> BackendModel:
+        return EchoModel(self)
+
+
+def context(count: int) -> ModelContext:
+    config = fill_defaults(parse_pbtxt(CONFIG % count), gpus=0)
+    return ModelContext("echo", 1, config, Path("."), Path("1"), Path("1/model"))
+
+
+def request(value: int, request_id: str = "") -> InferenceRequest:
+    data = np.array([[value, value + 1]], dtype=np.int32)
+    return InferenceRequest("echo", id=request_id, inputs=[Tensor("IN", "INT32", (1, 2), data)])
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[ActorSystem]:
+    async with ActorSystem() as actors:
+        yield actors
+
+
+async def serve(system: ActorSystem, backend: EchoBackend, count: int) -> Router:
+    ctx = context(count)
+    actor = ModelVersionActor(backend, ctx)
+    await system.spawn(actor)
+    assert actor.scheduler is not None
+    router = Router()
+    router.known.add("echo")
+    router.add(
+        ModelHandle("echo", 1, ctx.config, ModelSignature.from_config(ctx.config), actor.scheduler)
+    )
+    return router
+
+
+async def test_requests_flow_through_router_scheduler_and_instance(system: ActorSystem) -> None:
+    router = await serve(system, EchoBackend(), count=1)
+    response = await router.infer(request(5, "r1"))
+    assert response.id == "r1"
+    np.testing.assert_array_equal(response.outputs[0].data, [[10, 12]])
+
+
+async def test_n_instances_execute_concurrently(system: ActorSystem) -> None:
+    # Two requests meet at a barrier of two inside execute(): only two instances running at
+    # the same time let either of them finish.
+    backend = EchoBackend(barrier=threading.Barrier(2))
+    router = await serve(system, backend, count=2)
+    results: list[InferenceResponse] = []
+
+    async def one(value: int) -> None:
+        results.append(await router.infer(request(value)))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(one, 1)
+            group.start_soon(one, 2)
+    assert sorted(backend.executed_by) == ["echo_0_0", "echo_0_1"]
+    assert sorted(int(r.outputs[0].data.flat[0]) for r in results) == [2, 4]
+
+
+async def test_a_failing_request_does_not_disturb_the_next(system: ActorSystem) -> None:
+    router = await serve(system, EchoBackend(), count=1)
+    with pytest.raises(TritonError) as caught:
+        await router.infer(request(-1))
+    assert caught.value.code is ErrorCode.INTERNAL
+    assert (await router.infer(request(3))).outputs[0].data.tolist() == [[6, 8]]
+
+
+async def test_invalid_requests_are_rejected_before_the_scheduler(system: ActorSystem) -> None:
+    backend = EchoBackend()
+    router = await serve(system, backend, count=1)
+    bad = request(1)
+    bad.inputs[0] = Tensor("IN", "FP32", (1, 2), np.zeros((1, 2), np.float32))
+    with pytest.raises(TritonError, match="data-type is 'FP32', but model 'echo' expects 'INT32'"):
+        await router.infer(bad)
+    too_big = InferenceRequest(
+        "echo", inputs=[Tensor("IN", "INT32", (5, 2), np.zeros((5, 2), np.int32))]
+    )
+    with pytest.raises(TritonError, match="batch-size must be <= 4"):
+        await router.infer(too_big)
+    assert backend.executed_by == []
+
+
+async def test_failed_instance_start_fails_the_load_and_releases_the_rest(
+    system: ActorSystem,
+) -> None:
+    backend = EchoBackend(fail_instance=1)
+    with pytest.raises(RuntimeError, match="instance 1 cannot start"):
+        await system.spawn(ModelVersionActor(backend, context(2)))
+    assert backend.finalized == ["echo_0_0", "model"]
+
+
+async def test_unknown_model_and_version_errors() -> None:
+    router = Router()
+    router.known.add("known")
+    with pytest.raises(TritonError, match="'nosuch' is not found") as caught:
+        router.resolve("nosuch")
+    assert caught.value.code is ErrorCode.NOT_FOUND
+    with pytest.raises(TritonError, match="'known' has no available versions"):
+        router.resolve("known")
+
+
+async def test_stopping_the_model_finalizes_instances_then_model() -> None:
+    backend = EchoBackend()
+    async with ActorSystem() as actors:
+        await serve(actors, backend, count=2)
+    assert sorted(backend.finalized[:2]) == ["echo_0_0", "echo_0_1"]
+    assert backend.finalized[2] == "model"
