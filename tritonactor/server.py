@@ -13,12 +13,23 @@ from tritonactor.control import events as ev
 from tritonactor.control.manager import GetState, IndexEntry, LoadAll, ModelManager, index
 from tritonactor.core.errors import unavailable
 from tritonactor.scheduling.router import Router
-from tritonactor.settings import Settings
+from tritonactor.settings import ControlMode, Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
 # The protocol extensions this server answers (GET /v2 and gRPC ServerMetadata list them).
 EXTENSIONS = ("classification", "model_configuration", "binary_tensor_data", "parameters")
+
+
+def check_supported(settings: Settings) -> None:
+    """Raise SettingsError for settings this version accepts but cannot serve yet."""
+    if settings.model_control_mode is ControlMode.POLL:
+        # Refused rather than served as mode none: a poll mode that never polls would mislead.
+        raise SettingsError(
+            "TRITONACTOR_MODEL_CONTROL_MODE='poll' is not available in this version yet; "
+            "use 'none' or 'explicit'",
+            variable="TRITONACTOR_MODEL_CONTROL_MODE",
+        )
 
 
 class Server:
@@ -29,6 +40,7 @@ class Server:
     extensions = EXTENSIONS
 
     def __init__(self, settings: Settings, registry: BackendRegistry | None = None) -> None:
+        check_supported(settings)
         self.settings = settings
         self.registry = registry if registry is not None else BackendRegistry()
         self.router = Router()
@@ -47,13 +59,20 @@ class Server:
             )
             self._manager = await system.spawn(manager)
             self.live = True
-            await self._manager.ask(LoadAll)
+            await self._manager.ask(lambda reply: LoadAll(reply, self._startup_models()))
             try:
                 yield self
             finally:
                 self.live = False
                 self._manager = None
         self.registry.finalize()
+
+    def _startup_models(self) -> tuple[str, ...] | None:
+        """None (all) in mode none; explicit mode loads only TRITONACTOR_LOAD_MODEL ("*": all)."""
+        settings = self.settings
+        if settings.model_control_mode is not ControlMode.EXPLICIT or "*" in settings.load_models:
+            return None
+        return settings.load_models
 
     async def state(self) -> ev.State:
         if self._manager is None:

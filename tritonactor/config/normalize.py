@@ -8,6 +8,8 @@ from tritonactor._proto.inference import (
     ModelConfig,
     ModelInstanceGroup,
     ModelInstanceGroupKind,
+    ModelOptimizationPolicy,
+    ModelOptimizationPolicyPinnedMemoryBuffer,
     ModelVersionPolicy,
     ModelVersionPolicyLatest,
 )
@@ -24,11 +26,16 @@ class InstanceSpec:
 
 
 def fill_defaults(config: ModelConfig, gpus: int) -> ModelConfig:
-    """A copy of `config` with Triton's defaults: a version policy, and instance groups with
-    names, counts, kinds (KIND_AUTO resolved) and GPU lists."""
+    """A copy of `config` with Triton's defaults: a version policy, the optimization defaults,
+    and instance groups with names, counts, kinds (KIND_AUTO resolved) and GPU lists."""
     filled = ModelConfig.parse(bytes(config))
     if filled.version_policy is None:
         filled.version_policy = ModelVersionPolicy(latest=ModelVersionPolicyLatest(num_versions=1))
+    if filled.optimization is None:
+        pinned = ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
+        filled.optimization = ModelOptimizationPolicy(
+            input_pinned_memory=pinned, output_pinned_memory=pinned
+        )
     if filled.max_batch_size < 0:
         raise ConfigError(f"model '{filled.name}': max_batch_size must be >= 0")
     if not filled.instance_group:

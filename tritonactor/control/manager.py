@@ -39,9 +39,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class LoadAll:
-    """Scan the repositories and load every model (model control mode none)."""
+    """Scan the repositories and load their models: all of them, or only `names` when given
+    (explicit mode's startup list)."""
 
     reply: Reply[None]
+    names: tuple[str, ...] | None = None
     source: ev.Source = ev.Source.STARTUP
 
 
@@ -87,17 +89,22 @@ class ModelManager(Actor[Any]):
 
     async def receive(self, message: Any) -> None:
         match message:
-            case LoadAll(reply, source):
-                await self._load_all(source)
+            case LoadAll(reply, names, source):
+                await self._load_all(names, source)
                 reply.set(None)
             case GetState(reply):
                 reply.set(self.state)
 
-    async def _load_all(self, source: ev.Source) -> None:
+    async def _load_all(self, names: tuple[str, ...] | None, source: ev.Source) -> None:
         found = await anyio.to_thread.run_sync(scan_repositories, self._repositories)
         self._router.known.update(found)
+        for name in names or ():
+            if name not in found:
+                reason = f"model '{name}' is not in any model repository"
+                self._record(ev.LoadFailed(model=name, version=None, reason=reason))
+        wanted = [m for m in found.values() if names is None or m.name in names]
         async with anyio.create_task_group() as group:
-            for model in found.values():
+            for model in wanted:
                 group.start_soon(self._load_model, model, source)
 
     async def _load_model(self, model: ModelSource, source: ev.Source) -> None:
@@ -141,8 +148,10 @@ class ModelManager(Actor[Any]):
         if not self._strict:
             config = backend.auto_complete_config(config, version_path(model, latest))
         config = fill_defaults(config, gpu_count())
-        if not config.backend:
-            config.backend = name
+        config.backend = config.backend or name
+        config.default_model_filename = (
+            config.default_model_filename or backend.default_model_filename
+        )
         return backend, config
 
     async def _load_version(
@@ -154,7 +163,7 @@ class ModelManager(Actor[Any]):
         digest: str,
     ) -> None:
         directory = version_path(model, version)
-        filename = config.default_model_filename or backend.default_model_filename
+        filename = config.default_model_filename
         context = ModelContext(
             name=model.name,
             version=version,
