@@ -748,3 +748,12 @@ def test_example_mlp_matches_numpy_reference(backend: OnnxRuntimeBackend) -> Non
     expected = np.exp(x - x.max(axis=1, keepdims=True))
     expected /= expected.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(out["probabilities"].data, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_shipped_example_repository_is_what_the_builder_writes(tmp_path: Path) -> None:
+    from tritonactor.examples.build import build
+
+    build(tmp_path)
+    built = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    for relative in built:
+        assert (EXAMPLES / relative).read_bytes() == (tmp_path / relative).read_bytes(), relative
