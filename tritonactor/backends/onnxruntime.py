@@ -388,13 +388,22 @@ def _session_settings(config: ModelConfig, model: str) -> _SessionSettings:
         graph_level=graph_level,
         enable_mem_arena=_int_parameter(model, parameters, "enable_mem_arena", 1) != 0,
         enable_mem_pattern=_int_parameter(model, parameters, "enable_mem_pattern", 1) != 0,
-        # Triton hands `session.*` parameters to onnxruntime as session config entries.
-        config_entries=tuple(
-            (key, value) for key, value in sorted(parameters.items()) if key.startswith("session.")
-        ),
+        config_entries=_config_entries(parameters),
         gpu_accelerators=gpu,
         cpu_accelerators=cpu,
     )
+
+
+# Unlike onnxruntime's default, idle intra-op threads sleep instead of spinning: spinning
+# threads take a core the event loop and the other instances need, for no throughput gain when
+# requests arrive one at a time. A model can turn spinning back on with this parameter.
+_DEFAULT_ENTRIES = {"session.intra_op.allow_spinning": "0"}
+
+
+def _config_entries(parameters: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """Triton hands `session.*` model parameters to onnxruntime as session config entries."""
+    given = {key: value for key, value in parameters.items() if key.startswith("session.")}
+    return tuple(sorted({**_DEFAULT_ENTRIES, **given}.items()))
 
 
 def _tensorrt_options(model: str, parameters: Mapping[str, str]) -> dict[str, Any]:

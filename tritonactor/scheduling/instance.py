@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from typing import Any
 
-import anyio
-
-from tritonactor.actors import Actor, ActorRef
+from tritonactor.actors import Actor, ActorRef, ActorStopped
+from tritonactor.actors.worker import WorkerThread
 from tritonactor.backends.base import BackendInstance, Result
 from tritonactor.core.errors import TritonError, internal
 from tritonactor.scheduling.messages import Execute, InstanceIdle
@@ -24,8 +24,8 @@ class InstanceActor(Actor[Execute]):
         self._backend = backend
         self._scheduler = scheduler
         self._is_async = inspect.iscoroutinefunction(backend.execute)
-        # One worker thread at a time for this instance: its backend is not re-entrant.
-        self._limiter = anyio.CapacityLimiter(1)
+        # One thread of its own: the backend runs one batch at a time, off the event loop.
+        self._worker = WorkerThread(name)
 
     async def started(self) -> None:
         await self._scheduler.tell(InstanceIdle(self.ref))
@@ -36,9 +36,7 @@ class InstanceActor(Actor[Execute]):
             if self._is_async:
                 results = await self._backend.execute(requests)  # type: ignore[misc]
             else:
-                results = await anyio.to_thread.run_sync(
-                    self._backend.execute, requests, limiter=self._limiter
-                )
+                results = await self._worker.run(self._backend.execute, requests)
             if len(results) != len(requests):
                 raise internal(
                     f"instance '{self.name}' returned {len(results)} responses "
@@ -49,10 +47,15 @@ class InstanceActor(Actor[Execute]):
             failure = error if isinstance(error, TritonError) else internal(str(error))
             results = [failure] * len(requests)
         _answer(message, results)
-        await self._scheduler.tell(InstanceIdle(self.ref))
+        # The scheduler may have stopped first (the model is unloading): nothing more will come.
+        with contextlib.suppress(ActorStopped):
+            await self._scheduler.tell(InstanceIdle(self.ref))
 
     async def stopped(self) -> None:
-        await anyio.to_thread.run_sync(self._backend.finalize, limiter=self._limiter)
+        try:
+            await self._worker.run(self._backend.finalize)
+        finally:
+            self._worker.close()
 
 
 def _answer(message: Execute, results: list[Result]) -> None:
