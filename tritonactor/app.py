@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 
+from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
 from tritonactor.server import Server
 from tritonactor.settings import Settings, SettingsError
@@ -31,7 +32,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         _configure_logging(server.settings)
         for variable, value in server.settings.describe():
             log.info("%s=%s", variable, value)
-        async with server.running():
+        async with server.running(), grpc_listener(server):
             yield
 
     app = create_http_app(server, lifespan=lifespan)

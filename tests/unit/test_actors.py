@@ -229,3 +229,19 @@ async def test_shutdown_timeout_cancels_stuck_actor() -> None:
             await ref.tell(Get(waiting))
     with pytest.raises(ActorStopped):
         await waiting.wait()
+
+
+async def test_reply_callbacks_fire_once_with_the_answer() -> None:
+    seen: list[object] = []
+    reply = Reply[int]()
+    reply.add_done_callback(lambda r: seen.append(r.result()))
+    reply.set(7)
+    reply.set(8)  # a reply is answered once
+    reply.add_done_callback(lambda r: seen.append(r.result()))  # already done: called at once
+    assert seen == [7, 7]
+    failed = Reply[int]()
+    failed.add_done_callback(lambda r: seen.append(type(r._error).__name__))
+    failed.fail(ValueError("no"))
+    assert seen[-1] == "ValueError"
+    with pytest.raises(ValueError):
+        failed.result()

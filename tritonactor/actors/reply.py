@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import anyio
@@ -12,13 +13,14 @@ T = TypeVar("T")
 class Reply(Generic[T]):
     """Set once, with a value or an error; awaited by whoever asked."""
 
-    __slots__ = ("_done", "_error", "_event", "_value")
+    __slots__ = ("_callbacks", "_done", "_error", "_event", "_value")
 
     def __init__(self) -> None:
         self._event = anyio.Event()
         self._done = False
         self._value: T | None = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Reply[T]], None]] = []
 
     @property
     def done(self) -> bool:
@@ -28,13 +30,35 @@ class Reply(Generic[T]):
         if not self._done:
             self._done = True
             self._value = value
-            self._event.set()
+            self._finish()
 
     def fail(self, error: BaseException) -> None:
         if not self._done:
             self._done = True
             self._error = error
-            self._event.set()
+            self._finish()
+
+    def add_done_callback(self, callback: Callable[[Reply[T]], None]) -> None:
+        """Call `callback(reply)` once it is answered (at once if it already is): a way to
+        collect many answers without a waiting task for each."""
+        if self._done:
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+    def result(self) -> T:
+        """The answer of a done reply; raises its error."""
+        if not self._done:
+            raise RuntimeError("the reply has no answer yet")
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def _finish(self) -> None:
+        self._event.set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
 
     async def wait(self) -> T:
         await self._event.wait()

@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from anyio import WouldBlock
+
 from tritonactor._proto.inference import ModelConfig
-from tritonactor.actors import ActorRef, ActorStopped
+from tritonactor.actors import ActorRef, ActorStopped, Reply
 from tritonactor.core.errors import TritonError, invalid_arg, not_found, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.scheduling.messages import Infer
@@ -64,15 +66,35 @@ class Router:
         return versions[next(reversed(versions))]
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Validate, queue (waiting while the scheduler's mailbox is full) and await the answer."""
+        handle, message = self._prepare(request)
+        try:
+            await handle.scheduler.tell(message)
+            return await message.reply.wait()
+        except ActorStopped:
+            raise self._stopped(handle) from None
+
+    def submit(self, request: InferenceRequest) -> Reply[InferenceResponse]:
+        """Validate and queue the request now; its answer comes through the returned reply.
+        Requests submitted one after another reach the scheduler in that order."""
+        handle, message = self._prepare(request)
+        try:
+            handle.scheduler.tell_nowait(message)
+        except (ActorStopped, WouldBlock):
+            raise self._stopped(handle) from None
+        return message.reply
+
+    def _prepare(self, request: InferenceRequest) -> tuple[ModelHandle, Infer]:
         handle = self.resolve(request.model_name, request.model_version)
         handle.signature.validate(request)
         request.resolved_version = handle.version
-        try:
-            return await handle.scheduler.ask(lambda reply: Infer(request, reply))
-        except ActorStopped:
-            raise unavailable(
-                f"model '{handle.name}' version {handle.version} stopped before answering"
-            ) from None
+        return handle, Infer(request, Reply())
+
+    @staticmethod
+    def _stopped(handle: ModelHandle) -> TritonError:
+        return unavailable(
+            f"model '{handle.name}' version {handle.version} is not accepting requests"
+        )
 
     def _not_ready(self, name: str, version: str) -> TritonError:
         if name not in self.known:

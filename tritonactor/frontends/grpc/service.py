@@ -1,0 +1,322 @@
+"""Triton's `inference.GRPCInferenceService` and `grpc.health.v1.Health` on grpclib.
+
+Like the HTTP front end, it only translates: requests go through the same router and the same
+validation, and a TritonError becomes the gRPC status Triton uses for its code.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import grpclib
+import grpclib.const
+import grpclib.server
+
+from tritonactor._proto import inference as pb
+from tritonactor._proto.grpc.health import v1 as health
+from tritonactor.actors import ActorStopped, Reply
+from tritonactor.core.errors import ErrorCode, TritonError, unavailable
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.frontends.grpc.codec import (
+    decode_infer_request,
+    encode_infer_response,
+)
+from tritonactor.scheduling.router import ModelHandle
+from tritonactor.settings import ControlMode
+
+if TYPE_CHECKING:
+    from tritonactor.server import Server
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    ErrorCode.INVALID_ARG: grpclib.const.Status.INVALID_ARGUMENT,
+    ErrorCode.NOT_FOUND: grpclib.const.Status.NOT_FOUND,
+    ErrorCode.ALREADY_EXISTS: grpclib.const.Status.ALREADY_EXISTS,
+    ErrorCode.INTERNAL: grpclib.const.Status.INTERNAL,
+    ErrorCode.UNSUPPORTED: grpclib.const.Status.UNIMPLEMENTED,
+    ErrorCode.UNAVAILABLE: grpclib.const.Status.UNAVAILABLE,
+    ErrorCode.CANCELLED: grpclib.const.Status.CANCELLED,
+}
+
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+FINAL_RESPONSE = "triton_final_response"
+ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def grpc_error(error: TritonError) -> grpclib.GRPCError:
+    return grpclib.GRPCError(STATUS[error.code], error.message)
+
+
+def translate_errors(method: F) -> F:
+    """TritonError -> the matching gRPC status; anything else -> INTERNAL, logged."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(*args, **kwargs)
+        except TritonError as error:
+            raise grpc_error(error) from None
+        except grpclib.GRPCError:
+            raise
+        except Exception as error:
+            log.exception("gRPC %s failed", method.__name__)
+            raise grpclib.GRPCError(
+                grpclib.const.Status.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def not_available(what: str) -> grpclib.GRPCError:
+    return grpclib.GRPCError(
+        grpclib.const.Status.UNIMPLEMENTED,
+        f"{what} is not available in this version of tritonactor",
+    )
+
+
+class InferenceService(pb.GrpcInferenceServiceBase):
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._router = server.router
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        mapping = super().__mapping__()
+        # Streaming is served by our own handler on the raw grpclib stream: it reads requests
+        # and writes responses as they complete, without an async generator in between.
+        mapping[STREAM_INFER] = grpclib.const.Handler(
+            self._model_stream_infer,
+            grpclib.const.Cardinality.STREAM_STREAM,
+            pb.ModelInferRequest,
+            pb.ModelStreamInferResponse,
+        )
+        return mapping
+
+    @translate_errors
+    async def server_live(self, message: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._server.live)
+
+    @translate_errors
+    async def server_ready(self, message: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=await self._server.ready())
+
+    @translate_errors
+    async def model_ready(self, message: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        try:
+            self._router.resolve(message.name, message.version)
+        except TritonError as error:
+            if error.code is ErrorCode.INVALID_ARG:
+                raise
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    @translate_errors
+    async def server_metadata(self, message: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        server = self._server
+        return pb.ServerMetadataResponse(
+            name=server.name, version=server.version, extensions=list(server.extensions)
+        )
+
+    @translate_errors
+    async def model_metadata(self, message: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        handle = self._router.resolve(message.name, message.version)
+        signature = handle.signature
+        batch = signature.max_batch_size
+
+        def tensors(specs: Any) -> list[pb.ModelMetadataResponseTensorMetadata]:
+            return [
+                pb.ModelMetadataResponseTensorMetadata(
+                    name=spec.name, datatype=spec.datatype, shape=spec.shape(batch)
+                )
+                for spec in specs
+            ]
+
+        return pb.ModelMetadataResponse(
+            name=handle.name,
+            versions=[str(v) for v in self._router.ready_versions(handle.name)],
+            platform=handle.config.platform or handle.config.backend,
+            inputs=tensors(signature.inputs),
+            outputs=tensors(signature.outputs),
+        )
+
+    @translate_errors
+    async def model_config(self, message: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        handle = self._router.resolve(message.name, message.version)
+        return pb.ModelConfigResponse(config=handle.config)
+
+    @translate_errors
+    async def model_infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        request = decode_infer_request(message)
+        handle = self._router.resolve(request.model_name, request.model_version)
+        if _decoupled(handle):
+            raise grpclib.GRPCError(
+                grpclib.const.Status.UNIMPLEMENTED,
+                f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
+                f"use ModelStreamInfer for model '{handle.name}'",
+            )
+        return encode_infer_response(await self._router.infer(request))
+
+    async def _model_stream_infer(
+        self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
+    ) -> None:
+        send, receive = anyio.create_memory_object_stream[pb.ModelStreamInferResponse](math.inf)
+        pending = _Pending(send)
+
+        async def write() -> None:
+            async with receive:
+                async for response in receive:
+                    await stream.send_message(response)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(write)
+            async for message in stream:
+                self._submit_streamed(message, pending)
+            pending.input_done()
+
+    def _submit_streamed(self, message: pb.ModelInferRequest, pending: _Pending) -> None:
+        try:
+            request = decode_infer_request(message)
+            reply = self._router.submit(request)
+        except TritonError as error:
+            pending.deliver(pb.ModelStreamInferResponse(error_message=error.message))
+            return
+        pending.started()
+        reply.add_done_callback(functools.partial(_streamed_answer, request, pending))
+
+    @translate_errors
+    async def model_statistics(
+        self, message: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        raise not_available("the statistics extension")
+
+    @translate_errors
+    async def repository_index(
+        self, message: pb.RepositoryIndexRequest
+    ) -> pb.RepositoryIndexResponse:
+        entries = await self._server.index(ready_only=message.ready)
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponseModelIndex(
+                    name=e.name, version=e.version, state=e.state, reason=e.reason
+                )
+                for e in entries
+            ]
+        )
+
+    @translate_errors
+    async def repository_model_load(
+        self, message: pb.RepositoryModelLoadRequest
+    ) -> pb.RepositoryModelLoadResponse:
+        self._check_explicit()
+        raise not_available("loading models through the API")
+
+    @translate_errors
+    async def repository_model_unload(
+        self, message: pb.RepositoryModelUnloadRequest
+    ) -> pb.RepositoryModelUnloadResponse:
+        self._check_explicit()
+        raise not_available("unloading models through the API")
+
+    def _check_explicit(self) -> None:
+        if self._server.settings.model_control_mode is not ControlMode.EXPLICIT:
+            raise grpc_error(
+                unavailable("explicit model load / unload is not allowed if polling is enabled")
+            )
+
+    async def system_shared_memory_status(self, message: Any) -> Any:
+        raise not_available("system shared memory")
+
+    async def system_shared_memory_register(self, message: Any) -> Any:
+        raise not_available("system shared memory")
+
+    async def system_shared_memory_unregister(self, message: Any) -> Any:
+        raise not_available("system shared memory")
+
+    async def cuda_shared_memory_status(self, message: Any) -> Any:
+        raise not_available("CUDA shared memory")
+
+    async def cuda_shared_memory_register(self, message: Any) -> Any:
+        raise not_available("CUDA shared memory")
+
+    async def cuda_shared_memory_unregister(self, message: Any) -> Any:
+        raise not_available("CUDA shared memory")
+
+    async def trace_setting(self, message: Any) -> Any:
+        raise not_available("the trace extension")
+
+    async def log_settings(self, message: Any) -> Any:
+        raise not_available("the logging extension")
+
+
+class _Pending:
+    """Counts a stream's requests still running; closes the response stream after the last one
+    once the client has finished sending."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self._running = 0
+        self._input_done = False
+
+    def started(self) -> None:
+        self._running += 1
+
+    def deliver(self, response: pb.ModelStreamInferResponse, finished: bool = False) -> None:
+        self._send.send_nowait(response)
+        if finished:
+            self._running -= 1
+            self._maybe_close()
+
+    def input_done(self) -> None:
+        self._input_done = True
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if self._input_done and self._running == 0:
+            self._send.close()
+
+
+def _streamed_answer(
+    request: InferenceRequest, pending: _Pending, reply: Reply[InferenceResponse]
+) -> None:
+    try:
+        response = reply.result()
+    except TritonError as error:
+        pending.deliver(pb.ModelStreamInferResponse(error_message=error.message), finished=True)
+        return
+    except ActorStopped:
+        message = f"model '{request.model_name}' stopped before answering"
+        pending.deliver(pb.ModelStreamInferResponse(error_message=message), finished=True)
+        return
+    if request.parameters.get(ENABLE_EMPTY_FINAL) is True:
+        response.parameters[FINAL_RESPONSE] = True
+    pending.deliver(
+        pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)), finished=True
+    )
+
+
+def _decoupled(handle: ModelHandle) -> bool:
+    policy = handle.config.model_transaction_policy
+    return policy is not None and policy.decoupled
+
+
+class HealthService(health.HealthBase):
+    """SERVING when the server is ready (every model that should load is loaded)."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+
+    async def check(self, message: health.HealthCheckRequest) -> health.HealthCheckResponse:
+        ready = await self._server.ready()
+        status = (
+            health.HealthCheckResponseServingStatus.SERVING
+            if ready
+            else health.HealthCheckResponseServingStatus.NOT_SERVING
+        )
+        return health.HealthCheckResponse(status=status)
