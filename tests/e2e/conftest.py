@@ -5,10 +5,45 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
-from tests.onnx_models import add_sub_model, identity_model, string_identity_model
+from tests.onnx_models import (
+    add_sub_model,
+    identity_model,
+    save_model,
+    string_identity_model,
+)
 from tests.server_process import ServerProcess, start_server
+
+# Every Triton wire datatype; `identity_<name lowercased>` echoes a [batch, 4] tensor of it.
+WIRE_DATATYPES = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+    "BF16",
+)
+
+SLOW_CONFIG = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ {{ name: "STEPS" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+parameters {{ key: "intra_op_thread_count" value: {{ string_value: "1" }} }}
+"""
 
 SIMPLE_CONFIG = """
 name: "{name}"
@@ -30,9 +65,52 @@ def write_config(model_dir: Path, text: str) -> None:
     (model_dir / "config.pbtxt").write_text(text)
 
 
+def slow_model(path: Path, size: int = 512) -> Path:
+    """Y = sum(A @ W @ ... @ W) with STEPS [size, size] matrix products (an INT64 [1] input):
+    a few milliseconds a step on one CPU thread, so a request's STEPS sets how long it runs."""
+    rng = np.random.default_rng(0)
+    a = rng.random((size, size), dtype=np.float32)
+    w = (rng.random((size, size), dtype=np.float32) / size).astype(np.float32)
+    step = helper.make_graph(
+        [
+            helper.make_node("Identity", ["going_in"], ["going_out"]),
+            helper.make_node("MatMul", ["h_in", "W"], ["h_out"]),
+        ],
+        "step",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("going_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [size, size]),
+        ],
+        [
+            helper.make_tensor_value_info("going_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [size, size]),
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Squeeze", ["STEPS"], ["steps"]),
+            helper.make_node("Loop", ["steps", "", "A"], ["h"], body=step),
+            helper.make_node("ReduceSum", ["h"], ["total"], keepdims=0),
+            helper.make_node("Reshape", ["total", "one"], ["Y"]),
+        ],
+        "slow",
+        [helper.make_tensor_value_info("STEPS", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])],
+        initializer=[
+            numpy_helper.from_array(a, "A"),
+            numpy_helper.from_array(w, "W"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "one"),
+        ],
+    )
+    return save_model(graph, path)
+
+
 def build_repository(root: Path) -> Path:
     """A Triton repository exercising the foundation: batching and non-batching add/sub, a model
-    with no config (auto-complete), BYTES and FP16 identities, several versions, a broken model."""
+    with no config (auto-complete), BYTES and FP16 identities, several versions, a broken model,
+    an identity (no config) for every wire datatype, and a slow model with one and two
+    instances."""
     repo = root / "models"
     add_sub_model(repo / "simple" / "1" / "model.onnx")
     write_config(repo / "simple", SIMPLE_CONFIG.format(name="simple", max_batch_size=8))
@@ -61,6 +139,14 @@ def build_repository(root: Path) -> Path:
         SIMPLE_CONFIG.format(name="two_instances", max_batch_size=8)
         + "instance_group [ { count: 2 kind: KIND_CPU } ]\n",
     )
+
+    for datatype in WIRE_DATATYPES:
+        path = repo / f"identity_{datatype.lower()}" / "1" / "model.onnx"
+        identity_model(path, datatype, ["batch", 4])
+
+    for name, count in (("slow_one", 1), ("slow_two", 2)):
+        slow_model(repo / name / "1" / "model.onnx")
+        write_config(repo / name, SLOW_CONFIG.format(name=name, count=count))
 
     (repo / "broken" / "1").mkdir(parents=True)
     (repo / "broken" / "1" / "model.onnx").write_bytes(b"this is not an onnx model")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tritonactor._proto.inference import ModelConfig, ModelInput, ModelOutput
 from tritonactor.core.datatypes import config_to_wire
-from tritonactor.core.errors import invalid_arg
+from tritonactor.core.errors import invalid_arg, unsupported
 from tritonactor.core.types import InferenceRequest
 
 
@@ -53,23 +53,23 @@ class ModelSignature:
         )
 
     def validate(self, request: InferenceRequest) -> None:
-        """Raise INVALID_ARG if the request does not fit the model; change nothing."""
+        """Raise INVALID_ARG if the request does not fit the model (UNSUPPORTED if it asks for
+        what this server cannot do); change nothing."""
         prefix = f"[request id: {request.id or '<id_unknown>'}] "
         inputs = self._inputs
         given = [tensor.name for tensor in request.inputs]
+        missing = [name for name in self._required if name not in given]
+        # As in Triton, the count comes first: too many inputs is reported as a count even when
+        # one is unknown, and an unknown name within the count by that name.
+        if not len(self._required) <= len(given) <= len(inputs):
+            raise invalid_arg(f"{prefix}{self._count_message(given, missing)}")
         for name in given:
             if name not in inputs:
                 raise invalid_arg(
                     f"{prefix}unexpected inference input '{name}' for model '{self.name}'"
                 )
-        missing = [name for name in self._required if name not in given]
-        if missing:
-            required = len(self._required)
-            raise invalid_arg(
-                f"{prefix}expected {required} inputs but got {len(given)} inputs for model "
-                f"'{self.name}'. Got input(s) {_names(given)}, but missing required input(s) "
-                f"{_names(missing)}. Please provide all required input(s)."
-            )
+        if missing:  # an optional input was given in place of a required one
+            raise invalid_arg(f"{prefix}{self._count_message(given, missing)}")
         batch_size = self._batch_size(request, prefix)
         for tensor in request.inputs:
             spec = inputs[tensor.name]
@@ -89,8 +89,26 @@ class ModelSignature:
         for output in request.outputs:
             if output.name not in outputs:
                 raise invalid_arg(
-                    f"{prefix}unexpected inference output '{output.name}' for model '{self.name}'"
+                    f"unexpected inference output '{output.name}' for model '{self.name}'"
                 )
+            if "classification" in output.parameters:
+                # Not implemented yet: answering the raw tensor instead would mislead the client.
+                raise unsupported(
+                    f"classification of output '{output.name}' of model '{self.name}' is not "
+                    "supported by this server"
+                )
+
+    def _count_message(self, given: list[str], missing: list[str]) -> str:
+        required = len(self._required)
+        if required == len(self.inputs):
+            expected = f"expected {required} inputs"
+        else:
+            expected = f"expected number of inputs between {required} and {len(self.inputs)}"
+        return (
+            f"{expected} but got {len(given)} inputs for model '{self.name}'. Got input(s) "
+            f"{_names(given)}, but missing required input(s) {_names(missing)}. Please provide "
+            "all required input(s)."
+        )
 
     def _batch_size(self, request: InferenceRequest, prefix: str) -> int | None:
         """The batch size every input agrees on; None when the model does not batch."""

@@ -8,9 +8,10 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -49,7 +50,7 @@ def create_http_app(
     routes = _Routes(server)
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version:int}"
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v2", routes.server_metadata, methods=["GET"]),
             Route("/v2/health/live", routes.live, methods=["GET"]),
@@ -70,21 +71,48 @@ def create_http_app(
         },
         lifespan=lifespan,
     )
+    # Triton answers a path with a trailing slash 404, not a redirect, and HEAD 405: starlette
+    # would redirect the one and serve the other as a GET.
+    app.router.redirect_slashes = False
+    for route in app.routes:
+        if isinstance(route, Route) and route.methods is not None:
+            route.methods.discard("HEAD")
+    return app
 
 
 async def _triton_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, TritonError)
+    await _drain(request)
     return error_response(error.message, error.code.http_status)
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
+    await _drain(request)
     return error_response(error.detail, error.status_code)
 
 
 async def _internal_error(request: Request, error: Exception) -> Response:
     log.error("request %s %s failed", request.method, request.url.path, exc_info=error)
+    await _drain(request)
     return error_response(f"internal error: {type(error).__name__}: {error}", 500)
+
+
+async def _drain(request: Request) -> None:
+    """Read and drop what is left of the request body before an error is answered. hypercorn
+    closes a keep-alive connection whose request body has not all arrived when the response
+    ends, without saying so in the response: the client's next request on it then fails."""
+    # Bounded, so that a client that stalls mid-body cannot hold its error back: past the
+    # bound the error goes out and hypercorn closes the connection, as it would have anyway.
+    with anyio.move_on_after(_DRAIN_SECONDS):
+        try:
+            async for _ in request.stream():
+                pass
+        except (RuntimeError, ClientDisconnect):  # already read, or the client is gone
+            pass
+
+
+_DRAIN_SECONDS = 5.0
 
 
 def _version(request: Request) -> str:
@@ -119,7 +147,13 @@ class _Routes:
             raise invalid_arg("'ready' in the repository index request must be a boolean")
         entries = []
         for entry in await self.server.index(ready_only=ready):
-            item = {"name": entry.name, "version": entry.version, "state": entry.state}
+            # As in Triton, a model that failed before any version was tried has no version,
+            # and one with nothing known about it yet has only its name.
+            item = {"name": entry.name}
+            if entry.version:
+                item["version"] = entry.version
+            if entry.state:
+                item["state"] = entry.state
             if entry.reason:
                 item["reason"] = entry.reason
             entries.append(item)

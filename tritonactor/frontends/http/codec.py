@@ -7,7 +7,11 @@ of the wire protocol alone would not guess:
   read-only (the body is `bytes`) and may be unaligned (the JSON header has any length); a
   consumer that must write into an input copies it first.
 - Only wire-level consistency is checked here (element counts, byte sizes, JSON types); shapes
-  and datatypes are checked against the model config elsewhere.
+  and datatypes are checked against the model config elsewhere. Errors use Triton's wording
+  where Triton has a message for the same mistake, and all are INVALID_ARG (400), also where
+  Triton answers 500 (a JSON parse error, 'data' that does not fit 'shape').
+- The body is cut into every binary input's bytes before any is checked against its shape, as
+  in Triton: bytes left over are reported before a size that does not fit.
 - `binary_data_size` and resolved `shared_memory_*` parameters describe transport, not the
   tensor, so they are dropped from `Tensor.parameters`.
 - FP16 and BF16 have no JSON form (as in Triton): such inputs must be binary, and such outputs
@@ -22,7 +26,9 @@ of the wire protocol alone would not guess:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -93,15 +99,16 @@ def decode_infer_request(
     document = decode_json(header)
     if not isinstance(document, dict):
         raise invalid_arg("the inference request must be a JSON object")
-    reader = _BinaryReader(binary, has_header_length=header_length is not None)
-    inputs = _decode_inputs(document, reader, shared_memory)
-    reader.finish()
+    request_id = _decode_id(document.get("id"))
+    context = _Context(model_name, request_id)
+    reader = _BinaryReader(binary, model_name, has_header_length=header_length is not None)
+    inputs = _decode_inputs(document, reader, shared_memory, context)
     parameters = _decode_parameters(document.get("parameters"), "the inference request")
     _require_bool(parameters, "binary_data_output", "the inference request")
     return InferenceRequest(
         model_name=model_name,
         model_version=model_version,
-        id=_decode_id(document.get("id")),
+        id=request_id,
         inputs=inputs,
         outputs=_decode_outputs(document.get("outputs")),
         parameters=parameters,
@@ -138,7 +145,8 @@ def decode_raw_request(
                 f"number of {datatype} elements"
             )
         concrete = _infer_shape(input_name, datatype, shape, count)
-        data = _array_from_binary(input_name, datatype, concrete, memoryview(body))
+        context = _Context(model_name, "")
+        data = _array_from_binary(context, input_name, datatype, concrete, memoryview(body))
     return InferenceRequest(
         model_name=model_name,
         model_version=model_version,
@@ -161,13 +169,27 @@ def _split_body(
     return view[:header_length], view[header_length:]
 
 
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What error messages about one request name: its model, and its id as Triton's
+    "[request id: ...] " prefix."""
+
+    model: str
+    request_id: str
+
+    @property
+    def prefix(self) -> str:
+        return f"[request id: {self.request_id or '<id_unknown>'}] "
+
+
 class _BinaryReader:
     """Hands out the binary section to inputs in order of appearance."""
 
-    __slots__ = ("_has_header_length", "_offset", "_view")
+    __slots__ = ("_has_header_length", "_model", "_offset", "_view")
 
-    def __init__(self, view: memoryview, *, has_header_length: bool) -> None:
+    def __init__(self, view: memoryview, model: str, *, has_header_length: bool) -> None:
         self._view = view
+        self._model = model
         self._offset = 0
         self._has_header_length = has_header_length
 
@@ -179,22 +201,17 @@ class _BinaryReader:
             )
         end = self._offset + size
         if end > len(self._view):
-            remaining = len(self._view) - self._offset
             raise invalid_arg(
-                f"unexpected end of binary data for input '{name}': it needs {size} bytes, "
-                f"{remaining} remain"
+                f"unexpected size for input '{name}', expecting {end - len(self._view)} "
+                f"additional bytes for model '{self._model}'"
             )
         chunk = self._view[self._offset : end]
         self._offset = end
         return chunk
 
     def finish(self) -> None:
-        extra = len(self._view) - self._offset
-        if extra:
-            raise invalid_arg(
-                f"unexpected additional input data: {extra} bytes follow the last input's "
-                "binary data"
-            )
+        if len(self._view) > self._offset:
+            raise invalid_arg(f"unexpected additional input data for model '{self._model}'")
 
 
 def _decode_id(value: Any) -> str:
@@ -244,27 +261,61 @@ def _decode_outputs(value: Any) -> list[RequestedOutput]:
 
 
 def _decode_inputs(
-    document: dict[str, Any], reader: _BinaryReader, shared_memory: SharedMemoryReader | None
+    document: dict[str, Any],
+    reader: _BinaryReader,
+    shared_memory: SharedMemoryReader | None,
+    context: _Context,
 ) -> list[Tensor]:
     if "inputs" not in document:
         raise invalid_arg("the inference request has no 'inputs'")
     items = document["inputs"]
     if not isinstance(items, list):
         raise invalid_arg("'inputs' of the inference request must be a JSON array")
-    inputs: list[Tensor] = []
+    decoded: list[Tensor | _BinaryInput] = []
     seen: set[str] = set()
     for index, item in enumerate(items):
-        tensor = _decode_input(index, item, reader, shared_memory)
-        if tensor.name in seen:
-            raise invalid_arg(f"input '{tensor.name}' appears more than once in the request")
-        seen.add(tensor.name)
-        inputs.append(tensor)
-    return inputs
+        entry = _decode_input(index, item, reader, shared_memory, context)
+        if entry.name in seen:
+            raise invalid_arg(f"{context.prefix}input '{entry.name}' already exists in request")
+        seen.add(entry.name)
+        decoded.append(entry)
+    # As in Triton, the body is cut into every input's bytes before any is held against its
+    # shape: bytes left over are reported before a size that does not fit.
+    reader.finish()
+    return [
+        entry.tensor(context) if isinstance(entry, _BinaryInput) else entry for entry in decoded
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class _BinaryInput:
+    """An input whose bytes are cut from the body but not yet checked against its shape."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: Parameters
+    chunk: memoryview
+
+    def tensor(self, context: _Context) -> Tensor:
+        data = _array_from_binary(context, self.name, self.datatype, self.shape, self.chunk)
+        return Tensor(self.name, self.datatype, self.shape, data, self.parameters)
+
+
+# Triton's wording when an input has more than one source of data, or none.
+_ONE_SOURCE = (
+    "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+    "'parameters', 'shared_memory_region' in 'parameters'."
+)
 
 
 def _decode_input(
-    index: int, item: Any, reader: _BinaryReader, shared_memory: SharedMemoryReader | None
-) -> Tensor:
+    index: int,
+    item: Any,
+    reader: _BinaryReader,
+    shared_memory: SharedMemoryReader | None,
+    context: _Context,
+) -> Tensor | _BinaryInput:
     if not isinstance(item, dict):
         raise invalid_arg(f"input {index} must be a JSON object")
     name = item.get("name")
@@ -274,10 +325,34 @@ def _decode_input(
     if not isinstance(datatype, str):
         raise invalid_arg(f"input '{name}' has no 'datatype' string")
     if not is_datatype(datatype):
-        raise invalid_arg(f"input '{name}' has unknown datatype '{datatype}'")
+        raise invalid_arg(f"invalid datatype for input {name}: unknown datatype '{datatype}'")
     shape = _decode_shape(name, item.get("shape"))
     parameters = _decode_parameters(item.get("parameters"), f"input '{name}'")
-    data = _decode_input_data(name, datatype, shape, item, parameters, reader, shared_memory)
+    binary_size = parameters.pop("binary_data_size", None)
+    sources = [
+        source
+        for source, present in (
+            ("'data'", "data" in item),
+            ("'binary_data_size'", binary_size is not None),
+            ("'shared_memory_region'", "shared_memory_region" in parameters),
+        )
+        if present
+    ]
+    if len(sources) > 1:
+        raise invalid_arg(f"{_ONE_SOURCE} But set {' '.join(sources)} for input '{name}'")
+    if binary_size is not None:
+        size = _non_negative_int(binary_size, f"'binary_data_size' of input '{name}'")
+        return _BinaryInput(name, datatype, shape, parameters, reader.take(name, size))
+    if sources:
+        if "data" in item:
+            data = _array_from_json(context, name, datatype, shape, item["data"])
+        else:
+            buffer = _read_shared_memory(name, parameters, shared_memory)
+            data = _array_from_binary(context, name, datatype, shape, memoryview(buffer))
+    elif num_elements(shape) == 0:
+        data = np.empty(shape, dtype=to_numpy_dtype(datatype))
+    else:
+        raise invalid_arg(f"{_ONE_SOURCE} But no field is set for input '{name}'")
     return Tensor(name, datatype, shape, data, parameters)
 
 
@@ -291,35 +366,6 @@ def _decode_shape(name: str, value: Any) -> tuple[int, ...]:
         if dim < 0:
             raise invalid_arg(f"'shape' of input '{name}' has a negative dimension: {value}")
     return tuple(value)
-
-
-def _decode_input_data(
-    name: str,
-    datatype: str,
-    shape: tuple[int, ...],
-    item: dict[str, Any],
-    parameters: Parameters,
-    reader: _BinaryReader,
-    shared_memory: SharedMemoryReader | None,
-) -> np.ndarray:
-    binary_size = parameters.pop("binary_data_size", None)
-    in_shared_memory = "shared_memory_region" in parameters
-    sources = ("data" in item) + (binary_size is not None) + in_shared_memory
-    if sources > 1:
-        raise invalid_arg(
-            f"input '{name}' must have only one of 'data', binary data or shared memory"
-        )
-    if binary_size is not None:
-        size = _non_negative_int(binary_size, f"'binary_data_size' of input '{name}'")
-        return _array_from_binary(name, datatype, shape, reader.take(name, size))
-    if in_shared_memory:
-        buffer = _read_shared_memory(name, parameters, shared_memory)
-        return _array_from_binary(name, datatype, shape, memoryview(buffer))
-    if "data" in item:
-        return _array_from_json(name, datatype, shape, item["data"])
-    if num_elements(shape) == 0:
-        return np.empty(shape, dtype=to_numpy_dtype(datatype))
-    raise invalid_arg(f"input '{name}' has no 'data', binary data or shared memory")
 
 
 def _non_negative_int(value: Any, what: str) -> int:
@@ -346,27 +392,56 @@ def _read_shared_memory(
 
 
 def _array_from_binary(
-    name: str, datatype: str, shape: tuple[int, ...], buffer: memoryview
+    context: _Context, name: str, datatype: str, shape: tuple[int, ...], buffer: memoryview
 ) -> np.ndarray:
     count = num_elements(shape)
     if datatype == "BYTES":
         try:
             return deserialize_bytes(buffer, count).reshape(shape)
-        except ValueError as exc:
-            raise invalid_arg(
-                f"unable to parse BYTES binary data for input '{name}': {exc}"
-            ) from None
+        except ValueError:
+            raise _bytes_error(context, name, count, buffer) from None
     dtype = to_numpy_dtype(datatype)
     expected = count * dtype.itemsize
     if len(buffer) != expected:
         raise invalid_arg(
-            f"unexpected size of binary data for input '{name}': {len(buffer)} bytes, expected "
-            f"{expected} for shape {list(shape)} of {datatype}"
+            f"{context.prefix}input byte size mismatch for input '{name}' for model "
+            f"'{context.model}'. Expected {expected}, got {len(buffer)}"
         )
     array = np.frombuffer(buffer, dtype=dtype)
     if datatype == "BOOL":
         array = _normalize_bools(array)
     return array.reshape(shape)
+
+
+def _bytes_error(context: _Context, name: str, count: int, buffer: memoryview) -> TritonError:
+    """What is wrong with BYTES data that does not hold `count` length-prefixed elements."""
+    offset, found = 0, 0
+    while offset + 4 <= len(buffer):
+        if found == count:
+            return _string_count_error(context, name, found + 1, count)
+        (length,) = struct.unpack_from("<I", buffer, offset)
+        offset += 4
+        available = len(buffer) - offset
+        if length > available:
+            return invalid_arg(
+                f"incomplete string data for inference input '{name}', expecting string of "
+                f"length {length} but only {available} bytes available"
+            )
+        offset += length
+        found += 1
+    if offset < len(buffer):
+        return invalid_arg(
+            f"incomplete string data for inference input '{name}': {len(buffer) - offset} "
+            "bytes after the last string are too few for a 4-byte length"
+        )
+    return invalid_arg(f"expected {count} strings for inference input '{name}', got {found}")
+
+
+def _string_count_error(context: _Context, name: str, found: int, count: int) -> TritonError:
+    return invalid_arg(
+        f"{context.prefix}unexpected number of string elements {found} for inference input "
+        f"'{name}' for model '{context.model}', expecting {count}"
+    )
 
 
 def _normalize_bools(array: np.ndarray) -> np.ndarray:
@@ -377,19 +452,24 @@ def _normalize_bools(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+def _array_from_json(
+    context: _Context, name: str, datatype: str, shape: tuple[int, ...], data: Any
+) -> np.ndarray:
     if datatype in BINARY_ONLY:
         raise invalid_arg(
-            f"{datatype} data for input '{name}' cannot be sent as JSON; use binary data"
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+            f"format for input {name}"
         )
     if not isinstance(data, list):
         raise invalid_arg(f"'data' of input '{name}' must be a JSON array")
     flat = _json_strings(name, data) if datatype == "BYTES" else _json_numbers(name, datatype, data)
     count = num_elements(shape)
     if flat.size != count:
+        if datatype == "BYTES":
+            raise _string_count_error(context, name, flat.size, count)
         raise invalid_arg(
-            f"unexpected shape for input '{name}': shape {list(shape)} holds {count} elements, "
-            f"'data' has {flat.size}"
+            f"unexpected shape for input '{name}' for model '{context.model}': shape "
+            f"{list(shape)} holds {count} elements, 'data' has {flat.size}"
         )
     return flat.reshape(shape)
 
