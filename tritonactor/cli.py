@@ -165,7 +165,9 @@ def hypercorn_command(settings: Settings, workers: int = 1) -> list[str]:
         "--bind",
         bind_address(settings.http_host, settings.http_port),
         "--workers",
-        str(workers),
+        # One worker runs in hypercorn's own process (`--workers 0`): a worker process that fails
+        # to start (a bad setting) would otherwise leave hypercorn exiting 0.
+        str(workers if workers > 1 else 0),
     ]
 
 

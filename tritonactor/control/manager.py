@@ -118,18 +118,22 @@ class ModelManager(Actor[Any]):
             return
         try:
             versions = _versions_to_load(model)
+        except ConfigError as error:
+            self._record(ev.LoadFailed(model=model.name, version=None, reason=_reason(error)))
+            return
+        self._record(ev.LoadRequested(model=model.name, versions=versions, source=source))
+        try:
             backend, config = await anyio.to_thread.run_sync(
                 self._prepare, model, model.config, versions[-1]
             )
         except Exception as error:  # whatever goes wrong, only this model fails
-            self._record(ev.LoadFailed(model=model.name, version=None, reason=_reason(error)))
+            # Reported against each version it was to load, as Triton's index does.
+            for version in versions:
+                self._record(
+                    ev.LoadFailed(model=model.name, version=version, reason=_reason(error))
+                )
             return
         digest = config_digest(config)
-        self._record(
-            ev.LoadRequested(
-                model=model.name, versions=versions, source=source, config_digest=digest
-            )
-        )
         async with anyio.create_task_group() as group:
             for version in versions:
                 group.start_soon(self._load_version, model, backend, config, version, digest)
