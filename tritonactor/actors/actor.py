@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -91,7 +92,7 @@ class ActorRef(Generic[M]):
         return f"<ActorRef {self.name}>"
 
 
-class Actor(Generic[M]):
+class Actor(ABC, Generic[M]):
     """Subclass and implement `receive`. Optional hooks: `started`, `stopped`, `on_child_failed`."""
 
     mailbox_size: int = 256
@@ -112,8 +113,9 @@ class Actor(Generic[M]):
     async def started(self) -> None:
         """Runs before the first message; an error here fails `spawn` for the caller."""
 
+    @abstractmethod
     async def receive(self, message: M) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement receive()")
+        """Handle one message; the next is not taken until this returns."""
 
     async def stopped(self) -> None:
         """Runs after the mailbox is drained and every child has stopped."""
