@@ -37,6 +37,15 @@ class ServerProcess:
     def base(self) -> str:
         return f"http://{self.url}"
 
+    @property
+    def grpc_port(self) -> int:
+        return int(self.env["TRITONACTOR_GRPC_PORT"])
+
+    @property
+    def grpc_url(self) -> str:
+        """host:port of the gRPC listener, as tritonclient.grpc wants it."""
+        return f"127.0.0.1:{self.grpc_port}"
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 

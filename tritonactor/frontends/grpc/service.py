@@ -6,6 +6,7 @@ validation, and a TritonError becomes the gRPC status Triton uses for its code.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -16,6 +17,7 @@ import anyio
 import grpclib
 import grpclib.const
 import grpclib.server
+from anyio.streams.memory import MemoryObjectSendStream
 
 from tritonactor._proto import inference as pb
 from tritonactor._proto.grpc.health import v1 as health
@@ -45,6 +47,8 @@ STATUS = {
 }
 
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+# Requests one stream may have in the server at once (see _Pending).
+STREAM_WINDOW = 128
 FINAL_RESPONSE = "triton_final_response"
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 
@@ -167,7 +171,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
     ) -> None:
         send, receive = anyio.create_memory_object_stream[pb.ModelStreamInferResponse](math.inf)
-        pending = _Pending(send)
+        pending = _Pending(send, STREAM_WINDOW)
 
         async def write() -> None:
             async with receive:
@@ -177,6 +181,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         async with anyio.create_task_group() as group:
             group.start_soon(write)
             async for message in stream:
+                await pending.start()
                 self._submit_streamed(message, pending)
             pending.input_done()
 
@@ -185,9 +190,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             request = decode_infer_request(message)
             reply = self._router.submit(request)
         except TritonError as error:
-            pending.deliver(pb.ModelStreamInferResponse(error_message=error.message))
+            pending.deliver(_stream_error(message.id, error.message), finished=True)
             return
-        pending.started()
+        except Exception as error:  # as in ModelInfer: INTERNAL, and the stream stays open
+            log.exception("streamed request for model '%s' failed", message.model_name)
+            text = f"internal error: {type(error).__name__}: {error}"
+            pending.deliver(_stream_error(message.id, text), finished=True)
+            return
         reply.add_done_callback(functools.partial(_streamed_answer, request, pending))
 
     @translate_errors
@@ -256,21 +265,34 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
 
 class _Pending:
-    """Counts a stream's requests still running; closes the response stream after the last one
-    once the client has finished sending."""
+    """A stream's requests in the server. At most `window` run at once: beyond that the stream
+    stops reading, and HTTP/2 flow control slows the client down, rather than the requests
+    overflowing the scheduler's mailbox. Closes the response stream after the last answer once
+    the client has finished sending."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: MemoryObjectSendStream[pb.ModelStreamInferResponse], window: int):
         self._send = send
+        self._slots = anyio.Semaphore(window)
         self._running = 0
         self._input_done = False
 
-    def started(self) -> None:
+    async def start(self) -> None:
+        """Wait for room for one more request; it then counts as running until its answer is
+        delivered with `finished=True`."""
+        try:
+            self._slots.acquire_nowait()  # the common case skips the checkpoint acquire makes
+        except anyio.WouldBlock:
+            await self._slots.acquire()
         self._running += 1
 
     def deliver(self, response: pb.ModelStreamInferResponse, finished: bool = False) -> None:
-        self._send.send_nowait(response)
+        # Called from the actor that answered: it must never raise there.
+        # A closed stream means the client went away: nobody is left to read the answer.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._send.send_nowait(response)
         if finished:
             self._running -= 1
+            self._slots.release()
             self._maybe_close()
 
     def input_done(self) -> None:
@@ -282,23 +304,32 @@ class _Pending:
             self._send.close()
 
 
+def _stream_error(request_id: str, message: str) -> pb.ModelStreamInferResponse:
+    # As Triton does, the id rides along so that the client can tell which request failed.
+    return pb.ModelStreamInferResponse(
+        error_message=message, infer_response=pb.ModelInferResponse(id=request_id)
+    )
+
+
 def _streamed_answer(
     request: InferenceRequest, pending: _Pending, reply: Reply[InferenceResponse]
 ) -> None:
+    """Runs as a done callback inside the actor that answered: whatever happens here becomes
+    an answer on the stream, never an exception in that actor."""
     try:
         response = reply.result()
+        if request.parameters.get(ENABLE_EMPTY_FINAL) is True:
+            response.parameters[FINAL_RESPONSE] = True
+        answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
     except TritonError as error:
-        pending.deliver(pb.ModelStreamInferResponse(error_message=error.message), finished=True)
-        return
+        answer = _stream_error(request.id, error.message)
     except ActorStopped:
         message = f"model '{request.model_name}' stopped before answering"
-        pending.deliver(pb.ModelStreamInferResponse(error_message=message), finished=True)
-        return
-    if request.parameters.get(ENABLE_EMPTY_FINAL) is True:
-        response.parameters[FINAL_RESPONSE] = True
-    pending.deliver(
-        pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)), finished=True
-    )
+        answer = _stream_error(request.id, message)
+    except Exception as error:
+        log.exception("streamed request for model '%s' failed", request.model_name)
+        answer = _stream_error(request.id, f"internal error: {type(error).__name__}: {error}")
+    pending.deliver(answer, finished=True)
 
 
 def _decoupled(handle: ModelHandle) -> bool:

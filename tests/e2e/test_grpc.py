@@ -1,0 +1,681 @@
+"""The gRPC front end end to end: tritonclient.grpc (sync, callbacks, aio, streaming) and raw
+protobuf stubs against `hypercorn tritonactor.app:app`. Error codes and messages are checked
+against what Triton 2.51 answers (docs/reference/triton-2.51/grpc_none.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import queue
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+from grpclib.client import Channel
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+import tritonactor
+from tests.server_process import ServerProcess
+from tritonactor._proto.grpc.health import v1 as health
+
+# grpc_server and grpc_broken_server, shared by every module that names this plugin.
+pytest_plugins = ["tests.e2e.grpc_fixtures"]
+
+pytestmark = pytest.mark.e2e
+
+MiB = 1024 * 1024
+UNKNOWN_ID = "[request id: <id_unknown>] "
+BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to "
+    "be prepended to each input shape. If you want to specify the full shape including the batch "
+    "dim in your input dims config, try setting max_batch_size to zero. See the model "
+    "configuration docs for more info on max_batch_size."
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # tritonclient.grpc.aio runs on grpc.aio, an asyncio library
+
+
+@pytest.fixture
+def client(grpc_server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
+        yield client
+
+
+@pytest.fixture
+def stub(grpc_server: ServerProcess) -> Iterator[service_pb2_grpc.GRPCInferenceServiceStub]:
+    """Triton's own generated protobuf stub, for messages tritonclient will not build."""
+    with grpc.insecure_channel(grpc_server.grpc_url) as channel:
+        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+# -- building requests --------------------------------------------------------------------------
+
+
+def tensor(name: str, data: np.ndarray, datatype: str) -> grpcclient.InferInput:
+    infer_input = grpcclient.InferInput(name, list(data.shape), datatype)
+    infer_input.set_data_from_numpy(data)
+    return infer_input
+
+
+def simple_arrays(batch: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    a = np.arange(16 * batch, dtype=np.int32).reshape(batch, 16) - 5
+    b = np.full((batch, 16), 7, dtype=np.int32) * np.arange(1, batch + 1, dtype=np.int32)[:, None]
+    return a, b
+
+
+def simple_inputs(batch: int = 1) -> list[grpcclient.InferInput]:
+    a, b = simple_arrays(batch)
+    return [tensor("INPUT0", a, "INT32"), tensor("INPUT1", b, "INT32")]
+
+
+def check_simple(result: Any, batch: int = 1) -> None:
+    a, b = simple_arrays(batch)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def raw_simple_request(**fields: Any) -> service_pb2.ModelInferRequest:
+    """A ModelInferRequest for `simple` with no data: the caller adds contents or raw data."""
+    request = service_pb2.ModelInferRequest(model_name="simple", **fields)
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+    return request
+
+
+def rpc_error(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value
+
+
+# -- inference ----------------------------------------------------------------------------------
+
+
+def test_infer_returns_exact_numbers(client: grpcclient.InferenceServerClient) -> None:
+    result = client.infer("simple", simple_inputs(3), request_id="sync-1")
+    check_simple(result, 3)
+    response = result.get_response()
+    assert (response.model_name, response.model_version, response.id) == ("simple", "1", "sync-1")
+    assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
+        ("OUTPUT0", "INT32", [3, 16]),
+        ("OUTPUT1", "INT32", [3, 16]),
+    ]
+
+
+def test_infer_only_the_requested_output(client: grpcclient.InferenceServerClient) -> None:
+    result = client.infer(
+        "simple", simple_inputs(), outputs=[grpcclient.InferRequestedOutput("OUTPUT1")]
+    )
+    a, b = simple_arrays()
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.as_numpy("OUTPUT0") is None
+
+
+def test_async_infer_calls_back_with_result_and_error(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+
+    def callback(*, result: Any, error: Any) -> None:  # tritonclient passes keywords
+        answers.put((result, error))
+
+    client.async_infer("simple", simple_inputs(2), callback, request_id="cb-ok")
+    result, error = answers.get(timeout=10)
+    assert error is None
+    check_simple(result, 2)
+    assert result.get_response().id == "cb-ok"
+
+    client.async_infer("nosuch", simple_inputs(), callback)
+    result, error = answers.get(timeout=10)
+    assert result is None
+    assert error.status() == "StatusCode.NOT_FOUND"
+    assert error.message() == "Request for unknown model: 'nosuch' is not found"
+
+
+@pytest.mark.anyio
+async def test_aio_client_infers_and_streams(grpc_server: ServerProcess) -> None:
+    async with aioclient.InferenceServerClient(grpc_server.grpc_url) as client:
+        assert await client.is_server_ready()
+        assert await client.is_model_ready("simple")
+        result = await client.infer("simple", simple_inputs(2), request_id="aio")
+        check_simple(result, 2)
+
+        with pytest.raises(InferenceServerException) as caught:
+            await client.infer("simple", simple_inputs(9))
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "batch-size must be <= 8" in caught.value.message()
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            for index in range(3):
+                yield {"model_name": "simple", "inputs": simple_inputs(), "request_id": str(index)}
+
+        seen = []
+        async for result, error in client.stream_infer(requests()):
+            assert error is None
+            check_simple(result)
+            seen.append(result.get_response().id)
+        assert sorted(seen) == ["0", "1", "2"]
+
+
+def test_stream_matches_answers_by_id_and_survives_an_error(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        batches = {"s1": 1, "s2": 2, "s4": 3, "s5": 4}
+        for request_id in ("s1", "s2", "s3", "s4", "s5"):
+            if request_id == "s3":  # INPUT1 left out: this one fails, in the stream
+                a, _ = simple_arrays()
+                client.async_stream_infer(
+                    "simple", [tensor("INPUT0", a, "INT32")], request_id=request_id
+                )
+            else:
+                batch = batches[request_id]
+                client.async_stream_infer("simple", simple_inputs(batch), request_id=request_id)
+        results: dict[str, Any] = {}
+        errors = []
+        for _ in range(5):
+            result, error = answers.get(timeout=10)
+            if error is not None:
+                errors.append(error)
+            else:
+                results[result.get_response().id] = result
+        assert sorted(results) == ["s1", "s2", "s4", "s5"]
+        for request_id, result in results.items():
+            check_simple(result, batches[request_id])  # each answer is its own request's
+        assert [e.message() for e in errors] == [
+            "[request id: s3] expected 2 inputs but got 1 inputs for model 'simple'. Got "
+            "input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all "
+            "required input(s)."
+        ]
+
+        # The stream is still open: an unknown model fails in-stream too, and the next works.
+        client.async_stream_infer("nosuch", simple_inputs(), request_id="s6")
+        client.async_stream_infer("simple", simple_inputs(), request_id="s7")
+        result, error = answers.get(timeout=10)
+        assert result is None
+        assert error.message() == "Request for unknown model: 'nosuch' is not found"
+        result, error = answers.get(timeout=10)
+        assert error is None
+        assert result.get_response().id == "s7"
+        check_simple(result)
+    finally:
+        client.stop_stream()
+
+
+def test_stream_empty_final_response_flag(client: grpcclient.InferenceServerClient) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer(
+            "simple", simple_inputs(), request_id="final", enable_empty_final_response=True
+        )
+        result, error = answers.get(timeout=10)
+        assert error is None
+        response = result.get_response()
+        assert response.parameters["triton_final_response"].bool_param is True
+        check_simple(result)
+
+        client.async_stream_infer("simple", simple_inputs(), request_id="plain")
+        result, error = answers.get(timeout=10)
+        assert error is None
+        assert "triton_final_response" not in result.get_response().parameters
+    finally:
+        client.stop_stream()
+
+
+@pytest.mark.parametrize("mebibytes", [4, 64])
+def test_large_tensor_round_trip(client: grpcclient.InferenceServerClient, mebibytes: int) -> None:
+    data = np.random.default_rng(mebibytes).random(mebibytes * MiB // 4, dtype=np.float32)
+    result = client.infer("big", [tensor("INPUT0", data, "FP32")])
+    output = result.as_numpy("OUTPUT0")
+    assert output.shape == data.shape
+    assert np.array_equal(output, data)
+
+
+def test_bytes_with_empty_and_non_ascii_strings(client: grpcclient.InferenceServerClient) -> None:
+    words = ["", "héllo", "日本語", "\x00 zero", "🙂"]
+    data = np.array([[w.encode() for w in words], [b"", "ß".encode(), b"a", b"", b"z" * 300]])
+    result = client.infer("strings", [tensor("INPUT0", data.astype(np.object_), "BYTES")])
+    output = result.as_numpy("OUTPUT0")
+    assert output.shape == (2, 5)
+    assert output.tolist() == data.tolist()
+    assert output[0, 1].decode() == "héllo"
+
+
+def test_bytes_that_are_not_utf8_for_an_onnx_string(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    data = np.array([[b"ok", b"\xff\xfe"]], dtype=np.object_)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("strings", [tensor("INPUT0", data, "BYTES")])
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "not UTF-8" in caught.value.message()
+
+
+def test_fp16_through_raw_contents(client: grpcclient.InferenceServerClient) -> None:
+    data = np.array([[1.0, 2.5, -3.0, 0.1], [65504.0, -0.0, 6e-8, np.inf]], dtype=np.float16)
+    result = client.infer("half", [tensor("INPUT0", data, "FP16")])
+    output = result.as_numpy("OUTPUT0")
+    assert output.dtype == np.float16
+    assert output.tobytes() == data.tobytes()  # bit for bit, -0.0 and the subnormal included
+
+
+# -- typed contents and raw messages ------------------------------------------------------------
+
+
+def test_typed_int_contents(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    request = raw_simple_request(id="typed")
+    request.inputs[0].contents.int_contents.extend(range(-8, 8))
+    request.inputs[1].contents.int_contents.extend([3] * 16)
+    response = stub.ModelInfer(request)
+    assert response.id == "typed"
+    assert [o.name for o in response.outputs] == ["OUTPUT0", "OUTPUT1"]
+    assert not response.outputs[0].HasField("contents")  # answers are always raw
+    total = np.frombuffer(response.raw_output_contents[0], dtype=np.int32)
+    difference = np.frombuffer(response.raw_output_contents[1], dtype=np.int32)
+    np.testing.assert_array_equal(total, np.arange(-8, 8) + 3)
+    np.testing.assert_array_equal(difference, np.arange(-8, 8) - 3)
+
+
+def test_typed_bytes_contents(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    request = service_pb2.ModelInferRequest(model_name="strings")
+    request.inputs.add(name="INPUT0", datatype="BYTES", shape=[1, 3])
+    request.inputs[0].contents.bytes_contents.extend([b"", "ünï".encode(), b"x"])
+    response = stub.ModelInfer(request)
+    raw = response.raw_output_contents[0]
+    # BYTES travel raw as a 4-byte little-endian length before each element.
+    assert raw == b"\0\0\0\0" + b"\x05\0\0\0" + "ünï".encode() + b"\x01\0\0\0x"
+
+
+def test_typed_contents_with_wrong_count(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    request = raw_simple_request()
+    request.inputs[0].contents.int_contents.extend(range(16))
+    request.inputs[1].contents.int_contents.extend(range(10))
+    error = rpc_error(lambda: stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
+        f"{UNKNOWN_ID}input byte size mismatch for input 'INPUT1' for model 'simple'. "
+        "Expected 64, got 40"
+    )
+
+
+def test_fp16_has_no_typed_contents(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    request = service_pb2.ModelInferRequest(model_name="half")
+    request.inputs.add(name="INPUT0", datatype="FP16", shape=[1, 4])
+    request.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+    error = rpc_error(lambda: stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "FP16 data must be sent in raw_input_contents" in error.details()
+
+
+def test_contents_mixed_with_raw_is_refused(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+) -> None:
+    request = raw_simple_request()
+    request.inputs[0].contents.int_contents.extend(range(16))
+    request.raw_input_contents.extend([bytes(64), bytes(64)])
+    error = rpc_error(lambda: stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' "
+        "for model 'simple'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "details"),
+    [
+        (
+            [bytes(60), bytes(64)],
+            f"{UNKNOWN_ID}input byte size mismatch for input 'INPUT0' for model 'simple'. "
+            "Expected 64, got 60",
+        ),
+        (
+            [bytes(64)],
+            "unable to find data for input tensor 'INPUT1' for model 'simple' in request.",
+        ),
+    ],
+    ids=["short-buffer", "missing-buffer"],
+)
+def test_raw_contents_that_do_not_fit(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub, raw: list[bytes], details: str
+) -> None:
+    request = raw_simple_request()
+    request.raw_input_contents.extend(raw)
+    error = rpc_error(lambda: stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == details
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def _inputs_wrong_shape() -> list[grpcclient.InferInput]:
+    a = np.zeros((1, 15), dtype=np.int32)
+    return [tensor("INPUT0", a, "INT32"), tensor("INPUT1", a, "INT32")]
+
+
+def _inputs_wrong_datatype() -> list[grpcclient.InferInput]:
+    a, b = simple_arrays()
+    return [tensor("INPUT0", a.astype(np.float32), "FP32"), tensor("INPUT1", b, "INT32")]
+
+
+def _inputs_missing_one() -> list[grpcclient.InferInput]:
+    return simple_inputs()[:1]
+
+
+INFER_ERRORS = {
+    "unknown-model": (
+        {"model_name": "nosuch", "inputs": simple_inputs},
+        "NOT_FOUND",
+        "Request for unknown model: 'nosuch' is not found",
+    ),
+    "unknown-version": (
+        {"model_name": "simple", "model_version": "7", "inputs": simple_inputs},
+        "NOT_FOUND",
+        "Request for unknown model: 'simple' version 7 is not found",
+    ),
+    "wrong-shape": (
+        {"model_name": "simple", "inputs": _inputs_wrong_shape},
+        "INVALID_ARGUMENT",
+        f"{UNKNOWN_ID}unexpected shape for input 'INPUT0' for model 'simple'. Expected "
+        f"[-1,16], got [1,15]. {BATCH_NOTE}",
+    ),
+    "wrong-datatype": (
+        {"model_name": "simple", "inputs": _inputs_wrong_datatype},
+        "INVALID_ARGUMENT",
+        f"{UNKNOWN_ID}inference input 'INPUT0' data-type is 'FP32', but model 'simple' "
+        "expects 'INT32'",
+    ),
+    "missing-input": (
+        {"model_name": "simple", "inputs": _inputs_missing_one},
+        "INVALID_ARGUMENT",
+        f"{UNKNOWN_ID}expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) "
+        "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required "
+        "input(s).",
+    ),
+    "batch-too-big": (
+        {"model_name": "simple", "inputs": lambda: simple_inputs(9)},
+        "INVALID_ARGUMENT",
+        f"{UNKNOWN_ID}inference request batch-size must be <= 8 for 'simple'",
+    ),
+    "unknown-output": (
+        {
+            "model_name": "simple",
+            "inputs": simple_inputs,
+            "outputs": [grpcclient.InferRequestedOutput("NOPE")],
+        },
+        "INVALID_ARGUMENT",
+        "unexpected inference output 'NOPE' for model 'simple'",
+    ),
+}
+
+
+@pytest.mark.parametrize(("arguments", "code", "message"), INFER_ERRORS.values(), ids=INFER_ERRORS)
+def test_infer_errors_match_triton(
+    client: grpcclient.InferenceServerClient,
+    arguments: dict[str, Any],
+    code: str,
+    message: str,
+) -> None:
+    arguments = {**arguments, "inputs": arguments["inputs"]()}
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(**arguments)
+    assert caught.value.status() == f"StatusCode.{code}"
+    assert caught.value.message() == message
+
+
+def test_request_id_prefixes_validation_errors(client: grpcclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("simple", _inputs_wrong_shape(), request_id="my-id")
+    assert caught.value.message().startswith(
+        "[request id: my-id] unexpected shape for input 'INPUT0'"
+    )
+
+
+def test_version_that_is_not_a_number(client: grpcclient.InferenceServerClient) -> None:
+    for call in (
+        lambda: client.get_model_metadata("simple", "abc"),
+        lambda: client.is_model_ready("simple", "abc"),
+        lambda: client.infer("simple", simple_inputs(), model_version="abc"),
+    ):
+        with pytest.raises(InferenceServerException) as caught:
+            call()
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "'abc'" in caught.value.message()
+
+
+NOT_YET = {
+    "statistics": (
+        lambda c: c.get_inference_statistics("simple"),
+        "the statistics extension",
+    ),
+    "system-shm-status": (
+        lambda c: c.get_system_shared_memory_status(),
+        "system shared memory",
+    ),
+    "system-shm-register": (
+        lambda c: c.register_system_shared_memory("region", "/key", 64),
+        "system shared memory",
+    ),
+    "system-shm-unregister": (
+        lambda c: c.unregister_system_shared_memory("region"),
+        "system shared memory",
+    ),
+    "cuda-shm-status": (lambda c: c.get_cuda_shared_memory_status(), "CUDA shared memory"),
+    "cuda-shm-register": (
+        lambda c: c.register_cuda_shared_memory("region", base64.b64encode(b"handle"), 0, 64),
+        "CUDA shared memory",
+    ),
+    "cuda-shm-unregister": (
+        lambda c: c.unregister_cuda_shared_memory("region"),
+        "CUDA shared memory",
+    ),
+    "trace-get": (lambda c: c.get_trace_settings(), "the trace extension"),
+    "trace-update": (
+        lambda c: c.update_trace_settings(settings={"trace_rate": "1"}),
+        "the trace extension",
+    ),
+    "log-get": (lambda c: c.get_log_settings(), "the logging extension"),
+    "log-update": (
+        lambda c: c.update_log_settings({"log_verbose_level": 1}),
+        "the logging extension",
+    ),
+}
+
+
+@pytest.mark.parametrize(("call", "capability"), NOT_YET.values(), ids=NOT_YET)
+def test_capabilities_not_built_yet_are_unimplemented(
+    client: grpcclient.InferenceServerClient,
+    call: Callable[[grpcclient.InferenceServerClient], object],
+    capability: str,
+) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        call(client)
+    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert caught.value.message() == (
+        f"{capability} is not available in this version of tritonactor"
+    )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.load_model("simple"),
+        lambda c: c.unload_model("simple"),
+        lambda c: c.load_model("nosuch"),
+    ],
+    ids=["load", "unload", "load-unknown"],
+)
+def test_load_and_unload_in_mode_none(
+    client: grpcclient.InferenceServerClient,
+    call: Callable[[grpcclient.InferenceServerClient], object],
+) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        call(client)
+    assert caught.value.status() == "StatusCode.UNAVAILABLE"
+    assert caught.value.message() == (
+        "explicit model load / unload is not allowed if polling is enabled"
+    )
+    assert client.is_model_ready("simple")
+
+
+def test_bad_requests_change_nothing(
+    client: grpcclient.InferenceServerClient, stub: service_pb2_grpc.GRPCInferenceServiceStub
+) -> None:
+    for arguments, _, _ in INFER_ERRORS.values():
+        with pytest.raises(InferenceServerException):
+            client.infer(**{**arguments, "inputs": arguments["inputs"]()})
+    garbled = raw_simple_request()
+    garbled.raw_input_contents.extend([b"\x01" * 64, b"\x02" * 3])
+    assert rpc_error(lambda: stub.ModelInfer(garbled)).code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    assert client.is_server_ready()
+    assert client.is_model_ready("simple")
+    check_simple(client.infer("simple", simple_inputs(8)), 8)
+
+
+# -- metadata, configuration, repository, health ------------------------------------------------
+
+
+def test_model_ready(
+    client: grpcclient.InferenceServerClient, grpc_broken_server: ServerProcess
+) -> None:
+    assert client.is_model_ready("simple")
+    assert client.is_model_ready("simple", "1")
+    assert not client.is_model_ready("simple", "2")
+    assert not client.is_model_ready("nosuch")  # an answer, not an error
+    with grpcclient.InferenceServerClient(grpc_broken_server.grpc_url) as broken:
+        assert not broken.is_model_ready("broken")
+        assert broken.is_model_ready("simple")
+
+
+def test_server_metadata_matches_http(
+    client: grpcclient.InferenceServerClient, grpc_server: ServerProcess
+) -> None:
+    metadata = client.get_server_metadata(as_json=True)
+    assert metadata["name"] == "tritonactor"
+    assert metadata["version"] == tritonactor.__version__
+    assert "model_configuration" in metadata["extensions"]
+    http = httpx.get(f"{grpc_server.base}/v2").json()
+    assert metadata == {
+        "name": http["name"],
+        "version": http["version"],
+        "extensions": http["extensions"],
+    }
+
+
+def test_model_metadata(client: grpcclient.InferenceServerClient) -> None:
+    shape = ["-1", "16"]  # int64 fields come as strings in protobuf's JSON
+    expected = {
+        "name": "simple",
+        "versions": ["1"],
+        "platform": "onnxruntime_onnx",
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": shape},
+            {"name": "INPUT1", "datatype": "INT32", "shape": shape},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "datatype": "INT32", "shape": shape},
+            {"name": "OUTPUT1", "datatype": "INT32", "shape": shape},
+        ],
+    }
+    assert client.get_model_metadata("simple", as_json=True) == expected
+    assert client.get_model_metadata("simple", "1", as_json=True) == expected
+    big = client.get_model_metadata("big")
+    assert [(t.name, t.datatype, list(t.shape)) for t in big.inputs] == [("INPUT0", "FP32", [-1])]
+    strings = client.get_model_metadata("strings")
+    assert [(t.datatype, list(t.shape)) for t in strings.outputs] == [("BYTES", [-1, -1])]
+
+
+def test_model_config(client: grpcclient.InferenceServerClient) -> None:
+    config = client.get_model_config("simple").config
+    assert config.name == "simple"
+    assert config.platform == "onnxruntime_onnx"
+    assert config.backend == "onnxruntime"
+    assert config.max_batch_size == 8
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("INPUT0", model_config_pb2.TYPE_INT32, [16]),
+        ("INPUT1", model_config_pb2.TYPE_INT32, [16]),
+    ]
+    assert [o.name for o in config.output] == ["OUTPUT0", "OUTPUT1"]
+    assert config.instance_group[0].count == 1
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    strings = client.get_model_config("strings").config
+    assert strings.input[0].data_type == model_config_pb2.TYPE_STRING
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_model_config("nosuch")
+    assert caught.value.status() == "StatusCode.NOT_FOUND"
+    assert caught.value.message() == "Request for unknown model: 'nosuch' is not found"
+
+
+def test_repository_index(
+    client: grpcclient.InferenceServerClient, grpc_broken_server: ServerProcess
+) -> None:
+    index = client.get_model_repository_index(as_json=True)["models"]
+    assert index == [
+        {"name": name, "version": "1", "state": "READY"}
+        for name in ("big", "half", "simple", "slow", "strings")
+    ]
+    with grpc.insecure_channel(grpc_broken_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        everything = stub.RepositoryIndex(service_pb2.RepositoryIndexRequest()).models
+        ready = stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True)).models
+    states = {(m.name, m.version): (m.state, m.reason) for m in everything}
+    assert states[("simple", "1")] == ("READY", "")
+    state, reason = states[("broken", "1")]
+    assert state == "UNAVAILABLE"
+    assert reason  # why it failed to load
+    assert [(m.name, m.state) for m in ready] == [("simple", "READY")]
+
+
+def test_model_metadata_of_a_model_that_failed_to_load(grpc_broken_server: ServerProcess) -> None:
+    with grpcclient.InferenceServerClient(grpc_broken_server.grpc_url) as client:
+        for call in (
+            lambda: client.get_model_metadata("broken"),
+            lambda: client.get_model_config("broken"),
+            lambda: client.infer("broken", simple_inputs()),
+        ):
+            with pytest.raises(InferenceServerException) as caught:
+                call()
+            assert caught.value.status() == "StatusCode.NOT_FOUND"
+            assert caught.value.message() == (
+                "Request for unknown model: 'broken' has no available versions"
+            )
+
+
+async def _health(server: ServerProcess) -> health.HealthCheckResponseServingStatus:
+    channel = Channel("127.0.0.1", server.grpc_port)
+    try:
+        answer = await health.HealthStub(channel).check(health.HealthCheckRequest(), timeout=10)
+    finally:
+        channel.close()
+    return answer.status
+
+
+def test_health_serving_when_ready(
+    client: grpcclient.InferenceServerClient, grpc_server: ServerProcess
+) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    status = asyncio.run(_health(grpc_server))
+    assert status == health.HealthCheckResponseServingStatus.SERVING
+
+
+def test_health_not_serving_with_a_broken_model(grpc_broken_server: ServerProcess) -> None:
+    with grpcclient.InferenceServerClient(grpc_broken_server.grpc_url) as client:
+        assert client.is_server_live()
+        assert not client.is_server_ready()
+    status = asyncio.run(_health(grpc_broken_server))
+    assert status == health.HealthCheckResponseServingStatus.NOT_SERVING
