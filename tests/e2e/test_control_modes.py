@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import tritonclient.http as httpclient
 
-from tests.server_process import free_port, start_server
+from tests.server_process import ServerProcess, free_port, start_server
 
 
 def test_explicit_mode_loads_only_the_listed_models(repository: Path, tmp_path: Path) -> None:
@@ -66,3 +66,13 @@ def test_poll_mode_is_refused_with_a_clear_message(repository: Path) -> None:
     )
     assert serve.returncode == 2
     assert "'poll' is not available" in serve.stderr
+
+
+def test_load_and_unload_answer_503_in_mode_none(server: ServerProcess) -> None:
+    for action in ("load", "unload"):
+        response = httpx.post(f"{server.base}/v2/repository/models/simple/{action}", json={})
+        assert response.status_code == 503
+        assert response.json() == {
+            "error": "explicit model load / unload is not allowed if polling is enabled"
+        }
+    assert httpclient.InferenceServerClient(server.url).is_model_ready("simple")

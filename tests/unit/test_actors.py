@@ -245,3 +245,16 @@ async def test_reply_callbacks_fire_once_with_the_answer() -> None:
     assert seen[-1] == "ValueError"
     with pytest.raises(ValueError):
         failed.result()
+
+
+async def test_a_failing_reply_callback_does_not_stop_the_others() -> None:
+    seen: list[int] = []
+    reply = Reply[int]()
+
+    def broken(r: Reply[int]) -> None:
+        raise RuntimeError("callback bug")
+
+    reply.add_done_callback(broken)
+    reply.add_done_callback(lambda r: seen.append(r.result()))
+    reply.set(3)  # must not raise into whoever answered
+    assert seen == [3]

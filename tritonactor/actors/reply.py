@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import anyio
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -58,7 +61,12 @@ class Reply(Generic[T]):
         self._event.set()
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
-            callback(self)
+            # A callback runs inside whichever actor answered: its failure is the caller's
+            # problem, logged here, never that actor's.
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a reply callback failed")
 
     async def wait(self) -> T:
         await self._event.wait()

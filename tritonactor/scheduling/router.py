@@ -110,5 +110,8 @@ def parse_version(version: str) -> int:
     except ValueError:
         number = -1
     if number < 0 or not version.isdigit():
-        raise invalid_arg(f"failed to parse model version '{version}': not a version number")
+        raise invalid_arg(
+            f"failed to get model version from specified version string '{version}', "
+            "version should be an integral value > 0"
+        )
     return number

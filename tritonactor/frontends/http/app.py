@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tritonactor.config.model_config import config_to_json
-from tritonactor.core.errors import TritonError, invalid_arg
+from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsupported
 from tritonactor.frontends.http.codec import (
     decode_infer_request,
     decode_json,
@@ -25,6 +25,7 @@ from tritonactor.frontends.http.codec import (
     encode_json,
 )
 from tritonactor.scheduling.router import ModelHandle
+from tritonactor.settings import ControlMode
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ def create_http_app(
             Route("/v2/health/live", routes.live, methods=["GET"]),
             Route("/v2/health/ready", routes.ready, methods=["GET"]),
             Route("/v2/repository/index", routes.repository_index, methods=["POST"]),
+            Route("/v2/repository/models/{model}/load", routes.load_model, methods=["POST"]),
+            Route("/v2/repository/models/{model}/unload", routes.unload_model, methods=["POST"]),
             *(Route(base, routes.model_metadata, methods=["GET"]) for base in (model, versioned)),
             *(Route(f"{b}/ready", routes.model_ready, methods=["GET"]) for b in (model, versioned)),
             *(
@@ -158,6 +161,18 @@ class _Routes:
                 item["reason"] = entry.reason
             entries.append(item)
         return json_response(entries)
+
+    async def load_model(self, request: Request) -> Response:
+        self._check_explicit()
+        raise unsupported("loading models through the API is not available in this version")
+
+    async def unload_model(self, request: Request) -> Response:
+        self._check_explicit()
+        raise unsupported("unloading models through the API is not available in this version")
+
+    def _check_explicit(self) -> None:
+        if self.server.settings.model_control_mode is not ControlMode.EXPLICIT:
+            raise unavailable("explicit model load / unload is not allowed if polling is enabled")
 
     def _handle(self, request: Request) -> ModelHandle:
         return self.router.resolve(request.path_params["model"], _version(request))
