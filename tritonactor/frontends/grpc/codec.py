@@ -20,13 +20,12 @@ from tritonactor._proto.inference import (
     ModelInferResponseInferOutputTensor,
 )
 from tritonactor.core.datatypes import (
-    deserialize_bytes,
     is_datatype,
     num_elements,
-    serialize_bytes,
     to_numpy_dtype,
 )
 from tritonactor.core.errors import invalid_arg
+from tritonactor.core.tensors import RequestContext, array_from_bytes, tensor_to_bytes
 from tritonactor.core.types import (
     InferenceRequest,
     InferenceResponse,
@@ -80,8 +79,8 @@ def encode_parameters(parameters: Parameters) -> dict[str, InferParameter]:
 
 
 def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
-    prefix = f"[request id: {message.id or '<id_unknown>'}] "
-    model = message.model_name
+    context = RequestContext(message.model_name, message.id)
+    prefix, model = context.prefix, context.model
     raw = message.raw_input_contents
     inputs: list[Tensor] = []
     seen: set[str] = set()
@@ -108,7 +107,9 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
                     f"unable to find data for input tensor '{tensor.name}' for model "
                     f"'{model}' in request."
                 )
-            data = array_from_raw(tensor.name, tensor.datatype, shape, raw[index], prefix, model)
+            data = array_from_bytes(
+                context, tensor.name, tensor.datatype, shape, memoryview(raw[index])
+            )
         else:
             data = _array_from_contents(tensor, shape, prefix, model)
         inputs.append(
@@ -130,31 +131,6 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
         ],
         parameters=decode_parameters(message.parameters),
     )
-
-
-def array_from_raw(
-    name: str, datatype: str, shape: tuple[int, ...], buffer: bytes, prefix: str, model: str
-) -> np.ndarray:
-    """The tensor in `buffer` (row-major; BYTES length-prefixed), as a read-only numpy view."""
-    count = num_elements(shape)
-    if datatype == "BYTES":
-        try:
-            return deserialize_bytes(buffer, count).reshape(shape)
-        except ValueError as error:
-            raise invalid_arg(
-                f"{prefix}input '{name}' for model '{model}' holds malformed BYTES data: {error}"
-            ) from None
-    dtype = to_numpy_dtype(datatype)
-    expected = count * dtype.itemsize
-    if len(buffer) != expected:
-        raise invalid_arg(
-            f"{prefix}input byte size mismatch for input '{name}' for model '{model}'. "
-            f"Expected {expected}, got {len(buffer)}"
-        )
-    array = np.frombuffer(buffer, dtype=dtype)
-    if datatype == "BOOL":
-        array = array.astype(bool)  # any non-zero byte is true
-    return array.reshape(shape)
 
 
 def _has_contents(tensor: ModelInferRequestInferInputTensor) -> bool:
@@ -222,7 +198,7 @@ def encode_infer_response(response: InferenceResponse) -> ModelInferResponse:
                 parameters=encode_parameters(tensor.parameters),
             )
         )
-        raw.append(tensor_bytes(tensor))
+        raw.append(bytes(tensor_to_bytes(tensor.datatype, np.asarray(tensor.data))))
     return ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
@@ -231,10 +207,3 @@ def encode_infer_response(response: InferenceResponse) -> ModelInferResponse:
         outputs=outputs,
         raw_output_contents=raw,
     )
-
-
-def tensor_bytes(tensor: Tensor) -> bytes:
-    if tensor.datatype == "BYTES":
-        return serialize_bytes(np.asarray(tensor.data, dtype=np.object_))
-    dtype = to_numpy_dtype(tensor.datatype)
-    return np.ascontiguousarray(tensor.data, dtype=dtype).tobytes()

@@ -26,7 +26,6 @@ of the wire protocol alone would not guess:
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +35,17 @@ import orjson
 
 from tritonactor.core.datatypes import (
     BINARY_ONLY,
-    deserialize_bytes,
     is_datatype,
     num_elements,
-    serialize_bytes,
     to_numpy_dtype,
 )
 from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.core.tensors import (
+    RequestContext,
+    array_from_bytes,
+    string_count_error,
+    tensor_to_bytes,
+)
 from tritonactor.core.types import (
     InferenceRequest,
     InferenceResponse,
@@ -100,7 +103,7 @@ def decode_infer_request(
     if not isinstance(document, dict):
         raise invalid_arg("the inference request must be a JSON object")
     request_id = _decode_id(document.get("id"))
-    context = _Context(model_name, request_id)
+    context = RequestContext(model_name, request_id)
     reader = _BinaryReader(binary, model_name, has_header_length=header_length is not None)
     inputs = _decode_inputs(document, reader, shared_memory, context)
     parameters = _decode_parameters(document.get("parameters"), "the inference request")
@@ -145,8 +148,8 @@ def decode_raw_request(
                 f"number of {datatype} elements"
             )
         concrete = _infer_shape(input_name, datatype, shape, count)
-        context = _Context(model_name, "")
-        data = _array_from_binary(context, input_name, datatype, concrete, memoryview(body))
+        context = RequestContext(model_name, "")
+        data = array_from_bytes(context, input_name, datatype, concrete, memoryview(body))
     return InferenceRequest(
         model_name=model_name,
         model_version=model_version,
@@ -167,19 +170,6 @@ def _split_body(
             f"of {len(view)} bytes"
         )
     return view[:header_length], view[header_length:]
-
-
-@dataclass(frozen=True, slots=True)
-class _Context:
-    """What error messages about one request name: its model, and its id as Triton's
-    "[request id: ...] " prefix."""
-
-    model: str
-    request_id: str
-
-    @property
-    def prefix(self) -> str:
-        return f"[request id: {self.request_id or '<id_unknown>'}] "
 
 
 class _BinaryReader:
@@ -264,7 +254,7 @@ def _decode_inputs(
     document: dict[str, Any],
     reader: _BinaryReader,
     shared_memory: SharedMemoryReader | None,
-    context: _Context,
+    context: RequestContext,
 ) -> list[Tensor]:
     if "inputs" not in document:
         raise invalid_arg("the inference request has no 'inputs'")
@@ -297,8 +287,8 @@ class _BinaryInput:
     parameters: Parameters
     chunk: memoryview
 
-    def tensor(self, context: _Context) -> Tensor:
-        data = _array_from_binary(context, self.name, self.datatype, self.shape, self.chunk)
+    def tensor(self, context: RequestContext) -> Tensor:
+        data = array_from_bytes(context, self.name, self.datatype, self.shape, self.chunk)
         return Tensor(self.name, self.datatype, self.shape, data, self.parameters)
 
 
@@ -314,7 +304,7 @@ def _decode_input(
     item: Any,
     reader: _BinaryReader,
     shared_memory: SharedMemoryReader | None,
-    context: _Context,
+    context: RequestContext,
 ) -> Tensor | _BinaryInput:
     if not isinstance(item, dict):
         raise invalid_arg(f"input {index} must be a JSON object")
@@ -348,7 +338,7 @@ def _decode_input(
             data = _array_from_json(context, name, datatype, shape, item["data"])
         else:
             buffer = _read_shared_memory(name, parameters, shared_memory)
-            data = _array_from_binary(context, name, datatype, shape, memoryview(buffer))
+            data = array_from_bytes(context, name, datatype, shape, memoryview(buffer))
     elif num_elements(shape) == 0:
         data = np.empty(shape, dtype=to_numpy_dtype(datatype))
     else:
@@ -391,69 +381,8 @@ def _read_shared_memory(
     return shared_memory(region, offset, size)
 
 
-def _array_from_binary(
-    context: _Context, name: str, datatype: str, shape: tuple[int, ...], buffer: memoryview
-) -> np.ndarray:
-    count = num_elements(shape)
-    if datatype == "BYTES":
-        try:
-            return deserialize_bytes(buffer, count).reshape(shape)
-        except ValueError:
-            raise _bytes_error(context, name, count, buffer) from None
-    dtype = to_numpy_dtype(datatype)
-    expected = count * dtype.itemsize
-    if len(buffer) != expected:
-        raise invalid_arg(
-            f"{context.prefix}input byte size mismatch for input '{name}' for model "
-            f"'{context.model}'. Expected {expected}, got {len(buffer)}"
-        )
-    array = np.frombuffer(buffer, dtype=dtype)
-    if datatype == "BOOL":
-        array = _normalize_bools(array)
-    return array.reshape(shape)
-
-
-def _bytes_error(context: _Context, name: str, count: int, buffer: memoryview) -> TritonError:
-    """What is wrong with BYTES data that does not hold `count` length-prefixed elements."""
-    offset, found = 0, 0
-    while offset + 4 <= len(buffer):
-        if found == count:
-            return _string_count_error(context, name, found + 1, count)
-        (length,) = struct.unpack_from("<I", buffer, offset)
-        offset += 4
-        available = len(buffer) - offset
-        if length > available:
-            return invalid_arg(
-                f"incomplete string data for inference input '{name}', expecting string of "
-                f"length {length} but only {available} bytes available"
-            )
-        offset += length
-        found += 1
-    if offset < len(buffer):
-        return invalid_arg(
-            f"incomplete string data for inference input '{name}': {len(buffer) - offset} "
-            "bytes after the last string are too few for a 4-byte length"
-        )
-    return invalid_arg(f"expected {count} strings for inference input '{name}', got {found}")
-
-
-def _string_count_error(context: _Context, name: str, found: int, count: int) -> TritonError:
-    return invalid_arg(
-        f"{context.prefix}unexpected number of string elements {found} for inference input "
-        f"'{name}' for model '{context.model}', expecting {count}"
-    )
-
-
-def _normalize_bools(array: np.ndarray) -> np.ndarray:
-    # A byte other than 0/1 would make a numpy bool that compares unequal to True.
-    raw = array.view(np.uint8)
-    if raw.size and raw.max() > 1:
-        return raw != 0
-    return array
-
-
 def _array_from_json(
-    context: _Context, name: str, datatype: str, shape: tuple[int, ...], data: Any
+    context: RequestContext, name: str, datatype: str, shape: tuple[int, ...], data: Any
 ) -> np.ndarray:
     if datatype in BINARY_ONLY:
         raise invalid_arg(
@@ -466,7 +395,7 @@ def _array_from_json(
     count = num_elements(shape)
     if flat.size != count:
         if datatype == "BYTES":
-            raise _string_count_error(context, name, flat.size, count)
+            raise string_count_error(context, name, flat.size, count)
         raise invalid_arg(
             f"unexpected shape for input '{name}' for model '{context.model}': shape "
             f"{list(shape)} holds {count} elements, 'data' has {flat.size}"
@@ -635,7 +564,7 @@ def _encode_output(tensor: Tensor, wants_binary: bool) -> tuple[dict[str, Any], 
                 entry["parameters"] = tensor.parameters
             entry["data"] = data
             return entry, None
-    chunk = _binary_data(tensor.datatype, array)
+    chunk = tensor_to_bytes(tensor.datatype, array)
     entry["parameters"] = {**tensor.parameters, "binary_data_size": len(chunk)}
     return entry, chunk
 
@@ -678,14 +607,6 @@ def _utf8_strings(array: np.ndarray) -> list[str] | None:
         else:
             raise internal(f"a BYTES output holds a {type(item).__name__}, not bytes or str")
     return strings
-
-
-def _binary_data(datatype: str, array: np.ndarray) -> bytes | np.ndarray:
-    if datatype == "BYTES":
-        return serialize_bytes(array)
-    # A uint8 view exports a plain byte buffer (BF16 has no buffer format of its own), which
-    # bytes.join copies once into the body.
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 __all__ = [

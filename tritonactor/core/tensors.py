@@ -1,0 +1,103 @@
+"""Tensors as raw bytes, the way both wire protocols carry them: row-major element data, BYTES
+elements each behind a 4-byte little-endian length. Shared by the HTTP binary extension and
+gRPC's raw contents, so that both report the same errors in the same words."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from tritonactor.core.datatypes import (
+    deserialize_bytes,
+    num_elements,
+    serialize_bytes,
+    to_numpy_dtype,
+)
+from tritonactor.core.errors import TritonError, invalid_arg
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What error messages about one request name: its model, and its id as Triton's
+    "[request id: ...] " prefix."""
+
+    model: str
+    request_id: str
+
+    @property
+    def prefix(self) -> str:
+        return f"[request id: {self.request_id or '<id_unknown>'}] "
+
+
+def array_from_bytes(
+    context: RequestContext, name: str, datatype: str, shape: tuple[int, ...], buffer: memoryview
+) -> np.ndarray:
+    """The tensor held in `buffer`, a read-only zero-copy view for fixed-size types."""
+    count = num_elements(shape)
+    if datatype == "BYTES":
+        try:
+            return deserialize_bytes(buffer, count).reshape(shape)
+        except ValueError:
+            raise _bytes_error(context, name, count, buffer) from None
+    dtype = to_numpy_dtype(datatype)
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise invalid_arg(
+            f"{context.prefix}input byte size mismatch for input '{name}' for model "
+            f"'{context.model}'. Expected {expected}, got {len(buffer)}"
+        )
+    array = np.frombuffer(buffer, dtype=dtype)
+    if datatype == "BOOL":
+        array = normalize_bools(array)
+    return array.reshape(shape)
+
+
+def _bytes_error(context: RequestContext, name: str, count: int, buffer: memoryview) -> TritonError:
+    """What is wrong with BYTES data that does not hold `count` length-prefixed elements."""
+    offset, found = 0, 0
+    while offset + 4 <= len(buffer):
+        if found == count:
+            return string_count_error(context, name, found + 1, count)
+        (length,) = struct.unpack_from("<I", buffer, offset)
+        offset += 4
+        available = len(buffer) - offset
+        if length > available:
+            return invalid_arg(
+                f"incomplete string data for inference input '{name}', expecting string of "
+                f"length {length} but only {available} bytes available"
+            )
+        offset += length
+        found += 1
+    if offset < len(buffer):
+        return invalid_arg(
+            f"incomplete string data for inference input '{name}': {len(buffer) - offset} "
+            "bytes after the last string are too few for a 4-byte length"
+        )
+    return invalid_arg(f"expected {count} strings for inference input '{name}', got {found}")
+
+
+def string_count_error(context: RequestContext, name: str, found: int, count: int) -> TritonError:
+    return invalid_arg(
+        f"{context.prefix}unexpected number of string elements {found} for inference input "
+        f"'{name}' for model '{context.model}', expecting {count}"
+    )
+
+
+def normalize_bools(array: np.ndarray) -> np.ndarray:
+    # A byte other than 0/1 would make a numpy bool that compares unequal to True.
+    raw = array.view(np.uint8)
+    if raw.size and raw.max() > 1:
+        return raw != 0
+    return array
+
+
+def tensor_to_bytes(datatype: str, array: np.ndarray) -> bytes | np.ndarray:
+    """The wire bytes of a tensor: `bytes` for BYTES, else a uint8 view of the data in the
+    datatype's dtype (no copy when it already is, contiguous)."""
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    # A uint8 view exports a plain byte buffer (BF16 has no buffer format of its own), which the
+    # caller copies once into its message.
+    return np.ascontiguousarray(array, dtype=to_numpy_dtype(datatype)).reshape(-1).view(np.uint8)
