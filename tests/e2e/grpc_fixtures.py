@@ -87,9 +87,9 @@ def _write_config(model_dir: Path, text: str) -> None:
 
 
 def build_grpc_repository(root: Path) -> Path:
-    """simple (INT32 add/sub, batch <= 8), strings (BYTES identity), half (FP16 identity,
-    [batch, 4]), big (FP32 identity of any length, no batching: for large messages) and slow
-    (tens of milliseconds a request)."""
+    """simple (INT32 add/sub, batch <= 8), decoupled (the same, decoupled), strings (BYTES
+    identity), half (FP16 identity, [batch, 4]), big (FP32 identity of any length, no batching:
+    for large messages) and slow (tens of milliseconds a request)."""
     repo = root / "grpc_models"
     add_sub_model(repo / "simple" / "1" / "model.onnx")
     _write_config(repo / "simple", SIMPLE_CONFIG)
@@ -116,6 +116,15 @@ def build_grpc_repository(root: Path) -> Path:
 
     slow_model(repo / "slow" / "1" / "model.onnx")
     _write_config(repo / "slow", SLOW_CONFIG)
+
+    # A decoupled model that happens to answer each request once: enough to prove which
+    # front ends accept decoupled models.
+    add_sub_model(repo / "decoupled" / "1" / "model.onnx")
+    _write_config(
+        repo / "decoupled",
+        SIMPLE_CONFIG.replace('name: "simple"', 'name: "decoupled"')
+        + "model_transaction_policy { decoupled: true }\n",
+    )
     return repo
 
 

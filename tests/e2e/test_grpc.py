@@ -679,3 +679,37 @@ def test_health_not_serving_with_a_broken_model(grpc_broken_server: ServerProces
         assert not client.is_server_ready()
     status = asyncio.run(_health(grpc_broken_server))
     assert status == health.HealthCheckResponseServingStatus.NOT_SERVING
+
+
+def test_decoupled_models_are_served_only_by_streaming(
+    client: grpcclient.InferenceServerClient, grpc_server: ServerProcess
+) -> None:
+    # ModelInfer refuses a decoupled model (as Triton does), and so does HTTP infer.
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("decoupled", simple_inputs())
+    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "decoupled transaction policy" in caught.value.message()
+    response = httpx.post(
+        f"http://{grpc_server.url}/v2/models/decoupled/infer",
+        json={
+            "inputs": [
+                {"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        },
+    )
+    assert response.status_code == 501
+    assert response.json() == {
+        "error": "HTTP end point doesn't support models with decoupled transaction policy"
+    }
+    # ModelStreamInfer serves it.
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("decoupled", simple_inputs(), request_id="d1")
+        result, error = answers.get(timeout=10)
+    finally:
+        client.stop_stream()
+    assert error is None
+    assert result.get_response().id == "d1"
+    check_simple(result)

@@ -26,6 +26,12 @@ class ModelHandle:
     signature: ModelSignature
     scheduler: ActorRef[Any]
 
+    @property
+    def decoupled(self) -> bool:
+        """Whether the model may answer a request with any number of responses."""
+        policy = self.config.model_transaction_policy
+        return policy is not None and policy.decoupled
+
 
 class Router:
     """Holds the table of ready versions. The control plane changes the table (`add`,

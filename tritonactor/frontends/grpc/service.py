@@ -28,7 +28,6 @@ from tritonactor.frontends.grpc.codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from tritonactor.scheduling.router import ModelHandle
 from tritonactor.settings import ControlMode
 
 if TYPE_CHECKING:
@@ -159,7 +158,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def model_infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
         request = decode_infer_request(message)
         handle = self._router.resolve(request.model_name, request.model_version)
-        if _decoupled(handle):
+        if handle.decoupled:
             raise grpclib.GRPCError(
                 grpclib.const.Status.UNIMPLEMENTED,
                 f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
@@ -330,11 +329,6 @@ def _streamed_answer(
         log.exception("streamed request for model '%s' failed", request.model_name)
         answer = _stream_error(request.id, f"internal error: {type(error).__name__}: {error}")
     pending.deliver(answer, finished=True)
-
-
-def _decoupled(handle: ModelHandle) -> bool:
-    policy = handle.config.model_transaction_policy
-    return policy is not None and policy.decoupled
 
 
 class HealthService(health.HealthBase):

@@ -211,6 +211,10 @@ class _Routes:
         body = await request.body()
         header = request.headers.get("inference-header-content-length")
         header_length = _header_length(header, len(body))
+        if self.router.resolve(name, version).decoupled:
+            raise unsupported(
+                "HTTP end point doesn't support models with decoupled transaction policy"
+            )
         if header_length == 0:
             infer_request = self._raw_request(body, name, version)
         else:
