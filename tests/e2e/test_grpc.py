@@ -626,7 +626,7 @@ def test_repository_index(
     index = client.get_model_repository_index(as_json=True)["models"]
     assert index == [
         {"name": name, "version": "1", "state": "READY"}
-        for name in ("big", "half", "simple", "slow", "strings")
+        for name in ("big", "decoupled", "half", "simple", "slow", "strings")
     ]
     with grpc.insecure_channel(grpc_broken_server.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
