@@ -9,6 +9,7 @@ them off the event loop (a backend whose `execute` is `async def` is awaited on 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,10 @@ class ModelContext:
     model_path: Path  # version_dir / (default_model_filename or the backend's default name)
 
 
+# Runs a request on any loaded model through the server's router (what BLS calls).
+InferFunction = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceContext:
     """One instance of an `instance_group`: Triton names it `<group name>_<index>`."""
@@ -47,10 +52,20 @@ class InstanceContext:
     device_id: int
     index: int
     group: str = field(default="")
+    # Set by the server: lets the instance send requests to other models (Triton's BLS). Await
+    # it from the event loop, i.e. from an `async def execute`.
+    infer: InferFunction | None = field(default=None, compare=False)
 
 
-# An execute() result per request: a response, or the error that request failed with.
-Result = InferenceResponse | TritonError
+class InstanceDied(Exception):
+    """Raised by `execute` when the instance itself is gone (its process died). The requests of
+    that batch fail with the reason; the server marks the model UNAVAILABLE and starts a new
+    instance in its place."""
+
+
+# An execute() result per request: a response, or the error that request failed with, or None
+# for a request of a decoupled model, which answers through `request.sender` instead.
+Result = InferenceResponse | TritonError | None
 
 
 class BackendInstance(ABC):
@@ -58,7 +73,8 @@ class BackendInstance(ABC):
 
     @abstractmethod
     def execute(self, requests: list[InferenceRequest]) -> list[Result]:
-        """Run the requests; return exactly one result per request, in order."""
+        """Run the requests; return exactly one result per request, in order. May be
+        `async def` (then it runs on the event loop and must not block)."""
 
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""

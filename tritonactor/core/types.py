@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tritonactor.core.errors import TritonError
 
 # KServe v2 parameter values: what both the HTTP JSON and gRPC InferParameter can carry.
 ParameterValue = bool | int | float | str
@@ -32,6 +36,44 @@ class RequestedOutput:
     parameters: Parameters = field(default_factory=dict)
 
 
+class ResponseSender:
+    """Where a request of a decoupled model sends its responses: any number of them, the last
+    one (or a bare flag) marked final. Safe to call from any thread: `deliver` decides how an
+    answer reaches its front end."""
+
+    __slots__ = ("_cancelled", "_deliver", "_final")
+
+    def __init__(
+        self, deliver: Callable[[InferenceResponse | None, TritonError | None, bool], None]
+    ) -> None:
+        self._deliver = deliver
+        self._final = False
+        self._cancelled = False
+
+    def send(
+        self,
+        response: InferenceResponse | None = None,
+        *,
+        error: TritonError | None = None,
+        final: bool = False,
+    ) -> None:
+        if self._final:
+            raise RuntimeError("a final response was already sent for this request")
+        self._final = final
+        self._deliver(response, error, final)
+
+    @property
+    def finished(self) -> bool:
+        return self._final
+
+    def cancel(self) -> None:
+        """The client went away: the model may stop producing responses."""
+        self._cancelled = True
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+
 @dataclass(slots=True)
 class InferenceRequest:
     """One inference request, decoded from the wire. `model_version` is "" when the client
@@ -47,6 +89,8 @@ class InferenceRequest:
     resolved_version: int = 0
     # Per-request state a scheduler or backend may attach (e.g. a trace context).
     context: dict[str, Any] = field(default_factory=dict)
+    # Set when the model is decoupled: its responses go here instead of one reply.
+    sender: ResponseSender | None = None
 
     def input(self, name: str) -> Tensor | None:
         for tensor in self.inputs:
