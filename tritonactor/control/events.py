@@ -71,6 +71,19 @@ class ModelUnloaded(Event):
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceFailed(Event):
+    """An instance of a loaded version died; the version is UNAVAILABLE until it is replaced."""
+
+    version: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceRestarted(Event):
+    version: int
+
+
 @dataclass(frozen=True, slots=True)
 class VersionStatus:
     state: VersionState
@@ -108,6 +121,12 @@ def apply(state: State, event: Event) -> State:
             status = ModelStatus(versions, reason, VersionState.UNAVAILABLE)
         case LoadFailed(version=version, reason=reason) if version is not None:
             versions[version] = VersionStatus(VersionState.UNAVAILABLE, reason)
+            status = replace(status, versions=versions)
+        case InstanceFailed(version=version, reason=reason):
+            versions[version] = VersionStatus(VersionState.UNAVAILABLE, reason)
+            status = replace(status, versions=versions)
+        case InstanceRestarted(version=version):
+            versions[version] = VersionStatus(VersionState.READY)
             status = replace(status, versions=versions)
         case UnloadRequested(versions=leaving):
             for version in leaving:

@@ -30,6 +30,7 @@ from tritonactor.control.repository import (
 )
 from tritonactor.core.devices import gpu_count
 from tritonactor.core.errors import TritonError
+from tritonactor.scheduling.messages import VersionHealth
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
@@ -82,6 +83,8 @@ class ModelManager(Actor[Any]):
         self.state = ev.apply(self.state, event)
         if isinstance(event, ev.LoadFailed):
             log.error("failed to load '%s': %s", event.model, event.reason)
+        elif isinstance(event, ev.InstanceFailed):
+            log.error("model '%s' version %d: %s", event.model, event.version, event.reason)
         elif isinstance(event, ev.ModelLoaded):
             log.info(
                 "loaded '%s' version %d in %.2fs", event.model, event.version, event.load_seconds
@@ -94,6 +97,11 @@ class ModelManager(Actor[Any]):
                 reply.set(None)
             case GetState(reply):
                 reply.set(self.state)
+            case VersionHealth(model, version, ready, reason):
+                if ready:
+                    self._record(ev.InstanceRestarted(model=model, version=version))
+                else:
+                    self._record(ev.InstanceFailed(model=model, version=version, reason=reason))
 
     async def _load_all(self, names: tuple[str, ...] | None, source: ev.Source) -> None:
         found = await anyio.to_thread.run_sync(scan_repositories, self._repositories)
@@ -181,7 +189,7 @@ class ModelManager(Actor[Any]):
             self._record(ev.LoadFailed(model=model.name, version=version, reason=reason))
             return
         started = time.perf_counter()
-        actor = ModelVersionActor(backend, context)
+        actor = ModelVersionActor(backend, context, infer=self._router.infer)
         try:
             ref = await self.spawn(actor)
         except Exception as error:

@@ -9,8 +9,8 @@ from typing import Any
 
 from tritonactor.actors import Actor, ActorRef, ActorStopped
 from tritonactor.actors.worker import WorkerThread
-from tritonactor.backends.base import BackendInstance, Result
-from tritonactor.core.errors import TritonError, internal
+from tritonactor.backends.base import BackendInstance, InstanceDied, Result
+from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.scheduling.messages import Execute, InstanceIdle
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,11 @@ class InstanceActor(Actor[Execute]):
                     f"instance '{self.name}' returned {len(results)} responses "
                     f"for {len(requests)} requests"
                 )
+        except InstanceDied as death:
+            # The instance itself is gone: its batch fails with the reason, and so does this
+            # actor, so that the model-version actor can put a new instance in its place.
+            _answer(message, [unavailable(str(death))] * len(requests))
+            raise
         except Exception as error:  # a backend bug fails this batch, not the instance
             log.exception("instance '%s' failed to execute a batch", self.name)
             failure = error if isinstance(error, TritonError) else internal(str(error))
@@ -59,8 +64,15 @@ class InstanceActor(Actor[Execute]):
 
 
 def _answer(message: Execute, results: list[Result]) -> None:
+    # None: a decoupled model answered (or will answer) through the request's sender; its reply
+    # then only says that execute is over.
     for item, result in zip(message.batch, results, strict=True):
         if isinstance(result, TritonError):
             item.reply.fail(result)
-        else:
-            item.reply.set(result)
+            continue
+        sender = item.request.sender
+        if result is not None and sender is not None and not sender.finished:
+            # A backend that knows nothing of decoupling answered with one response: that is
+            # the request's only, and final, response.
+            sender.send(result, final=True)
+        item.reply.set(result)  # type: ignore[arg-type]

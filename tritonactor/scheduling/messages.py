@@ -36,3 +36,14 @@ class InstanceGone:
     """An instance stopped or failed: the scheduler must not hand it work again."""
 
     instance: ActorRef[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionHealth:
+    """A model-version actor tells its owner that an instance died (ready False, with the
+    reason) or that a replacement is serving again (ready True)."""
+
+    model: str
+    version: int
+    ready: bool
+    reason: str = ""

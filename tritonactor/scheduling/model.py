@@ -3,37 +3,48 @@ instance actors that serve it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import anyio
 
-from tritonactor.actors import Actor, ActorRef
+from tritonactor.actors import Actor, ActorRef, ActorStopped
 from tritonactor.backends.base import (
     Backend,
     BackendInstance,
     BackendModel,
+    InferFunction,
     InstanceContext,
     ModelContext,
 )
 from tritonactor.config.normalize import InstanceSpec, instance_specs
 from tritonactor.scheduling.default import DefaultScheduler
 from tritonactor.scheduling.instance import InstanceActor
-from tritonactor.scheduling.messages import InstanceGone
+from tritonactor.scheduling.messages import InstanceGone, VersionHealth
 
 log = logging.getLogger(__name__)
 
 
 class ModelVersionActor(Actor[Any]):
     """Started = loaded and ready: `spawn` returns once every instance is up, or raises the
-    reason the load failed (after releasing whatever was already created)."""
+    reason the load failed (after releasing whatever was already created).
 
-    def __init__(self, backend: Backend, context: ModelContext) -> None:
+    An instance that dies is replaced: the owner hears `VersionHealth(ready=False)` at once and
+    `VersionHealth(ready=True)` when the replacement serves. Requests queued meanwhile wait in
+    the scheduler for it. After `RESTART_DELAYS` failed attempts the version fails as a whole."""
+
+    RESTART_DELAYS = (0.0, 0.5, 2.0)
+
+    def __init__(
+        self, backend: Backend, context: ModelContext, infer: InferFunction | None = None
+    ) -> None:
         super().__init__(f"{context.name}:{context.version}")
         self.context = context
         self._backend = backend
+        self._infer = infer
         self._model: BackendModel | None = None
-        self._instances: set[ActorRef[Any]] = set()
+        self._instances: dict[ActorRef[Any], InstanceSpec] = {}
         self.scheduler: ActorRef[Any] | None = None
 
     async def started(self) -> None:
@@ -41,13 +52,7 @@ class ModelVersionActor(Actor[Any]):
         created: list[tuple[InstanceSpec, BackendInstance]] = []
         try:
             for spec in instance_specs(self.context.config):
-                instance_context = InstanceContext(
-                    spec.name, spec.kind, spec.device_id, spec.index, spec.group
-                )
-                instance = await anyio.to_thread.run_sync(
-                    self._model.create_instance, instance_context
-                )
-                created.append((spec, instance))
+                created.append((spec, await self._create_instance(spec)))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 for _, instance in created:
@@ -56,20 +61,50 @@ class ModelVersionActor(Actor[Any]):
             raise
         self.scheduler = await self.spawn(DefaultScheduler(self.context.name))
         for spec, instance in created:
-            ref = await self.spawn(InstanceActor(spec.name, instance, self.scheduler))
-            self._instances.add(ref)
+            await self._start_instance(spec, instance)
+
+    async def _create_instance(self, spec: InstanceSpec) -> BackendInstance:
+        assert self._model is not None
+        context = InstanceContext(
+            spec.name, spec.kind, spec.device_id, spec.index, spec.group, infer=self._infer
+        )
+        return await anyio.to_thread.run_sync(self._model.create_instance, context)
+
+    async def _start_instance(self, spec: InstanceSpec, instance: BackendInstance) -> None:
+        assert self.scheduler is not None
+        ref = await self.spawn(InstanceActor(spec.name, instance, self.scheduler))
+        self._instances[ref] = spec
 
     async def receive(self, message: Any) -> None:
         log.warning("model '%s' ignored an unexpected message %r", self.name, message)
 
     async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
-        if child is self.scheduler or child not in self._instances:
-            raise error
-        self._instances.discard(child)
+        spec = self._instances.pop(child, None)
+        if spec is None:
+            raise error  # the scheduler: nothing can serve without it
         assert self.scheduler is not None
         await self.scheduler.tell(InstanceGone(child))
-        if not self._instances:
-            raise error  # nothing left to serve with: the model fails as a whole
+        reason = f"instance '{spec.name}' failed: {error}"
+        await self._tell_owner(ready=False, reason=reason)
+        for delay in self.RESTART_DELAYS:
+            await anyio.sleep(delay)
+            try:
+                instance = await self._create_instance(spec)
+            except Exception as restart_error:
+                reason = f"{reason}; restarting it failed: {restart_error}"
+                log.warning("model '%s': %s", self.name, reason)
+                continue
+            await self._start_instance(spec, instance)
+            log.info("model '%s': instance '%s' restarted", self.name, spec.name)
+            await self._tell_owner(ready=True)
+            return
+        raise RuntimeError(reason)
+
+    async def _tell_owner(self, ready: bool, reason: str = "") -> None:
+        if self.parent is not None:
+            health = VersionHealth(self.context.name, self.context.version, ready, reason)
+            with contextlib.suppress(ActorStopped):
+                await self.parent.tell(health)
 
     async def stopped(self) -> None:
         if self._model is not None:

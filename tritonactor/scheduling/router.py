@@ -10,7 +10,7 @@ from anyio import WouldBlock
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import ActorRef, ActorStopped, Reply
-from tritonactor.core.errors import TritonError, invalid_arg, not_found, unavailable
+from tritonactor.core.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.signature import ModelSignature
@@ -74,6 +74,10 @@ class Router:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Validate, queue (waiting while the scheduler's mailbox is full) and await the answer."""
         handle, message = self._prepare(request)
+        if handle.decoupled:
+            raise unsupported(
+                f"model '{handle.name}' is decoupled: its responses can only be streamed"
+            )
         try:
             await handle.scheduler.tell(message)
             return await message.reply.wait()
@@ -81,9 +85,13 @@ class Router:
             raise self._stopped(handle) from None
 
     def submit(self, request: InferenceRequest) -> Reply[InferenceResponse]:
-        """Validate and queue the request now; its answer comes through the returned reply.
-        Requests submitted one after another reach the scheduler in that order."""
+        """Validate and queue the request now; its answer comes through the returned reply
+        (for a decoupled model, through `request.sender`, which the caller must set; the reply
+        then only says when execute is over, or fails). Requests submitted one after another
+        reach the scheduler in that order."""
         handle, message = self._prepare(request)
+        if handle.decoupled and request.sender is None:
+            raise unsupported(f"model '{handle.name}' is decoupled: a response sender is needed")
         try:
             handle.scheduler.tell_nowait(message)
         except (ActorStopped, WouldBlock):

@@ -22,11 +22,12 @@ from anyio.streams.memory import MemoryObjectSendStream
 from tritonactor._proto import inference as pb
 from tritonactor._proto.grpc.health import v1 as health
 from tritonactor.actors import ActorStopped, Reply
-from tritonactor.core.errors import ErrorCode, TritonError, unavailable
-from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.core.errors import ErrorCode, TritonError, internal, unavailable
+from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.frontends.grpc.codec import (
     decode_infer_request,
     encode_infer_response,
+    encode_parameters,
 )
 from tritonactor.settings import ControlMode
 
@@ -187,6 +188,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     def _submit_streamed(self, message: pb.ModelInferRequest, pending: _Pending) -> None:
         try:
             request = decode_infer_request(message)
+            if self._router.resolve(request.model_name, request.model_version).decoupled:
+                request.sender = ResponseSender(
+                    functools.partial(_decoupled_answer, request, pending)
+                )
+                reply = self._router.submit(request)
+                reply.add_done_callback(functools.partial(_decoupled_done, request, pending))
+                return
             reply = self._router.submit(request)
         except TritonError as error:
             pending.deliver(_stream_error(message.id, error.message), finished=True)
@@ -284,11 +292,13 @@ class _Pending:
             await self._slots.acquire()
         self._running += 1
 
-    def deliver(self, response: pb.ModelStreamInferResponse, finished: bool = False) -> None:
+    def deliver(self, response: pb.ModelStreamInferResponse | None, finished: bool = False) -> None:
+        """Send `response` (None: nothing to send); `finished` ends its request."""
         # Called from the actor that answered: it must never raise there.
         # A closed stream means the client went away: nobody is left to read the answer.
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._send.send_nowait(response)
+        if response is not None:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._send.send_nowait(response)
         if finished:
             self._running -= 1
             self._slots.release()
@@ -301,6 +311,54 @@ class _Pending:
     def _maybe_close(self) -> None:
         if self._input_done and self._running == 0:
             self._send.close()
+
+
+def _decoupled_answer(
+    request: InferenceRequest,
+    pending: _Pending,
+    response: InferenceResponse | None,
+    error: TritonError | None,
+    final: bool,
+) -> None:
+    """A decoupled model's `sender.send`: each response as it comes, then the final flag (an
+    empty final response only when the client asked for one)."""
+    flagged = request.parameters.get(ENABLE_EMPTY_FINAL) is True
+    answer: pb.ModelStreamInferResponse | None = None
+    try:
+        if error is not None:
+            answer = _stream_error(request.id, error.message)
+        elif response is not None:
+            if flagged:
+                response.parameters[FINAL_RESPONSE] = final
+            answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
+        elif final and flagged:
+            answer = pb.ModelStreamInferResponse(
+                infer_response=pb.ModelInferResponse(
+                    model_name=request.model_name,
+                    id=request.id,
+                    parameters=encode_parameters({FINAL_RESPONSE: True}),
+                )
+            )
+    except Exception as failure:
+        log.exception("a response of model '%s' could not be encoded", request.model_name)
+        answer = _stream_error(request.id, f"internal error: {type(failure).__name__}: {failure}")
+    pending.deliver(answer, finished=final)
+
+
+def _decoupled_done(
+    request: InferenceRequest, pending: _Pending, reply: Reply[InferenceResponse]
+) -> None:
+    """Execute is over. If it failed before the model sent its final response, that failure
+    is the request's last answer."""
+    sender = request.sender
+    if sender is None or sender.finished:
+        return
+    try:
+        reply.result()
+    except TritonError as error:
+        sender.send(error=error, final=True)
+    except Exception as error:
+        sender.send(error=internal(f"{type(error).__name__}: {error}"), final=True)
 
 
 def _stream_error(request_id: str, message: str) -> pb.ModelStreamInferResponse:
