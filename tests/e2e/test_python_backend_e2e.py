@@ -1,0 +1,201 @@
+"""The python backend behind the real server, through tritonclient (HTTP and gRPC): the models in
+tests/python_models, plus an ONNX model for BLS to call."""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.onnx_models import add_sub_model
+from tests.server_process import ServerProcess, start_server
+
+pytestmark = pytest.mark.e2e
+
+MODELS = Path(__file__).resolve().parent.parent / "python_models"
+SERVED = (
+    "add_sub",
+    "identity_bytes",
+    "repeat",
+    "bls",
+    "faulty",
+    "async_add",
+    "crash",
+    "autocomplete",
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("python_repo")
+    for name in SERVED:
+        shutil.copytree(MODELS / name, repo / name)
+    add_sub_model(repo / "onnx_add_sub" / "1" / "model.onnx", "FP32", (4,), batch=False)
+    process = start_server([repo], tmp_path_factory.mktemp("python_server"))
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def http(server: ServerProcess) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.url)
+
+
+@pytest.fixture
+def grpc(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    yield client
+    client.close()
+
+
+def http_input(name: str, data: np.ndarray, datatype: str) -> httpclient.InferInput:
+    tensor = httpclient.InferInput(name, list(data.shape), datatype)
+    tensor.set_data_from_numpy(data)
+    return tensor
+
+
+def grpc_input(name: str, data: np.ndarray, datatype: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(data.shape), datatype)
+    tensor.set_data_from_numpy(data)
+    return tensor
+
+
+A = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+B = np.array([0.5, 0.5, 0.5, 0.5], dtype=np.float32)
+
+
+def test_add_sub_over_http_and_grpc(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    result = http.infer(
+        "add_sub", [http_input("INPUT0", A, "FP32"), http_input("INPUT1", B, "FP32")]
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+    result = grpc.infer(
+        "add_sub", [grpc_input("INPUT0", A, "FP32"), grpc_input("INPUT1", B, "FP32")]
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+
+
+def test_bytes_identity_keeps_empty_and_non_ascii(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    items = [b"", "gr\u00fc\u00df dich \u2603".encode(), b"\x00\x01", b"ok"]
+    data = np.array(items, dtype=np.object_)
+    got = http.infer("identity_bytes", [http_input("INPUT0", data, "BYTES")]).as_numpy("OUTPUT0")
+    assert list(got) == items
+    got = grpc.infer("identity_bytes", [grpc_input("INPUT0", data, "BYTES")]).as_numpy("OUTPUT0")
+    assert list(got) == items
+
+
+def test_decoupled_repeat_over_grpc_streaming(grpc: grpcclient.InferenceServerClient) -> None:
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        values = np.array([7, 8, 9, 10], dtype=np.int32)
+        grpc.async_stream_infer(
+            "repeat",
+            [grpc_input("IN", values, "INT32")],
+            request_id="r1",
+            enable_empty_final_response=True,
+        )
+        seen: list[tuple[int, int]] = []
+        while True:
+            result, error = answers.get(timeout=10)
+            assert error is None, error
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            if not final or response.outputs:
+                seen.append((int(result.as_numpy("OUT")[0]), int(result.as_numpy("IDX")[0])))
+            if final:
+                break
+    finally:
+        grpc.stop_stream()
+    assert seen == [(7, 0), (8, 1), (9, 2), (10, 3)]
+
+
+def test_bls_calls_an_onnx_model(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    result = http.infer("bls", [http_input("INPUT0", A, "FP32"), http_input("INPUT1", B, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+    with pytest.raises(InferenceServerException, match="nowhere"):
+        grpc.infer(
+            "bls",
+            [grpc_input("INPUT0", A, "FP32"), grpc_input("INPUT1", B, "FP32")],
+            parameters={"model": "nowhere"},
+        )
+
+
+def test_model_errors_fail_the_request_and_the_server_stays_ready(
+    server: ServerProcess, http: httpclient.InferenceServerClient
+) -> None:
+    def ask(value: int) -> httpclient.InferResult:
+        data = np.array([value], dtype=np.int32)
+        return http.infer("faulty", [http_input("INPUT0", data, "INT32")])
+
+    with pytest.raises(InferenceServerException) as raised:
+        ask(0)
+    assert "ValueError: the model was asked to fail" in str(raised.value)
+    assert raised.value.status() == "500"
+    with pytest.raises(InferenceServerException) as raised:
+        ask(1)
+    assert "one is not allowed" in str(raised.value)
+    assert raised.value.status() == "400"
+    assert ask(5).as_numpy("OUTPUT0").tolist() == [5]
+    assert http.is_server_ready()
+    assert http.is_model_ready("faulty")
+
+
+def test_async_execute(http: httpclient.InferenceServerClient) -> None:
+    data = np.array([[1.0, 2.0]], dtype=np.float32)
+    result = http.infer("async_add", [http_input("INPUT0", data, "FP32")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data + 1)
+
+
+def test_auto_completed_config(server: ServerProcess) -> None:
+    config = httpx.get(f"{server.base}/v2/models/autocomplete/config").json()
+    assert config["max_batch_size"] == 4
+    assert [i["name"] for i in config["input"]] == ["INPUT0"]
+    assert [o["name"] for o in config["output"]] == ["OUTPUT0"]
+
+
+def test_killed_model_process_fails_its_request_then_recovers(
+    http: httpclient.InferenceServerClient,
+) -> None:
+    def ask(value: int) -> int:
+        data = np.array([value], dtype=np.int32)
+        return int(http.infer("crash", [http_input("INPUT0", data, "INT32")]).as_numpy("PID")[0])
+
+    first_pid = ask(0)
+    with pytest.raises(InferenceServerException, match="exited with code 1"):
+        ask(1)
+    # The server starts a new process in place of the dead one.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            second_pid = ask(0)
+            break
+        except InferenceServerException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert second_pid != first_pid
+    assert http.is_model_ready("crash")
+
+
+def test_model_log_lines_reach_the_server_log(server: ServerProcess) -> None:
+    log = server.log()
+    assert "add_sub initialized as add_sub_0" in log

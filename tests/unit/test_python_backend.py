@@ -1,0 +1,413 @@
+"""The python backend driven directly: load_model -> create_instance -> execute, with real stub
+processes running the models in tests/python_models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from tritonactor.backends.base import InstanceContext, InstanceDied, ModelContext
+from tritonactor.backends.python import PythonBackend, PythonInstance
+from tritonactor.backends.python import triton_python_backend_utils as pb_utils
+from tritonactor.backends.python.backend import interpreter_for
+from tritonactor.config.model_config import config_to_json, parse_pbtxt, read_pbtxt
+from tritonactor.config.normalize import fill_defaults
+from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.types import (
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    ResponseSender,
+    Tensor,
+)
+
+MODELS = Path(__file__).resolve().parent.parent / "python_models"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def backend() -> PythonBackend:
+    return PythonBackend()
+
+
+def context(name: str, repository: Path = MODELS) -> ModelContext:
+    model_dir = repository / name
+    config = fill_defaults(read_pbtxt(model_dir / "config.pbtxt"), gpus=0)
+    return ModelContext(
+        name=name,
+        version=1,
+        config=config,
+        model_dir=model_dir,
+        version_dir=model_dir / "1",
+        model_path=model_dir / "1" / "model.py",
+    )
+
+
+class Started:
+    """Instances started by a test, finalized when it ends."""
+
+    def __init__(self, backend: PythonBackend) -> None:
+        self.backend = backend
+        self.instances: list[PythonInstance] = []
+
+    def __call__(self, name: str, infer=None, index: int = 0) -> PythonInstance:  # type: ignore[no-untyped-def]
+        model = self.backend.load_model(context(name))
+        instance = model.create_instance(
+            InstanceContext(f"{name}_0_{index}", "KIND_CPU", 0, index, infer=infer)
+        )
+        self.instances.append(instance)
+        return instance
+
+
+@pytest.fixture
+def start(backend: PythonBackend) -> Iterator[Started]:
+    started = Started(backend)
+    yield started
+    for instance in started.instances:
+        instance.finalize()
+
+
+def tensor(name: str, data: np.ndarray) -> Tensor:
+    datatype = "BYTES" if data.dtype == np.object_ else pb_wire(data.dtype)
+    return Tensor(name=name, datatype=datatype, shape=tuple(data.shape), data=data)
+
+
+def pb_wire(dtype: np.dtype) -> str:
+    from tritonactor.core.datatypes import from_numpy_dtype
+
+    return from_numpy_dtype(dtype)
+
+
+def request(model: str, *inputs: Tensor, **kwargs) -> InferenceRequest:  # type: ignore[no-untyped-def]
+    return InferenceRequest(model_name=model, inputs=list(inputs), **kwargs)
+
+
+def outputs(result: object) -> dict[str, np.ndarray]:
+    assert isinstance(result, InferenceResponse), result
+    return {t.name: t.data for t in result.outputs}
+
+
+def add_sub_request(a: np.ndarray, b: np.ndarray, model: str = "add_sub") -> InferenceRequest:
+    return request(model, tensor("INPUT0", a), tensor("INPUT1", b))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_add_sub_runs_unchanged(start: Started) -> None:
+    instance = start("add_sub")
+    a = np.arange(4, dtype=np.float32)
+    b = np.full(4, 0.5, dtype=np.float32)
+    [result] = await instance.execute([add_sub_request(a, b)])
+    got = outputs(result)
+    np.testing.assert_array_equal(got["OUTPUT0"], a + b)
+    np.testing.assert_array_equal(got["OUTPUT1"], a - b)
+    assert got["OUTPUT0"].dtype == np.float32
+    assert result.model_name == "add_sub" and result.model_version == "1"
+
+
+@pytest.mark.anyio
+async def test_batch_of_requests_and_requested_outputs(start: Started) -> None:
+    instance = start("add_sub")
+    ones = np.ones(4, dtype=np.float32)
+    only_diff = add_sub_request(ones, ones)
+    only_diff.outputs = [RequestedOutput("OUTPUT1")]
+    only_diff.id = "r2"
+    results = await instance.execute([add_sub_request(ones, 2 * ones), only_diff])
+    assert set(outputs(results[0])) == {"OUTPUT0", "OUTPUT1"}
+    assert set(outputs(results[1])) == {"OUTPUT1"}
+    assert results[1].id == "r2"
+
+
+@pytest.mark.anyio
+async def test_initialize_args_and_request_accessors(start: Started) -> None:
+    instance = start("introspect")
+    data = np.array([1.5, 2.5], dtype=np.float32)
+    req = request(
+        "introspect",
+        tensor("INPUT0", data),
+        id="abc",
+        parameters={"sequence_id": 7, "flavour": "mint"},
+        outputs=[RequestedOutput("ARGS"), RequestedOutput("REQUEST"), RequestedOutput("DLPACK")],
+    )
+    [result] = await instance.execute([req])
+    got = outputs(result)
+    args = json.loads(got["ARGS"][0])
+    assert args["model_name"] == "introspect"
+    assert args["model_version"] == "1"
+    assert args["model_instance_name"] == "introspect_0_0"
+    assert args["model_instance_kind"] == "CPU"
+    assert args["model_instance_device_id"] == "0"
+    assert args["model_repository"] == str(MODELS / "introspect")
+    config = json.loads(args["model_config"])
+    assert config["name"] == "introspect"
+    assert config["parameters"]["greeting"]["string_value"] == "hello"
+    seen = json.loads(got["REQUEST"][0])
+    assert seen == {
+        "request_id": "abc",
+        "correlation_id": 7,
+        "parameters": {"sequence_id": 7, "flavour": "mint"},
+        "requested_output_names": ["ARGS", "REQUEST", "DLPACK"],
+        "inputs": ["INPUT0"],
+    }
+    np.testing.assert_array_equal(got["DLPACK"], data)
+
+
+@pytest.mark.anyio
+async def test_bytes_round_trip_keeps_empty_and_non_ascii(start: Started) -> None:
+    instance = start("identity_bytes")
+    items = [b"", "h\u00e9llo w\u00f6rld \u2603".encode(), b"\x00\xff binary", b"plain"]
+    data = np.array(items, dtype=np.object_)
+    [result] = await instance.execute([request("identity_bytes", tensor("INPUT0", data))])
+    echoed = outputs(result)["OUTPUT0"]
+    assert echoed.dtype == np.object_
+    assert list(echoed) == items
+
+
+@pytest.mark.anyio
+async def test_execute_that_raises_fails_the_batch_and_the_process_stays(start: Started) -> None:
+    instance = start("faulty")
+    one = np.array([0], dtype=np.int32)
+    results = await instance.execute(
+        [request("faulty", tensor("INPUT0", one)), request("faulty", tensor("INPUT0", one + 5))]
+    )
+    for result in results:
+        assert isinstance(result, TritonError)
+        assert result.code == ErrorCode.INTERNAL
+        assert "ValueError: the model was asked to fail" in result.message
+    [ok] = await instance.execute([request("faulty", tensor("INPUT0", one + 5))])
+    assert outputs(ok)["OUTPUT0"].tolist() == [5]
+
+
+@pytest.mark.anyio
+async def test_response_error_fails_only_that_request(start: Started) -> None:
+    instance = start("faulty")
+    bad = request("faulty", tensor("INPUT0", np.array([1], dtype=np.int32)))
+    good = request("faulty", tensor("INPUT0", np.array([3], dtype=np.int32)))
+    error, result = await instance.execute([bad, good])
+    assert isinstance(error, TritonError)
+    assert error.code == ErrorCode.INVALID_ARG
+    assert error.message == "one is not allowed"
+    assert outputs(result)["OUTPUT0"].tolist() == [3]
+
+
+@pytest.mark.anyio
+async def test_async_execute(start: Started) -> None:
+    instance = start("async_add")
+    data = np.array([[1, 2, 3]], dtype=np.float32)
+    [result] = await instance.execute([request("async_add", tensor("INPUT0", data))])
+    np.testing.assert_array_equal(outputs(result)["OUTPUT0"], data + 1)
+
+
+@pytest.mark.anyio
+async def test_decoupled_responses_arrive_after_execute_returned(start: Started) -> None:
+    instance = start("repeat")
+    received: list[tuple[InferenceResponse | None, TritonError | None, bool]] = []
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+
+    def deliver(response, error, final):  # type: ignore[no-untyped-def]
+        received.append((response, error, final))
+        if final:
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    req = request("repeat", tensor("IN", np.array([4, 5, 6], dtype=np.int32)))
+    req.sender = ResponseSender(deliver)
+    assert await instance.execute([req]) == [None]
+    with anyio.fail_after(10):
+        await done.wait()
+    assert [r is not None for r, _, _ in received] == [True, True, True, False]
+    assert [final for _, _, final in received] == [False, False, False, True]
+    values = [(outputs(r)["OUT"].tolist(), outputs(r)["IDX"].tolist()) for r, _, _ in received[:3]]
+    assert values == [([4], [0]), ([5], [1]), ([6], [2])]
+    assert all(error is None for _, error, _ in received)
+
+
+@pytest.mark.anyio
+async def test_bls_calls_the_servers_infer(start: Started) -> None:
+    calls: list[InferenceRequest] = []
+
+    async def infer(req: InferenceRequest) -> InferenceResponse:
+        calls.append(req)
+        if req.model_name != "onnx_add_sub":
+            raise TritonError(ErrorCode.NOT_FOUND, f"no model '{req.model_name}'")
+        a, b = req.inputs[0].data, req.inputs[1].data
+        everything = {"OUTPUT0": a + b, "OUTPUT1": a - b}
+        return InferenceResponse(
+            model_name=req.model_name,
+            model_version="1",
+            outputs=[tensor(name, everything[name]) for name in req.requested_output_names],
+        )
+
+    instance = start("bls", infer=infer)
+    a = np.array([1, 2, 3, 4], dtype=np.float32)
+    b = np.array([4, 3, 2, 1], dtype=np.float32)
+    [result] = await instance.execute([add_sub_request(a, b, model="bls")])
+    got = outputs(result)
+    np.testing.assert_array_equal(got["OUTPUT0"], a + b)
+    np.testing.assert_array_equal(got["OUTPUT1"], a - b)
+    assert [c.requested_output_names for c in calls] == [["OUTPUT0"], ["OUTPUT1"]]
+    assert calls[0].model_version == ""
+
+    missing = add_sub_request(a, b, model="bls")
+    missing.parameters = {"model": "nowhere"}
+    [error] = await instance.execute([missing])
+    assert isinstance(error, TritonError)
+    assert error.code == ErrorCode.NOT_FOUND
+    assert error.message == "no model 'nowhere'"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("value", "how"), [(1, "code 1"), (2, "signal SIGKILL")])
+async def test_process_death_mid_request_raises_instance_died(
+    start: Started, value: int, how: str
+) -> None:
+    instance = start("crash")
+    with pytest.raises(InstanceDied) as died:
+        await instance.execute([request("crash", tensor("INPUT0", np.array([value], np.int32)))])
+    assert str(died.value) == f"python model process for instance 'crash_0_0' exited with {how}"
+    # A new instance in its place serves again: create_instance can be called again.
+    again = start("crash", index=0)
+    [result] = await again.execute([request("crash", tensor("INPUT0", np.array([0], np.int32)))])
+    assert outputs(result)["PID"].tolist() == [again.pid]
+
+
+@pytest.mark.anyio
+async def test_death_while_idle_is_noticed_at_once(start: Started) -> None:
+    instance = start("crash")
+    os.kill(instance.pid, signal.SIGKILL)
+    await anyio.sleep(0.2)
+    started = time.monotonic()
+    with pytest.raises(InstanceDied, match="exited with signal SIGKILL"):
+        await instance.execute([request("crash", tensor("INPUT0", np.array([0], np.int32)))])
+    assert time.monotonic() - started < 1
+
+
+def test_initialize_failure_fails_create_instance(backend: PythonBackend, tmp_path: Path) -> None:
+    model_dir = tmp_path / "broken"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise RuntimeError('no weights here')\n"
+    )
+    (model_dir / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\n')
+    model = backend.load_model(context("broken", tmp_path))
+    with pytest.raises(TritonError, match="RuntimeError: no weights here"):
+        model.create_instance(InstanceContext("broken_0_0", "KIND_CPU", 0, 0))
+
+
+def test_auto_complete_config(backend: PythonBackend) -> None:
+    config = read_pbtxt(MODELS / "autocomplete" / "config.pbtxt")
+    completed = config_to_json(backend.auto_complete_config(config, MODELS / "autocomplete" / "1"))
+    assert completed["max_batch_size"] == 4
+    assert [(i["name"], i["data_type"], i["dims"]) for i in completed["input"]] == [
+        ("INPUT0", "TYPE_INT32", [-1])
+    ]
+    assert [o["name"] for o in completed["output"]] == ["OUTPUT0"]
+    assert "dynamic_batching" in completed
+    # A model without the hook keeps its config (and costs no process).
+    plain = read_pbtxt(MODELS / "add_sub" / "config.pbtxt")
+    assert backend.auto_complete_config(plain, MODELS / "add_sub" / "1") is plain
+
+
+def test_auto_complete_conflict_fails(backend: PythonBackend) -> None:
+    config = parse_pbtxt('name: "autocomplete"\nbackend: "python"\nmax_batch_size: 2\n')
+    with pytest.raises(TritonError, match="max_batch_size"):
+        backend.auto_complete_config(config, MODELS / "autocomplete" / "1")
+
+
+def test_execution_env_path(tmp_path: Path) -> None:
+    config = parse_pbtxt(
+        'name: "m"\nbackend: "python"\nparameters { key: "EXECUTION_ENV_PATH" value: '
+        '{ string_value: "$$TRITON_MODEL_DIRECTORY/env" } }\n'
+    )
+    venv = tmp_path / "env" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python3").symlink_to(sys.executable)
+    assert interpreter_for(config, tmp_path) == str(venv / "python3")
+    with pytest.raises(TritonError, match="neither a python executable"):
+        interpreter_for(config, tmp_path / "elsewhere")
+
+
+def test_pb_utils_helpers() -> None:
+    items = np.array([b"a", b"", "\u00e9".encode()], dtype=np.object_)
+    encoded = pb_utils.serialize_byte_tensor(items)
+    assert encoded.shape == () and encoded.dtype == np.object_
+    assert list(pb_utils.deserialize_bytes_tensor(encoded.item())) == list(items)
+    assert pb_utils.triton_string_to_numpy("TYPE_FP32") is np.float32
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_
+    assert pb_utils.numpy_to_triton_type(np.float32) == 11
+    assert pb_utils.numpy_to_triton_type(np.object_) == 13
+    config = {"input": [{"name": "A", "data_type": "TYPE_FP32"}], "output": []}
+    assert pb_utils.get_input_config_by_name(config, "A") == config["input"][0]
+    assert pb_utils.get_output_config_by_name(config, "A") is None
+    error = pb_utils.TritonError("nope", pb_utils.TritonError.NOT_FOUND)
+    assert (error.message(), error.code()) == ("nope", pb_utils.TritonError.NOT_FOUND)
+    response = pb_utils.InferenceResponse(error=error)
+    assert response.has_error() and response.error() is error
+    t = pb_utils.Tensor("X", np.arange(3, dtype=np.int64))
+    assert pb_utils.Tensor.from_dlpack("Y", t.to_dlpack()).as_numpy().tolist() == [0, 1, 2]
+
+
+@pytest.mark.anyio
+async def test_process_hop_overhead(start: Started) -> None:
+    """Not a benchmark: prints the round trip of a small request through the stub, and keeps it
+    well under a millisecond-scale budget so a regression shows."""
+    instance = start("add_sub")
+    ones = np.ones(4, dtype=np.float32)
+    for _ in range(50):
+        await instance.execute([add_sub_request(ones, ones)])
+    rounds = 500
+    started = time.perf_counter()
+    for _ in range(rounds):
+        await instance.execute([add_sub_request(ones, ones)])
+    small = (time.perf_counter() - started) / rounds
+    big = np.ones(1 << 20, dtype=np.float32)  # 4 MiB per input
+    started = time.perf_counter()
+    for _ in range(20):
+        await instance.execute([add_sub_request(big, big)])
+    large = (time.perf_counter() - started) / 20
+    print(
+        f"\npython backend round trip: {small * 1e6:.0f} us (2x16 B in, 2x16 B out), "
+        f"{large * 1e3:.2f} ms (2x4 MiB in, 2x4 MiB out)"
+    )
+    assert small < 0.005
+
+
+@pytest.mark.anyio
+async def test_model_runs_under_the_execution_env_interpreter(
+    backend: PythonBackend, tmp_path: Path
+) -> None:
+    import venv
+
+    venv.EnvBuilder(system_site_packages=True, symlinks=True).create(tmp_path / "env")
+    ctx = context("add_sub")
+    from tritonactor._proto.inference import ModelParameter
+
+    ctx.config.parameters["EXECUTION_ENV_PATH"] = ModelParameter(string_value=str(tmp_path / "env"))
+    instance = backend.load_model(ctx).create_instance(
+        InstanceContext("add_sub_0_0", "KIND_CPU", 0, 0)
+    )
+    try:
+        command = Path(f"/proc/{instance.pid}/cmdline").read_bytes().split(b"\0")[0]
+        assert command.decode() == str(tmp_path / "env" / "bin" / "python3")
+        ones = np.ones(4, dtype=np.float32)
+        [result] = await instance.execute([add_sub_request(ones, ones)])
+        np.testing.assert_array_equal(outputs(result)["OUTPUT0"], ones + ones)
+    finally:
+        instance.finalize()

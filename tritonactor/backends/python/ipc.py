@@ -1,0 +1,321 @@
+"""The wire between the server and a stub process.
+
+Control messages are small dicts, pickled and length-prefixed on a socket. Tensor bytes never
+travel on the socket: the sender writes a batch's tensors into one file in /dev/shm and sends
+descriptors (name, datatype, shape, offset, size); the reader maps the file, unlinks it at once
+(ownership has passed) and wraps numpy arrays around the mapping, so the mapping lives exactly as
+long as the arrays do.
+
+This module is imported by the stub, which may run under another interpreter: it needs only the
+standard library and numpy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import pickle
+import socket
+import struct
+import tempfile
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Arena",
+    "ArenaReader",
+    "Channel",
+    "TensorDescriptor",
+    "numpy_dtype",
+    "read_tensors",
+    "remove_files",
+    "wire_datatype",
+    "write_tensors",
+]
+
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+_HEADER = struct.Struct("<Q")
+_LENGTH = struct.Struct("<I")
+_ALIGN = 64
+
+# (name, wire datatype, shape, offset, size in bytes)
+TensorDescriptor = tuple[str, str, tuple[int, ...], int, int]
+
+_NUMPY_OF_WIRE: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+try:  # BF16 needs ml_dtypes, which a model's own environment may lack
+    import ml_dtypes
+
+    _NUMPY_OF_WIRE["BF16"] = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
+
+_WIRE_OF_NUMPY = {dtype: name for name, dtype in _NUMPY_OF_WIRE.items()}
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    try:
+        return _NUMPY_OF_WIRE[datatype]
+    except KeyError:
+        raise ValueError(f"data type {datatype} has no numpy dtype here") from None
+
+
+def wire_datatype(dtype: np.dtype) -> str:
+    dtype = np.dtype(dtype)
+    if dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    try:
+        return _WIRE_OF_NUMPY[dtype]
+    except KeyError:
+        raise ValueError(f"numpy dtype {dtype} has no Triton data type") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Control messages
+
+
+class Channel:
+    """Length-prefixed pickles on a connected stream socket. `send` may be called from any
+    thread; `recv` from one reader thread only."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._reader = sock.makefile("rb")
+        self._lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self.sock.sendall(_HEADER.pack(len(data)) + data)
+
+    def recv(self) -> dict[str, Any] | None:
+        """The next message, or None when the other side is gone."""
+        try:
+            header = self._reader.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                return None
+            (size,) = _HEADER.unpack(header)
+            data = self._reader.read(size)
+        except (OSError, ValueError):
+            return None
+        if len(data) < size:
+            return None
+        return pickle.loads(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self._reader.close()
+        self.sock.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors in shared memory
+
+_counter = itertools.count()
+
+# Batches up to this size go through an instance's reusable arena (and are copied out by the
+# reader); bigger ones get a file of their own that the reader maps without copying.
+ARENA_LIMIT = 1 << 20
+_ARENA_MINIMUM = 64 << 10
+
+
+class Arena:
+    """A shared-memory file reused for one message at a time: creating, mapping and unlinking a
+    file costs ~25 us on each side, more than a small request's whole payload. The writer may
+    reuse it once the reader has answered the message it carried."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.name = ""
+        self.size = 0
+        self._mapping: mmap.mmap | None = None
+
+    def reserve(self, size: int) -> mmap.mmap:
+        if self._mapping is None or size > self.size:
+            self.close()
+            self.size = max(_ARENA_MINIMUM, 1 << (size - 1).bit_length())
+            self.name = f"{self.prefix}-{next(_counter)}"
+            path = os.path.join(SHM_DIR, self.name)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, self.size)
+                self._mapping = mmap.mmap(fd, self.size)
+            finally:
+                os.close(fd)
+        return self._mapping
+
+    def close(self) -> None:
+        if self._mapping is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM_DIR, self.name))
+            with contextlib.suppress(BufferError):
+                self._mapping.close()
+            self._mapping = None
+
+
+class ArenaReader:
+    """The reader's side of an `Arena`: keeps the latest file mapped."""
+
+    def __init__(self) -> None:
+        self._name = ""
+        self._mapping: mmap.mmap | None = None
+
+    def open(self, name: str) -> mmap.mmap:
+        if name != self._name or self._mapping is None:
+            if self._mapping is not None:
+                with contextlib.suppress(BufferError):
+                    self._mapping.close()
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+            try:
+                self._mapping = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+            self._name = name
+        return self._mapping
+
+
+def _serialize_bytes(array: np.ndarray) -> bytes:
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, bytes | bytearray):
+            item = str(item).encode("utf-8")
+        parts.append(_LENGTH.pack(len(item)))
+        parts.append(bytes(item))
+    return b"".join(parts)
+
+
+def _deserialize_bytes(buffer: memoryview, count: int) -> np.ndarray:
+    out = np.empty(count, dtype=np.object_)
+    position = 0
+    for i in range(count):
+        (length,) = _LENGTH.unpack_from(buffer, position)
+        position += _LENGTH.size
+        out[i] = bytes(buffer[position : position + length])
+        position += length
+    return out
+
+
+def write_tensors(
+    prefix: str, tensors: list[tuple[str, np.ndarray]], arena: Arena | None = None
+) -> tuple[str | None, list[TensorDescriptor]]:
+    """Write `tensors` into `arena` when they fit, else into a new shared-memory file named
+    `<prefix>-<n>`; returns where (an arena's name starts with "@"; None when there are no bytes
+    to carry) and one descriptor per tensor."""
+    plans: list[tuple[np.ndarray | bytes, int, int]] = []
+    descriptors: list[TensorDescriptor] = []
+    total = 0
+    for name, array in tensors:
+        array = np.asarray(array)
+        datatype = wire_datatype(array.dtype)
+        data: np.ndarray | bytes = _serialize_bytes(array) if datatype == "BYTES" else array
+        size = len(data) if isinstance(data, bytes) else array.nbytes
+        plans.append((data, total, size))
+        descriptors.append((name, datatype, tuple(array.shape), total, size))
+        total += -(-size // _ALIGN) * _ALIGN
+    if total == 0:
+        return None, descriptors
+    if arena is not None and total <= ARENA_LIMIT:
+        _fill(arena.reserve(total), plans)
+        return "@" + arena.name, descriptors
+    filename = f"{prefix}-{next(_counter)}"
+    path = os.path.join(SHM_DIR, filename)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, total)
+        mapping = mmap.mmap(fd, total)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+    try:
+        _fill(mapping, plans)
+    finally:
+        mapping.close()
+    return filename, descriptors
+
+
+def _fill(mapping: mmap.mmap, plans: list[tuple[np.ndarray | bytes, int, int]]) -> None:
+    for data, offset, size in plans:
+        if size == 0:
+            continue
+        if isinstance(data, bytes):
+            mapping[offset : offset + size] = data
+        else:
+            target = np.ndarray(data.shape, data.dtype, buffer=mapping, offset=offset)
+            target[...] = data
+            del target
+
+
+def read_tensors(
+    filename: str | None, descriptors: list[TensorDescriptor], arenas: ArenaReader | None = None
+) -> list[tuple[str, str, np.ndarray]]:
+    """Read what `write_tensors` wrote: (name, datatype, array) for each descriptor. Data in an
+    arena is copied out (the arena is reused); a file of its own is unlinked at once and the
+    arrays are views of its mapping."""
+    mapping: mmap.mmap | None = None
+    copy = False
+    if filename is not None and filename.startswith("@"):
+        if arenas is None:
+            raise ValueError("tensors in an arena need an ArenaReader")
+        mapping = arenas.open(filename[1:])
+        copy = True
+    elif filename is not None:
+        path = os.path.join(SHM_DIR, filename)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    out: list[tuple[str, str, np.ndarray]] = []
+    for name, datatype, shape, offset, size in descriptors:
+        count = 1
+        for dim in shape:
+            count *= dim
+        if datatype == "BYTES":
+            if count == 0 or mapping is None:
+                array = np.empty(shape, dtype=np.object_)
+            else:
+                view = memoryview(mapping)[offset : offset + size]
+                array = _deserialize_bytes(view, count).reshape(shape)
+                view.release()
+        elif size == 0 or mapping is None:
+            array = np.empty(shape, dtype=numpy_dtype(datatype))
+        else:
+            array = np.ndarray(shape, numpy_dtype(datatype), buffer=mapping, offset=offset)
+            if copy:
+                array = array.copy()
+        out.append((name, datatype, array))
+    return out
+
+
+def remove_files(prefix: str) -> None:
+    """Unlink what a dead peer left behind: files with `prefix` nobody will read."""
+    with contextlib.suppress(OSError):
+        for filename in os.listdir(SHM_DIR):
+            if filename.startswith(prefix + "-"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(SHM_DIR, filename))
