@@ -6,10 +6,12 @@ validation, and a TritonError becomes the gRPC status Triton uses for its code.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
 import math
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -190,7 +192,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             request = decode_infer_request(message)
             if self._router.resolve(request.model_name, request.model_version).decoupled:
                 request.sender = ResponseSender(
-                    functools.partial(_decoupled_answer, request, pending)
+                    _on_this_loop(functools.partial(_decoupled_answer, request, pending))
                 )
                 reply = self._router.submit(request)
                 reply.add_done_callback(functools.partial(_decoupled_done, request, pending))
@@ -311,6 +313,23 @@ class _Pending:
     def _maybe_close(self) -> None:
         if self._input_done and self._running == 0:
             self._send.close()
+
+
+def _on_this_loop(function: Callable[..., None]) -> Callable[..., None]:
+    """`function`, made callable from any thread: a backend may send a decoupled response from
+    a thread of its own, and the stream's state belongs to this event loop (grpclib runs on
+    asyncio)."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+
+    def call(*args: Any) -> None:
+        if threading.get_ident() == loop_thread:
+            function(*args)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                loop.call_soon_threadsafe(function, *args)
+
+    return call
 
 
 def _decoupled_answer(
