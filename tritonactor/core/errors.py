@@ -51,3 +51,7 @@ def unsupported(message: str) -> TritonError:
 
 def internal(message: str) -> TritonError:
     return TritonError(ErrorCode.INTERNAL, message)
+
+
+def cancelled(message: str) -> TritonError:
+    return TritonError(ErrorCode.CANCELLED, message)

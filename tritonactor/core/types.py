@@ -91,6 +91,14 @@ class InferenceRequest:
     context: dict[str, Any] = field(default_factory=dict)
     # Set when the model is decoupled: its responses go here instead of one reply.
     sender: ResponseSender | None = None
+    # Set by the front end when the client gave up on the request (a closed stream, a cancelled
+    # call): schedulers drop it if it has not run yet; a backend may stop early.
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.sender is not None:
+            self.sender.cancel()
 
     def input(self, name: str) -> Tensor | None:
         for tensor in self.inputs:

@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any
 
 from tritonactor.actors import Actor, ActorRef, ActorStopped
-from tritonactor.core.errors import unavailable
+from tritonactor.core.errors import cancelled, unavailable
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle
 
 SchedulerMessage = Infer | InstanceIdle | InstanceGone
@@ -32,8 +32,12 @@ class DefaultScheduler(Actor[SchedulerMessage]):
 
     def _dispatch(self) -> None:
         while self._queue and self._idle:
-            instance = self._idle.popleft()
             item = self._queue.popleft()
+            if item.request.cancelled:
+                # The client gave up while the request waited: run nothing for nobody.
+                item.reply.fail(cancelled(f"request for model '{self.name}' was cancelled"))
+                continue
+            instance = self._idle.popleft()
             try:
                 instance.tell_nowait(Execute([item]))
             except ActorStopped:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from anyio import WouldBlock
+from anyio import WouldBlock, get_cancelled_exc_class
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import ActorRef, ActorStopped, Reply
@@ -83,6 +83,9 @@ class Router:
             return await message.reply.wait()
         except ActorStopped:
             raise self._stopped(handle) from None
+        except get_cancelled_exc_class():
+            request.cancel()  # whoever waited is gone: the request need not run
+            raise
 
     def submit(self, request: InferenceRequest) -> Reply[InferenceResponse]:
         """Validate and queue the request now; its answer comes through the returned reply

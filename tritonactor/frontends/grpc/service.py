@@ -180,12 +180,16 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 async for response in receive:
                     await stream.send_message(response)
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(write)
-            async for message in stream:
-                await pending.start()
-                self._submit_streamed(message, pending)
-            pending.input_done()
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(write)
+                async for message in stream:
+                    await pending.start()
+                    self._submit_streamed(message, pending)
+                pending.input_done()
+        finally:
+            # The stream is over: requests still in the server answer nobody any more.
+            pending.cancel_all()
 
     def _submit_streamed(self, message: pb.ModelInferRequest, pending: _Pending) -> None:
         try:
@@ -195,9 +199,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     _on_this_loop(functools.partial(_decoupled_answer, request, pending))
                 )
                 reply = self._router.submit(request)
+                pending.requests[id(request)] = request
                 reply.add_done_callback(functools.partial(_decoupled_done, request, pending))
                 return
             reply = self._router.submit(request)
+            pending.requests[id(request)] = request
         except TritonError as error:
             pending.deliver(_stream_error(message.id, error.message), finished=True)
             return
@@ -284,6 +290,8 @@ class _Pending:
         self._slots = anyio.Semaphore(window)
         self._running = 0
         self._input_done = False
+        # The stream's requests submitted and not yet finished, by id().
+        self.requests: dict[int, InferenceRequest] = {}
 
     async def start(self) -> None:
         """Wait for room for one more request; it then counts as running until its answer is
@@ -294,8 +302,15 @@ class _Pending:
             await self._slots.acquire()
         self._running += 1
 
-    def deliver(self, response: pb.ModelStreamInferResponse | None, finished: bool = False) -> None:
+    def deliver(
+        self,
+        response: pb.ModelStreamInferResponse | None,
+        finished: bool = False,
+        request: InferenceRequest | None = None,
+    ) -> None:
         """Send `response` (None: nothing to send); `finished` ends its request."""
+        if finished and request is not None:
+            self.requests.pop(id(request), None)
         # Called from the actor that answered: it must never raise there.
         # A closed stream means the client went away: nobody is left to read the answer.
         if response is not None:
@@ -305,6 +320,11 @@ class _Pending:
             self._running -= 1
             self._slots.release()
             self._maybe_close()
+
+    def cancel_all(self) -> None:
+        for request in list(self.requests.values()):
+            request.cancel()
+        self.requests.clear()
 
     def input_done(self) -> None:
         self._input_done = True
@@ -361,7 +381,7 @@ def _decoupled_answer(
     except Exception as failure:
         log.exception("a response of model '%s' could not be encoded", request.model_name)
         answer = _stream_error(request.id, f"internal error: {type(failure).__name__}: {failure}")
-    pending.deliver(answer, finished=final)
+    pending.deliver(answer, finished=final, request=request)
 
 
 def _decoupled_done(
@@ -405,7 +425,7 @@ def _streamed_answer(
     except Exception as error:
         log.exception("streamed request for model '%s' failed", request.model_name)
         answer = _stream_error(request.id, f"internal error: {type(error).__name__}: {error}")
-    pending.deliver(answer, finished=True)
+    pending.deliver(answer, finished=True, request=request)
 
 
 class HealthService(health.HealthBase):
