@@ -200,3 +200,36 @@ async def test_stopping_the_model_finalizes_instances_then_model() -> None:
         await serve(actors, backend, count=2)
     assert sorted(backend.finalized[:2]) == ["echo_0_0", "echo_0_1"]
     assert backend.finalized[2] == "model"
+
+
+async def test_a_cancelled_request_that_has_not_run_is_dropped(system: ActorSystem) -> None:
+    # One instance, held at a barrier of two by the first request: the second request waits in
+    # the queue, is cancelled there, and must never reach the backend.
+    backend = EchoBackend(barrier=threading.Barrier(2))
+    assert backend.barrier is not None
+    router = await serve(system, backend, count=1)
+    first = router.submit(request(1, "first"))
+    second_request = request(2, "second")
+    second = router.submit(second_request)
+    second_request.cancel()
+    await anyio.to_thread.run_sync(backend.barrier.wait, 5)  # let the first one finish
+    with anyio.fail_after(5):
+        assert (await first.wait()).id == "first"
+        with pytest.raises(TritonError) as caught:
+            await second.wait()
+    assert caught.value.code is ErrorCode.CANCELLED
+    assert backend.executed_by == ["echo_0_0"]
+
+
+async def test_a_caller_that_gives_up_cancels_its_request(system: ActorSystem) -> None:
+    backend = EchoBackend(barrier=threading.Barrier(2))
+    assert backend.barrier is not None
+    router = await serve(system, backend, count=1)
+    blocker = router.submit(request(1))
+    waiting = request(2)
+    with anyio.move_on_after(0.1):
+        await router.infer(waiting)
+    assert waiting.cancelled
+    await anyio.to_thread.run_sync(backend.barrier.wait, 5)
+    with anyio.fail_after(5):
+        await blocker.wait()
