@@ -31,6 +31,7 @@ SERVED = (
     "async_add",
     "crash",
     "autocomplete",
+    "cancellable",
 )
 
 
@@ -123,6 +124,59 @@ def test_decoupled_repeat_over_grpc_streaming(grpc: grpcclient.InferenceServerCl
     finally:
         grpc.stop_stream()
     assert seen == [(7, 0), (8, 1), (9, 2), (10, 3)]
+
+
+@pytest.mark.parametrize("check", ["sender", "request"])
+def test_closed_stream_cancels_a_decoupled_python_model(
+    grpc: grpcclient.InferenceServerClient, tmp_path: Path, check: str
+) -> None:
+    marker = tmp_path / "cancelled"
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        grpc.async_stream_infer(
+            "cancellable",
+            [grpc_input("INTERVAL_MS", np.array([20], dtype=np.int32), "INT32")],
+            request_id="c1",
+            parameters={"marker": str(marker), "check": check},
+        )
+        indexes = []
+        for _ in range(2):
+            result, error = answers.get(timeout=10)
+            assert error is None, error
+            indexes.append(int(result.as_numpy("INDEX")[0]))
+        assert indexes == [0, 1]
+    finally:
+        grpc.stop_stream(cancel_requests=True)
+    # The model streams for up to 10 s unless it sees the cancellation.
+    deadline = time.monotonic() + 5
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the model never saw the stream's cancellation"
+        time.sleep(0.02)
+    assert marker.read_text() == "cancelled"
+    # The model still serves.
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        while not answers.empty():
+            answers.get_nowait()
+        grpc.async_stream_infer(
+            "cancellable",
+            [grpc_input("INTERVAL_MS", np.array([1], dtype=np.int32), "INT32")],
+            request_id="c2",
+            parameters={"limit_s": 0.05},
+            enable_empty_final_response=True,
+        )
+        while True:
+            result, error = answers.get(timeout=10)
+            assert error is None, error
+            response = result.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        grpc.stop_stream()
+    assert result.as_numpy("CANCELLED").tolist() == [False]
+    assert result.as_numpy("INDEX")[0] > 0
+    assert grpc.is_model_ready("cancellable")
 
 
 def test_bls_calls_an_onnx_model(

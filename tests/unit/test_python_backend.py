@@ -237,6 +237,127 @@ async def test_decoupled_responses_arrive_after_execute_returned(start: Started)
     assert all(error is None for _, error, _ in received)
 
 
+class Collected:
+    """What a decoupled request's sender received, with a wait for the n-th answer."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[InferenceResponse | None, TritonError | None, bool]] = []
+        self.arrived = anyio.Event()
+        self.token = anyio.lowlevel.current_token()
+
+    def deliver(self, response, error, final) -> None:  # type: ignore[no-untyped-def]
+        self.received.append((response, error, final))
+        anyio.from_thread.run_sync(self._wake, token=self.token)
+
+    def _wake(self) -> None:
+        self.arrived.set()
+        self.arrived = anyio.Event()
+
+    async def until(self, count: int, seconds: float = 10) -> None:
+        with anyio.fail_after(seconds):
+            while len(self.received) < count:
+                await self.arrived.wait()
+
+    async def final(self, seconds: float = 10) -> dict[str, np.ndarray]:
+        with anyio.fail_after(seconds):
+            while not (self.received and self.received[-1][2]):
+                await self.arrived.wait()
+        response, error, _ = self.received[-1]
+        assert error is None, error
+        return outputs(response)
+
+
+def cancellable(interval_ms: int = 20, **parameters: object) -> InferenceRequest:
+    data = np.array([interval_ms], dtype=np.int32)
+    return request("cancellable", tensor("INTERVAL_MS", data), parameters=dict(parameters))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("check", ["sender", "request"])
+async def test_decoupled_model_sees_cancellation_while_it_streams(
+    start: Started, check: str
+) -> None:
+    instance = start("cancellable")
+    collected = Collected()
+    req = cancellable(check=check)
+    req.sender = ResponseSender(collected.deliver)
+    assert await instance.execute([req]) == [None]
+    await collected.until(2)
+    assert not any(final for _, _, final in collected.received)
+    started = time.monotonic()
+    req.cancel()
+    last = await collected.final(seconds=5)
+    assert time.monotonic() - started < 2
+    assert last["CANCELLED"].tolist() == [True]
+    assert last["INDEX"].tolist() == [len(collected.received) - 1] and last["INDEX"][0] >= 2
+
+
+@pytest.mark.anyio
+async def test_request_cancelled_before_execute_is_seen_at_once(
+    start: Started, tmp_path: Path
+) -> None:
+    instance = start("cancellable")
+    collected = Collected()
+    req = cancellable(marker=str(tmp_path / "marker"))
+    req.sender = ResponseSender(collected.deliver)
+    req.cancel()
+    assert await instance.execute([req]) == [None]
+    last = await collected.final()
+    assert (last["INDEX"].tolist(), last["CANCELLED"].tolist()) == ([0], [True])
+    assert len(collected.received) == 1
+    assert (tmp_path / "marker").read_text() == "cancelled"
+
+
+@pytest.mark.anyio
+async def test_uncancelled_requests_read_not_cancelled(start: Started) -> None:
+    instance = start("cancellable")
+    collected = Collected()
+    req = cancellable(interval_ms=1, limit_s=0.2)
+    req.sender = ResponseSender(collected.deliver)
+    assert await instance.execute([req]) == [None]
+    last = await collected.final()
+    assert last["CANCELLED"].tolist() == [False]
+    assert last["INDEX"][0] > 10  # each poll was a round trip to the server, and cheap
+
+
+@pytest.mark.anyio
+async def test_non_decoupled_execute_sees_cancellation(
+    backend: PythonBackend, tmp_path: Path
+) -> None:
+    ctx = context("cancellable")
+    assert ctx.config.model_transaction_policy is not None
+    ctx.config.model_transaction_policy.decoupled = False
+    instance = backend.load_model(ctx).create_instance(
+        InstanceContext("cancellable_0_0", "KIND_CPU", 0, 0)
+    )
+    try:
+        req = cancellable(interval_ms=10, marker=str(tmp_path / "marker"))
+        results: list[object] = []
+
+        async def run() -> None:
+            results.extend(await instance.execute([req]))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as group:
+                group.start_soon(run)
+                await anyio.sleep(0.1)
+                req.cancel()
+        got = outputs(results[0])
+        assert got["CANCELLED"].tolist() == [True] and got["INDEX"][0] >= 3
+        assert (tmp_path / "marker").read_text() == "cancelled"
+        # An uncancelled request of the same instance reads False until its limit.
+        [result] = await instance.execute([cancellable(interval_ms=1, limit_s=0.1)])
+        assert outputs(result)["CANCELLED"].tolist() == [False]
+    finally:
+        instance.finalize()
+
+
+def test_pb_utils_is_cancelled_outside_a_server() -> None:
+    built = pb_utils.InferenceRequest(model_name="m")  # a BLS request the model built
+    assert built.is_cancelled() is False
+    assert pb_utils.ResponseSender(0).is_cancelled() is False
+
+
 @pytest.mark.anyio
 async def test_bls_calls_the_servers_infer(start: Started) -> None:
     calls: list[InferenceRequest] = []

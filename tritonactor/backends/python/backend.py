@@ -3,7 +3,12 @@
 `PythonInstance.execute` writes the batch's input tensors into shared memory, sends descriptors
 on the instance's socket and awaits the answer on the event loop. A reader thread per instance
 takes everything the stub sends — results, responses of decoupled requests (which may come after
-execute returned), BLS calls, log lines — and notices at once when the process dies.
+execute returned), BLS calls, cancellation queries, log lines — and notices at once when the
+process dies.
+
+Cancellation is asked for, not pushed: the model's `is_cancelled()` sends the request's key and
+the reader thread answers from `InferenceRequest.cancelled` (the server sets it from any thread,
+with no event to hook), so nothing costs anything until a model asks.
 """
 
 from __future__ import annotations
@@ -293,7 +298,7 @@ class _Pending:
 
     event: anyio.Event
     token: Any
-    keys: list[int]
+    requests: dict[int, InferenceRequest]
     message: dict[str, Any] | None = None
     died: bool = False
 
@@ -377,7 +382,7 @@ class PythonInstance(BackendInstance):
                 }
             )
             arrays.extend((tensor.name, tensor.data) for tensor in request.inputs)
-        pending = _Pending(anyio.Event(), token, keys)
+        pending = _Pending(anyio.Event(), token, dict(zip(keys, requests, strict=True)))
         with self._lock:
             if self._death is not None:
                 raise InstanceDied(self._death)
@@ -499,6 +504,15 @@ class PythonInstance(BackendInstance):
             if self._bls_pool is None:
                 self._bls_pool = ThreadPoolExecutor(BLS_THREADS, f"{self.name}-bls")
             self._bls_pool.submit(self._serve_bls, message)
+        elif op == "is_cancelled":
+            with contextlib.suppress(OSError):  # the stub is gone; the reader reports it
+                self._stub.channel.send(
+                    {
+                        "op": "cancelled",
+                        "call": message["call"],
+                        "cancelled": self._is_cancelled(message["key"]),
+                    }
+                )
         elif op == "log":
             self._stub.log(message)
         elif op == "finalized":
@@ -531,6 +545,19 @@ class PythonInstance(BackendInstance):
             entry.sender.send(response, error=error, final=final)
         except RuntimeError as exc:
             log.warning("model '%s': %s", self._model_name, exc)
+
+    def _is_cancelled(self, key: int) -> bool:
+        """Whether the server marked the request behind `key` cancelled. A request the instance
+        no longer holds (answered, or its execute abandoned) reads as not cancelled."""
+        entry = self._decoupled.get(key)
+        if entry is not None:
+            return entry.request.cancelled or entry.sender.is_cancelled()
+        with self._lock:
+            for pending in self._pending.values():
+                request = pending.requests.get(key)
+                if request is not None:
+                    return request.cancelled
+        return False
 
     def _serve_bls(self, message: dict[str, Any]) -> None:
         shm: str | None = None
@@ -582,7 +609,7 @@ class PythonInstance(BackendInstance):
         with self._lock:
             self._death = reason
             pendings = list(self._pending.values())
-        in_flight = {key for pending in pendings for key in pending.keys}
+        in_flight = {key for pending in pendings for key in pending.requests}
         for pending in pendings:
             pending.died = True
             _wake(pending)

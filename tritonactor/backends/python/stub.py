@@ -3,7 +3,8 @@
     python -m tritonactor.backends.python.stub --fd N --name INSTANCE --shm-prefix P
 
 Fd N is this side of a socketpair with the server (see `ipc`). A reader thread takes every
-message: answers to the model's BLS calls are handed to the waiting call, everything else goes
+message: answers to the model's BLS calls and cancellation queries are handed to the waiting
+call (which may be on any of the model's threads), everything else goes
 to the main thread, which runs the model one message at a time. stdout and stderr belong to the
 model (the server logs them); the protocol never uses them.
 """
@@ -26,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from tritonactor.backends.python import ipc
+
+# How long is_cancelled() waits for the server's answer before saying False: the server answers
+# from its reader thread at once, so this only bounds a model thread against a wedged server.
+CANCELLED_QUERY_TIMEOUT_S = 5.0
 
 
 class Stub:
@@ -55,6 +60,8 @@ class Stub:
                 os._exit(0)
             if message["op"] == "bls_result":
                 self._resolve_call(message)
+            elif message["op"] == "cancelled":
+                self._resolve_query(message)
             else:
                 self._inbox.put(message)
 
@@ -68,6 +75,13 @@ class Stub:
             waiter.get_loop().call_soon_threadsafe(_set_result, waiter, response)
         else:
             waiter[1].append(response)
+            waiter[0].set()
+
+    def _resolve_query(self, message: dict[str, Any]) -> None:
+        with self._calls_lock:
+            waiter = self._calls.pop(message["call"], None)
+        if waiter is not None:
+            waiter[1].append(bool(message["cancelled"]))
             waiter[0].set()
 
     # -- the main thread ---------------------------------------------------------------------
@@ -190,6 +204,7 @@ class Stub:
                 correlation_id=entry["correlation_id"],
                 parameters=entry["parameters"],
             )
+            request._key = entry["key"]
             request._sender = pb.ResponseSender(entry["key"])
             requests.append(request)
         return requests
@@ -308,6 +323,24 @@ class Stub:
             self._calls[call] = future
         self.channel.send(message)
         return await future
+
+    def is_cancelled(self, key: int) -> bool:
+        """Ask the server whether it marked request `key` cancelled; any thread may ask."""
+        call = next(self._call_ids)
+        waiter: tuple[threading.Event, list[bool]] = (threading.Event(), [])
+        with self._calls_lock:
+            self._calls[call] = waiter
+        try:
+            self.channel.send({"op": "is_cancelled", "call": call, "key": key})
+        except OSError:
+            answered = False
+        else:
+            answered = waiter[0].wait(CANCELLED_QUERY_TIMEOUT_S)
+        if not answered:
+            with self._calls_lock:
+                self._calls.pop(call, None)
+            return False
+        return waiter[1][0]
 
     def log(self, level: int, message: str) -> None:
         self.channel.send({"op": "log", "level": level, "message": message})

@@ -275,6 +275,7 @@ class ResponseSender:
     def __init__(self, key: int) -> None:
         self._key = key
         self._closed = False
+        self._cancelled = False
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:
@@ -288,7 +289,11 @@ class ResponseSender:
         _require_stub("ResponseSender.send").send_response(self._key, response, flags)
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the server cancelled this request (its client went away): asks the server
+        each time until the answer is True, which then stays."""
+        if not self._cancelled:
+            self._cancelled = _ask_cancelled(self._key)
+        return self._cancelled
 
 
 class InferenceRequest:
@@ -320,6 +325,9 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = _parameters_json(parameters)
         self._sender: ResponseSender | None = None
+        # Set on the requests execute() receives: how the server knows this request.
+        self._key: int | None = None
+        self._cancelled = False
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -354,7 +362,11 @@ class InferenceRequest:
         return self._sender
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the server cancelled this request (its client went away); always False for a
+        request the model built itself (BLS)."""
+        if not self._cancelled:
+            self._cancelled = _ask_cancelled(self._key)
+        return self._cancelled
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """Run this request on `model_name` through the server and wait for the answer; an
@@ -514,6 +526,12 @@ def _require_stub(what: str) -> Any:
     if _stub is None:
         raise TritonModelException(f"{what} works only inside a model served by tritonactor")
     return _stub
+
+
+def _ask_cancelled(key: int | None) -> bool:
+    if key is None or _stub is None:
+        return False
+    return bool(_stub.is_cancelled(key))
 
 
 def _error_code_name(code: int) -> str:
