@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -134,6 +134,13 @@ class Actor(ABC, Generic[M]):
         await self._task_group.start(_supervise, child, self._child_failed)
         self._children.append(child.ref)
         return child.ref
+
+    def start_soon(self, function: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run a helper task (a timer, say) owned by this actor: it stops when the actor does.
+        It must talk to the actor only through messages (`self.ref.tell`)."""
+        if self._task_group is None:
+            raise ActorStopped(f"actor '{self.name}' is not running")
+        self._task_group.start_soon(function, *args)
 
     @property
     def children(self) -> tuple[ActorRef[Any], ...]:

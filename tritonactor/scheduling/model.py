@@ -19,7 +19,7 @@ from tritonactor.backends.base import (
     ModelContext,
 )
 from tritonactor.config.normalize import InstanceSpec, instance_specs
-from tritonactor.scheduling.default import DefaultScheduler
+from tritonactor.scheduling.factory import scheduler_for
 from tritonactor.scheduling.instance import InstanceActor
 from tritonactor.scheduling.messages import InstanceGone, VersionHealth
 
@@ -59,7 +59,7 @@ class ModelVersionActor(Actor[Any]):
                     await anyio.to_thread.run_sync(instance.finalize)
                 await anyio.to_thread.run_sync(self._model.finalize)
             raise
-        self.scheduler = await self.spawn(DefaultScheduler(self.context.name))
+        self.scheduler = await self.spawn(scheduler_for(self.context.config))
         for spec, instance in created:
             await self._start_instance(spec, instance)
 
