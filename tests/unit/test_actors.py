@@ -258,3 +258,21 @@ async def test_a_failing_reply_callback_does_not_stop_the_others() -> None:
     reply.add_done_callback(lambda r: seen.append(r.result()))
     reply.set(3)  # must not raise into whoever answered
     assert seen == [3]
+
+
+async def test_helper_tasks_end_when_the_actor_stops() -> None:
+    class Ticking(Counter):
+        async def started(self) -> None:
+            await super().started()
+            self.start_soon(self._tick)
+
+        async def _tick(self) -> None:
+            while True:
+                await anyio.sleep(3600)  # a timer that would hold a stop for an hour
+
+    log: list[str] = []
+    with anyio.fail_after(2):
+        async with ActorSystem() as system:
+            ref = await system.spawn(Ticking(log=log))
+            ref.stop()
+    assert log == ["counter started", "counter stopped"]

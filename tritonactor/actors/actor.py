@@ -107,6 +107,7 @@ class Actor(ABC, Generic[M]):
         self._children: list[ActorRef[Any]] = []
         self._task_group: TaskGroup | None = None
         self._current: Any = None
+        self._helpers: set[anyio.CancelScope] = set()
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -140,7 +141,17 @@ class Actor(ABC, Generic[M]):
         It must talk to the actor only through messages (`self.ref.tell`)."""
         if self._task_group is None:
             raise ActorStopped(f"actor '{self.name}' is not running")
-        self._task_group.start_soon(function, *args)
+        scope = anyio.CancelScope()
+        self._helpers.add(scope)
+
+        async def run() -> None:
+            try:
+                with scope:
+                    await function(*args)
+            finally:
+                self._helpers.discard(scope)
+
+        self._task_group.start_soon(run)
 
     @property
     def children(self) -> tuple[ActorRef[Any], ...]:
@@ -171,6 +182,9 @@ class Actor(ABC, Generic[M]):
                             await self.receive(message)
                         self._current = None
                 finally:
+                    # Helper tasks (timers) serve the mailbox, which is done: they end here.
+                    for scope in list(self._helpers):
+                        scope.cancel()
                     for child in self._children:
                         child.stop()
             await self.stopped()
