@@ -25,6 +25,7 @@ from tritonactor._proto.inference import (
     ModelOutput,
     ModelTensorReshape,
 )
+from tritonactor.backends import batching
 from tritonactor.backends.base import (
     Backend,
     BackendInstance,
@@ -633,7 +634,29 @@ class OnnxRuntimeInstance(BackendInstance):
         return self._session
 
     def execute(self, requests: list[InferenceRequest]) -> list[Result]:
-        return [self._execute_one(request) for request in requests]
+        if not self._batching or len(requests) < 2:
+            return [self._execute_one(request) for request in requests]
+        results: list[Result] = [None] * len(requests)
+        for group in batching.groups(requests):
+            members = [requests[index] for index in group]
+            answers = self._execute_merged(members) if len(members) > 1 else None
+            if answers is None:
+                answers = [self._execute_one(request) for request in members]
+            for index, answer in zip(group, answers, strict=True):
+                results[index] = answer
+        return results
+
+    def _execute_merged(self, requests: list[InferenceRequest]) -> list[Result] | None:
+        """One session.run for requests of the same shapes; None when that run failed or its
+        outputs cannot be split, so that each request runs alone and fails on its own."""
+        merged, sizes = batching.merge(requests)
+        response = self._execute_one(merged)
+        if not isinstance(response, InferenceResponse):
+            return None
+        try:
+            return list(batching.split(response, sizes, requests))
+        except TritonError:
+            return None
 
     def finalize(self) -> None:
         self._session = None

@@ -1,0 +1,328 @@
+"""Triton's dynamic batcher: requests wait a little in priority queues so that several of them
+run as one batch on whichever instance is idle. The rules are written down in docs/scheduling.md."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from tritonactor._proto.inference import (
+    ModelConfig,
+    ModelQueuePolicy,
+    ModelQueuePolicyTimeoutAction,
+)
+from tritonactor.actors import Actor, ActorRef, ActorStopped, Reply
+from tritonactor.backends.batching import batch_size, shape_key
+from tritonactor.core.errors import TritonError, cancelled, invalid_arg, unavailable
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """From the batcher's own timer: a queue delay or a request's timeout may have run out."""
+
+    at: float
+
+
+BatcherMessage = Infer | InstanceIdle | InstanceGone | Tick
+
+# A timer sleeps at most this long before it ticks (and is armed again if still needed), so
+# that a stopping batcher never waits long for its timers.
+_LONGEST_SLEEP = 0.25
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    item: Infer
+    level: int  # index into the batcher's levels
+    size: int
+    shape: Hashable
+    arrived: float
+    deadline: float  # math.inf: no timeout
+    delayed: bool = False
+    # Left the queue (batched, rejected or dropped): deques drop such entries lazily.
+    gone: bool = False
+
+
+class _Level:
+    """One priority level's queue and the policy that governs it. A request whose timeout ran
+    out under DELAY moves to `delayed`, served after every request still in `queue`."""
+
+    __slots__ = ("count", "default_timeout", "delayed", "override", "queue", "reject", "size")
+
+    def __init__(self, policy: ModelQueuePolicy | None) -> None:
+        policy = policy or ModelQueuePolicy()
+        self.size = policy.max_queue_size
+        self.default_timeout = policy.default_timeout_microseconds
+        self.override = policy.allow_timeout_override
+        self.reject = policy.timeout_action == ModelQueuePolicyTimeoutAction.REJECT
+        self.queue: deque[_Waiting] = deque()
+        self.delayed: deque[_Waiting] = deque()
+        self.count = 0
+
+    def waiting(self) -> Iterator[_Waiting]:
+        for entry in itertools.chain(self.queue, self.delayed):
+            if not entry.gone:
+                yield entry
+
+    def trim(self) -> None:
+        for waiting in (self.queue, self.delayed):
+            while waiting and waiting[0].gone:
+                waiting.popleft()
+
+
+class DynamicBatcher(Actor[BatcherMessage]):
+    mailbox_size = 1024
+
+    def __init__(self, name: str, config: ModelConfig) -> None:
+        super().__init__(name)
+        batching = config.dynamic_batching
+        assert batching is not None and config.max_batch_size > 0
+        self._max_batch_size = config.max_batch_size
+        self._preferred = {s for s in batching.preferred_batch_size if s <= config.max_batch_size}
+        # Triton never grows a batch past the largest preferred size.
+        self._cap = max(self._preferred) if self._preferred else self._max_batch_size
+        self._delay = batching.max_queue_delay_microseconds / 1e6
+        self._levels_count = batching.priority_levels
+        if self._levels_count:
+            self._default_level = batching.default_priority_level
+            if not 1 <= self._default_level <= self._levels_count:
+                raise invalid_arg(
+                    f"model '{name}': default_priority_level {self._default_level} must be "
+                    f"in [1, {self._levels_count}] (priority_levels)"
+                )
+            policies = batching.priority_queue_policy
+            default = batching.default_queue_policy
+            self._levels = [
+                _Level(policies.get(level, default)) for level in range(1, self._levels_count + 1)
+            ]
+        else:
+            self._default_level = 1
+            self._levels = [_Level(batching.default_queue_policy)]
+        self._idle: deque[ActorRef[Any]] = deque()
+        self._deadlines: list[tuple[float, int, _Waiting]] = []
+        self._order = itertools.count()
+        self._armed: float | None = None  # when the pending timer ticks
+        self._preserve_ordering = batching.preserve_ordering
+        # preserve_ordering: answers held until every earlier batched request is answered.
+        self._held: dict[int, tuple[Reply[InferenceResponse], Reply[InferenceResponse]]] = {}
+        self._next_sent = 0
+        self._next_released = 0
+
+    # -- messages ------------------------------------------------------------------------------
+
+    async def receive(self, message: BatcherMessage) -> None:
+        if isinstance(message, Infer):
+            self._enqueue(message)
+        elif isinstance(message, InstanceIdle):
+            self._idle.append(message.instance)
+        elif isinstance(message, InstanceGone):
+            if message.instance in self._idle:
+                self._idle.remove(message.instance)
+        elif message.at == self._armed:
+            self._armed = None
+        self._dispatch()
+
+    def _enqueue(self, item: Infer) -> None:
+        request = item.request
+        try:
+            level = self._level_of(request)
+            timeout = self._timeout_of(request, self._levels[level - 1])
+        except TritonError as error:
+            item.reply.fail(error)
+            return
+        queue = self._levels[level - 1]
+        if queue.size and queue.count >= queue.size:
+            item.reply.fail(unavailable("Exceeds maximum queue size"))
+            return
+        now = anyio.current_time()
+        deadline = now + timeout if timeout else math.inf
+        entry = _Waiting(item, level - 1, batch_size(request), shape_key(request), now, deadline)
+        queue.queue.append(entry)
+        queue.count += 1
+        if timeout:
+            heapq.heappush(self._deadlines, (deadline, next(self._order), entry))
+
+    def _level_of(self, request: InferenceRequest) -> int:
+        """1 is the highest priority; a missing, 0 or out-of-range priority gets the default
+        level, as in Triton."""
+        value = request.parameters.get("priority")
+        if value is None or not self._levels_count:
+            return self._default_level
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise invalid_arg(
+                f"[request id: {request.id or '<id_unknown>'}] parameter 'priority' must be "
+                f"an unsigned integer, not {value!r}"
+            )
+        return value if 1 <= value <= self._levels_count else self._default_level
+
+    @staticmethod
+    def _timeout_of(request: InferenceRequest, level: _Level) -> float:
+        """Seconds the request may wait before its timeout action (0: no timeout). A request's
+        own `timeout` (microseconds) counts only where the policy allows it, and may only
+        shorten the default."""
+        timeout = level.default_timeout
+        value = request.parameters.get("timeout")
+        if value is not None and level.override:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise invalid_arg(
+                    f"[request id: {request.id or '<id_unknown>'}] parameter 'timeout' must be "
+                    f"an unsigned integer of microseconds, not {value!r}"
+                )
+            if value and (not timeout or value < timeout):
+                timeout = value
+        return timeout / 1e6
+
+    # -- batching ------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        now = anyio.current_time()
+        self._expire(now)
+        wake: float | None = None
+        while self._idle:
+            batch, wake = self._next_batch(now)
+            if batch is None:
+                break
+            instance = self._idle.popleft()
+            marks = self._next_sent
+            try:
+                instance.tell_nowait(Execute([self._sent(entry.item) for entry in batch]))
+            except ActorStopped:
+                # That instance is gone; the batch stays queued for another one.
+                for index in range(marks, self._next_sent):
+                    self._held.pop(index, None)
+                self._next_sent = marks
+                continue
+            for entry in batch:
+                self._leave(entry)
+        self._arm(wake, now)
+
+    def _next_batch(self, now: float) -> tuple[list[_Waiting] | None, float | None]:
+        """The batch to send now, or None and when to look again (None: when something
+        arrives). Candidates are taken in service order, skipping other shapes."""
+        batch: list[_Waiting] = []
+        total = 0
+        preferred = 0  # the length of the longest prefix whose size is a preferred size
+        full = False
+        dropped: list[_Waiting] = []
+        for entry in self._in_order():
+            if entry.item.request.cancelled:
+                dropped.append(entry)
+                continue
+            if batch and entry.shape != batch[0].shape:
+                continue
+            if total + entry.size > self._cap:
+                if not batch:  # bigger than the largest preferred size: it goes alone
+                    batch.append(entry)
+                full = True
+                break
+            batch.append(entry)
+            total += entry.size
+            if total in self._preferred:
+                preferred = len(batch)
+            if total >= self._cap:
+                full = True
+                break
+        for entry in dropped:
+            # The client gave up while the request waited: run nothing for nobody.
+            self._leave(entry)
+            entry.item.reply.fail(cancelled(f"request for model '{self.name}' was cancelled"))
+        if not batch:
+            return None, None
+        if full:
+            return batch, None
+        oldest = min(entry.arrived for entry in batch)
+        if now >= oldest + self._delay:
+            return (batch[:preferred] if preferred else batch), None
+        return None, oldest + self._delay
+
+    def _in_order(self) -> Iterator[_Waiting]:
+        for level in self._levels:
+            yield from level.waiting()
+
+    def _leave(self, entry: _Waiting) -> None:
+        entry.gone = True
+        level = self._levels[entry.level]
+        level.count -= 1
+        level.trim()
+
+    def _expire(self, now: float) -> None:
+        """Apply the timeout action to every request whose timeout ran out."""
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][2].gone or deadlines[0][0] <= now):
+            _, _, entry = heapq.heappop(deadlines)
+            if entry.gone:
+                continue
+            level = self._levels[entry.level]
+            if level.reject:
+                self._leave(entry)
+                entry.item.reply.fail(unavailable("Request timeout expired"))
+            else:
+                # DELAY: it stays queued, behind every request of its level still in time.
+                entry.gone = True
+                level.delayed.append(replace(entry, delayed=True, gone=False, deadline=math.inf))
+                level.trim()
+
+    def _arm(self, wake: float | None, now: float) -> None:
+        """Make sure a timer ticks by `wake` and by the earliest request timeout."""
+        if self._deadlines:
+            first = self._deadlines[0][0]
+            wake = first if wake is None else min(wake, first)
+        if wake is None or (self._armed is not None and self._armed <= wake):
+            return
+        self._armed = wake
+        self.start_soon(self._tick_at, wake, min(max(wake - now, 0.0), _LONGEST_SLEEP))
+
+    async def _tick_at(self, at: float, sleep: float) -> None:
+        await anyio.sleep(sleep)
+        with contextlib.suppress(ActorStopped):
+            await self.ref.tell(Tick(at))
+
+    # -- preserve_ordering ---------------------------------------------------------------------
+
+    def _sent(self, item: Infer) -> Infer:
+        if not self._preserve_ordering:
+            return item
+        index = self._next_sent
+        self._next_sent += 1
+        inner: Reply[InferenceResponse] = Reply()
+        self._held[index] = (item.reply, inner)
+        inner.add_done_callback(self._release)
+        return replace(item, reply=inner)  # the rest (its arrival time) unchanged
+
+    def _release(self, _: Reply[InferenceResponse]) -> None:
+        # Runs on the event loop when an instance answers (no await in between): answers go
+        # out in the order their requests were batched.
+        while self._next_released in self._held:
+            outer, inner = self._held[self._next_released]
+            if not inner.done:
+                return
+            del self._held[self._next_released]
+            self._next_released += 1
+            try:
+                outer.set(inner.result())
+            except BaseException as error:
+                outer.fail(error)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(level.count for level in self._levels)
+
+    async def stopped(self) -> None:
+        error = unavailable(f"model '{self.name}' is unloading; the request was not run")
+        for level in self._levels:
+            for entry in level.waiting():
+                entry.gone = True
+                entry.item.reply.fail(error)
+            level.count = 0
