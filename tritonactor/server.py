@@ -18,7 +18,7 @@ from tritonactor.settings import ControlMode, Settings, SettingsError
 log = logging.getLogger(__name__)
 
 # The protocol extensions this server answers (GET /v2 and gRPC ServerMetadata list them).
-EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters")
+EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
 
 
 def check_supported(settings: Settings) -> None:

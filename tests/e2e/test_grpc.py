@@ -457,10 +457,6 @@ def test_version_that_is_not_a_number(client: grpcclient.InferenceServerClient) 
 
 
 NOT_YET = {
-    "statistics": (
-        lambda c: c.get_inference_statistics("simple"),
-        "the statistics extension",
-    ),
     "system-shm-status": (
         lambda c: c.get_system_shared_memory_status(),
         "system shared memory",

@@ -199,7 +199,12 @@ class ModelManager(Actor[Any]):
         self._versions[ref] = (model.name, version)
         self._router.add(
             ModelHandle(
-                model.name, version, config, ModelSignature.from_config(config), actor.scheduler
+                model.name,
+                version,
+                config,
+                ModelSignature.from_config(config),
+                actor.scheduler,
+                actor.statistics,
             )
         )
         self._record(

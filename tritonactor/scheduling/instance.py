@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+from time import perf_counter_ns
 from typing import Any
 
 from tritonactor.actors import Actor, ActorRef, ActorStopped
 from tritonactor.actors.worker import WorkerThread
 from tritonactor.backends.base import BackendInstance, InstanceDied, Result
 from tritonactor.core.errors import TritonError, internal, unavailable
+from tritonactor.core.types import InferenceRequest
 from tritonactor.scheduling.messages import Execute, InstanceIdle
+from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
 
 log = logging.getLogger(__name__)
 
@@ -19,10 +22,17 @@ log = logging.getLogger(__name__)
 class InstanceActor(Actor[Execute]):
     mailbox_size = 4  # the scheduler sends a batch only to an idle instance
 
-    def __init__(self, name: str, backend: BackendInstance, scheduler: ActorRef[Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        backend: BackendInstance,
+        scheduler: ActorRef[Any],
+        statistics: VersionStatistics | None = None,
+    ) -> None:
         super().__init__(name)
         self._backend = backend
         self._scheduler = scheduler
+        self._statistics = statistics
         self._is_async = inspect.iscoroutinefunction(backend.execute)
         # One thread of its own: the backend runs one batch at a time, off the event loop.
         self._worker = WorkerThread(name)
@@ -31,12 +41,17 @@ class InstanceActor(Actor[Execute]):
         await self._scheduler.tell(InstanceIdle(self.ref))
 
     async def receive(self, message: Execute) -> None:
+        started = perf_counter_ns()
         requests = [item.request for item in message.batch]
         try:
             if self._is_async:
+                backend_started = perf_counter_ns()
                 results = await self._backend.execute(requests)  # type: ignore[misc]
+                backend_finished = perf_counter_ns()
             else:
-                results = await self._worker.run(self._backend.execute, requests)
+                results, backend_started, backend_finished = await self._worker.run(
+                    self._timed_execute, requests
+                )
             if len(results) != len(requests):
                 raise internal(
                     f"instance '{self.name}' returned {len(results)} responses "
@@ -45,16 +60,44 @@ class InstanceActor(Actor[Execute]):
         except InstanceDied as death:
             # The instance itself is gone: its batch fails with the reason, and so does this
             # actor, so that the model-version actor can put a new instance in its place.
-            _answer(message, [unavailable(str(death))] * len(requests))
+            self._finish(message, [unavailable(str(death))] * len(requests), started)
             raise
         except Exception as error:  # a backend bug fails this batch, not the instance
             log.exception("instance '%s' failed to execute a batch", self.name)
             failure = error if isinstance(error, TritonError) else internal(str(error))
-            results = [failure] * len(requests)
-        _answer(message, results)
+            self._finish(message, [failure] * len(requests), started)
+        else:
+            self._finish(message, results, started, backend_started, backend_finished)
         # The scheduler may have stopped first (the model is unloading): nothing more will come.
         with contextlib.suppress(ActorStopped):
             await self._scheduler.tell(InstanceIdle(self.ref))
+
+    def _timed_execute(self, requests: list[InferenceRequest]) -> tuple[list[Result], int, int]:
+        # On the worker thread: the backend's own time, without the hops to and from it.
+        backend_started = perf_counter_ns()
+        results = self._backend.execute(requests)
+        return results, backend_started, perf_counter_ns()
+
+    def _finish(
+        self,
+        message: Execute,
+        results: list[Result],
+        started: int,
+        backend_started: int | None = None,
+        backend_finished: int | None = None,
+    ) -> None:
+        """Answer every request, then account for the batch (a failed execute has no compute
+        times: only its failures count)."""
+        _answer(message, results)
+        if self._statistics is not None:
+            answered = perf_counter_ns()
+            times = ExecutionTimes(
+                started,
+                started if backend_started is None else backend_started,
+                started if backend_finished is None else backend_finished,
+                answered,
+            )
+            self._statistics.record_execution(message.batch, results, times)
 
     async def stopped(self) -> None:
         try:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from tritonactor.actors import ActorRef, Reply
@@ -11,10 +12,13 @@ from tritonactor.core.types import InferenceRequest, InferenceResponse
 
 @dataclass(frozen=True, slots=True)
 class Infer:
-    """A request for a scheduler; answered with the response or failed with a TritonError."""
+    """A request for a scheduler; answered with the response or failed with a TritonError.
+    `arrival_ns` (`time.perf_counter_ns`) is when it reached the router: the statistics measure
+    queueing and the whole request from there."""
 
     request: InferenceRequest
     reply: Reply[InferenceResponse]
+    arrival_ns: int = field(default_factory=time.perf_counter_ns)
 
 
 @dataclass(frozen=True, slots=True)

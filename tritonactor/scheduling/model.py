@@ -22,6 +22,7 @@ from tritonactor.config.normalize import InstanceSpec, instance_specs
 from tritonactor.scheduling.factory import scheduler_for
 from tritonactor.scheduling.instance import InstanceActor
 from tritonactor.scheduling.messages import InstanceGone, VersionHealth
+from tritonactor.scheduling.statistics import VersionStatistics
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,11 @@ class ModelVersionActor(Actor[Any]):
         self._model: BackendModel | None = None
         self._instances: dict[ActorRef[Any], InstanceSpec] = {}
         self.scheduler: ActorRef[Any] | None = None
+        self.statistics = VersionStatistics(batching=context.config.max_batch_size > 0)
 
     async def started(self) -> None:
+        # Built first: a scheduler config it cannot serve fails the load before anything exists.
+        scheduler = scheduler_for(self.context.config)
         self._model = await anyio.to_thread.run_sync(self._backend.load_model, self.context)
         created: list[tuple[InstanceSpec, BackendInstance]] = []
         try:
@@ -59,7 +63,7 @@ class ModelVersionActor(Actor[Any]):
                     await anyio.to_thread.run_sync(instance.finalize)
                 await anyio.to_thread.run_sync(self._model.finalize)
             raise
-        self.scheduler = await self.spawn(scheduler_for(self.context.config))
+        self.scheduler = await self.spawn(scheduler)
         for spec, instance in created:
             await self._start_instance(spec, instance)
 
@@ -72,7 +76,7 @@ class ModelVersionActor(Actor[Any]):
 
     async def _start_instance(self, spec: InstanceSpec, instance: BackendInstance) -> None:
         assert self.scheduler is not None
-        ref = await self.spawn(InstanceActor(spec.name, instance, self.scheduler))
+        ref = await self.spawn(InstanceActor(spec.name, instance, self.scheduler, self.statistics))
         self._instances[ref] = spec
 
     async def receive(self, message: Any) -> None:

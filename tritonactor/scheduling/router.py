@@ -3,7 +3,8 @@ data plane the front ends talk to."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from anyio import WouldBlock, get_cancelled_exc_class
@@ -14,6 +15,7 @@ from tritonactor.core.errors import TritonError, invalid_arg, not_found, unavail
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.signature import ModelSignature
+from tritonactor.scheduling.statistics import VersionStatistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,8 @@ class ModelHandle:
     config: ModelConfig
     signature: ModelSignature
     scheduler: ActorRef[Any]
+    # Shared with the version's instance actors, which record into it.
+    statistics: VersionStatistics = field(default_factory=lambda: VersionStatistics(False))
 
     @property
     def decoupled(self) -> bool:
@@ -57,6 +61,10 @@ class Router:
 
     def ready_versions(self, name: str) -> list[int]:
         return list(self._models.get(name, {}))
+
+    def handles(self) -> list[ModelHandle]:
+        """Every ready version, by model name, then version."""
+        return [handle for name in sorted(self._models) for handle in self._models[name].values()]
 
     def resolve(self, name: str, version: str = "") -> ModelHandle:
         """The handle serving `name` at `version` ("" = the highest ready version)."""
@@ -102,10 +110,11 @@ class Router:
         return message.reply
 
     def _prepare(self, request: InferenceRequest) -> tuple[ModelHandle, Infer]:
+        arrival = time.perf_counter_ns()
         handle = self.resolve(request.model_name, request.model_version)
         handle.signature.validate(request)
         request.resolved_version = handle.version
-        return handle, Infer(request, Reply())
+        return handle, Infer(request, Reply(), arrival)
 
     @staticmethod
     def _stopped(handle: ModelHandle) -> TritonError:

@@ -31,6 +31,8 @@ from tritonactor.frontends.grpc.codec import (
     encode_infer_response,
     encode_parameters,
 )
+from tritonactor.scheduling import statistics
+from tritonactor.scheduling.router import ModelHandle
 from tritonactor.settings import ControlMode
 
 if TYPE_CHECKING:
@@ -218,7 +220,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def model_statistics(
         self, message: pb.ModelStatisticsRequest
     ) -> pb.ModelStatisticsResponse:
-        raise not_available("the statistics extension")
+        handles = statistics.select(self._router, message.name, message.version)
+        return pb.ModelStatisticsResponse(model_stats=[_model_statistics(h) for h in handles])
 
     @translate_errors
     async def repository_index(
@@ -426,6 +429,33 @@ def _streamed_answer(
         log.exception("streamed request for model '%s' failed", request.model_name)
         answer = _stream_error(request.id, f"internal error: {type(error).__name__}: {error}")
     pending.deliver(answer, finished=True, request=request)
+
+
+def _model_statistics(handle: ModelHandle) -> pb.ModelStatistics:
+    stats = handle.statistics
+
+    def duration(d: statistics.Duration) -> pb.StatisticDuration:
+        return pb.StatisticDuration(count=d.count, ns=d.ns)
+
+    return pb.ModelStatistics(
+        name=handle.name,
+        version=str(handle.version),
+        last_inference=stats.last_inference_ms,
+        inference_count=stats.inference_count,
+        execution_count=stats.execution_count,
+        inference_stats=pb.InferStatistics(
+            **{k: duration(d) for k, d in stats.inference_stats().items()}
+        ),
+        batch_stats=[
+            pb.InferBatchStatistics(
+                batch_size=batch.batch_size,
+                compute_input=duration(batch.compute_input),
+                compute_infer=duration(batch.compute_infer),
+                compute_output=duration(batch.compute_output),
+            )
+            for batch in stats.batch_stats
+        ],
+    )
 
 
 class HealthService(health.HealthBase):

@@ -24,6 +24,7 @@ from tritonactor.frontends.http.codec import (
     encode_infer_response,
     encode_json,
 )
+from tritonactor.scheduling import statistics
 from tritonactor.scheduling.router import ModelHandle
 from tritonactor.settings import ControlMode
 
@@ -59,6 +60,12 @@ def create_http_app(
             Route("/v2/repository/index", routes.repository_index, methods=["POST"]),
             Route("/v2/repository/models/{model}/load", routes.load_model, methods=["POST"]),
             Route("/v2/repository/models/{model}/unload", routes.unload_model, methods=["POST"]),
+            # Before the model routes, which would take "stats" for a model's name.
+            Route("/v2/models/stats", routes.model_statistics, methods=["GET"]),
+            *(
+                Route(f"{b}/stats", routes.model_statistics, methods=["GET"])
+                for b in (model, versioned)
+            ),
             *(Route(base, routes.model_metadata, methods=["GET"]) for base in (model, versioned)),
             *(Route(f"{b}/ready", routes.model_ready, methods=["GET"]) for b in (model, versioned)),
             *(
@@ -205,6 +212,11 @@ class _Routes:
     async def model_config(self, request: Request) -> Response:
         return json_response(config_to_json(self._handle(request).config))
 
+    async def model_statistics(self, request: Request) -> Response:
+        name = request.path_params.get("model", "")
+        handles = statistics.select(self.router, name, _version(request))
+        return json_response({"model_stats": [_model_statistics(h) for h in handles]})
+
     async def infer(self, request: Request) -> Response:
         name = request.path_params["model"]
         version = _version(request)
@@ -260,3 +272,31 @@ def _header_length(value: str | None, body_length: int) -> int | None:
 
 def _tensor_metadata(name: str, datatype: str, shape: list[int]) -> dict[str, Any]:
     return {"name": name, "datatype": datatype, "shape": shape}
+
+
+def _model_statistics(handle: ModelHandle) -> dict[str, Any]:
+    """One entry of `model_stats`, shaped as Triton's JSON (64-bit counts as JSON numbers)."""
+    stats = handle.statistics
+
+    def duration(d: statistics.Duration) -> dict[str, int]:
+        return {"count": d.count, "ns": d.ns}
+
+    return {
+        "name": handle.name,
+        "version": str(handle.version),
+        "last_inference": stats.last_inference_ms,
+        "inference_count": stats.inference_count,
+        "execution_count": stats.execution_count,
+        "inference_stats": {k: duration(d) for k, d in stats.inference_stats().items()},
+        "response_stats": {},
+        "batch_stats": [
+            {
+                "batch_size": batch.batch_size,
+                "compute_input": duration(batch.compute_input),
+                "compute_infer": duration(batch.compute_infer),
+                "compute_output": duration(batch.compute_output),
+            }
+            for batch in stats.batch_stats
+        ],
+        "memory_usage": [],
+    }
