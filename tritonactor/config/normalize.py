@@ -64,7 +64,10 @@ def fill_defaults(config: ModelConfig, gpus: int) -> ModelConfig:
 
 
 def instance_specs(config: ModelConfig) -> list[InstanceSpec]:
-    """Every instance the (filled) config asks for: `count` per GPU for KIND_GPU groups."""
+    """Every instance the (filled) config asks for: `count` per GPU for KIND_GPU groups. An
+    ensemble has none: its scheduler sends each step to the step's model."""
+    if config.ensemble_scheduling is not None:
+        return []
     specs: list[InstanceSpec] = []
     for group in config.instance_group:
         kind = f"KIND_{ModelInstanceGroupKind(group.kind).name}"

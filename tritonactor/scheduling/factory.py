@@ -6,13 +6,21 @@ from typing import Any
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import Actor
+from tritonactor.backends.base import InferFunction
+from tritonactor.core.errors import unavailable
 from tritonactor.scheduling.default import DefaultScheduler
 from tritonactor.scheduling.dynamic import DynamicBatcher
+from tritonactor.scheduling.ensemble import EnsembleScheduler
 
 
-def scheduler_for(config: ModelConfig) -> Actor[Any]:
-    """The dynamic batcher for a batching model that asks for it; else the default scheduler:
+def scheduler_for(config: ModelConfig, infer: InferFunction | None = None) -> Actor[Any]:
+    """The ensemble scheduler for an ensemble (its steps go through `infer`, the router's);
+    the dynamic batcher for a batching model that asks for it; else the default scheduler:
     one request per execute, on whichever instance is idle."""
+    if config.ensemble_scheduling is not None:
+        if infer is None:
+            raise unavailable(f"ensemble '{config.name}' needs the router to run its steps")
+        return EnsembleScheduler(config.name, config, infer)
     if config.dynamic_batching is not None and config.max_batch_size > 0:
         return DynamicBatcher(config.name, config)
     return DefaultScheduler(config.name)

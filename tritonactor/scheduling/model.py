@@ -51,7 +51,7 @@ class ModelVersionActor(Actor[Any]):
 
     async def started(self) -> None:
         # Built first: a scheduler config it cannot serve fails the load before anything exists.
-        scheduler = scheduler_for(self.context.config)
+        scheduler = scheduler_for(self.context.config, self._infer)
         self._model = await anyio.to_thread.run_sync(self._backend.load_model, self.context)
         created: list[tuple[InstanceSpec, BackendInstance]] = []
         try:
