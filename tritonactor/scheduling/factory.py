@@ -11,16 +11,20 @@ from tritonactor.core.errors import unavailable
 from tritonactor.scheduling.default import DefaultScheduler
 from tritonactor.scheduling.dynamic import DynamicBatcher
 from tritonactor.scheduling.ensemble import EnsembleScheduler
+from tritonactor.scheduling.sequence import SequenceBatcher
 
 
 def scheduler_for(config: ModelConfig, infer: InferFunction | None = None) -> Actor[Any]:
     """The ensemble scheduler for an ensemble (its steps go through `infer`, the router's);
-    the dynamic batcher for a batching model that asks for it; else the default scheduler:
+    the sequence batcher for a stateful model (`sequence_batching`); the dynamic batcher for
+    a batching model that asks for it; else the default scheduler:
     one request per execute, on whichever instance is idle."""
     if config.ensemble_scheduling is not None:
         if infer is None:
             raise unavailable(f"ensemble '{config.name}' needs the router to run its steps")
         return EnsembleScheduler(config.name, config, infer)
+    if config.sequence_batching is not None:
+        return SequenceBatcher(config.name, config)
     if config.dynamic_batching is not None and config.max_batch_size > 0:
         return DynamicBatcher(config.name, config)
     return DefaultScheduler(config.name)

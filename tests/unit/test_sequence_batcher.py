@@ -1,0 +1,367 @@
+"""The sequence batcher in-process: router -> SequenceBatcher -> instance actors, with a test
+backend whose instances keep a running sum per correlation ID (in Python, per instance, as a
+stateful model would) and record the control tensors each request carried."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from tritonactor.actors import ActorSystem, Reply
+from tritonactor.backends.base import (
+    Backend,
+    BackendInstance,
+    BackendModel,
+    InstanceContext,
+    ModelContext,
+    Result,
+)
+from tritonactor.config.model_config import parse_pbtxt
+from tritonactor.config.normalize import fill_defaults
+from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from tritonactor.scheduling.factory import scheduler_for
+from tritonactor.scheduling.model import ModelVersionActor
+from tritonactor.scheduling.router import ModelHandle, Router
+from tritonactor.scheduling.sequence import SequenceBatcher
+from tritonactor.scheduling.signature import ModelSignature
+
+pytestmark = pytest.mark.anyio
+
+CONTROLS = """
+    control_input [
+      { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+      { name: "END" control [ { kind: CONTROL_SEQUENCE_END fp32_false_true: [ 0.5, 2.5 ] } ] },
+      { name: "READY"
+        control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] },
+      { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: {corrid} } ] }
+    ]
+"""
+
+CONFIG = """
+name: "acc"
+max_batch_size: {max_batch_size}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+sequence_batching {{
+  {strategy}
+  {idle}
+  {controls}
+}}
+"""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class AccumulatingInstance(BackendInstance):
+    def __init__(self, backend: AccumulatingBackend, name: str) -> None:
+        self.backend = backend
+        self.name = name
+        self.sums: dict[Any, int] = {}
+
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        backend = self.backend
+        if not backend.gate.wait(timeout=10):
+            raise RuntimeError("the test never released the instance")
+        results: list[Result] = []
+        for request in requests:
+            tensors = {tensor.name: tensor for tensor in request.inputs}
+            with backend.lock:
+                backend.seen.append(
+                    {
+                        "id": request.id,
+                        "instance": self.name,
+                        **{
+                            name: (t.datatype, t.shape, t.data.reshape(-1)[0])
+                            for name, t in tensors.items()
+                            if name != "IN"
+                        },
+                    }
+                )
+            corrid = tensors["CORRID"].data.reshape(-1)[0]
+            if tensors["START"].data.reshape(-1)[0] == 1:
+                self.sums[corrid] = 0
+            total = self.sums[corrid] + int(tensors["IN"].data.reshape(-1)[0])
+            self.sums[corrid] = total
+            data = np.array([total], dtype=np.int32).reshape(tensors["IN"].shape)
+            results.append(
+                InferenceResponse(
+                    "acc", "1", request.id, [Tensor("OUT", "INT32", data.shape, data)]
+                )
+            )
+        return results
+
+
+class AccumulatingModel(BackendModel):
+    def __init__(self, backend: AccumulatingBackend) -> None:
+        self.backend = backend
+
+    def create_instance(self, context: InstanceContext) -> BackendInstance:
+        return AccumulatingInstance(self.backend, context.name)
+
+
+class AccumulatingBackend(Backend):
+    name = "accumulating"
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lock = threading.Lock()
+        self.seen: list[dict[str, Any]] = []
+
+    def load_model(self, context: ModelContext) -> BackendModel:
+        return AccumulatingModel(self)
+
+
+def config_text(
+    max_batch_size: int = 0,
+    count: int = 1,
+    corrid: str = "TYPE_UINT64",
+    idle: str = "",
+    strategy: str = "direct { }",
+    extra: str = "",
+) -> str:
+    return CONFIG.format(
+        max_batch_size=max_batch_size,
+        count=count,
+        strategy=strategy,
+        idle=idle,
+        controls=CONTROLS.replace("{corrid}", corrid) + extra,
+    )
+
+
+def request(
+    value: int, request_id: str, max_batch_size: int = 0, **parameters: Any
+) -> InferenceRequest:
+    shape = (1, 1) if max_batch_size else (1,)
+    data = np.full(shape, value, dtype=np.int32)
+    return InferenceRequest(
+        "acc",
+        id=request_id,
+        inputs=[Tensor("IN", "INT32", shape, data)],
+        outputs=[RequestedOutput("OUT")],
+        parameters=dict(parameters),
+    )
+
+
+def seq(
+    value: int, request_id: str, corrid: Any, start: bool = False, end: bool = False, **kw: Any
+) -> InferenceRequest:
+    return request(
+        value, request_id, sequence_id=corrid, sequence_start=start, sequence_end=end, **kw
+    )
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[ActorSystem]:
+    async with ActorSystem() as actors:
+        yield actors
+
+
+async def serve(
+    system: ActorSystem, backend: AccumulatingBackend, text: str
+) -> tuple[Router, ModelVersionActor]:
+    config = fill_defaults(parse_pbtxt(text), gpus=0)
+    ctx = ModelContext("acc", 1, config, Path("."), Path("1"), Path("1/model"))
+    actor = ModelVersionActor(backend, ctx)
+    await system.spawn(actor)
+    assert actor.scheduler is not None
+    router = Router()
+    router.known.add("acc")
+    router.add(ModelHandle("acc", 1, config, ModelSignature.from_config(config), actor.scheduler))
+    return router, actor
+
+
+def total(response: InferenceResponse) -> int:
+    return int(response.outputs[0].data.reshape(-1)[0])
+
+
+async def answers(replies: list[Reply[InferenceResponse]]) -> list[InferenceResponse]:
+    with anyio.fail_after(10):
+        return [await reply.wait() for reply in replies]
+
+
+async def failure(reply: Reply[InferenceResponse]) -> TritonError:
+    with anyio.fail_after(10), pytest.raises(TritonError) as caught:
+        await reply.wait()
+    return caught.value
+
+
+async def test_the_factory_picks_the_sequence_batcher_for_sequence_batching() -> None:
+    # (sequence_batching and dynamic_batching are one oneof: a config has at most one.)
+    text = config_text(max_batch_size=4)
+    assert isinstance(scheduler_for(parse_pbtxt(text)), SequenceBatcher)
+    plain = text.split("sequence_batching")[0] + "dynamic_batching { }"
+    assert not isinstance(scheduler_for(parse_pbtxt(plain)), SequenceBatcher)
+
+
+async def test_implicit_state_is_refused_at_construction() -> None:
+    text = config_text(
+        extra='state [ { input_name: "I" output_name: "O" data_type: TYPE_INT32 dims: [ 1 ] } ]'
+    )
+    with pytest.raises(TritonError) as caught:
+        scheduler_for(parse_pbtxt(text))
+    assert caught.value.code == ErrorCode.UNSUPPORTED
+    assert "implicit state is not supported yet" in str(caught.value)
+
+
+async def test_a_control_without_two_values_is_refused() -> None:
+    text = config_text().replace("int32_false_true: [ 0, 1 ]", "int32_false_true: [ 1 ]")
+    with pytest.raises(TritonError) as caught:
+        scheduler_for(parse_pbtxt(text))
+    assert caught.value.code == ErrorCode.INVALID_ARG
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { }", ""])
+async def test_two_interleaved_sequences_keep_separate_sums_on_one_instance(
+    system: ActorSystem, strategy: str
+) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text(strategy=strategy))
+    plan = [
+        (1, "a0", 11, True, False),
+        (100, "b0", 22, True, False),
+        (2, "a1", 11, False, False),
+        (200, "b1", 22, False, False),
+        (3, "a2", 11, False, True),
+        (300, "b2", 22, False, True),
+    ]
+    replies = [router.submit(seq(v, rid, c, s, e)) for v, rid, c, s, e in plan]
+    responses = await answers(replies)
+    assert [total(r) for r in responses] == [1, 100, 3, 300, 6, 600]
+    # One instance: the requests ran one by one, in arrival order.
+    assert [entry["id"] for entry in backend.seen] == [p[1] for p in plan]
+
+
+async def test_control_values_and_datatypes_are_those_configured(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text())
+    replies = [
+        router.submit(seq(1, "first", 7, start=True)),
+        router.submit(seq(1, "middle", 7)),
+        router.submit(seq(1, "last", 7, end=True)),
+    ]
+    await answers(replies)
+    first, middle, last = backend.seen
+    assert first["START"] == ("INT32", (1,), 1)
+    assert middle["START"][2] == 0 and last["START"][2] == 0
+    assert first["END"] == ("FP32", (1,), 0.5) and last["END"] == ("FP32", (1,), 2.5)
+    assert all(entry["READY"] == ("BOOL", (1,), True) for entry in backend.seen)
+    assert all(entry["CORRID"] == ("UINT64", (1,), 7) for entry in backend.seen)
+    assert first["START"][2].dtype == np.int32 and first["CORRID"][2].dtype == np.uint64
+
+
+async def test_controls_have_the_batch_dimension_and_a_string_corrid(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text(max_batch_size=4, corrid="TYPE_STRING"))
+    replies = [
+        router.submit(request(5, "s0", 4, sequence_id="abc", sequence_start=True)),
+        router.submit(request(6, "s1", 4, sequence_id="abc", sequence_end=True)),
+    ]
+    assert [total(r) for r in await answers(replies)] == [5, 11]
+    assert backend.seen[0]["CORRID"] == ("BYTES", (1, 1), b"abc")
+    assert backend.seen[0]["START"] == ("INT32", (1, 1), 1)
+
+
+async def test_sequences_stay_on_their_instance(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text(count=2))
+    replies = []
+    for step in range(4):
+        for corrid in (1, 2, 3, 4):
+            replies.append(
+                router.submit(
+                    seq(corrid, f"{corrid}-{step}", corrid, start=step == 0, end=step == 3)
+                )
+            )
+    responses = await answers(replies)
+    assert [total(r) for r in responses[-4:]] == [4, 8, 12, 16]
+    where: dict[int, set[str]] = {}
+    for entry in backend.seen:
+        where.setdefault(int(entry["CORRID"][2]), set()).add(entry["instance"])
+    assert all(len(instances) == 1 for instances in where.values())
+    assert len(set().union(*where.values())) == 2  # both instances served sequences
+
+
+async def test_a_request_without_correlation_id_fails(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text())
+    for reply in (router.submit(request(1, "x")), router.submit(seq(1, "y", 0, start=True))):
+        error = await failure(reply)
+        assert error.code == ErrorCode.INVALID_ARG
+        assert (
+            "inference request to model 'acc' must specify a non-zero or non-empty "
+            "correlation ID" in str(error)
+        )
+    assert backend.seen == []
+
+
+async def test_a_sequence_must_start_and_an_ended_one_is_gone(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text())
+    error = await failure(router.submit(seq(1, "orphan", 9)))
+    assert error.code == ErrorCode.INVALID_ARG
+    assert "sequence 9 to model 'acc' must specify the START flag" in str(error)
+    await answers([router.submit(seq(1, "only", 9, start=True, end=True))])
+    error = await failure(router.submit(seq(1, "after", 9)))
+    assert "must specify the START flag" in str(error)
+    assert [entry["id"] for entry in backend.seen] == ["only"]
+
+
+async def test_a_second_start_restarts_the_sequence(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text())
+    replies = [
+        router.submit(seq(5, "a", 3, start=True)),
+        router.submit(seq(5, "b", 3)),
+        router.submit(seq(1, "again", 3, start=True)),
+        router.submit(seq(1, "c", 3, end=True)),
+    ]
+    assert [total(r) for r in await answers(replies)] == [5, 10, 1, 2]
+
+
+async def test_an_idle_sequence_is_released(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(
+        system, backend, config_text(idle="max_sequence_idle_microseconds: 50000")
+    )
+    await answers([router.submit(seq(1, "a", 4, start=True))])
+    await anyio.sleep(0.3)
+    error = await failure(router.submit(seq(1, "b", 4)))
+    assert error.code == ErrorCode.INVALID_ARG
+    assert "must specify the START flag" in str(error)
+
+
+async def test_a_busy_sequence_is_not_released_early(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(
+        system, backend, config_text(idle="max_sequence_idle_microseconds: 2000000")
+    )
+    await answers([router.submit(seq(1, "a", 4, start=True))])
+    await anyio.sleep(0.3)
+    assert [total(r) for r in await answers([router.submit(seq(1, "b", 4, end=True))])] == [2]
+
+
+async def test_the_timer_releases_without_new_requests(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, actor = await serve(
+        system, backend, config_text(idle="max_sequence_idle_microseconds: 50000")
+    )
+    await answers([router.submit(seq(1, "a", 4, start=True))])
+    assert actor.scheduler is not None
+    scheduler = actor.scheduler._actor  # the batcher itself, only to read its state
+    assert isinstance(scheduler, SequenceBatcher)
+    assert scheduler.active_sequences == 1
+    with anyio.fail_after(5):
+        while scheduler.active_sequences:
+            await anyio.sleep(0.02)
