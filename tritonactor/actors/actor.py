@@ -8,6 +8,7 @@ queued, their replies fail with `ActorStopped` instead of leaving the caller wai
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from abc import ABC, abstractmethod
@@ -152,6 +153,16 @@ class Actor(ABC, Generic[M]):
                 self._helpers.discard(scope)
 
         self._task_group.start_soon(run)
+
+    def tell_later(self, message: M, delay: float) -> None:
+        """Send this actor `message` in `delay` seconds: a timer the actor owns, cancelled when
+        it stops (so a pending timer never holds up a stop)."""
+        self.start_soon(self._tell_later, message, max(delay, 0.0))
+
+    async def _tell_later(self, message: M, delay: float) -> None:
+        await anyio.sleep(delay)
+        with contextlib.suppress(ActorStopped):
+            await self.ref.tell(message)
 
     @property
     def children(self) -> tuple[ActorRef[Any], ...]:

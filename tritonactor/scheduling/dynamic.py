@@ -3,7 +3,6 @@ run as one batch on whichever instance is idle. The rules are written down in do
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import math
@@ -34,10 +33,6 @@ class Tick:
 
 
 BatcherMessage = Infer | InstanceIdle | InstanceGone | Tick
-
-# A timer sleeps at most this long before it ticks (and is armed again if still needed), so
-# that a stopping batcher never waits long for its timers.
-_LONGEST_SLEEP = 0.25
 
 
 @dataclass(slots=True, eq=False)
@@ -280,12 +275,7 @@ class DynamicBatcher(Actor[BatcherMessage]):
         if wake is None or (self._armed is not None and self._armed <= wake):
             return
         self._armed = wake
-        self.start_soon(self._tick_at, wake, min(max(wake - now, 0.0), _LONGEST_SLEEP))
-
-    async def _tick_at(self, at: float, sleep: float) -> None:
-        await anyio.sleep(sleep)
-        with contextlib.suppress(ActorStopped):
-            await self.ref.tell(Tick(at))
+        self.tell_later(Tick(wake), wake - now)
 
     # -- preserve_ordering ---------------------------------------------------------------------
 

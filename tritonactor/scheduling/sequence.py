@@ -5,7 +5,6 @@ rules are written down in docs/scheduling.md ("The sequence batcher")."""
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +21,6 @@ from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, Instan
 
 # Triton's default for `max_sequence_idle_microseconds`.
 DEFAULT_IDLE_MICROSECONDS = 1_000_000
-# A timer sleeps at most this long before it ticks, so that a stopping batcher never waits long.
-_LONGEST_SLEEP = 0.25
 
 CorrelationId = int | str
 
@@ -372,12 +369,7 @@ class SequenceBatcher(Actor[SequenceMessage]):
         if self._armed is not None and self._armed <= wake:
             return
         self._armed = wake
-        self.start_soon(self._tick_at, wake, min(max(wake - now, 0.0), _LONGEST_SLEEP))
-
-    async def _tick_at(self, at: float, sleep: float) -> None:
-        await anyio.sleep(sleep)
-        with contextlib.suppress(ActorStopped):
-            await self.ref.tell(Tick(at))
+        self.tell_later(Tick(wake), wake - now)
 
     # -- state ---------------------------------------------------------------------------------
 
