@@ -13,8 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tritonactor._proto.inference import ModelConfig
-from tritonactor.core.errors import TritonError
+from tritonactor.core.errors import TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 
 
@@ -61,6 +63,23 @@ class InstanceDied(Exception):
     """Raised by `execute` when the instance itself is gone (its process died). The requests of
     that batch fail with the reason; the server marks the model UNAVAILABLE and starts a new
     instance in its place."""
+
+
+def undo_reshape(
+    model: str, name: str, array: np.ndarray, dims: tuple[int, ...] | None, batching: bool
+) -> np.ndarray:
+    """An output as the client sees it: a model output the config `reshape`s goes back to the
+    config's `dims` (after the batch dimension, when the model batches)."""
+    if dims is None:
+        return array
+    lead = array.shape[:1] if batching else ()
+    try:
+        return array.reshape(lead + tuple(dims))
+    except ValueError:
+        raise internal(
+            f"model '{model}' output '{name}' of shape {list(array.shape)} cannot take the "
+            f"config's dims {list(dims)}"
+        ) from None
 
 
 # An execute() result per request: a response, or the error that request failed with, or None

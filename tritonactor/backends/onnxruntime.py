@@ -33,6 +33,7 @@ from tritonactor.backends.base import (
     InstanceContext,
     ModelContext,
     Result,
+    undo_reshape,
 )
 from tritonactor.core.datatypes import config_to_wire, from_numpy_dtype
 from tritonactor.core.errors import TritonError, internal, invalid_arg, unavailable
@@ -734,15 +735,7 @@ class OnnxRuntimeInstance(BackendInstance):
             datatype = from_numpy_dtype(array.dtype)
         else:
             datatype = plan.datatype
-            if plan.dims is not None:
-                lead = array.shape[:1] if self._batching else ()
-                try:
-                    array = array.reshape(lead + plan.dims)
-                except ValueError:
-                    raise internal(
-                        f"model '{self.model_name}' output '{name}' of shape {list(array.shape)} "
-                        f"cannot take the config's dims {list(plan.dims)}"
-                    ) from None
+            array = undo_reshape(self.model_name, name, array, plan.dims, self._batching)
         if datatype == "BYTES":
             array = _from_onnx_strings(array)
         return Tensor(name=name, datatype=datatype, shape=tuple(array.shape), data=array)

@@ -27,6 +27,7 @@ from tritonactor.backends.base import (
     InstanceContext,
     ModelContext,
     Result,
+    undo_reshape,
 )
 from tritonactor.core.datatypes import config_to_wire
 from tritonactor.core.errors import TritonError, internal, invalid_arg, unavailable
@@ -682,15 +683,7 @@ class PyTorchInstance(BackendInstance):
             array = _from_strings(self.model_name, name, value, batch_size)
         else:
             array = self._to_numpy(name, plan, value)
-            if plan.dims is not None:
-                lead = array.shape[:1] if self._batching else ()
-                try:
-                    array = array.reshape(lead + plan.dims)
-                except ValueError:
-                    raise internal(
-                        f"model '{self.model_name}' output '{name}' of shape "
-                        f"{list(array.shape)} cannot take the config's dims {list(plan.dims)}"
-                    ) from None
+            array = undo_reshape(self.model_name, name, array, plan.dims, self._batching)
         return Tensor(name=name, datatype=plan.datatype, shape=tuple(array.shape), data=array)
 
     def _to_numpy(self, name: str, plan: _OutputPlan, value: Any) -> np.ndarray:

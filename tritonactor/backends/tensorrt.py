@@ -36,6 +36,7 @@ from tritonactor.backends.base import (
     InstanceContext,
     ModelContext,
     Result,
+    undo_reshape,
 )
 from tritonactor.core.datatypes import config_to_wire, to_numpy_dtype
 from tritonactor.core.devices import gpu_count
@@ -744,15 +745,7 @@ class TensorRTInstance(BackendInstance):
 
     def _output(self, name: str, array: np.ndarray) -> Tensor:
         plan = self._outputs[name]
-        if plan.dims is not None:
-            lead = array.shape[:1] if self._batching else ()
-            try:
-                array = array.reshape(lead + plan.dims)
-            except ValueError:
-                raise internal(
-                    f"model '{self.model_name}' output '{name}' of shape {list(array.shape)} "
-                    f"cannot take the config's dims {list(plan.dims)}"
-                ) from None
+        array = undo_reshape(self.model_name, name, array, plan.dims, self._batching)
         return Tensor(name=name, datatype=plan.datatype, shape=tuple(array.shape), data=array)
 
 
