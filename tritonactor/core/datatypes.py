@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import struct
 
-import ml_dtypes
 import numpy as np
 
 # Wire name -> numpy dtype. BYTES tensors are numpy object arrays of `bytes`.
@@ -22,8 +21,13 @@ _NUMPY: dict[str, np.dtype] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(np.object_),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
 }
+try:  # BF16 needs ml_dtypes; a python model's own environment (EXECUTION_ENV_PATH) may lack it
+    import ml_dtypes
+
+    _NUMPY["BF16"] = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
 
 DATATYPES: tuple[str, ...] = tuple(_NUMPY)
 
@@ -47,7 +51,10 @@ def from_numpy_dtype(dtype: np.dtype) -> str:
     dtype = np.dtype(dtype)
     if dtype.kind in ("S", "U", "O"):
         return "BYTES"
-    return _BY_NUMPY[dtype]
+    try:
+        return _BY_NUMPY[dtype]
+    except KeyError:
+        raise ValueError(f"numpy dtype {dtype} has no Triton data type") from None
 
 
 def element_size(datatype: str) -> int:
@@ -82,7 +89,12 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     """BYTES elements in row-major order, each as a 4-byte little-endian length and its bytes."""
     parts: list[bytes] = []
     for item in array.reshape(-1):
-        data = item.encode() if isinstance(item, str) else bytes(item)
+        if isinstance(item, str):
+            data = item.encode()
+        elif isinstance(item, bytes | bytearray | memoryview | np.bytes_):
+            data = bytes(item)
+        else:  # a number or another object: its text, as Triton's python utils serialize it
+            data = str(item).encode()
         parts.append(_LENGTH.pack(len(data)))
         parts.append(data)
     return b"".join(parts)

@@ -25,68 +25,30 @@ from typing import Any
 
 import numpy as np
 
+from tritonactor.core.datatypes import (
+    deserialize_bytes,
+    from_numpy_dtype,
+    serialize_bytes,
+    to_numpy_dtype,
+)
+
 __all__ = [
     "Arena",
     "ArenaReader",
     "Channel",
     "TensorDescriptor",
-    "numpy_dtype",
     "read_tensors",
     "remove_files",
-    "wire_datatype",
     "write_tensors",
 ]
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 _HEADER = struct.Struct("<Q")
-_LENGTH = struct.Struct("<I")
 _ALIGN = 64
 
 # (name, wire datatype, shape, offset, size in bytes)
 TensorDescriptor = tuple[str, str, tuple[int, ...], int, int]
-
-_NUMPY_OF_WIRE: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(np.object_),
-}
-try:  # BF16 needs ml_dtypes, which a model's own environment may lack
-    import ml_dtypes
-
-    _NUMPY_OF_WIRE["BF16"] = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - depends on the environment
-    pass
-
-_WIRE_OF_NUMPY = {dtype: name for name, dtype in _NUMPY_OF_WIRE.items()}
-
-
-def numpy_dtype(datatype: str) -> np.dtype:
-    try:
-        return _NUMPY_OF_WIRE[datatype]
-    except KeyError:
-        raise ValueError(f"data type {datatype} has no numpy dtype here") from None
-
-
-def wire_datatype(dtype: np.dtype) -> str:
-    dtype = np.dtype(dtype)
-    if dtype.kind in ("O", "S", "U"):
-        return "BYTES"
-    try:
-        return _WIRE_OF_NUMPY[dtype]
-    except KeyError:
-        raise ValueError(f"numpy dtype {dtype} has no Triton data type") from None
-
 
 # ---------------------------------------------------------------------------------------------
 # Control messages
@@ -193,29 +155,6 @@ class ArenaReader:
         return self._mapping
 
 
-def _serialize_bytes(array: np.ndarray) -> bytes:
-    parts: list[bytes] = []
-    for item in array.reshape(-1):
-        if isinstance(item, str):
-            item = item.encode("utf-8")
-        elif not isinstance(item, bytes | bytearray):
-            item = str(item).encode("utf-8")
-        parts.append(_LENGTH.pack(len(item)))
-        parts.append(bytes(item))
-    return b"".join(parts)
-
-
-def _deserialize_bytes(buffer: memoryview, count: int) -> np.ndarray:
-    out = np.empty(count, dtype=np.object_)
-    position = 0
-    for i in range(count):
-        (length,) = _LENGTH.unpack_from(buffer, position)
-        position += _LENGTH.size
-        out[i] = bytes(buffer[position : position + length])
-        position += length
-    return out
-
-
 def write_tensors(
     prefix: str, tensors: list[tuple[str, np.ndarray]], arena: Arena | None = None
 ) -> tuple[str | None, list[TensorDescriptor]]:
@@ -227,8 +166,8 @@ def write_tensors(
     total = 0
     for name, array in tensors:
         array = np.asarray(array)
-        datatype = wire_datatype(array.dtype)
-        data: np.ndarray | bytes = _serialize_bytes(array) if datatype == "BYTES" else array
+        datatype = from_numpy_dtype(array.dtype)
+        data: np.ndarray | bytes = serialize_bytes(array) if datatype == "BYTES" else array
         size = len(data) if isinstance(data, bytes) else array.nbytes
         plans.append((data, total, size))
         descriptors.append((name, datatype, tuple(array.shape), total, size))
@@ -300,12 +239,12 @@ def read_tensors(
                 array = np.empty(shape, dtype=np.object_)
             else:
                 view = memoryview(mapping)[offset : offset + size]
-                array = _deserialize_bytes(view, count).reshape(shape)
+                array = deserialize_bytes(view, count).reshape(shape)
                 view.release()
         elif size == 0 or mapping is None:
-            array = np.empty(shape, dtype=numpy_dtype(datatype))
+            array = np.empty(shape, dtype=to_numpy_dtype(datatype))
         else:
-            array = np.ndarray(shape, numpy_dtype(datatype), buffer=mapping, offset=offset)
+            array = np.ndarray(shape, to_numpy_dtype(datatype), buffer=mapping, offset=offset)
             if copy:
                 array = array.copy()
         out.append((name, datatype, array))

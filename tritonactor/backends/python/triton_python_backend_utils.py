@@ -8,12 +8,13 @@ server side do not.
 from __future__ import annotations
 
 import json
-import struct
 import sys
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import numpy as np
+
+from tritonactor.core.datatypes import deserialize_bytes, serialize_bytes
 
 # The stub that runs this process's model: set by tritonactor.backends.python.stub.
 _stub: Any = None
@@ -43,7 +44,6 @@ _TRITON_TYPES: list[tuple[str, Any]] = [
     ("BF16", None),
 ]
 _NUMBER_OF_WIRE = {name: number for number, (name, _) in enumerate(_TRITON_TYPES, start=1)}
-_LENGTH = struct.Struct("<I")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,28 +83,12 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
         return np.empty([0], dtype=np.object_)
     if input_tensor.dtype.kind not in ("O", "S", "U"):
         raise TritonModelException("cannot serialize bytes tensor: invalid datatype")
-    parts: list[bytes] = []
-    for item in input_tensor.reshape(-1, order="C"):
-        if not isinstance(item, bytes | bytearray):
-            item = str(item).encode("utf-8")
-        parts.append(_LENGTH.pack(len(item)))
-        parts.append(bytes(item))
-    return np.asarray(b"".join(parts), dtype=np.object_)
+    return np.asarray(serialize_bytes(input_tensor), dtype=np.object_)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
     """Triton's BYTES wire form -> a 1-D object array of bytes."""
-    items: list[bytes] = []
-    position = 0
-    buffer = memoryview(encoded_tensor)
-    while position < len(buffer):
-        (length,) = _LENGTH.unpack_from(buffer, position)
-        position += _LENGTH.size
-        items.append(bytes(buffer[position : position + length]))
-        position += length
-    out = np.empty(len(items), dtype=np.object_)
-    out[:] = items
-    return out
+    return deserialize_bytes(encoded_tensor)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,26 @@
+"""BYTES serialization, shared by the HTTP codec, gRPC and the Python backend's IPC."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tritonactor.core.datatypes import deserialize_bytes, from_numpy_dtype, serialize_bytes
+
+
+def test_bytes_round_trip_with_empty_and_non_ascii_elements() -> None:
+    data = np.array([b"", "héllo", b"\x00\xff"], dtype=np.object_)
+    assert deserialize_bytes(serialize_bytes(data)).tolist() == [b"", "héllo".encode(), b"\x00\xff"]
+
+
+def test_non_bytes_elements_are_serialized_as_their_text() -> None:
+    # bytes(5) would be five zero bytes: a number travels as its text, as Triton's utils do.
+    data = np.array([5, 2.5, "x"], dtype=np.object_)
+    assert deserialize_bytes(serialize_bytes(data)).tolist() == [b"5", b"2.5", b"x"]
+
+
+def test_malformed_bytes_and_unknown_dtypes_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="runs past the end"):
+        deserialize_bytes(b"\x05\x00\x00\x00ab")
+    with pytest.raises(ValueError, match="has no Triton data type"):
+        from_numpy_dtype(np.dtype(np.complex64))
