@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +20,11 @@ import onnxruntime as ort
 from tritonactor._proto.inference import (
     DataType,
     ModelConfig,
-    ModelDynamicBatching,
     ModelInput,
     ModelOutput,
-    ModelTensorReshape,
 )
 from tritonactor.backends import batching
+from tritonactor.backends.autocomplete import complete_batching, complete_tensors
 from tritonactor.backends.base import (
     Backend,
     BackendInstance,
@@ -170,47 +169,8 @@ def _config_type(model: str, spec: _TensorSpec) -> DataType:
 # Auto-complete
 
 
-def _complete_shape(
-    spec: _TensorSpec, batching: bool
-) -> tuple[list[int], ModelTensorReshape | None]:
-    shape = spec.shape[1:] if batching else spec.shape
-    dims = [-1 if d is None else d for d in shape]
-    if not dims:
-        # Triton's config cannot hold empty dims; a scalar (per batch item) is written as
-        # dims [1] reshaped to [] for the model.
-        return [1], ModelTensorReshape(shape=[])
-    return dims, None
-
-
-def _complete_tensors(
-    model: str,
-    listed: list[ModelInput] | list[ModelOutput],
-    specs: Mapping[str, _TensorSpec],
-    batching: bool,
-    factory: Callable[..., ModelInput | ModelOutput],
-) -> None:
-    """Fill `listed` in place: every model tensor when it is empty, else the missing data types
-    and dims of the tensors it names (unknown names are left for load-time validation)."""
-    if not listed:
-        for spec in specs.values():
-            dims, reshape = _complete_shape(spec, batching)
-            listed.append(  # type: ignore[arg-type]
-                factory(
-                    name=spec.name,
-                    data_type=_config_type(model, spec),
-                    dims=dims,
-                    reshape=reshape,
-                )
-            )
-        return
-    for tensor in listed:
-        spec = specs.get(tensor.name)
-        if spec is None:
-            continue
-        if tensor.data_type == DataType.TYPE_INVALID:
-            tensor.data_type = _config_type(model, spec)
-        if not tensor.dims and tensor.reshape is None:
-            tensor.dims, tensor.reshape = _complete_shape(spec, batching)
+def _shapes(tensors: Mapping[str, _TensorSpec]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(-1 if d is None else d for d in t.shape) for name, t in tensors.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,28 +452,22 @@ class OnnxRuntimeBackend(Backend):
         path = _onnx_file(version_dir / (completed.default_model_filename or MODEL_FILENAME))
         signature = _read_signature(path)
 
-        if (
-            completed.max_batch_size == 0
-            and not completed.input
-            and not completed.output
-            and self.default_max_batch_size > 0
-            and signature.batchable()
-        ):
-            # The config left the shape to us, and every tensor can carry a batch dimension.
-            completed.max_batch_size = self.default_max_batch_size
-            no_scheduler = (
-                completed.dynamic_batching is None
-                and completed.sequence_batching is None
-                and completed.ensemble_scheduling is None
-            )
-            if completed.max_batch_size > 1 and no_scheduler:
-                # Triton turns the dynamic batcher on for a batch size it chose itself.
-                completed.dynamic_batching = ModelDynamicBatching()
+        if signature.batchable():
+            complete_batching(completed, self.default_max_batch_size)
         # With max_batch_size > 0 on a model that cannot batch, the dims below still drop the
         # first dimension; load_model then names the tensor whose first dimension is fixed.
         batching = completed.max_batch_size > 0
-        _complete_tensors(model, completed.input, signature.inputs, batching, ModelInput)
-        _complete_tensors(model, completed.output, signature.outputs, batching, ModelOutput)
+        for listed, specs, factory in (
+            (completed.input, signature.inputs, ModelInput),
+            (completed.output, signature.outputs, ModelOutput),
+        ):
+            complete_tensors(
+                listed,
+                _shapes(specs),
+                lambda name, specs=specs: _config_type(model, specs[name]),
+                batching,
+                factory,
+            )
         return _complete_backend_fields(completed)
 
     def load_model(self, context: ModelContext) -> OnnxRuntimeModel:

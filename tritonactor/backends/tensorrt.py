@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,10 @@ import numpy as np
 from tritonactor._proto.inference import (
     DataType,
     ModelConfig,
-    ModelDynamicBatching,
     ModelInput,
     ModelOutput,
-    ModelTensorReshape,
 )
+from tritonactor.backends.autocomplete import complete_batching, complete_tensors
 from tritonactor.backends.base import (
     Backend,
     BackendInstance,
@@ -221,68 +220,26 @@ def _tensor_type(model: str, tensor: EngineTensor) -> DataType:
     return data_type
 
 
-def _complete_shape(
-    tensor: EngineTensor, batching: bool
-) -> tuple[list[int], ModelTensorReshape | None]:
-    dims = list(tensor.shape[1:] if batching else tensor.shape)
-    if not dims:
-        # A config cannot hold empty dims: a scalar is dims [1] reshaped to [].
-        return [1], ModelTensorReshape(shape=[])
-    return dims, None
-
-
-def _complete_tensors(
-    model: str,
-    listed: list[ModelInput] | list[ModelOutput],
-    tensors: Mapping[str, EngineTensor],
-    batching: bool,
-    factory: Callable[..., ModelInput | ModelOutput],
-) -> None:
-    if not listed:
-        for tensor in tensors.values():
-            dims, reshape = _complete_shape(tensor, batching)
-            listed.append(  # type: ignore[arg-type]
-                factory(
-                    name=tensor.name,
-                    data_type=_tensor_type(model, tensor),
-                    dims=dims,
-                    reshape=reshape,
-                )
-            )
-        return
-    for entry in listed:
-        tensor = tensors.get(entry.name)
-        if tensor is None:
-            continue  # load checks name it
-        if entry.data_type == DataType.TYPE_INVALID:
-            entry.data_type = _tensor_type(model, tensor)
-        if not entry.dims and entry.reshape is None:
-            entry.dims, entry.reshape = _complete_shape(tensor, batching)
-
-
 def complete_config(config: ModelConfig, signature: EngineSignature) -> ModelConfig:
     """A copy of `config` with inputs, outputs, types, dims and max_batch_size filled from the
     engine. A config that lists no tensors, on an engine whose every tensor has a dynamic first
     dim, gets max_batch_size from profile 0's largest first dim, and the dynamic batcher."""
     completed = ModelConfig.parse(bytes(config))
     model = completed.name
-    if (
-        completed.max_batch_size == 0
-        and not completed.input
-        and not completed.output
-        and signature.batchable()
-    ):
-        completed.max_batch_size = signature.max_batch(0)
-        no_scheduler = (
-            completed.dynamic_batching is None
-            and completed.sequence_batching is None
-            and completed.ensemble_scheduling is None
-        )
-        if completed.max_batch_size > 1 and no_scheduler:
-            completed.dynamic_batching = ModelDynamicBatching()
+    if signature.batchable():
+        complete_batching(completed, signature.max_batch(0))
     batching = completed.max_batch_size > 0
-    _complete_tensors(model, completed.input, signature.inputs, batching, ModelInput)
-    _complete_tensors(model, completed.output, signature.outputs, batching, ModelOutput)
+    for listed, tensors, factory in (
+        (completed.input, signature.inputs, ModelInput),
+        (completed.output, signature.outputs, ModelOutput),
+    ):
+        complete_tensors(
+            listed,
+            {name: tensor.shape for name, tensor in tensors.items()},
+            lambda name, tensors=tensors: _tensor_type(model, tensors[name]),
+            batching,
+            factory,
+        )
     if not completed.backend:
         completed.backend = TensorRTBackend.name
     if not completed.platform:
