@@ -27,6 +27,7 @@ __all__ = [
     "config_digest",
     "folder_signature",
     "model_file_path",
+    "model_folders",
     "scan_repositories",
     "select_versions",
     "version_path",
@@ -87,7 +88,7 @@ def scan_repositories(repositories: Sequence[Path]) -> dict[str, ModelSource]:
     """
     found: dict[str, list[ModelSource]] = {}
     for repository in _unique_repositories(repositories):
-        for model_dir in _model_folders(repository):
+        for model_dir in model_folders(repository):
             found.setdefault(model_dir.name, []).append(_scan_model(repository, model_dir))
     return {name: _resolve_duplicates(name, found[name]) for name in sorted(found)}
 
@@ -101,7 +102,7 @@ def _unique_repositories(repositories: Sequence[Path]) -> list[Path]:
     return list(unique.values())
 
 
-def _model_folders(repository: Path) -> list[Path]:
+def model_folders(repository: Path) -> list[Path]:
     if not repository.is_dir():
         reason = "does not exist" if not repository.exists() else "is not a directory"
         raise RepositoryError(f"model repository '{repository}' {reason}")
@@ -256,6 +257,8 @@ def _listing(root: Path) -> Iterator[str]:
             continue
         subdirs = []
         for entry in entries:
+            if entry.name == "__pycache__":
+                continue  # written by Python itself when a python model is imported
             relative = f"{prefix}/{entry.name}"
             if _is_dir(entry):
                 yield f"{relative}/"
