@@ -23,6 +23,7 @@ from tritonactor.scheduling.factory import scheduler_for
 from tritonactor.scheduling.instance import InstanceActor
 from tritonactor.scheduling.messages import InstanceGone, VersionHealth
 from tritonactor.scheduling.statistics import VersionStatistics
+from tritonactor.scheduling.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,14 @@ class ModelVersionActor(Actor[Any]):
         context = InstanceContext(
             spec.name, spec.kind, spec.device_id, spec.index, spec.group, infer=self._infer
         )
-        return await anyio.to_thread.run_sync(self._model.create_instance, context)
+        instance = await anyio.to_thread.run_sync(self._model.create_instance, context)
+        try:  # warmed up before it serves, also when it replaces one that died
+            await warm_up(instance, self.context, spec.name)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(instance.finalize)
+            raise
+        return instance
 
     async def _start_instance(self, spec: InstanceSpec, instance: BackendInstance) -> None:
         assert self.scheduler is not None
