@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import NoReturn
 
-from tritonactor.server import check_supported
-from tritonactor.settings import VARIABLES, Settings, SettingsError
+from tritonactor.backends.registry import BackendRegistry
+from tritonactor.control.inspect import inspect_repositories, render_text, report_to_json
+from tritonactor.control.repository import RepositoryError
+from tritonactor.settings import VARIABLES, ControlMode, Settings, SettingsError
 
 APP = "tritonactor.app:app"
 
@@ -68,6 +72,18 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag(("--allow-grpc",), "grpc_enabled", "serve the gRPC endpoint", boolean=True),
     _Flag(("--allow-metrics",), "metrics_enabled", "serve the metrics endpoint", boolean=True),
     _Flag(("--log-verbose",), "log_verbose", "verbose logging level (0: off)", "LEVEL"),
+    _Flag(
+        ("--lazy-load",),
+        "lazy_load",
+        "load each model when its first request arrives",
+        boolean=True,
+    ),
+    _Flag(
+        ("--memory-budget",),
+        "memory_budget",
+        "bytes loaded models may take, e.g. 8GiB (0: no limit)",
+        "SIZE",
+    ),
 )
 
 
@@ -131,6 +147,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="hypercorn worker processes (default: 1)",
     )
     serve_parser.set_defaults(handler=serve)
+
+    repository_parser = commands.add_parser(
+        "repository", help="look at model repositories without serving them", allow_abbrev=False
+    )
+    repository_commands = repository_parser.add_subparsers(
+        dest="repository_command", title="commands", required=True
+    )
+    inspect_parser = repository_commands.add_parser(
+        "inspect",
+        help="list models, versions, sizes and load errors",
+        description=(
+            "List every model of the repositories: its versions (and which the version policy "
+            "selects), backend, instance count, bytes on disk, and the errors loading it would "
+            "hit. Exits 0 when every model would load, 1 when some would not."
+        ),
+        allow_abbrev=False,
+    )
+    inspect_parser.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATH", help="a model repository directory"
+    )
+    inspect_parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect_parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="as --strict-model-config: no auto-complete, every model needs a config.pbtxt",
+    )
+    inspect_parser.set_defaults(handler=inspect_repository)
     return parser
 
 
@@ -175,7 +218,14 @@ def serve(args: argparse.Namespace) -> int:
     env = build_env(args)
     try:
         settings = Settings.from_env(env)
-        check_supported(settings)
+        if settings.model_control_mode is ControlMode.EXPLICIT and args.workers > 1:
+            # Each worker process has its own models: a load through one would not reach the
+            # others, and requests would see the model come and go.
+            raise SettingsError(
+                "explicit model control needs one worker (--workers 1): a load or unload "
+                "request reaches only the worker that receives it",
+                variable=VARIABLES["model_control_mode"],
+            )
     except SettingsError as error:
         print(f"tritonactor serve: error: {_explain(error, args)}", file=sys.stderr)
         return 2
@@ -186,6 +236,22 @@ def serve(args: argparse.Namespace) -> int:
     if settings.log_verbose:
         print(f"tritonactor serve: exec {' '.join(command)}", file=sys.stderr)
     _exec(command, env)
+
+
+def inspect_repository(args: argparse.Namespace) -> int:
+    registry = BackendRegistry()
+    try:
+        report = inspect_repositories(args.paths, registry, strict=args.strict)
+    except RepositoryError as error:
+        print(f"tritonactor repository inspect: error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        registry.finalize()
+    if args.json:
+        print(json.dumps(report_to_json(report), indent=2))
+    else:
+        print(render_text(report), end="")
+    return 0 if report.loads else 1
 
 
 def _exec(command: list[str], env: dict[str, str]) -> NoReturn:

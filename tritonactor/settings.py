@@ -87,6 +87,10 @@ class Settings:
     grpc_enabled: bool = True
     metrics_enabled: bool = True
     log_verbose: int = 0
+    # Load a model when its first request arrives instead of at startup.
+    lazy_load: bool = False
+    # Bytes that loaded models may take (0: no limit); see docs/configuration.md.
+    memory_budget: int = 0
 
     def __post_init__(self) -> None:
         # Checked here rather than in from_env so that a Settings built directly in a test or by
@@ -219,6 +223,8 @@ VARIABLES: dict[str, str] = {
     "grpc_enabled": "TRITONACTOR_ALLOW_GRPC",
     "metrics_enabled": "TRITONACTOR_ALLOW_METRICS",
     "log_verbose": "TRITONACTOR_LOG_VERBOSE",
+    "lazy_load": "TRITONACTOR_LAZY_LOAD",
+    "memory_budget": "TRITONACTOR_MEMORY_BUDGET",
 }
 
 _PORT_RULE = f"is not a port: expected an integer {MIN_PORT}..{MAX_PORT} (0: any free port)"
@@ -299,6 +305,37 @@ def _parse_int(variable: str, value: str) -> int:
         raise SettingsError(f"{variable}={value!r} is not an integer", variable=variable) from None
 
 
+_SIZE_UNITS = {
+    "": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+}
+
+
+def _parse_size(variable: str, value: str) -> int:
+    """Bytes, with an optional unit: 512MiB, 4GiB, 2G (powers of 1000), 100000."""
+    text = value.strip().lower().removesuffix("b").strip()
+    number = text.rstrip("kmgti")
+    unit = text[len(number) :]
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if unit not in _SIZE_UNITS or not math.isfinite(amount) or amount < 0:
+        raise SettingsError(
+            f"{variable}={value!r} is not a size: expected bytes, optionally with a unit "
+            "(KiB, MiB, GiB, TiB or K, M, G, T), e.g. 4GiB; 0 for no limit",
+            variable=variable,
+        )
+    return int(amount * _SIZE_UNITS[unit])
+
+
 def _parse_port(variable: str, value: str) -> int:
     try:
         return int(value)
@@ -348,6 +385,10 @@ def _log_verbose_rule(level: int) -> str | None:
     return None if level >= 0 else "is negative: expected an integer >= 0"
 
 
+def _memory_budget_rule(size: int) -> str | None:
+    return None if size >= 0 else "is negative: expected bytes >= 0 (0: no limit)"
+
+
 # Field -> a check of its value alone, returning the rule it breaks (None: it breaks none).
 _RULES: dict[str, Callable[[Any], str | None]] = {
     "repository_poll_secs": _poll_secs_rule,
@@ -359,6 +400,7 @@ _RULES: dict[str, Callable[[Any], str | None]] = {
     "metrics_host": _host_rule,
     "metrics_port": _port_rule,
     "log_verbose": _log_verbose_rule,
+    "memory_budget": _memory_budget_rule,
 }
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
@@ -377,4 +419,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "grpc_enabled": _parse_bool,
     "metrics_enabled": _parse_bool,
     "log_verbose": _parse_int,
+    "lazy_load": _parse_bool,
+    "memory_budget": _parse_size,
 }

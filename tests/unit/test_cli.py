@@ -68,6 +68,8 @@ def test_every_flag_sets_its_variable(tmp_path: Path) -> None:
         "--allow-grpc=true",
         "--allow-metrics=no",
         "--log-verbose=1",
+        "--lazy-load=true",
+        "--memory-budget=2GiB",
     )
     assert cli.build_env(args, {}) == {
         "TRITONACTOR_MODEL_REPOSITORY": "/a",
@@ -85,6 +87,8 @@ def test_every_flag_sets_its_variable(tmp_path: Path) -> None:
         "TRITONACTOR_ALLOW_GRPC": "true",
         "TRITONACTOR_ALLOW_METRICS": "no",
         "TRITONACTOR_LOG_VERBOSE": "1",
+        "TRITONACTOR_LAZY_LOAD": "true",
+        "TRITONACTOR_MEMORY_BUDGET": "2GiB",
     }
     # Every setting has a flag.
     assert set(cli.build_env(args, {})) == set(VARIABLES.values())
