@@ -74,7 +74,9 @@ def start_server(
         {
             "TRITONACTOR_GRPC_PORT": str(free_port()),
             "TRITONACTOR_METRICS_PORT": str(free_port()),
-            "TRITONACTOR_JOURNAL": str(log_dir / "journal.jsonl"),
+            # Its own journal, so explicit mode never replays another server's loads; a test of
+            # restarts passes the same TRITONACTOR_JOURNAL to both servers.
+            "TRITONACTOR_JOURNAL": str(log_dir / f"journal-{http_port}.jsonl"),
         }
     )
     if repositories:

@@ -1,100 +1,197 @@
-"""The composition root: settings -> backends, router, the model manager, in one actor system."""
+"""The composition root: settings -> journal, backends, router, the model manager and (in poll
+mode) the repository watcher, in one actor system."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
 
 from tritonactor import __version__
 from tritonactor.actors import ActorRef, ActorSystem
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.control import events as ev
-from tritonactor.control.manager import GetState, IndexEntry, LoadAll, ModelManager, index
+from tritonactor.control.journal import Journal, JournalEntry, open_journal
+from tritonactor.control.manager import (
+    GetState,
+    IndexEntry,
+    Load,
+    ModelManager,
+    Override,
+    Startup,
+    Unload,
+    index,
+    ready,
+)
+from tritonactor.control.overrides import (
+    LoadOptions,
+    UnloadOptions,
+    materialize,
+    options_digest,
+    remove_partial_folders,
+)
+from tritonactor.control.watcher import RepositoryWatcher, take_snapshot, tell_changes
 from tritonactor.core.errors import unavailable
 from tritonactor.scheduling.router import Router
-from tritonactor.settings import ControlMode, Settings, SettingsError
+from tritonactor.settings import ControlMode, Settings
 
 log = logging.getLogger(__name__)
 
 # The protocol extensions this server answers (GET /v2 and gRPC ServerMetadata list them).
-EXTENSIONS = ("model_configuration", "binary_tensor_data", "parameters", "statistics")
-
-
-def check_supported(settings: Settings) -> None:
-    """Raise SettingsError for settings this version accepts but cannot serve yet."""
-    if settings.model_control_mode is ControlMode.POLL:
-        # Refused rather than served as mode none: a poll mode that never polls would mislead.
-        raise SettingsError(
-            "TRITONACTOR_MODEL_CONTROL_MODE='poll' is not available in this version yet; "
-            "use 'none' or 'explicit'",
-            variable="TRITONACTOR_MODEL_CONTROL_MODE",
-        )
+# "repository_events" is ours: GET /v2/repository/events, the journal's history.
+EXTENSIONS = (
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "repository_events",
+)
 
 
 class Server:
-    """What the front ends talk to: the router for inference, and the control plane's state."""
+    """What the front ends talk to: the router for inference, and the control plane."""
 
     name = "tritonactor"
     version = __version__
     extensions = EXTENSIONS
 
     def __init__(self, settings: Settings, registry: BackendRegistry | None = None) -> None:
-        check_supported(settings)
         self.settings = settings
         self.registry = registry if registry is not None else BackendRegistry()
         self.router = Router()
         self.live = False
-        self._manager: ActorRef[object] | None = None
+        self.journal: Journal | None = None
+        self._manager: ActorRef[Any] | None = None
+
+    @property
+    def mode(self) -> ControlMode:
+        return self.settings.model_control_mode
+
+    @property
+    def _override_root(self) -> Path:
+        """Where explicit loads' override files live: beside the journal that refers to them."""
+        return self.settings.journal.parent / "overrides"
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Server]:
-        """Start the actors and load the models; stop them all on exit."""
-        async with ActorSystem(on_failure=self._actor_failed, shutdown_timeout=30) as system:
-            manager = ModelManager(
-                self.settings.model_repositories,
-                self.registry,
-                self.router,
-                strict_model_config=self.settings.strict_model_config,
-            )
-            self._manager = await system.spawn(manager)
-            self.live = True
-            await self._manager.ask(lambda reply: LoadAll(reply, self._startup_models()))
-            try:
-                yield self
-            finally:
-                self.live = False
-                self._manager = None
-        self.registry.finalize()
+        """Open the journal, start the actors and load the models; stop them all on exit."""
+        settings = self.settings
+        journal, history = await anyio.to_thread.run_sync(open_journal, settings.journal)
+        self.journal = journal
+        # What a crash in the middle of writing an override left behind.
+        await anyio.to_thread.run_sync(remove_partial_folders, self._override_root)
+        try:
+            async with ActorSystem(on_failure=self._actor_failed, shutdown_timeout=30) as system:
+                manager = ModelManager(
+                    settings.model_repositories,
+                    self.registry,
+                    self.router,
+                    strict_model_config=settings.strict_model_config,
+                    journal=journal,
+                    history=history,
+                    mode=self.mode.value,
+                    lazy=settings.lazy_load,
+                    memory_budget=settings.memory_budget,
+                )
+                self._manager = await system.spawn(manager)
+                self.live = True
+                if settings.lazy_load:
+                    self.router.loader = self._load_lazily
+                snapshot = None
+                if self.mode is ControlMode.POLL:
+                    # Taken before the startup scan: whatever changes during the loads differs
+                    # from it and is looked at again once it settles.
+                    snapshot = await anyio.to_thread.run_sync(
+                        take_snapshot, settings.model_repositories
+                    )
+                await self._manager.ask(
+                    lambda reply: Startup(
+                        reply, self._startup_models(), restore=self.mode is ControlMode.EXPLICIT
+                    )
+                )
+                if snapshot is not None:
+                    await system.spawn(
+                        RepositoryWatcher(
+                            settings.model_repositories,
+                            settings.repository_poll_secs,
+                            tell_changes(self._manager),
+                            snapshot=snapshot,
+                        )
+                    )
+                try:
+                    yield self
+                finally:
+                    self.live = False
+                    self.router.loader = None
+                    self._manager = None
+        finally:
+            journal.close()
+            self.registry.finalize()
 
     def _startup_models(self) -> tuple[str, ...] | None:
-        """None (all) in mode none; explicit mode loads only TRITONACTOR_LOAD_MODEL ("*": all)."""
+        """None (all) in modes none and poll; explicit mode loads only TRITONACTOR_LOAD_MODEL
+        ("*": all)."""
         settings = self.settings
-        if settings.model_control_mode is not ControlMode.EXPLICIT or "*" in settings.load_models:
+        if self.mode is not ControlMode.EXPLICIT or "*" in settings.load_models:
             return None
         return settings.load_models
 
-    async def state(self) -> ev.State:
+    def _manager_ref(self) -> ActorRef[Any]:
         if self._manager is None:
             raise unavailable("the server is not running")
-        return await self._manager.ask(GetState)
+        return self._manager
+
+    async def state(self) -> ev.State:
+        return await self._manager_ref().ask(GetState)
 
     async def ready(self) -> bool:
-        """Strict readiness, Triton's default: live, and every model that should load is ready."""
-        if not self.live:
-            return False
-        state = await self.state()
-        return all(
-            status.state is None
-            and all(v.state == ev.VersionState.READY for v in status.versions.values())
-            for status in state.values()
-        )
+        """Strict readiness, Triton's default: live, and every model that should be loaded is
+        ready (see `manager.ready`)."""
+        return self.live and ready(await self.state())
 
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
         entries = index(await self.state())
         if ready_only:
             entries = [entry for entry in entries if entry.state == ev.VersionState.READY]
         return entries
+
+    async def load(self, name: str, options: LoadOptions) -> None:
+        """An explicit load (the front ends have checked the mode): returns once the model
+        serves, or raises Triton's error for why it does not."""
+        override = None
+        if options.has_overrides:
+            override = await anyio.to_thread.run_sync(self._override, name, options)
+        manager = self._manager_ref()
+        await manager.ask(lambda reply: Load(reply, name, override, ev.Source.API))
+
+    def _override(self, name: str, options: LoadOptions) -> Override:
+        repository: Path | None = None
+        if options.files:
+            model_folder = materialize(options, name, self._override_root)
+            repository = model_folder.parent
+        return Override(options.config_json or "", repository, options_digest(options))
+
+    async def unload(self, name: str, options: UnloadOptions) -> None:
+        manager = self._manager_ref()
+        await manager.ask(
+            lambda reply: Unload(reply, name, options.unload_dependents, ev.Source.API)
+        )
+
+    async def _load_lazily(self, name: str) -> None:
+        await self._manager_ref().ask(lambda reply: Load(reply, name, None, ev.Source.REQUEST))
+
+    async def events(self, after: int = 0, limit: int = 100) -> list[JournalEntry]:
+        """The journal's history, oldest first, `limit` entries whose seq is above `after`."""
+        if self.journal is None:
+            raise unavailable("the server is not running")
+        journal = self.journal
+        return await anyio.to_thread.run_sync(lambda: journal.page(after, limit))
 
     def _actor_failed(self, actor: ActorRef[object], error: BaseException) -> None:
         log.error("actor '%s' failed and was not restarted: %r", actor.name, error)

@@ -81,6 +81,12 @@ class ActorRef(Generic[M]):
         """Close the mailbox: the actor handles what is already queued, then stops."""
         self._send.close()
 
+    async def join(self) -> None:
+        """Wait until the actor has stopped (its `stopped` hook done); at once if it never ran."""
+        finished = self._actor._finished
+        if finished is not None:
+            await finished.wait()
+
     @property
     def mailbox_depth(self) -> int:
         return self._send.statistics().current_buffer_used
@@ -109,6 +115,7 @@ class Actor(ABC, Generic[M]):
         self._task_group: TaskGroup | None = None
         self._current: Any = None
         self._helpers: set[anyio.CancelScope] = set()
+        self._finished: anyio.Event | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -164,6 +171,14 @@ class Actor(ABC, Generic[M]):
         with contextlib.suppress(ActorStopped):
             await self.ref.tell(message)
 
+    async def stop_child(self, child: ActorRef[Any]) -> None:
+        """Stop a child and wait until it has (its queued messages handled, its children and
+        `stopped` hook done)."""
+        child.stop()
+        await child.join()
+        if child in self._children:
+            self._children.remove(child)
+
     @property
     def children(self) -> tuple[ActorRef[Any], ...]:
         return tuple(self._children)
@@ -177,6 +192,7 @@ class Actor(ABC, Generic[M]):
     # -- the loop ------------------------------------------------------------------------------
 
     async def _run(self, task_status: TaskStatus[None]) -> None:
+        self._finished = anyio.Event()
         try:
             async with anyio.create_task_group() as task_group:
                 self._task_group = task_group
@@ -187,7 +203,8 @@ class Actor(ABC, Generic[M]):
                     async for message in self._receive:
                         self._current = message
                         if isinstance(message, ChildFailed):
-                            self._children.remove(message.child)
+                            if message.child in self._children:
+                                self._children.remove(message.child)
                             await self.on_child_failed(message.child, message.error)
                         else:
                             await self.receive(message)
@@ -203,6 +220,7 @@ class Actor(ABC, Generic[M]):
             self.running = False
             self._task_group = None
             self._fail_pending()
+            self._finished.set()
 
     def _fail_pending(self) -> None:
         self.ref.stop()

@@ -1,7 +1,9 @@
 """Control-plane events and the state they fold into.
 
-Events are facts about the repository and its models. The manager records each one and derives
-its state by folding them (`apply`), so the state can always be rebuilt from the record.
+Events are facts about the repository and its models. The manager records each one (in the
+journal, see `journal`) and derives its state by folding them (`apply`), so the state can always
+be rebuilt from the record: after a restart, `ServerStarted` forgets what was loaded but keeps
+what was asked for, which is what explicit mode loads again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ class Source(StrEnum):
     STARTUP = "startup"
     POLL = "poll"
     API = "api"
+    REQUEST = "request"  # lazy loading: an inference request for a model not loaded yet
 
 
 class VersionState(StrEnum):
@@ -31,6 +34,14 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ServerStarted(Event):
+    """A server began with this journal (`model` is ""): nothing is loaded any more."""
+
+    mode: str
+    repositories: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelDiscovered(Event):
     repository: str
     versions: tuple[int, ...]
@@ -39,9 +50,16 @@ class ModelDiscovered(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadRequested(Event):
+    """`config_override` (ModelConfig JSON) and `override_repository` (the folder holding the
+    override files) are what an API load asked for, kept so a restart can ask again."""
+
     versions: tuple[int, ...]
     source: Source
     config_digest: str = ""
+    reason: str = ""
+    config_override: str = ""
+    override_repository: str = ""
+    options_digest: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,26 +67,44 @@ class ModelLoaded(Event):
     version: int
     config_digest: str = ""
     load_seconds: float = 0.0
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadFailed(Event):
-    """`version` is None when the model failed before any version was tried (bad config)."""
+    """`version` is None when the model failed before any version was tried (bad config).
+    `serving`: a reload failed, and what was loaded before goes on serving."""
 
     version: int | None
     reason: str
+    serving: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnloadRequested(Event):
     versions: tuple[int, ...]
     source: Source
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelUnloaded(Event):
     version: int
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VersionReplaced(Event):
+    """The copy of a version that a reload replaced has finished its requests and stopped (its
+    successor was serving since its ModelLoaded)."""
+
+    version: int
+    drain_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRemoved(Event):
+    """The model's folder left every repository: it is no longer listed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,16 +124,30 @@ class InstanceRestarted(Event):
 class VersionStatus:
     state: VersionState
     reason: str = ""
+    # Unloaded on purpose (unload request, version policy, model removed): readiness skips it.
+    unloaded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Requested:
+    """An explicit load in force: what a restarted server in explicit mode loads again."""
+
+    config_override: str = ""
+    override_repository: str = ""
+    options_digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class ModelStatus:
-    """What the repository index reports for one model."""
+    """What the repository index reports for one model, and what was asked of it."""
 
     versions: dict[int, VersionStatus] = field(default_factory=dict)
     # A failure that belongs to no version (a config that does not parse, a duplicate name).
     reason: str = ""
     state: VersionState | None = None
+    # Whether the model should be loaded now (readiness waits for it).
+    wanted: bool = False
+    requested: Requested | None = None
 
 
 State = dict[str, ModelStatus]
@@ -105,38 +155,68 @@ State = dict[str, ModelStatus]
 
 def apply(state: State, event: Event) -> State:
     """The state after `event`: a pure function, `state` is not changed."""
+    if isinstance(event, ServerStarted):
+        return {
+            name: ModelStatus(requested=status.requested)
+            for name, status in state.items()
+            if status.requested is not None
+        }
+    if isinstance(event, ModelRemoved):
+        return {name: status for name, status in state.items() if name != event.model}
     status = state.get(event.model, ModelStatus())
     versions = dict(status.versions)
     match event:
         case ModelDiscovered():
             return {**state, event.model: status}
-        case LoadRequested(versions=wanted):
+        case LoadRequested(versions=wanted, source=source):
             for version in wanted:
-                versions[version] = VersionStatus(VersionState.LOADING)
-            status = ModelStatus(versions)
+                # A reload leaves a serving version READY: it serves until its successor does.
+                if versions.get(version, _NONE).state != VersionState.READY:
+                    versions[version] = VersionStatus(VersionState.LOADING)
+            requested = status.requested
+            if source == Source.API:
+                requested = Requested(
+                    event.config_override, event.override_repository, event.options_digest
+                )
+            status = ModelStatus(versions, wanted=True, requested=requested)
         case ModelLoaded(version=version):
             versions[version] = VersionStatus(VersionState.READY)
             status = replace(status, versions=versions)
+        case LoadFailed(serving=True):
+            return state
         case LoadFailed(version=None, reason=reason):
-            status = ModelStatus(versions, reason, VersionState.UNAVAILABLE)
+            status = replace(
+                status,
+                versions=versions,
+                reason=reason,
+                state=VersionState.UNAVAILABLE,
+                wanted=True,
+            )
         case LoadFailed(version=version, reason=reason) if version is not None:
             versions[version] = VersionStatus(VersionState.UNAVAILABLE, reason)
-            status = replace(status, versions=versions)
+            status = replace(status, versions=versions, wanted=True)
         case InstanceFailed(version=version, reason=reason):
             versions[version] = VersionStatus(VersionState.UNAVAILABLE, reason)
             status = replace(status, versions=versions)
         case InstanceRestarted(version=version):
             versions[version] = VersionStatus(VersionState.READY)
             status = replace(status, versions=versions)
-        case UnloadRequested(versions=leaving):
+        case UnloadRequested(versions=leaving, source=source):
             for version in leaving:
                 if version in versions:
                     versions[version] = VersionStatus(VersionState.UNLOADING)
             status = replace(status, versions=versions)
+            if source == Source.API:
+                status = replace(status, wanted=False, requested=None)
         case ModelUnloaded(version=version, reason=reason):
-            versions[version] = VersionStatus(VersionState.UNAVAILABLE, reason or "unloaded")
+            versions[version] = VersionStatus(
+                VersionState.UNAVAILABLE, reason or "unloaded", unloaded=True
+            )
             status = replace(status, versions=versions)
     return {**state, event.model: status}
+
+
+_NONE = VersionStatus(VersionState.UNAVAILABLE)
 
 
 def fold(events: list[Event], state: State | None = None) -> State:

@@ -1,16 +1,22 @@
 """The model manager: the control-plane actor that turns the repository into loaded models.
 
-It records every step as an event (see `events`), derives the repository index from them, owns
-one `ModelVersionActor` per loaded version, and tells the router which versions are ready.
+Every step is an event (see `events`), appended to the journal and folded into the state the
+repository index reports. The manager owns one `ModelVersionActor` per loaded version and tells
+the router which versions serve. A (re)load brings the new version to READY before the router
+switches to it; the version it replaces is retired in the background: it finishes what it was
+given, then stops. Work on one model is serialised by a lock of its own, so the mailbox stays
+free (an index or a readiness probe is answered during a long load) and models load in parallel.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -18,18 +24,27 @@ from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import Actor, ActorRef, Reply
 from tritonactor.backends.base import Backend, ModelContext
 from tritonactor.backends.registry import BackendRegistry
-from tritonactor.config.model_config import ConfigError
-from tritonactor.config.normalize import fill_defaults
+from tritonactor.config.model_config import ConfigError, config_from_json
 from tritonactor.control import events as ev
+from tritonactor.control.budget import files_size, process_tree_rss
+from tritonactor.control.prepare import (
+    failure_reason,
+    missing_model_file,
+    missing_version_reason,
+    prepare_config,
+    require_versions,
+)
 from tritonactor.control.repository import (
     ModelSource,
     config_digest,
+    folder_signature,
     scan_repositories,
     select_versions,
     version_path,
 )
+from tritonactor.control.watcher import RepositoryChanged
 from tritonactor.core.devices import gpu_count
-from tritonactor.core.errors import TritonError
+from tritonactor.core.errors import TritonError, internal, invalid_arg
 from tritonactor.scheduling.messages import VersionHealth
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
@@ -37,15 +52,52 @@ from tritonactor.scheduling.signature import ModelSignature
 
 log = logging.getLogger(__name__)
 
+# How long a retiring version may take to finish its requests before it is stopped anyway.
+DRAIN_TIMEOUT_SECONDS = 30.0
+
+
+class EventLog(Protocol):
+    """Where recorded events go besides memory: the durable journal."""
+
+    def append(self, event: ev.Event) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
-class LoadAll:
-    """Scan the repositories and load their models: all of them, or only `names` when given
-    (explicit mode's startup list)."""
+class Override:
+    """What an explicit load asked for instead of the repository's own: a ModelConfig JSON,
+    and/or a one-model repository folder holding the override files."""
+
+    config_json: str = ""
+    repository: Path | None = None
+    digest: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Startup:
+    """Scan the repositories and load `names` (None: every model); with `restore`, also what
+    the journal says was loaded through the API and not unloaded since (explicit mode)."""
 
     reply: Reply[None]
     names: tuple[str, ...] | None = None
-    source: ev.Source = ev.Source.STARTUP
+    restore: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load `name`, or reload it when its files, config or override changed (else nothing)."""
+
+    reply: Reply[None]
+    name: str
+    override: Override | None = None
+    source: ev.Source = ev.Source.API
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    reply: Reply[None]
+    name: str
+    unload_dependents: bool = False
+    source: ev.Source = ev.Source.API
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,40 +113,89 @@ class IndexEntry:
     reason: str
 
 
+@dataclass(eq=False, slots=True)
+class _Serving:
+    """A loaded version and what it was loaded from, to tell whether a load changes it."""
+
+    ref: ActorRef[Any]
+    handle: ModelHandle
+    config_digest: str
+    files: str  # folder_signature of the version folder
+    override: str  # the override's digest, "" without one
+    memory: int  # bytes charged against the memory budget
+
+
 class ModelManager(Actor[Any]):
     def __init__(
         self,
         repositories: tuple[Path, ...],
         registry: BackendRegistry,
         router: Router,
+        *,
         strict_model_config: bool = False,
+        journal: EventLog | None = None,
+        history: Iterable[ev.Event] = (),
+        mode: str = "none",
+        lazy: bool = False,
+        memory_budget: int = 0,
     ) -> None:
         super().__init__("model-manager")
         self._repositories = repositories
         self._registry = registry
         self._router = router
         self._strict = strict_model_config
-        self.events: list[ev.Event] = []
-        self.state: ev.State = {}
-        self._versions: dict[ActorRef[Any], tuple[str, int]] = {}
+        self._journal = journal
+        self._mode = mode
+        self._lazy = lazy
+        self._budget = memory_budget
+        self.events: list[ev.Event] = list(history)
+        self.state: ev.State = ev.fold(self.events)
+        self._serving: dict[str, dict[int, _Serving]] = {}
+        self._owners: dict[ActorRef[Any], tuple[str, int]] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+
+    async def started(self) -> None:
+        self._record(
+            ev.ServerStarted(
+                model="", mode=self._mode, repositories=tuple(map(str, self._repositories))
+            )
+        )
 
     def _record(self, event: ev.Event) -> None:
+        if self._journal is not None:
+            try:
+                self._journal.append(event)
+            except OSError as error:
+                # The record is lost, the model is not: serving goes on, loudly.
+                log.error("could not append to the journal: %s (event %r)", error, event)
         self.events.append(event)
         self.state = ev.apply(self.state, event)
         if isinstance(event, ev.LoadFailed):
-            log.error("failed to load '%s': %s", event.model, event.reason)
+            kept = " (the loaded version goes on serving)" if event.serving else ""
+            log.error("failed to load '%s': %s%s", event.model, event.reason, kept)
         elif isinstance(event, ev.InstanceFailed):
             log.error("model '%s' version %d: %s", event.model, event.version, event.reason)
         elif isinstance(event, ev.ModelLoaded):
             log.info(
                 "loaded '%s' version %d in %.2fs", event.model, event.version, event.load_seconds
             )
+        elif isinstance(event, ev.ModelUnloaded):
+            log.info("unloaded '%s' version %d", event.model, event.version)
+
+    # -- messages ------------------------------------------------------------------------------
 
     async def receive(self, message: Any) -> None:
         match message:
-            case LoadAll(reply, names, source):
-                await self._load_all(names, source)
-                reply.set(None)
+            case Startup():
+                self.start_soon(self._answer, message.reply, self._startup(message))
+            case Load(reply, name, override, source):
+                self.start_soon(self._answer, reply, self._load(name, override, source))
+            case Unload(reply, name, dependents, source):
+                self.start_soon(self._answer, reply, self._unload(name, dependents, source))
+            case RepositoryChanged(names):
+                # The watcher's report: each model is loaded, reloaded or unloaded to match.
+                for name in sorted(names):
+                    self.start_soon(self._quietly, self._load(name, None, ev.Source.POLL))
             case GetState(reply):
                 reply.set(self.state)
             case VersionHealth(model, version, ready, reason):
@@ -103,77 +204,281 @@ class ModelManager(Actor[Any]):
                 else:
                     self._record(ev.InstanceFailed(model=model, version=version, reason=reason))
 
-    async def _load_all(self, names: tuple[str, ...] | None, source: ev.Source) -> None:
+    @staticmethod
+    async def _answer(reply: Reply[None], work: Awaitable[None]) -> None:
+        try:
+            await work
+        except TritonError as error:
+            reply.fail(error)
+        except Exception as error:
+            log.exception("control-plane operation failed")
+            reply.fail(internal(failure_reason(error)))
+        else:
+            reply.set(None)
+
+    @staticmethod
+    async def _quietly(work: Awaitable[None]) -> None:
+        try:
+            await work
+        except TritonError:
+            pass  # recorded as an event already
+        except Exception:
+            log.exception("control-plane operation failed")
+
+    def _lock(self, name: str) -> anyio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = anyio.Lock()
+        return lock
+
+    # -- startup -------------------------------------------------------------------------------
+
+    async def _startup(self, message: Startup) -> None:
+        found = await self._scan()
+        for model in found.values():
+            self._discovered(model)
+        wanted: dict[str, Override | None] = {}
+        if message.names is None:
+            if not self._lazy:
+                wanted = dict.fromkeys(found)
+        else:
+            wanted = dict.fromkeys(message.names)
+        if message.restore:
+            for name, status in self.state.items():
+                if status.requested is not None and name not in wanted:
+                    wanted[name] = _override(status.requested)
+        async with anyio.create_task_group() as group:
+            for name, override in wanted.items():
+                source = ev.Source.STARTUP
+                group.start_soon(self._quietly, self._load(name, override, source))
+
+    async def _scan(self) -> dict[str, ModelSource]:
         found = await anyio.to_thread.run_sync(scan_repositories, self._repositories)
-        self._router.known.update(found)
-        for name in names or ():
-            if name not in found:
+        self._router.known = set(found) | set(self._serving)
+        return found
+
+    def _discovered(self, model: ModelSource) -> None:
+        if model.name not in self.state:
+            self._record(
+                ev.ModelDiscovered(
+                    model=model.name, repository=str(model.repository), versions=model.versions
+                )
+            )
+
+    # -- load ------------------------------------------------------------------------------------
+
+    async def _load(
+        self,
+        name: str,
+        override: Override | None,
+        source: ev.Source,
+        loading: frozenset[str] = frozenset(),
+    ) -> None:
+        async with self._lock(name):
+            await self._sync(name, override, source, loading | {name})
+
+    async def _sync(
+        self, name: str, override: Override | None, source: ev.Source, loading: frozenset[str]
+    ) -> None:
+        found = await self._scan()
+        model = found.get(name)
+        if override is not None and override.repository is not None:
+            model = (await anyio.to_thread.run_sync(scan_repositories, (override.repository,))).get(
+                name
+            )
+        current = self._serving.get(name, {})
+        if model is None:
+            await self._vanished(name, source)
+            if source == ev.Source.STARTUP:
                 reason = f"model '{name}' is not in any model repository"
                 self._record(ev.LoadFailed(model=name, version=None, reason=reason))
-        wanted = [m for m in found.values() if names is None or m.name in names]
-        async with anyio.create_task_group() as group:
-            for model in wanted:
-                group.start_soon(self._load_model, model, source)
-
-    async def _load_model(self, model: ModelSource, source: ev.Source) -> None:
-        self._record(
-            ev.ModelDiscovered(
-                model=model.name, repository=str(model.repository), versions=model.versions
-            )
-        )
-        if model.error is not None or model.config is None:
-            self._record(ev.LoadFailed(model=model.name, version=None, reason=str(model.error)))
+            if source in (ev.Source.API, ev.Source.REQUEST):
+                # Triton's words for a model no repository holds.
+                raise internal(f"failed to load '{name}', failed to poll from model repository")
             return
+        self._discovered(model)
+        if source == ev.Source.POLL and self._lazy and not current:
+            return  # a lazily loaded model is loaded by its first request, not by the watcher
+        serving = bool(current)
+        if override is not None and override.config_json:
+            model = _with_config(model, override.config_json)
         try:
+            if model.error is not None or model.config is None:
+                raise ConfigError(str(model.error))
             versions = _versions_to_load(model)
         except ConfigError as error:
-            self._record(ev.LoadFailed(model=model.name, version=None, reason=_reason(error)))
-            return
-        self._record(ev.LoadRequested(model=model.name, versions=versions, source=source))
+            reason = failure_reason(error)
+            self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
+            raise invalid_arg(f"load failed for model '{name}': {reason}") from None
         try:
             backend, config = await anyio.to_thread.run_sync(
-                self._prepare, model, model.config, versions[-1]
+                functools.partial(
+                    prepare_config,
+                    model,
+                    model.config,
+                    self._registry,
+                    strict=self._strict,
+                    latest=versions[-1],
+                    gpus=gpu_count(),
+                )
             )
-        except Exception as error:  # whatever goes wrong, only this model fails
-            # Reported against each version it was to load, as Triton's index does.
+        except Exception as error:
+            reason = failure_reason(error)
             for version in versions:
                 self._record(
-                    ev.LoadFailed(model=model.name, version=version, reason=_reason(error))
+                    ev.LoadFailed(model=name, version=version, reason=reason, serving=serving)
                 )
-            return
+            raise _load_failed(name, [(version, reason) for version in versions]) from None
         digest = config_digest(config)
-        async with anyio.create_task_group() as group:
-            for version in versions:
-                group.start_soon(self._load_version, model, backend, config, version, digest)
-
-    def _prepare(
-        self, model: ModelSource, config: ModelConfig, latest: int
-    ) -> tuple[Backend, ModelConfig]:
-        """The backend and the complete config (auto-completed, Triton's defaults filled)."""
-        if self._strict and not model.has_config_file:
-            raise ConfigError(
-                f"model '{model.name}' has no config.pbtxt, and strict model configuration "
-                "is on (TRITONACTOR_STRICT_MODEL_CONFIG) so it cannot be auto-completed"
-            )
-        name = self._registry.backend_name(config, model.path, list(model.versions))
-        backend = self._registry.get(name)
-        if not self._strict:
-            config = backend.auto_complete_config(config, version_path(model, latest))
-        config = fill_defaults(config, gpu_count())
-        config.backend = config.backend or name
-        config.default_model_filename = (
-            config.default_model_filename or backend.default_model_filename
+        override_digest = override.digest if override is not None else ""
+        files = {
+            version: await anyio.to_thread.run_sync(folder_signature, version_path(model, version))
+            for version in versions
+        }
+        changed = [
+            version
+            for version in versions
+            if version not in current
+            or (current[version].config_digest, current[version].files, current[version].override)
+            != (digest, files[version], override_digest)
+        ]
+        leaving = [version for version in current if version not in versions]
+        if not changed and not leaving:
+            if source == ev.Source.API and override is not None:
+                # Same request as the one in force: nothing to do, but keep it on record.
+                self._record(_load_requested(name, (), source, digest, override))
+            return
+        if config.ensemble_scheduling is not None and source != ev.Source.POLL:
+            await self._load_steps(name, config, source, loading)
+        self._record(_load_requested(name, tuple(changed), source, digest, override))
+        failures = await self._start_versions(
+            model, backend, config, changed, digest, files, override_digest
         )
-        return backend, config
+        for version in leaving:
+            self._record(
+                ev.UnloadRequested(
+                    model=name,
+                    versions=(version,),
+                    source=source,
+                    reason="no longer selected by the version policy",
+                )
+            )
+            await self._retire(name, version, "no longer selected by the version policy")
+        if failures:
+            raise _load_failed(name, failures)
 
-    async def _load_version(
+    async def _load_steps(
+        self, name: str, config: ModelConfig, source: ev.Source, loading: frozenset[str]
+    ) -> None:
+        """An ensemble needs its steps: load those not serving (Triton does the same)."""
+        assert config.ensemble_scheduling is not None
+        steps = {step.model_name for step in config.ensemble_scheduling.step}
+        for step in sorted(steps - loading):
+            if step not in self._serving:
+                try:
+                    await self._load(step, None, source, loading)
+                except TritonError as error:
+                    log.warning("ensemble '%s': step model '%s': %s", name, step, error.message)
+
+    async def _start_versions(
         self,
         model: ModelSource,
         backend: Backend,
         config: ModelConfig,
-        version: int,
+        versions: list[int],
         digest: str,
-    ) -> None:
+        files: dict[int, str],
+        override_digest: str,
+    ) -> list[tuple[int, str]]:
+        """Load `versions` concurrently; each one that comes up replaces its predecessor in the
+        router at once. Returns (version, reason) for each that failed."""
+        name = model.name
+        current = self._serving.setdefault(name, {})
+        estimate = await anyio.to_thread.run_sync(
+            files_size, [version_path(model, version) for version in versions]
+        )
+        reason = self._over_budget(name, estimate, replacing=versions)
+        if reason:
+            for version in versions:
+                self._record(
+                    ev.LoadFailed(
+                        model=name, version=version, reason=reason, serving=version in current
+                    )
+                )
+            return [(version, reason) for version in versions]
+        failures: list[tuple[int, str]] = []
+        rss_before = process_tree_rss()
+
+        async def start(version: int) -> None:
+            started = time.perf_counter()
+            try:
+                serving = await self._start_version(model, backend, config, version)
+            except Exception as error:
+                reason = failure_reason(error)
+                failures.append((version, reason))
+                self._record(
+                    ev.LoadFailed(
+                        model=name, version=version, reason=reason, serving=version in current
+                    )
+                )
+                return
+            serving.files = files[version]
+            serving.override = override_digest
+            serving.memory = estimate // max(len(versions), 1)
+            old = current.get(version)
+            current[version] = serving
+            self._router.add(serving.handle)
+            self._router.known.add(name)
+            self._record(
+                ev.ModelLoaded(
+                    model=name,
+                    version=version,
+                    config_digest=digest,
+                    load_seconds=time.perf_counter() - started,
+                    memory_bytes=serving.memory,
+                )
+            )
+            if old is not None:
+                self.start_soon(self._replace, old)
+
+        async with anyio.create_task_group() as group:
+            for version in versions:
+                group.start_soon(start, version)
+        grown = process_tree_rss() - rss_before
+        loaded = [v for v in versions if v not in dict(failures)]
+        if loaded and grown > estimate:
+            for version in loaded:
+                current[version].memory = grown // len(loaded)
+            reason = self._over_budget(name, 0)
+            if reason:
+                reason = f"model '{name}' took {grown} bytes once loaded; {reason}; it was unloaded"
+                for version in loaded:
+                    await self._retire(name, version, reason)
+                    self._record(ev.LoadFailed(model=name, version=version, reason=reason))
+                    failures.append((version, reason))
+        if not current:
+            del self._serving[name]
+        return failures
+
+    def _over_budget(self, name: str, extra: int, replacing: Iterable[int] = ()) -> str:
+        """Why loading `extra` more bytes breaks the memory budget, or "" when it does not.
+        Versions being replaced still count: old and new are loaded together for a while."""
+        if not self._budget:
+            return ""
+        used = sum(s.memory for versions in self._serving.values() for s in versions.values())
+        if used + extra <= self._budget:
+            return ""
+        return (
+            f"loading model '{name}' needs an estimated {extra} bytes (its files) while loaded "
+            f"models take {used}: that exceeds TRITONACTOR_MEMORY_BUDGET={self._budget} bytes"
+            if extra
+            else f"loaded models take {used} bytes, over TRITONACTOR_MEMORY_BUDGET="
+            f"{self._budget} bytes"
+        )
+
+    async def _start_version(
+        self, model: ModelSource, backend: Backend, config: ModelConfig, version: int
+    ) -> _Serving:
         directory = version_path(model, version)
         filename = config.default_model_filename
         context = ModelContext(
@@ -184,68 +489,173 @@ class ModelManager(Actor[Any]):
             version_dir=directory,
             model_path=directory / filename,
         )
-        if filename and not context.model_path.exists():
-            reason = f"unable to find '{context.model_path}' for model '{model.name}'"
-            self._record(ev.LoadFailed(model=model.name, version=version, reason=reason))
-            return
-        started = time.perf_counter()
+        missing = missing_model_file(model, config, version)
+        if missing:
+            raise ConfigError(missing)
         actor = ModelVersionActor(backend, context, infer=self._router.infer)
-        try:
-            ref = await self.spawn(actor)
-        except Exception as error:
-            self._record(ev.LoadFailed(model=model.name, version=version, reason=_reason(error)))
-            return
+        ref = await self.spawn(actor)
         assert actor.scheduler is not None
-        self._versions[ref] = (model.name, version)
-        self._router.add(
-            ModelHandle(
-                model.name,
-                version,
-                config,
-                ModelSignature.from_config(config),
-                actor.scheduler,
-                actor.statistics,
-            )
+        self._owners[ref] = (model.name, version)
+        handle = ModelHandle(
+            model.name,
+            version,
+            config,
+            ModelSignature.from_config(config),
+            actor.scheduler,
+            actor.statistics,
         )
+        return _Serving(ref, handle, config_digest(config), "", "", 0)
+
+    # -- unload ----------------------------------------------------------------------------------
+
+    async def _unload(self, name: str, unload_dependents: bool, source: ev.Source) -> None:
+        async with self._lock(name):
+            versions = tuple(sorted(self._serving.get(name, {})))
+            if versions:
+                self._record(ev.UnloadRequested(model=name, versions=versions, source=source))
+                async with anyio.create_task_group() as group:
+                    for version in versions:
+                        group.start_soon(self._retire, name, version, "")
+            elif source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
+                # Not loaded (a failed load), but asked for: no longer.
+                self._record(ev.UnloadRequested(model=name, versions=(), source=source))
+        if unload_dependents:
+            for dependent in self._dependents(name):
+                await self._unload(dependent, True, source)
+
+    def _dependents(self, name: str) -> list[str]:
+        """Loaded ensembles with a step that runs `name`."""
+        dependents = []
+        for model, versions in self._serving.items():
+            for serving in versions.values():
+                scheduling = serving.handle.config.ensemble_scheduling
+                if scheduling is not None and any(s.model_name == name for s in scheduling.step):
+                    dependents.append(model)
+                    break
+        return sorted(dependents)
+
+    async def _vanished(self, name: str, source: ev.Source) -> None:
+        """The model's folder is gone: unload what serves and stop listing it."""
+        versions = tuple(sorted(self._serving.get(name, {})))
+        if versions:
+            reason = "the model left the repository"
+            self._record(
+                ev.UnloadRequested(model=name, versions=versions, source=source, reason=reason)
+            )
+            async with anyio.create_task_group() as group:
+                for version in versions:
+                    group.start_soon(self._retire, name, version, reason)
+        if name in self.state and source == ev.Source.POLL:
+            self._record(ev.ModelRemoved(model=name))
+
+    async def _retire(self, name: str, version: int, reason: str) -> None:
+        """Take a version out of the router, let it finish its requests, stop it."""
+        versions = self._serving.get(name, {})
+        serving = versions.pop(version, None)
+        if not versions:
+            self._serving.pop(name, None)
+        if serving is None:
+            return
+        if self._router.resolve_exact(name, version) is serving.handle:
+            self._router.remove(name, version)
+        await self._drain_and_stop(serving)
+        self._record(ev.ModelUnloaded(model=name, version=version, reason=reason))
+
+    async def _replace(self, old: _Serving) -> None:
+        started = time.perf_counter()
+        await self._drain_and_stop(old)
         self._record(
-            ev.ModelLoaded(
-                model=model.name,
-                version=version,
-                config_digest=digest,
-                load_seconds=time.perf_counter() - started,
+            ev.VersionReplaced(
+                model=old.handle.name,
+                version=old.handle.version,
+                drain_seconds=time.perf_counter() - started,
             )
         )
 
+    async def _drain_and_stop(self, serving: _Serving) -> None:
+        statistics = serving.handle.statistics
+        with anyio.move_on_after(DRAIN_TIMEOUT_SECONDS) as scope:
+            while statistics.pending > 0:
+                await anyio.sleep(0.01)
+        if scope.cancelled_caught:
+            log.warning(
+                "model '%s' version %d still had %d requests after %.0fs; stopping it anyway",
+                serving.handle.name,
+                serving.handle.version,
+                statistics.pending,
+                DRAIN_TIMEOUT_SECONDS,
+            )
+        self._owners.pop(serving.ref, None)
+        await self.stop_child(serving.ref)
+
+    # -- failures --------------------------------------------------------------------------------
+
     async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
-        name, version = self._versions.pop(child)
+        owner = self._owners.pop(child, None)
+        if owner is None:
+            return  # already retired
+        name, version = owner
+        serving = self._serving.get(name, {}).get(version)
+        if serving is None or serving.ref is not child:
+            return
+        del self._serving[name][version]
+        if not self._serving[name]:
+            del self._serving[name]
         self._router.remove(name, version)
-        reason = f"model version stopped serving: {_reason(error)}"
+        reason = f"model version stopped serving: {failure_reason(error)}"
         self._record(ev.LoadFailed(model=name, version=version, reason=reason))
+
+
+def _load_requested(
+    name: str,
+    versions: tuple[int, ...],
+    source: ev.Source,
+    digest: str,
+    override: Override | None,
+) -> ev.LoadRequested:
+    return ev.LoadRequested(
+        model=name,
+        versions=versions,
+        source=source,
+        config_digest=digest,
+        config_override=override.config_json if override is not None else "",
+        override_repository=str(override.repository or "") if override is not None else "",
+        options_digest=override.digest if override is not None else "",
+    )
+
+
+def _override(requested: ev.Requested) -> Override | None:
+    if not requested.config_override and not requested.override_repository:
+        return None
+    repository = Path(requested.override_repository) if requested.override_repository else None
+    return Override(requested.config_override, repository, requested.options_digest)
+
+
+def _with_config(model: ModelSource, config_json: str) -> ModelSource:
+    """The model with its config replaced by an override's (Triton ignores config.pbtxt then)."""
+    try:
+        config = config_from_json(config_json)
+    except ConfigError as error:
+        return replace(model, config=None, error=f"the config override is invalid: {error}")
+    if not config.name:
+        config.name = model.name
+    return replace(model, config=config, has_config_file=True, error=None)
+
+
+def _load_failed(name: str, failures: list[tuple[int, str]]) -> TritonError:
+    # Triton's wording, one clause per version.
+    detail = "".join(
+        f"version {version} is at UNAVAILABLE state: {reason};\n" for version, reason in failures
+    )
+    return invalid_arg(f"load failed for model '{name}': {detail}")
 
 
 def _versions_to_load(model: ModelSource) -> tuple[int, ...]:
     assert model.config is not None
     selection = select_versions(model.config, model.versions)
     for missing in selection.missing:
-        log.warning(
-            "version %d is specified for model '%s', but its folder is not present",
-            missing,
-            model.name,
-        )
-    if not selection.versions:
-        raise ConfigError(
-            f"at least one version must be available under the version policy of model "
-            f"'{model.name}'"
-        )
-    return selection.versions
-
-
-def _reason(error: BaseException) -> str:
-    if isinstance(error, TritonError):
-        return error.message
-    if isinstance(error, ConfigError):
-        return str(error)
-    return f"{type(error).__name__}: {error}"
+        log.warning("%s", missing_version_reason(model.name, missing))
+    return require_versions(model.name, selection)
 
 
 def index(state: ev.State) -> list[IndexEntry]:
@@ -262,3 +672,17 @@ def index(state: ev.State) -> list[IndexEntry]:
         if status.state is None and not status.versions:
             entries.append(IndexEntry(name, "", "", ""))
     return entries
+
+
+def ready(state: ev.State) -> bool:
+    """Strict readiness, Triton's default: every model that should be loaded is, and every
+    version it should serve is READY (versions unloaded on purpose do not count)."""
+    for status in state.values():
+        if not status.wanted:
+            continue
+        if status.state is not None:
+            return False
+        for version in status.versions.values():
+            if not version.unloaded and version.state != ev.VersionState.READY:
+                return False
+    return True

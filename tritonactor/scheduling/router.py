@@ -4,6 +4,7 @@ data plane the front ends talk to."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,8 @@ class Router:
         self._models: dict[str, dict[int, ModelHandle]] = {}
         # Names the repository knows (ready or not), so an error can say "not ready" vs "unknown".
         self.known: set[str] = set()
+        # Lazy loading (set by the server): loads a known model that is not loaded yet.
+        self.loader: Callable[[str], Awaitable[None]] | None = None
 
     def add(self, handle: ModelHandle) -> None:
         versions = dict(self._models.get(handle.name, {}))
@@ -58,6 +61,9 @@ class Router:
             self._models[name] = versions
         else:
             self._models.pop(name, None)
+
+    def resolve_exact(self, name: str, version: int) -> ModelHandle | None:
+        return self._models.get(name, {}).get(version)
 
     def ready_versions(self, name: str) -> list[int]:
         return list(self._models.get(name, {}))
@@ -79,18 +85,30 @@ class Router:
             raise self._not_ready(name, version)
         return versions[next(reversed(versions))]
 
+    async def ensure_loaded(self, name: str) -> None:
+        """With lazy loading, load `name` if the repository has it and it is not loaded yet:
+        its first request waits for the load (and fails with the load's error)."""
+        if self.loader is not None and name not in self._models and name in self.known:
+            await self.loader(name)
+
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Validate, queue (waiting while the scheduler's mailbox is full) and await the answer."""
+        if self.loader is not None:
+            await self.ensure_loaded(request.model_name)
         handle, message = self._prepare(request)
         if handle.decoupled:
-            raise unsupported(
+            error = unsupported(
                 f"model '{handle.name}' is decoupled: its responses can only be streamed"
             )
+            message.reply.fail(error)
+            raise error
         try:
             await handle.scheduler.tell(message)
             return await message.reply.wait()
         except ActorStopped:
-            raise self._stopped(handle) from None
+            error = self._stopped(handle)
+            message.reply.fail(error)
+            raise error from None
         except get_cancelled_exc_class():
             request.cancel()  # whoever waited is gone: the request need not run
             raise
@@ -102,11 +120,15 @@ class Router:
         reach the scheduler in that order."""
         handle, message = self._prepare(request)
         if handle.decoupled and request.sender is None:
-            raise unsupported(f"model '{handle.name}' is decoupled: a response sender is needed")
+            error = unsupported(f"model '{handle.name}' is decoupled: a response sender is needed")
+            message.reply.fail(error)
+            raise error
         try:
             handle.scheduler.tell_nowait(message)
         except (ActorStopped, WouldBlock):
-            raise self._stopped(handle) from None
+            error = self._stopped(handle)
+            message.reply.fail(error)
+            raise error from None
         return message.reply
 
     def _prepare(self, request: InferenceRequest) -> tuple[ModelHandle, Infer]:
@@ -114,7 +136,11 @@ class Router:
         handle = self.resolve(request.model_name, request.model_version)
         handle.signature.validate(request)
         request.resolved_version = handle.version
-        return handle, Infer(request, Reply(), arrival)
+        reply: Reply[InferenceResponse] = Reply()
+        statistics = handle.statistics
+        statistics.pending += 1
+        reply.add_done_callback(lambda _: _answered(statistics))
+        return handle, Infer(request, reply, arrival)
 
     @staticmethod
     def _stopped(handle: ModelHandle) -> TritonError:
@@ -128,6 +154,10 @@ class Router:
         if version:
             return not_found(f"Request for unknown model: '{name}' version {version} is not found")
         return not_found(f"Request for unknown model: '{name}' has no available versions")
+
+
+def _answered(statistics: VersionStatistics) -> None:
+    statistics.pending -= 1
 
 
 def parse_version(version: str) -> int:

@@ -82,6 +82,9 @@ class VersionStatistics:
         self.batching = batching
         self.last_inference_ms = 0
         self.inference_count = 0
+        # Requests routed to this version and not answered yet (queued or running): what an
+        # unload or a reload waits to reach zero before it stops the version.
+        self.pending = 0
         self.execution_count = 0
         self.success = Duration()
         self.fail = Duration()

@@ -24,6 +24,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from tritonactor._proto import inference as pb
 from tritonactor._proto.grpc.health import v1 as health
 from tritonactor.actors import ActorStopped, Reply
+from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import ErrorCode, TritonError, internal, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.frontends.grpc.codec import (
@@ -162,6 +163,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     @translate_errors
     async def model_infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
         request = decode_infer_request(message)
+        if self._router.loader is not None:
+            await self._router.ensure_loaded(request.model_name)
         handle = self._router.resolve(request.model_name, request.model_version)
         if handle.decoupled:
             raise grpclib.GRPCError(
@@ -187,11 +190,20 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 group.start_soon(write)
                 async for message in stream:
                     await pending.start()
-                    self._submit_streamed(message, pending)
+                    if self._router.loader is None or await self._load_lazily(message, pending):
+                        self._submit_streamed(message, pending)
                 pending.input_done()
         finally:
             # The stream is over: requests still in the server answer nobody any more.
             pending.cancel_all()
+
+    async def _load_lazily(self, message: pb.ModelInferRequest, pending: _Pending) -> bool:
+        try:
+            await self._router.ensure_loaded(message.model_name)
+        except TritonError as error:
+            pending.deliver(_stream_error(message.id, error.message), finished=True)
+            return False
+        return True
 
     def _submit_streamed(self, message: pb.ModelInferRequest, pending: _Pending) -> None:
         try:
@@ -242,14 +254,20 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         self, message: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
         self._check_explicit()
-        raise not_available("loading models through the API")
+        name = message.model_name
+        options = parse_load_parameters(message.parameters, name, base64_files=False)
+        await self._server.load(name, options)
+        return pb.RepositoryModelLoadResponse()
 
     @translate_errors
     async def repository_model_unload(
         self, message: pb.RepositoryModelUnloadRequest
     ) -> pb.RepositoryModelUnloadResponse:
         self._check_explicit()
-        raise not_available("unloading models through the API")
+        name = message.model_name
+        options = parse_unload_parameters(message.parameters, model=name)
+        await self._server.unload(name, options)
+        return pb.RepositoryModelUnloadResponse()
 
     def _check_explicit(self) -> None:
         if self._server.settings.model_control_mode is not ControlMode.EXPLICIT:

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tritonactor.config.model_config import config_to_json
+from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsupported
 from tritonactor.frontends.http.codec import (
     decode_infer_request,
@@ -35,6 +36,34 @@ if TYPE_CHECKING:
 
 JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+async def _parameters(request: Request) -> dict[str, Any]:
+    """The `parameters` object of a repository request body (empty body: none)."""
+    body = await request.body()
+    data = decode_json(body) if body.strip() else {}
+    if not isinstance(data, dict):
+        raise invalid_arg("the request body must be a JSON object")
+    parameters = data.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise invalid_arg("'parameters' must be a JSON object")
+    return parameters
+
+
+def _query_int(
+    request: Request, name: str, default: int, *, minimum: int, maximum: int | None = None
+) -> int:
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise invalid_arg(f"query parameter '{name}' must be an integer {bound}, not {text!r}")
+    return value
 
 
 def json_response(data: Any, status: int = 200) -> Response:
@@ -60,6 +89,7 @@ def create_http_app(
             Route("/v2/repository/index", routes.repository_index, methods=["POST"]),
             Route("/v2/repository/models/{model}/load", routes.load_model, methods=["POST"]),
             Route("/v2/repository/models/{model}/unload", routes.unload_model, methods=["POST"]),
+            Route("/v2/repository/events", routes.repository_events, methods=["GET"]),
             # Before the model routes, which would take "stats" for a model's name.
             Route("/v2/models/stats", routes.model_statistics, methods=["GET"]),
             *(
@@ -171,11 +201,29 @@ class _Routes:
 
     async def load_model(self, request: Request) -> Response:
         self._check_explicit()
-        raise unsupported("loading models through the API is not available in this version")
+        name = request.path_params["model"]
+        options = parse_load_parameters(await _parameters(request), name, base64_files=True)
+        await self.server.load(name, options)
+        return Response(status_code=200, media_type=JSON)
 
     async def unload_model(self, request: Request) -> Response:
         self._check_explicit()
-        raise unsupported("unloading models through the API is not available in this version")
+        name = request.path_params["model"]
+        options = parse_unload_parameters(await _parameters(request), model=name)
+        await self.server.unload(name, options)
+        return Response(status_code=200, media_type=JSON)
+
+    async def repository_events(self, request: Request) -> Response:
+        """The journal's history (a tritonactor extension): ?after=<seq>&limit=<n>."""
+        after = _query_int(request, "after", 0, minimum=0)
+        limit = _query_int(request, "limit", 100, minimum=1, maximum=1000)
+        entries = await self.server.events(after, limit)
+        return json_response(
+            {
+                "events": [entry.as_json() for entry in entries],
+                "next": entries[-1].seq if entries else after,
+            }
+        )
 
     def _check_explicit(self) -> None:
         if self.server.settings.model_control_mode is not ControlMode.EXPLICIT:
@@ -223,6 +271,8 @@ class _Routes:
         body = await request.body()
         header = request.headers.get("inference-header-content-length")
         header_length = _header_length(header, len(body))
+        if self.router.loader is not None:
+            await self.router.ensure_loaded(name)
         if self.router.resolve(name, version).decoupled:
             raise unsupported(
                 "HTTP end point doesn't support models with decoupled transaction policy"

@@ -1,0 +1,233 @@
+"""Explicit model control through the real clients: load, unload, config and file overrides,
+their checks, the journal's history, and a restart that restores what was loaded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import SIMPLE_CONFIG, write_config
+from tests.onnx_models import add_sub_model
+from tests.server_process import ServerProcess, start_server
+
+EXPLICIT = {"TRITONACTOR_MODEL_CONTROL_MODE": "explicit", "TRITONACTOR_LOAD_MODEL": "simple"}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("explicit") / "models"
+    for name, batch in (("simple", 8), ("simple_nobatch", 0), ("other", 8)):
+        add_sub_model(root / name / "1" / "model.onnx", batch=batch > 0)
+        write_config(root / name, SIMPLE_CONFIG.format(name=name, max_batch_size=batch))
+    (root / "broken" / "1").mkdir(parents=True)
+    (root / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    write_config(root / "broken", 'name: "broken"\nplatform: "onnxruntime_onnx"\n')
+    return root
+
+
+@pytest.fixture()
+def server(repo: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    process = start_server([repo], tmp_path, EXPLICIT)
+    yield process
+    process.stop()
+
+
+def add_sub(client: httpclient.InferenceServerClient, model: str, batch: bool = True) -> None:
+    shape = [1, 16] if batch else [16]
+    a = np.arange(16, dtype=np.int32).reshape(shape)
+    b = np.ones(shape, dtype=np.int32)
+    inputs = [httpclient.InferInput(n, shape, "INT32") for n in ("INPUT0", "INPUT1")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer(model, inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+
+
+def index(server: ServerProcess) -> dict[str, dict[str, str]]:
+    entries = httpx.post(f"{server.base}/v2/repository/index", json={}).json()
+    return {entry["name"]: entry for entry in entries}
+
+
+def events(server: ServerProcess, after: int = 0) -> list[dict[str, object]]:
+    found: list[dict[str, object]] = []
+    while True:
+        page = httpx.get(f"{server.base}/v2/repository/events?after={after}&limit=50").json()
+        if not page["events"]:
+            return found
+        found += page["events"]
+        after = page["next"]
+
+
+def test_http_load_and_unload(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    assert index(server)["simple_nobatch"] == {"name": "simple_nobatch"}
+    assert not client.is_model_ready("simple_nobatch")
+    client.load_model("simple_nobatch")
+    assert client.is_model_ready("simple_nobatch")
+    add_sub(client, "simple_nobatch", batch=False)
+    assert index(server)["simple_nobatch"]["state"] == "READY"
+    client.unload_model("simple_nobatch")
+    assert not client.is_model_ready("simple_nobatch")
+    assert index(server)["simple_nobatch"] == {
+        "name": "simple_nobatch",
+        "version": "1",
+        "state": "UNAVAILABLE",
+        "reason": "unloaded",
+    }
+    with pytest.raises(InferenceServerException, match="has no available versions"):
+        add_sub(client, "simple_nobatch", batch=False)
+    # Unloading what is not loaded, or not there at all, is fine (Triton answers 200 too).
+    client.unload_model("simple_nobatch")
+    client.unload_model("nosuch")
+    assert client.is_server_ready()  # unloaded on purpose: not awaited by readiness
+
+
+def test_load_errors_change_nothing(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    response = httpx.post(f"{server.base}/v2/repository/models/nosuch/load", json={})
+    assert response.status_code == 500
+    assert response.json() == {
+        "error": "failed to load 'nosuch', failed to poll from model repository"
+    }
+    with pytest.raises(InferenceServerException, match="load failed for model 'broken'"):
+        client.load_model("broken")
+    assert index(server)["broken"]["state"] == "UNAVAILABLE"
+    assert not client.is_server_ready()  # asked for and not ready: strict readiness says no
+    client.unload_model("broken")
+    assert client.is_server_ready()
+    for body, message in (
+        ({"parameters": {"bogus": 1}}, "unknown load parameter"),
+        ({"parameters": {"config": "{bad"}}, "config"),
+        ({"parameters": {"file:1/model.onnx": "AAAA"}}, "config"),
+        ({"parameters": []}, "'parameters' must be a JSON object"),
+    ):
+        response = httpx.post(f"{server.base}/v2/repository/models/simple/load", json=body)
+        assert response.status_code == 400, body
+        assert message in response.json()["error"]
+    assert client.is_model_ready("simple")
+    add_sub(client, "simple")
+
+
+def test_file_override_paths_are_checked(server: ServerProcess, tmp_path: Path) -> None:
+    config = json.dumps({"name": "fresh", "backend": "onnxruntime"})
+    for path in ("../escape/model.onnx", "/etc/passwd", "1/../../x", "1\\model.onnx"):
+        response = httpx.post(
+            f"{server.base}/v2/repository/models/fresh/load",
+            json={"parameters": {"config": config, f"file:{path}": "AAAA"}},
+        )
+        assert response.status_code == 400, path
+    journal_dir = Path(server.env["TRITONACTOR_JOURNAL"]).parent
+    assert not list((journal_dir / "overrides").glob("fresh*"))
+    assert not (journal_dir / "escape").exists()
+
+
+def test_grpc_load_with_config_and_file_overrides(server: ServerProcess, tmp_path: Path) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    http = httpclient.InferenceServerClient(server.url)
+    # A model no repository holds, from files alone.
+    model_file = add_sub_model(tmp_path / "model.onnx")
+    config = SIMPLE_CONFIG.format(name="fresh", max_batch_size=4)
+    config_json = json.dumps(
+        {
+            "name": "fresh",
+            "platform": "onnxruntime_onnx",
+            "max_batch_size": 4,
+            "input": [
+                {"name": n, "data_type": "TYPE_INT32", "dims": [16]} for n in ("INPUT0", "INPUT1")
+            ],
+            "output": [
+                {"name": n, "data_type": "TYPE_INT32", "dims": [16]} for n in ("OUTPUT0", "OUTPUT1")
+            ],
+        }
+    )
+    assert "fresh" in config
+    client.load_model(
+        "fresh", config=config_json, files={"file:1/model.onnx": model_file.read_bytes()}
+    )
+    assert client.is_model_ready("fresh")
+    add_sub(http, "fresh")
+    assert http.get_model_config("fresh")["max_batch_size"] == 4
+    # A config override of a repository model: its own files, this config.
+    override = json.dumps({"max_batch_size": 2, "dynamic_batching": {}})
+    client.load_model("other", config=override)
+    assert http.get_model_config("other")["max_batch_size"] == 2
+    add_sub(http, "other")
+    # The same request again changes nothing: no second load.
+    loads = [e for e in events(server) if e["type"] == "ModelLoaded" and e["model"] == "other"]
+    client.load_model("other", config=override)
+    again = [e for e in events(server) if e["type"] == "ModelLoaded" and e["model"] == "other"]
+    assert len(again) == len(loads) == 1
+    # Without the override, the repository's config comes back: a reload.
+    client.load_model("other")
+    assert http.get_model_config("other")["max_batch_size"] == 8
+    client.unload_model("fresh")
+    assert not client.is_model_ready("fresh")
+
+
+def test_events_are_served_in_pages(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("simple_nobatch")
+    client.unload_model("simple_nobatch")
+    history = events(server)
+    assert [e["seq"] for e in history] == list(range(1, len(history) + 1))
+    kinds = [(e["type"], e["model"]) for e in history]
+    assert ("ServerStarted", "") in kinds
+    assert ("ModelLoaded", "simple") in kinds
+    mine = [e for e in history if e["model"] == "simple_nobatch"]
+    assert [e["type"] for e in mine][-4:] == [
+        "LoadRequested",
+        "ModelLoaded",
+        "UnloadRequested",
+        "ModelUnloaded",
+    ]
+    assert mine[-4]["fields"]["source"] == "api"
+    assert mine[-3]["fields"]["load_seconds"] > 0
+    page = httpx.get(f"{server.base}/v2/repository/events?after=1&limit=2").json()
+    assert [e["seq"] for e in page["events"]] == [2, 3] and page["next"] == 3
+    bad = httpx.get(f"{server.base}/v2/repository/events?limit=0")
+    assert bad.status_code == 400
+    metadata = httpx.get(f"{server.base}/v2").json()
+    assert "repository_events" in metadata["extensions"]
+    assert "model_repository" in metadata["extensions"]
+
+
+def test_restart_restores_what_the_api_loaded(repo: Path, tmp_path: Path) -> None:
+    env = {**EXPLICIT, "TRITONACTOR_JOURNAL": str(tmp_path / "state" / "journal.jsonl")}
+    first = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(first.url)
+        client.load_model("other", config=json.dumps({"max_batch_size": 2}))
+        client.load_model("simple_nobatch")
+        client.unload_model("simple_nobatch")
+    finally:
+        first.stop()
+    second = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(second.url)
+        assert client.is_model_ready("simple")  # the startup list
+        assert client.is_model_ready("other")  # loaded through the API, with its override
+        assert client.get_model_config("other")["max_batch_size"] == 2
+        assert not client.is_model_ready("simple_nobatch")  # unloaded: stays unloaded
+        started = [e for e in events(second) if e["type"] == "ServerStarted"]
+        assert len(started) == 2  # one journal, both runs
+    finally:
+        second.stop()
+
+
+def test_mode_none_refuses_load_and_unload(repo: Path, tmp_path: Path) -> None:
+    server = start_server([repo], tmp_path, wait_ready=False)
+    try:
+        for action in ("load", "unload"):
+            response = httpx.post(f"{server.base}/v2/repository/models/simple/{action}", json={})
+            assert response.status_code == 503
+            assert "not allowed if polling is enabled" in response.json()["error"]
+    finally:
+        server.stop()
