@@ -231,3 +231,19 @@ def test_mode_none_refuses_load_and_unload(repo: Path, tmp_path: Path) -> None:
             assert "not allowed if polling is enabled" in response.json()["error"]
     finally:
         server.stop()
+
+
+def test_a_corrupt_journal_is_set_aside_and_the_server_starts(repo: Path, tmp_path: Path) -> None:
+    journal = tmp_path / "state" / "journal.jsonl"
+    journal.parent.mkdir()
+    journal.write_text('{"v": 1, "type": "ServerStarted"}\nnot json at all\n{"v": 1}\n')
+    env = {**EXPLICIT, "TRITONACTOR_JOURNAL": str(journal)}
+    server = start_server([repo], tmp_path, env)
+    try:
+        assert httpclient.InferenceServerClient(server.url).is_model_ready("simple")
+        aside = list(journal.parent.glob("journal.jsonl.corrupt-*"))
+        assert len(aside) == 1 and "not json at all" in aside[0].read_text()
+        assert [e["type"] for e in events(server)][0] == "ServerStarted"
+        assert "corrupt" in server.log()
+    finally:
+        server.stop()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tritonactor.control import events as ev
-from tritonactor.control.manager import IndexEntry, index
+from tritonactor.control.journal import open_journal
+from tritonactor.control.manager import IndexEntry, index, ready
 
 
 def test_fold_load_then_unload() -> None:
@@ -57,3 +60,82 @@ def test_replaying_the_same_events_gives_the_same_state() -> None:
     ] + [ev.ModelLoaded(model="a", version=1), ev.LoadFailed(model="b", version=1, reason="x")]
     assert ev.fold(events) == ev.fold(list(events))
     assert [e.state for e in index(ev.fold(events))] == ["READY", "UNAVAILABLE"]
+
+
+def test_a_restart_forgets_what_was_loaded_but_keeps_what_the_api_asked_for() -> None:
+    events: list[ev.Event] = [
+        ev.ServerStarted(model="", mode="explicit"),
+        ev.LoadRequested(
+            model="a", versions=(1,), source=ev.Source.API, config_override='{"x": 1}'
+        ),
+        ev.ModelLoaded(model="a", version=1),
+        ev.LoadRequested(model="b", versions=(1,), source=ev.Source.API),
+        ev.ModelLoaded(model="b", version=1),
+        ev.UnloadRequested(model="b", versions=(1,), source=ev.Source.API),
+        ev.ModelUnloaded(model="b", version=1),
+        ev.LoadRequested(model="c", versions=(1,), source=ev.Source.STARTUP),
+        ev.ModelLoaded(model="c", version=1),
+    ]
+    before = ev.fold(events)
+    assert before["a"].requested == ev.Requested(config_override='{"x": 1}')
+    assert before["b"].requested is None and not before["b"].wanted
+    assert before["c"].requested is None  # the startup list is this start's, not a request
+    assert ready(before)  # b was unloaded on purpose
+    after = ev.apply(before, ev.ServerStarted(model="", mode="explicit"))
+    assert after == {"a": ev.ModelStatus(requested=ev.Requested(config_override='{"x": 1}'))}
+    assert ready(after)
+
+
+def test_a_failed_reload_keeps_the_serving_version_ready() -> None:
+    state = ev.fold(
+        [
+            ev.LoadRequested(model="m", versions=(1,), source=ev.Source.POLL),
+            ev.ModelLoaded(model="m", version=1),
+            ev.LoadRequested(model="m", versions=(1,), source=ev.Source.POLL),
+        ]
+    )
+    assert state["m"].versions[1].state == ev.VersionState.READY  # reloading: still serving
+    failed = ev.apply(state, ev.LoadFailed(model="m", version=1, reason="bad config", serving=True))
+    assert failed == state and ready(failed)
+    broken = ev.apply(state, ev.LoadFailed(model="m", version=1, reason="bad config"))
+    assert broken["m"].versions[1] == ev.VersionStatus(ev.VersionState.UNAVAILABLE, "bad config")
+    assert not ready(broken)
+
+
+def test_a_removed_model_is_no_longer_listed_and_a_replaced_version_changes_nothing() -> None:
+    state = ev.fold(
+        [
+            ev.ModelDiscovered(model="m", repository="/r", versions=(1,)),
+            ev.LoadRequested(model="m", versions=(1,), source=ev.Source.POLL),
+            ev.ModelLoaded(model="m", version=1),
+        ]
+    )
+    assert ev.apply(state, ev.VersionReplaced(model="m", version=1)) == state
+    gone = ev.fold(
+        [
+            ev.UnloadRequested(model="m", versions=(1,), source=ev.Source.POLL),
+            ev.ModelUnloaded(model="m", version=1, reason="the model left the repository"),
+            ev.ModelRemoved(model="m"),
+        ],
+        state,
+    )
+    assert gone == {}
+
+
+def test_the_journal_replays_to_the_same_state(tmp_path: Path) -> None:
+    events: list[ev.Event] = [
+        ev.ServerStarted(model="", mode="poll", repositories=("/r",)),
+        ev.ModelDiscovered(model="m", repository="/r", versions=(1, 2)),
+        ev.LoadRequested(model="m", versions=(1, 2), source=ev.Source.STARTUP),
+        ev.ModelLoaded(model="m", version=2, load_seconds=0.5, memory_bytes=10),
+        ev.LoadFailed(model="m", version=1, reason="bad file"),
+    ]
+    journal, replayed = open_journal(tmp_path / "journal.jsonl")
+    assert replayed == []
+    for event in events:
+        journal.append(event)
+    journal.close()
+    journal, replayed = open_journal(tmp_path / "journal.jsonl")
+    journal.close()
+    assert replayed == events
+    assert ev.fold(replayed) == ev.fold(events)
