@@ -137,9 +137,8 @@ class Router:
         handle.signature.validate(request)
         request.resolved_version = handle.version
         reply: Reply[InferenceResponse] = Reply()
-        statistics = handle.statistics
-        statistics.pending += 1
-        reply.add_done_callback(lambda _: _answered(statistics))
+        handle.statistics.pending += 1
+        reply.add_done_callback(handle.statistics.request_done)
         return handle, Infer(request, reply, arrival)
 
     @staticmethod
@@ -154,10 +153,6 @@ class Router:
         if version:
             return not_found(f"Request for unknown model: '{name}' version {version} is not found")
         return not_found(f"Request for unknown model: '{name}' has no available versions")
-
-
-def _answered(statistics: VersionStatistics) -> None:
-    statistics.pending -= 1
 
 
 def parse_version(version: str) -> int:

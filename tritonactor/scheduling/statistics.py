@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tritonactor.core.errors import ErrorCode, TritonError, invalid_arg
 from tritonactor.scheduling.messages import Infer
 
 if TYPE_CHECKING:
+    from tritonactor.actors import Reply
     from tritonactor.scheduling.router import ModelHandle, Router
 
 
@@ -95,6 +96,10 @@ class VersionStatistics:
         self.cache_hit = Duration()  # no response cache: always zero
         self.cache_miss = Duration()
         self._batches: dict[int, BatchStatistics] = {}
+
+    def request_done(self, reply: Reply[Any]) -> None:
+        """A request routed to this version has its answer (the router calls this)."""
+        self.pending -= 1
 
     def record_execution(
         self, batch: Sequence[Infer], results: Sequence[object], times: ExecutionTimes
