@@ -243,7 +243,7 @@ def test_a_corrupt_journal_is_set_aside_and_the_server_starts(repo: Path, tmp_pa
         assert httpclient.InferenceServerClient(server.url).is_model_ready("simple")
         aside = list(journal.parent.glob("journal.jsonl.corrupt-*"))
         assert len(aside) == 1 and "not json at all" in aside[0].read_text()
-        assert [e["type"] for e in events(server)][0] == "ServerStarted"
+        assert next(e["type"] for e in events(server)) == "ServerStarted"
         assert "corrupt" in server.log()
     finally:
         server.stop()

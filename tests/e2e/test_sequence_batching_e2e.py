@@ -1,10 +1,15 @@
-"""The sequence batcher behind the real server: a stateful python model driven by tritonclient
-with sequence_id / sequence_start / sequence_end."""
+"""The sequence batcher behind the real server: stateful python models driven by tritonclient
+with sequence_id / sequence_start / sequence_end. `sequence_accumulate` keeps a running sum;
+`sequence_batch_report` also reports how it was batched (its row, and the READY and CORRID
+controls of every row), served with the direct and the oldest strategy."""
 
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +29,21 @@ MODELS = Path(__file__).resolve().parent.parent / "python_models"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("sequence_repo")
     shutil.copytree(MODELS / "sequence_accumulate", repo / "sequence_accumulate")
+    # Two instances, one slot each (max_batch_size 0, direct): two sequences at a time.
+    config = repo / "sequence_accumulate" / "config.pbtxt"
+    config.write_text(config.read_text().replace("count: 1", "count: 2"))
+    report = MODELS / "sequence_batch_report"
+    shutil.copytree(report, repo / "report_direct")
+    shutil.copytree(report, repo / "report_oldest")
+    text = (report / "config.pbtxt").read_text()
+    (repo / "report_direct" / "config.pbtxt").write_text(
+        text.replace('"sequence_batch_report"', '"report_direct"')
+    )
+    (repo / "report_oldest" / "config.pbtxt").write_text(
+        text.replace('"sequence_batch_report"', '"report_oldest"').replace(
+            "direct { }", "oldest { max_candidate_sequences: 4 }"
+        )
+    )
     process = start_server([repo], tmp_path_factory.mktemp("sequence_server"))
     yield process
     process.stop()
@@ -77,3 +97,107 @@ def test_a_sequence_over_grpc(server: ServerProcess) -> None:
         assert sums == [4, 9, 15]
     finally:
         client.close()
+
+
+def report(
+    client: httpclient.InferenceServerClient,
+    model: str,
+    value: int,
+    sequence_id: int,
+    **flags: bool,
+) -> dict[str, list[int]]:
+    tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    result = client.infer(model, [tensor], sequence_id=sequence_id, **flags)
+    return {
+        name: result.as_numpy(name)[0].tolist()
+        for name in ("OUTPUT", "SLOT", "READY_ROWS", "CORRID_ROWS")
+    }
+
+
+def run_sequence(url: str, model: str, sequence_id: int, values: list[int]) -> list[dict]:
+    client = httpclient.InferenceServerClient(url)
+    answers = []
+    for step, value in enumerate(values):
+        flags = {"sequence_start": step == 0, "sequence_end": step == len(values) - 1}
+        answers.append(report(client, model, value, sequence_id, **flags))
+    return answers
+
+
+def run_concurrently(url: str, model: str, sequences: dict[int, list[int]]) -> dict[int, list]:
+    with ThreadPoolExecutor(len(sequences)) as pool:
+        futures = {
+            corrid: pool.submit(run_sequence, url, model, corrid, values)
+            for corrid, values in sequences.items()
+        }
+        return {corrid: future.result(timeout=60) for corrid, future in futures.items()}
+
+
+SEQUENCES = {corrid: [corrid * 10 + step for step in range(6)] for corrid in (41, 42, 43, 44)}
+
+
+def check_sums(answers: dict[int, list[dict]]) -> None:
+    # Each client got its own sequence's running sums, in order: no null row's output, no
+    # other sequence's, reached it.
+    for corrid, values in SEQUENCES.items():
+        sums = [sum(values[: step + 1]) for step in range(len(values))]
+        assert [answer["OUTPUT"][0] for answer in answers[corrid]] == sums
+
+
+def test_direct_batches_concurrent_sequences_in_their_slots(server: ServerProcess) -> None:
+    answers = run_concurrently(server.url, "report_direct", SEQUENCES)
+    check_sums(answers)
+    everything = [answer for sequence in answers.values() for answer in sequence]
+    # Several slots per execute: one request per slot, at its slot's row; a row without a
+    # request (READY 0) is a null row, CORRID 0.
+    assert max(len(answer["READY_ROWS"]) for answer in everything) > 1
+    slots: dict[int, set[int]] = {}
+    for corrid, sequence in answers.items():
+        for answer in sequence:
+            slot = answer["SLOT"][0]
+            slots.setdefault(corrid, set()).add(slot)
+            assert answer["READY_ROWS"][slot] == 1 and answer["CORRID_ROWS"][slot] == corrid
+            for ready, row_corrid in zip(answer["READY_ROWS"], answer["CORRID_ROWS"], strict=True):
+                assert ready == 1 or row_corrid == 0
+            assert len(set(answer["CORRID_ROWS"]) - {0}) == sum(answer["READY_ROWS"])
+    # A sequence keeps its slot; four sequences, four slots.
+    assert all(len(held) == 1 for held in slots.values()), slots
+    assert sorted(held.pop() for held in slots.values()) == [0, 1, 2, 3]
+
+
+def test_direct_backlogs_a_fifth_sequence_until_a_slot_frees(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    for corrid in (51, 52, 53, 54):
+        report(client, "report_direct", 1, corrid, sequence_start=True)
+    fifth: dict[str, list[int]] = {}
+    waiting = threading.Thread(
+        target=lambda: fifth.update(
+            report(
+                httpclient.InferenceServerClient(server.url),
+                "report_direct",
+                7,
+                55,
+                sequence_start=True,
+            )
+        )
+    )
+    waiting.start()
+    time.sleep(0.5)
+    assert not fifth  # every slot is held by a running sequence
+    ended = report(client, "report_direct", 1, 52, sequence_end=True)
+    waiting.join(timeout=10)
+    assert fifth["OUTPUT"] == [7]
+    assert fifth["SLOT"] == ended["SLOT"]  # sequence 55 took the slot sequence 52 left
+    for corrid in (51, 53, 54, 55):
+        report(client, "report_direct", 0, corrid, sequence_end=True)
+
+
+def test_oldest_batches_one_request_per_sequence(server: ServerProcess) -> None:
+    answers = run_concurrently(server.url, "report_oldest", SEQUENCES)
+    check_sums(answers)
+    everything = [answer for sequence in answers.values() for answer in sequence]
+    assert max(len(answer["READY_ROWS"]) for answer in everything) > 1
+    for answer in everything:
+        assert set(answer["READY_ROWS"]) == {1}  # compact: no null rows
+        corrids = answer["CORRID_ROWS"]
+        assert len(corrids) == len(set(corrids))  # at most one request of a sequence per batch

@@ -19,6 +19,7 @@ from tritonactor.backends.base import (
     BackendInstance,
     BackendModel,
     InstanceContext,
+    InstanceDied,
     ModelContext,
     Result,
 )
@@ -71,34 +72,43 @@ class AccumulatingInstance(BackendInstance):
 
     def execute(self, requests: list[InferenceRequest]) -> list[Result]:
         backend = self.backend
+        with backend.lock:
+            backend.entered += 1
         if not backend.gate.wait(timeout=10):
             raise RuntimeError("the test never released the instance")
         results: list[Result] = []
+        batch = []
         for request in requests:
             tensors = {tensor.name: tensor for tensor in request.inputs}
-            with backend.lock:
-                backend.seen.append(
-                    {
-                        "id": request.id,
-                        "instance": self.name,
-                        **{
-                            name: (t.datatype, t.shape, t.data.reshape(-1)[0])
-                            for name, t in tensors.items()
-                            if name != "IN"
-                        },
-                    }
-                )
-            corrid = tensors["CORRID"].data.reshape(-1)[0]
-            if tensors["START"].data.reshape(-1)[0] == 1:
-                self.sums[corrid] = 0
-            total = self.sums[corrid] + int(tensors["IN"].data.reshape(-1)[0])
-            self.sums[corrid] = total
-            data = np.array([total], dtype=np.int32).reshape(tensors["IN"].shape)
+            entry = {
+                "id": request.id,
+                "instance": self.name,
+                **{
+                    name: (t.datatype, t.shape, t.data.reshape(-1)[0])
+                    for name, t in tensors.items()
+                    if name != "IN"
+                },
+            }
+            batch.append(entry)
+            shape = tensors["IN"].shape
+            if not tensors["READY"].data.reshape(-1)[0]:
+                # A null request (an empty slot of a direct batch): the model must not touch
+                # any sequence; its answer goes nowhere.
+                data = np.full(shape, -1, dtype=np.int32)
+            else:
+                corrid = tensors["CORRID"].data.reshape(-1)[0]
+                if tensors["START"].data.reshape(-1)[0] == 1:
+                    self.sums[corrid] = 0
+                self.sums[corrid] += int(tensors["IN"].data.reshape(-1)[0])
+                data = np.full(shape, self.sums[corrid], dtype=np.int32)
             results.append(
                 InferenceResponse(
                     "acc", "1", request.id, [Tensor("OUT", "INT32", data.shape, data)]
                 )
             )
+        with backend.lock:
+            backend.batches.append(batch)
+            backend.seen.extend(batch)
         return results
 
 
@@ -117,7 +127,9 @@ class AccumulatingBackend(Backend):
         self.gate = threading.Event()
         self.gate.set()
         self.lock = threading.Lock()
-        self.seen: list[dict[str, Any]] = []
+        self.seen: list[dict[str, Any]] = []  # every request executed, null ones included
+        self.batches: list[list[dict[str, Any]]] = []
+        self.entered = 0  # executes begun (some may wait at the gate)
 
     def load_model(self, context: ModelContext) -> BackendModel:
         return AccumulatingModel(self)
@@ -155,10 +167,20 @@ def request(
 
 
 def seq(
-    value: int, request_id: str, corrid: Any, start: bool = False, end: bool = False, **kw: Any
+    value: int,
+    request_id: str,
+    corrid: Any,
+    start: bool = False,
+    end: bool = False,
+    max_batch_size: int = 0,
 ) -> InferenceRequest:
     return request(
-        value, request_id, sequence_id=corrid, sequence_start=start, sequence_end=end, **kw
+        value,
+        request_id,
+        max_batch_size,
+        sequence_id=corrid,
+        sequence_start=start,
+        sequence_end=end,
     )
 
 
@@ -180,6 +202,19 @@ async def serve(
     router.known.add("acc")
     router.add(ModelHandle("acc", 1, config, ModelSignature.from_config(config), actor.scheduler))
     return router, actor
+
+
+def batcher(actor: ModelVersionActor) -> SequenceBatcher:
+    assert actor.scheduler is not None
+    scheduler = actor.scheduler._actor  # the batcher itself, only to read its state
+    assert isinstance(scheduler, SequenceBatcher)
+    return scheduler
+
+
+async def until(condition: Any, timeout: float = 5) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.005)
 
 
 def total(response: InferenceResponse) -> int:
@@ -205,14 +240,18 @@ async def test_the_factory_picks_the_sequence_batcher_for_sequence_batching() ->
     assert not isinstance(scheduler_for(parse_pbtxt(plain)), SequenceBatcher)
 
 
-async def test_implicit_state_is_refused_at_construction() -> None:
-    text = config_text(
-        extra='state [ { input_name: "I" output_name: "O" data_type: TYPE_INT32 dims: [ 1 ] } ]'
+async def test_a_sequence_request_must_have_batch_size_one(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text(max_batch_size=4))
+    data = np.ones((2, 1), dtype=np.int32)
+    two = InferenceRequest(
+        "acc",
+        inputs=[Tensor("IN", "INT32", (2, 1), data)],
+        parameters={"sequence_id": 1, "sequence_start": True},
     )
-    with pytest.raises(TritonError) as caught:
-        scheduler_for(parse_pbtxt(text))
-    assert caught.value.code == ErrorCode.UNSUPPORTED
-    assert "implicit state is not supported yet" in str(caught.value)
+    error = await failure(router.submit(two))
+    assert error.code == ErrorCode.INVALID_ARG
+    assert "must specify batch-size 1 due to requirements of sequence batcher" in str(error)
 
 
 async def test_a_control_without_two_values_is_refused() -> None:
@@ -222,25 +261,43 @@ async def test_a_control_without_two_values_is_refused() -> None:
     assert caught.value.code == ErrorCode.INVALID_ARG
 
 
-@pytest.mark.parametrize("strategy", ["direct { }", "oldest { }", ""])
-async def test_two_interleaved_sequences_keep_separate_sums_on_one_instance(
+INTERLEAVED = [
+    (1, "a0", 11, True, False),
+    (100, "b0", 22, True, False),
+    (2, "a1", 11, False, False),
+    (200, "b1", 22, False, False),
+    (3, "a2", 11, False, True),
+    (300, "b2", 22, False, True),
+]
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", ""])
+async def test_with_one_slot_a_second_sequence_waits_for_the_first_to_end(
     system: ActorSystem, strategy: str
 ) -> None:
+    # max_batch_size 0 and one instance: one slot (no strategy means direct, as in Triton).
     backend = AccumulatingBackend()
-    router, _ = await serve(system, backend, config_text(strategy=strategy))
-    plan = [
-        (1, "a0", 11, True, False),
-        (100, "b0", 22, True, False),
-        (2, "a1", 11, False, False),
-        (200, "b1", 22, False, False),
-        (3, "a2", 11, False, True),
-        (300, "b2", 22, False, True),
-    ]
-    replies = [router.submit(seq(v, rid, c, s, e)) for v, rid, c, s, e in plan]
+    router, actor = await serve(system, backend, config_text(strategy=strategy))
+    backend.gate.clear()
+    replies = [router.submit(seq(v, rid, c, s, e)) for v, rid, c, s, e in INTERLEAVED]
+    await until(lambda: backend.entered == 1)
+    assert batcher(actor).backlog == 1  # sequence 22 waits for a slot
+    backend.gate.set()
     responses = await answers(replies)
     assert [total(r) for r in responses] == [1, 100, 3, 300, 6, 600]
-    # One instance: the requests ran one by one, in arrival order.
-    assert [entry["id"] for entry in backend.seen] == [p[1] for p in plan]
+    assert [entry["id"] for entry in backend.seen] == ["a0", "a1", "a2", "b0", "b1", "b2"]
+
+
+async def test_oldest_with_two_candidates_interleaves_two_sequences(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    strategy = "oldest { max_candidate_sequences: 2 }"
+    router, _ = await serve(system, backend, config_text(strategy=strategy))
+    replies = [router.submit(seq(v, rid, c, s, e)) for v, rid, c, s, e in INTERLEAVED]
+    responses = await answers(replies)
+    assert [total(r) for r in responses] == [1, 100, 3, 300, 6, 600]
+    # max_batch_size 0: one request per execute, in arrival order.
+    assert [entry["id"] for entry in backend.seen] == [p[1] for p in INTERLEAVED]
+    assert all(len(batch) == 1 for batch in backend.batches)
 
 
 async def test_control_values_and_datatypes_are_those_configured(system: ActorSystem) -> None:
@@ -365,3 +422,171 @@ async def test_the_timer_releases_without_new_requests(system: ActorSystem) -> N
     with anyio.fail_after(5):
         while scheduler.active_sequences:
             await anyio.sleep(0.02)
+
+
+# -- direct: slots, null requests, backlog ------------------------------------------------------
+
+
+async def test_direct_batches_one_request_per_slot_with_null_rows(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    router, actor = await serve(system, backend, config_text(max_batch_size=4))
+    backend.gate.clear()
+    replies = [router.submit(seq(1, "s1-0", 1, start=True, max_batch_size=4))]
+    await until(lambda: backend.entered == 1)  # sequence 1 runs alone in slot 0, held there
+    for corrid in (2, 3, 4):
+        replies.append(router.submit(seq(corrid, f"s{corrid}-0", corrid, True, max_batch_size=4)))
+    fifth = router.submit(seq(5, "s5-0", 5, start=True, max_batch_size=4))
+    await until(lambda: batcher(actor).queue_depth == 4)
+    assert batcher(actor).backlog == 1  # four slots, all taken: sequence 5 waits
+    backend.gate.set()
+    assert [total(r) for r in await answers(replies)] == [1, 2, 3, 4]
+    first, second = backend.batches[:2]
+    assert [entry["id"] for entry in first] == ["s1-0"]
+    # Slot 0 has no request ready: a null row keeps sequences 2-4 in their slots 1-3.
+    assert [entry["id"] for entry in second] == ["", "s2-0", "s3-0", "s4-0"]
+    assert [bool(entry["READY"][2]) for entry in second] == [False, True, True, True]
+    assert [int(entry["START"][2]) for entry in second] == [0, 1, 1, 1]
+    assert second[0]["CORRID"] == ("UINT64", (1, 1), 0)
+    assert not fifth.done  # its sequence still has no slot
+    # Sequence 3 ends: its slot goes to sequence 5, whose request then runs in slot 2.
+    await answers([router.submit(seq(10, "s3-end", 3, end=True, max_batch_size=4))])
+    assert total((await answers([fifth]))[0]) == 5
+    last = backend.batches[-1]
+    assert [entry["id"] for entry in last] == ["", "", "s5-0"]
+    more = [router.submit(seq(1, f"s{c}-1", c, max_batch_size=4)) for c in (1, 2, 4, 5)]
+    assert [total(r) for r in await answers(more)] == [2, 3, 5, 6]
+    assert all(len(batch) <= 4 for batch in backend.batches)
+    assert all(entry["READY"][2] or entry["id"] == "" for entry in backend.seen)
+
+
+async def test_direct_waits_for_minimum_slot_utilization(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    strategy = "direct { max_queue_delay_microseconds: 3000000 minimum_slot_utilization: 0.5 }"
+    router, _ = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    one = router.submit(seq(1, "a", 1, start=True, max_batch_size=4))
+    await anyio.sleep(0.3)
+    assert backend.entered == 0  # 1 of 4 slots ready: below the minimum, within the delay
+    two = router.submit(seq(2, "b", 2, start=True, max_batch_size=4))
+    assert [total(r) for r in await answers([one, two])] == [1, 2]
+    assert [[entry["id"] for entry in batch] for batch in backend.batches] == [["a", "b"]]
+
+
+async def test_direct_sends_a_thin_batch_once_the_delay_runs_out(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    strategy = "direct { max_queue_delay_microseconds: 200000 minimum_slot_utilization: 0.75 }"
+    router, _ = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    started = anyio.current_time()
+    assert total((await answers([router.submit(seq(7, "a", 1, True, max_batch_size=4))]))[0]) == 7
+    assert anyio.current_time() - started >= 0.19
+
+
+# -- oldest --------------------------------------------------------------------------------------
+
+
+async def test_oldest_batches_one_request_per_sequence_oldest_first(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    strategy = "oldest { max_candidate_sequences: 4 }"
+    router, _ = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    backend.gate.clear()
+    replies = [router.submit(seq(1, "a0", 1, start=True, max_batch_size=4))]
+    await until(lambda: backend.entered == 1)
+    plan = [
+        (2, "a1", 1, False),
+        (3, "a2", 1, False),
+        (10, "b0", 2, True),
+        (20, "b1", 2, False),
+        (100, "c0", 3, True),
+    ]
+    for value, rid, corrid, start in plan:
+        replies.append(router.submit(seq(value, rid, corrid, start, max_batch_size=4)))
+    await anyio.sleep(0.05)
+    backend.gate.set()
+    assert [total(r) for r in await answers(replies)] == [1, 3, 6, 10, 30, 100]
+    # Compact batches (no null rows), at most one request of a sequence in each, oldest first.
+    assert [[entry["id"] for entry in batch] for batch in backend.batches] == [
+        ["a0"],
+        ["a1", "b0", "c0"],
+        ["a2", "b1"],
+    ]
+
+
+async def test_oldest_waits_for_a_preferred_batch_up_to_the_delay(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    strategy = (
+        "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
+        "max_queue_delay_microseconds: 3000000 }"
+    )
+    router, _ = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    one = router.submit(seq(1, "a", 1, start=True, max_batch_size=4))
+    await anyio.sleep(0.3)
+    assert backend.entered == 0
+    two = router.submit(seq(2, "b", 2, start=True, max_batch_size=4))
+    assert [total(r) for r in await answers([one, two])] == [1, 2]
+    assert [[entry["id"] for entry in batch] for batch in backend.batches] == [["a", "b"]]
+
+
+async def test_oldest_holds_at_most_max_candidate_sequences(system: ActorSystem) -> None:
+    backend = AccumulatingBackend()
+    strategy = "oldest { max_candidate_sequences: 2 }"
+    router, actor = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    replies = [router.submit(seq(c, f"{c}", c, start=True, max_batch_size=4)) for c in (1, 2, 3)]
+    done = await answers(replies[:2])
+    assert [total(r) for r in done] == [1, 2]
+    assert batcher(actor).backlog == 1 and not replies[2].done
+    await answers([router.submit(seq(0, "end", 1, end=True, max_batch_size=4))])
+    assert total((await answers(replies[2:]))[0]) == 3
+
+
+# -- failures --------------------------------------------------------------------------------------
+
+
+async def test_a_cancelled_request_is_dropped_and_its_sequence_goes_on(
+    system: ActorSystem,
+) -> None:
+    backend = AccumulatingBackend()
+    router, _ = await serve(system, backend, config_text())
+    backend.gate.clear()
+    first = router.submit(seq(1, "a0", 1, start=True))
+    await until(lambda: backend.entered == 1)
+    dropped = seq(50, "a1", 1)
+    second = router.submit(dropped)
+    third = router.submit(seq(2, "a2", 1))
+    dropped.cancel()
+    backend.gate.set()
+    error = await failure(second)
+    assert error.code == ErrorCode.CANCELLED
+    assert [total(r) for r in await answers([first, third])] == [1, 3]
+
+
+class DyingInstance(AccumulatingInstance):
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        if any(int(r.inputs[0].data.reshape(-1)[0]) < 0 for r in requests):
+            raise InstanceDied("the instance died")
+        return super().execute(requests)
+
+
+class DyingBackend(AccumulatingBackend):
+    def load_model(self, context: ModelContext) -> BackendModel:
+        backend = self
+
+        class Model(BackendModel):
+            def create_instance(self, context: InstanceContext) -> BackendInstance:
+                return DyingInstance(backend, context.name)
+
+        return Model()
+
+
+async def test_the_sequences_of_a_lost_instance_must_start_again(system: ActorSystem) -> None:
+    backend = DyingBackend()
+    router, _ = await serve(system, backend, config_text())
+    assert total((await answers([router.submit(seq(1, "a0", 1, start=True))]))[0]) == 1
+    dying = router.submit(seq(-1, "a1", 1))
+    queued = router.submit(seq(2, "a2", 1))
+    assert (await failure(dying)).code == ErrorCode.UNAVAILABLE
+    error = await failure(queued)
+    assert error.code == ErrorCode.UNAVAILABLE
+    assert "sequence 1 of model 'acc' was lost" in str(error)
+    error = await failure(router.submit(seq(3, "a3", 1)))
+    assert "must specify the START flag" in str(error)
+    # The replacement instance serves new sequences.
+    assert total((await answers([router.submit(seq(4, "b0", 1, start=True))]))[0]) == 4

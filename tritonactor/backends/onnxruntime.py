@@ -229,6 +229,7 @@ def _validate(config: ModelConfig, model: str, signature: _Signature) -> None:
     max_batch_size = config.max_batch_size
     if max_batch_size < 0:
         raise invalid_arg(f"model '{model}' has max_batch_size {max_batch_size}; it must be >= 0")
+    _validate_states(config, model, signature)
     feedable = {**signature.overridable, **signature.inputs}
     for tensor in config.input:
         spec = feedable.get(tensor.name)
@@ -238,7 +239,8 @@ def _validate(config: ModelConfig, model: str, signature: _Signature) -> None:
                 f"model, whose inputs are {sorted(signature.inputs)}"
             )
         _validate_tensor(model, "input", tensor, spec, max_batch_size)
-    listed = {tensor.name for tensor in config.input}
+    fed, _ = _sequence_tensors(config)
+    listed = {tensor.name for tensor in config.input} | fed
     missing = [name for name in signature.inputs if name not in listed]
     if missing:
         raise invalid_arg(
@@ -252,6 +254,39 @@ def _validate(config: ModelConfig, model: str, signature: _Signature) -> None:
                 f"model, whose outputs are {sorted(signature.outputs)}"
             )
         _validate_tensor(model, "output", tensor, spec, max_batch_size)
+
+
+def _sequence_tensors(config: ModelConfig) -> tuple[set[str], set[str]]:
+    """The inputs the sequence batcher feeds (control and implicit-state inputs) and the state
+    outputs it takes back; none without `sequence_batching`."""
+    batching = config.sequence_batching
+    if batching is None:
+        return set(), set()
+    fed = {control.name for control in batching.control_input}
+    fed |= {state.input_name for state in batching.state}
+    return fed, {state.output_name for state in batching.state}
+
+
+def _validate_states(config: ModelConfig, model: str, signature: _Signature) -> None:
+    """Each implicit state must be an input and an output of the graph, of the state's type."""
+    batching = config.sequence_batching
+    for state in batching.state if batching is not None else ():
+        for kind, name, specs in (
+            ("input", state.input_name, signature.inputs),
+            ("output", state.output_name, signature.outputs),
+        ):
+            spec = specs.get(name)
+            if spec is None:
+                raise invalid_arg(
+                    f"model '{model}': state {kind} '{name}' is not an {kind} of the ONNX "
+                    f"model, whose {kind}s are {sorted(specs)}"
+                )
+            if _config_type(model, spec) != state.data_type:
+                raise invalid_arg(
+                    f"model '{model}': state {kind} '{name}' has data type "
+                    f"{DataType(state.data_type).name} in the config but {spec.onnx_type} in "
+                    "the ONNX model"
+                )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,9 +492,14 @@ class OnnxRuntimeBackend(Backend):
         # With max_batch_size > 0 on a model that cannot batch, the dims below still drop the
         # first dimension; load_model then names the tensor whose first dimension is fixed.
         batching = completed.max_batch_size > 0
+        # The sequence batcher feeds control and state inputs and takes the state outputs back:
+        # a config does not list them.
+        fed, taken = _sequence_tensors(completed)
+        inputs = {name: spec for name, spec in signature.inputs.items() if name not in fed}
+        outputs = {name: spec for name, spec in signature.outputs.items() if name not in taken}
         for listed, specs, factory in (
-            (completed.input, signature.inputs, ModelInput),
-            (completed.output, signature.outputs, ModelOutput),
+            (completed.input, inputs, ModelInput),
+            (completed.output, outputs, ModelOutput),
         ):
             complete_tensors(
                 listed,
@@ -568,6 +608,19 @@ class OnnxRuntimeInstance(BackendInstance):
                 reshape=tuple(t.reshape.shape) if t.reshape is not None else None,
             )
             for t in config.input
+        ]
+        # Control and state inputs, which the sequence batcher adds to each request.
+        fed, _ = _sequence_tensors(config)
+        self._inputs += [
+            _InputPlan(
+                name=spec.name,
+                optional=True,
+                is_string=spec.onnx_type == "tensor(string)",
+                is_bf16=spec.onnx_type == "tensor(bfloat16)",
+                reshape=None,
+            )
+            for spec in signature.inputs.values()
+            if spec.name in fed
         ]
         self._outputs = {
             t.name: _OutputPlan(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tritonactor._proto.inference import ModelConfig
@@ -14,17 +15,20 @@ from tritonactor.scheduling.ensemble import EnsembleScheduler
 from tritonactor.scheduling.sequence import SequenceBatcher
 
 
-def scheduler_for(config: ModelConfig, infer: InferFunction | None = None) -> Actor[Any]:
+def scheduler_for(
+    config: ModelConfig, infer: InferFunction | None = None, model_dir: Path | None = None
+) -> Actor[Any]:
     """The ensemble scheduler for an ensemble (its steps go through `infer`, the router's);
-    the sequence batcher for a stateful model (`sequence_batching`); the dynamic batcher for
-    a batching model that asks for it; else the default scheduler:
-    one request per execute, on whichever instance is idle."""
+    the sequence batcher for a stateful model (`sequence_batching`; it reads implicit state's
+    `initial_state/` files from `model_dir`); the dynamic batcher for a batching model that
+    asks for it; else the default scheduler: one request per execute, on whichever instance
+    is idle."""
     if config.ensemble_scheduling is not None:
         if infer is None:
             raise unavailable(f"ensemble '{config.name}' needs the router to run its steps")
         return EnsembleScheduler(config.name, config, infer)
     if config.sequence_batching is not None:
-        return SequenceBatcher(config.name, config)
+        return SequenceBatcher(config.name, config, model_dir)
     if config.dynamic_batching is not None and config.max_batch_size > 0:
         return DynamicBatcher(config.name, config)
     return DefaultScheduler(config.name)

@@ -52,7 +52,7 @@ class ModelVersionActor(Actor[Any]):
 
     async def started(self) -> None:
         # Built first: a scheduler config it cannot serve fails the load before anything exists.
-        scheduler = scheduler_for(self.context.config, self._infer)
+        scheduler = scheduler_for(self.context.config, self._infer, self.context.model_dir)
         self._model = await anyio.to_thread.run_sync(self._backend.load_model, self.context)
         created: list[tuple[InstanceSpec, BackendInstance]] = []
         try:

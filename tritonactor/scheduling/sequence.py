@@ -1,33 +1,53 @@
-"""Triton's sequence batcher (strategy `direct`; `oldest` is served the same way for now): each
-sequence of requests, named by its correlation ID, is bound to one instance from its START
-request to its END request, so that a stateful model sees the whole sequence in order. The
-rules are written down in docs/scheduling.md ("The sequence batcher")."""
+"""Triton's sequence batcher: each sequence of requests, named by its correlation ID, holds a
+slot of one instance from its first request until its END request is sent, so that a stateful
+model sees the whole sequence, in order, on one instance. Strategy `direct` gives each slot its
+own batch row; `oldest` batches the oldest ready sequences of an instance together. The rules
+are written down in docs/scheduling.md ("The sequence batcher")."""
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
 import numpy as np
 
-from tritonactor._proto.inference import ModelConfig, ModelSequenceBatchingControlKind
-from tritonactor.actors import Actor, ActorRef, ActorStopped
-from tritonactor.core.datatypes import config_to_wire, to_numpy_dtype
-from tritonactor.core.errors import cancelled, invalid_arg, unavailable, unsupported
-from tritonactor.core.types import InferenceRequest, Tensor
+from tritonactor._proto.inference import ModelConfig
+from tritonactor.actors import Actor, ActorRef, ActorStopped, Reply
+from tritonactor.backends.batching import batch_size
+from tritonactor.core.errors import TritonError, cancelled, invalid_arg, unavailable, unsupported
+from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle
+from tritonactor.scheduling.sequence_controls import (
+    NULL_ROW,
+    CorrelationId,
+    Row,
+    check_correlation_id,
+    parse_controls,
+)
+from tritonactor.scheduling.sequence_state import (
+    SavedState,
+    parse_states,
+    requested_outputs,
+    take_states,
+)
 
 # Triton's default for `max_sequence_idle_microseconds`.
 DEFAULT_IDLE_MICROSECONDS = 1_000_000
 
-CorrelationId = int | str
+# Set in the context of the requests that fill an empty slot of a direct batch: they answer
+# nobody, and statistics should not count them.
+NULL_REQUEST = "sequence_null_request"
 
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """From the batcher's own timer: some sequence may have been idle too long."""
+    """From the batcher's own timer: a sequence may have been idle too long, or a batch's
+    queue delay may have run out."""
 
     at: float
 
@@ -39,8 +59,10 @@ SequenceMessage = Infer | InstanceIdle | InstanceGone | Tick
 class _Sequence:
     correlation_id: CorrelationId
     last: float  # when a request of it last arrived or was sent to its instance
-    instance: ActorRef[Any] | None = None  # bound on its first dispatch
-    queued: int = 0  # requests of it waiting in the batcher
+    queue: deque[_Waiting] = field(default_factory=deque)
+    lane: _Lane | None = None  # the instance whose slot it holds; None while in the backlog
+    slot: int = -1
+    saved: SavedState | None = None  # implicit state for its next request; None: initial
 
 
 @dataclass(eq=False, slots=True)
@@ -49,87 +71,73 @@ class _Waiting:
     sequence: _Sequence
     start: bool
     end: bool
+    arrived: float
+    order: int  # arrival order across sequences
+    # The client's own inputs and outputs: each preparation for a batch starts from them.
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput]
 
 
-@dataclass(frozen=True, slots=True)
-class _Control:
-    """One control input: its tensor's wire data type and the values for false and true (for
-    CORRID, `values` is empty: the tensor holds the correlation ID)."""
+@dataclass(eq=False, slots=True)
+class _Lane:
+    """One instance and its slots (a slot holds the sequence bound to it, or None)."""
 
-    name: str
-    kind: ModelSequenceBatchingControlKind
-    datatype: str
-    values: tuple[Any, Any] | tuple[()] = field(default=())
+    ref: ActorRef[Any]
+    slots: list[_Sequence | None]
+    order: int
+    idle: bool = True
 
+    def free_slot(self) -> int | None:
+        return next((index for index, held in enumerate(self.slots) if held is None), None)
 
-def _controls(name: str, config: ModelConfig) -> list[_Control]:
-    batching = config.sequence_batching
-    assert batching is not None
-    inputs = {tensor.name for tensor in config.input}
-    controls: list[_Control] = []
-    for control_input in batching.control_input:
-        if control_input.name in inputs:
-            raise invalid_arg(
-                f"model '{name}': control input '{control_input.name}' is also a model input"
-            )
-        if len(control_input.control) != 1:
-            raise invalid_arg(
-                f"model '{name}': control input '{control_input.name}' must have exactly one "
-                f"control, not {len(control_input.control)}"
-            )
-        control = control_input.control[0]
-        kind = control.kind
-        if kind == ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_CORRID:
-            if control.data_type.name in ("TYPE_INVALID", None):
-                raise invalid_arg(
-                    f"model '{name}': CORRID control input '{control_input.name}' must "
-                    "specify a data_type"
-                )
-            datatype = config_to_wire(str(control.data_type.name))
-            if datatype not in ("UINT64", "INT64", "UINT32", "INT32", "BYTES"):
-                raise invalid_arg(
-                    f"model '{name}': CORRID control input '{control_input.name}' has "
-                    f"unsupported data_type {control.data_type.name}"
-                )
-            controls.append(_Control(control_input.name, kind, datatype))
-            continue
-        options = [
-            ("INT32", list(control.int32_false_true)),
-            ("FP32", list(control.fp32_false_true)),
-            ("BOOL", list(control.bool_false_true)),
-        ]
-        given = [(datatype, values) for datatype, values in options if values]
-        if len(given) != 1 or len(given[0][1]) != 2:
-            raise invalid_arg(
-                f"model '{name}': control input '{control_input.name}' must give exactly two "
-                "values (false, true) in one of int32_false_true, fp32_false_true, "
-                "bool_false_true"
-            )
-        datatype, values = given[0]
-        controls.append(_Control(control_input.name, kind, datatype, (values[0], values[1])))
-    return controls
+    @property
+    def bound(self) -> int:
+        return sum(held is not None for held in self.slots)
 
 
 class SequenceBatcher(Actor[SequenceMessage]):
     mailbox_size = 1024
 
-    def __init__(self, name: str, config: ModelConfig) -> None:
+    def __init__(self, name: str, config: ModelConfig, model_dir: Path | None = None) -> None:
         super().__init__(name)
         batching = config.sequence_batching
         assert batching is not None
-        if batching.state:
+        self._controls = parse_controls(name, config)
+        self._control_names = {control.name for control in self._controls}
+        self._states = parse_states(name, config, model_dir)
+        policy = config.model_transaction_policy
+        if self._states and policy is not None and policy.decoupled:
             raise unsupported(
-                f"model '{name}': implicit state is not supported yet (sequence_batching.state)"
+                f"model '{name}': implicit state needs one response per request; a decoupled "
+                "model cannot keep it"
             )
-        self._controls = _controls(name, config)
+        self._config_outputs = tuple(tensor.name for tensor in config.output)
         idle = batching.max_sequence_idle_microseconds or DEFAULT_IDLE_MICROSECONDS
         self._idle_timeout = idle / 1e6
-        self._batch_dims: tuple[int, ...] = (1, 1) if config.max_batch_size > 0 else (1,)
-        self._queue: deque[_Waiting] = deque()
-        self._sequences: dict[CorrelationId, _Sequence] = {}
-        # Every instance serving (idle or busy), with how many sequences are bound to it.
-        self._bound: dict[ActorRef[Any], int] = {}
-        self._idle: deque[ActorRef[Any]] = deque()
+        self._batching = config.max_batch_size > 0
+        self._row_shape: tuple[int, ...] = (1, 1) if self._batching else (1,)
+        model_batch = max(1, config.max_batch_size)
+        oldest = batching.oldest
+        self._oldest = oldest is not None
+        if oldest is not None:
+            self._slot_count = oldest.max_candidate_sequences or model_batch
+            preferred = {size for size in oldest.preferred_batch_size if 0 < size <= model_batch}
+            self._preferred = preferred
+            # As the dynamic batcher: never past the largest preferred size.
+            self._cap = max(preferred) if preferred else model_batch
+            self._delay = oldest.max_queue_delay_microseconds / 1e6
+            self._min_utilization = 0.0
+        else:
+            direct = batching.direct
+            self._slot_count = model_batch
+            self._preferred = set()
+            self._cap = model_batch
+            self._delay = direct.max_queue_delay_microseconds / 1e6 if direct else 0.0
+            self._min_utilization = direct.minimum_slot_utilization if direct else 0.0
+        self._sequences: dict[CorrelationId, _Sequence] = {}  # running: not ended nor released
+        self._lanes: dict[ActorRef[Any], _Lane] = {}
+        self._backlog: deque[_Sequence] = deque()  # sequences waiting for a slot
+        self._order = itertools.count()
         self._armed: float | None = None
 
     # -- messages ------------------------------------------------------------------------------
@@ -138,22 +146,27 @@ class SequenceBatcher(Actor[SequenceMessage]):
         if isinstance(message, Infer):
             self._enqueue(message)
         elif isinstance(message, InstanceIdle):
-            self._bound.setdefault(message.instance, 0)
-            self._idle.append(message.instance)
+            lane = self._lanes.get(message.instance)
+            if lane is None:
+                slots: list[_Sequence | None] = [None] * self._slot_count
+                lane = self._lanes[message.instance] = _Lane(
+                    message.instance, slots, next(self._order)
+                )
+            lane.idle = True
         elif isinstance(message, InstanceGone):
             self._lose(message.instance)
         elif message.at == self._armed:
             self._armed = None
         now = anyio.current_time()
         self._release_idle(now)
-        self._dispatch(now)
-        self._arm(now)
+        wake = self._dispatch(now)
+        self._arm(now, wake)
 
     def _enqueue(self, item: Infer) -> None:
         request = item.request
         try:
             correlation_id, start, end = self._flags(request)
-        except Exception as error:
+        except TritonError as error:
             item.reply.fail(error)
             return
         now = anyio.current_time()
@@ -170,18 +183,23 @@ class SequenceBatcher(Actor[SequenceMessage]):
                 return
             sequence = _Sequence(correlation_id, now)
             self._sequences[correlation_id] = sequence
+            self._backlog.append(sequence)
         # A START for a running sequence restarts it: the model sees START again, on the same
-        # instance (so its earlier requests still run first).
+        # slot, after the sequence's earlier requests (and its state starts over).
         sequence.last = now
-        sequence.queued += 1
+        sequence.queue.append(
+            _Waiting(
+                item, sequence, start, end, now, next(self._order), request.inputs, request.outputs
+            )
+        )
         if end:
             # Ended: a later request for this ID must START a new sequence. The requests
-            # already queued keep their binding through `sequence`.
+            # already queued keep their slot through `sequence`.
             del self._sequences[correlation_id]
-        self._queue.append(_Waiting(item, sequence, start, end))
 
     def _flags(self, request: InferenceRequest) -> tuple[CorrelationId, bool, bool]:
         parameters = request.parameters
+        prefix = f"[request id: {request.id or '<id_unknown>'}] "
         correlation_id = parameters.get("sequence_id")
         if correlation_id is None or correlation_id == 0 or correlation_id == "":
             raise invalid_arg(
@@ -190,165 +208,250 @@ class SequenceBatcher(Actor[SequenceMessage]):
             )
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, int | str):
             raise invalid_arg(
-                f"[request id: {request.id or '<id_unknown>'}] parameter 'sequence_id' must be "
-                f"an unsigned integer or a string, not {correlation_id!r}"
+                f"{prefix}parameter 'sequence_id' must be an unsigned integer or a string, "
+                f"not {correlation_id!r}"
             )
         if isinstance(correlation_id, int) and not 0 < correlation_id < 2**64:
             raise invalid_arg(
-                f"[request id: {request.id or '<id_unknown>'}] parameter 'sequence_id' must be "
-                f"an unsigned 64-bit integer, not {correlation_id}"
+                f"{prefix}parameter 'sequence_id' must be an unsigned 64-bit integer, "
+                f"not {correlation_id}"
             )
         flags = []
         for key in ("sequence_start", "sequence_end"):
             value = parameters.get(key, False)
             if not isinstance(value, bool):
-                raise invalid_arg(
-                    f"[request id: {request.id or '<id_unknown>'}] parameter '{key}' must be "
-                    f"a boolean, not {value!r}"
-                )
+                raise invalid_arg(f"{prefix}parameter '{key}' must be a boolean, not {value!r}")
             flags.append(value)
-        for control in self._controls:
-            if control.kind == ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_CORRID:
-                if isinstance(correlation_id, str) and control.datatype != "BYTES":
-                    raise invalid_arg(
-                        f"inference request to model '{self.name}' has the string correlation "
-                        f"ID '{correlation_id}', but the model expects a {control.datatype} one"
-                    )
-                if isinstance(correlation_id, int) and control.datatype != "BYTES":
-                    info = np.iinfo(to_numpy_dtype(control.datatype))
-                    if not info.min <= correlation_id <= info.max:
-                        raise invalid_arg(
-                            f"inference request to model '{self.name}': correlation ID "
-                            f"{correlation_id} does not fit the model's {control.datatype} "
-                            "CORRID control"
-                        )
+        check_correlation_id(self.name, self._controls, correlation_id)
+        if self._batching and batch_size(request) != 1:
+            raise invalid_arg(
+                f"inference request to model '{self.name}' must specify batch-size 1 due to "
+                "requirements of sequence batcher"
+            )
         return correlation_id, flags[0], flags[1]
+
+    # -- slots ---------------------------------------------------------------------------------
+
+    def _assign(self) -> bool:
+        """Give free slots to backlogged sequences, in arrival order; whether any got one."""
+        assigned = False
+        while self._backlog:
+            place = self._free_slot()
+            if place is None:
+                break
+            sequence = self._backlog.popleft()
+            lane, index = place
+            lane.slots[index] = sequence
+            sequence.lane, sequence.slot = lane, index
+            assigned = True
+        return assigned
+
+    def _free_slot(self) -> tuple[_Lane, int] | None:
+        """The lowest free slot of any instance (so sequences spread over instances before
+        they share one), among equals on the instance with the fewest sequences, idle first."""
+        best: tuple[tuple[int, int, bool, int], _Lane, int] | None = None
+        for lane in self._lanes.values():
+            index = lane.free_slot()
+            if index is None:
+                continue
+            key = (index, lane.bound, not lane.idle, lane.order)
+            if best is None or key < best[0]:
+                best = (key, lane, index)
+        return None if best is None else (best[1], best[2])
+
+    def _free(self, sequence: _Sequence) -> None:
+        """The sequence ended or was released: its slot is free and its state dropped."""
+        lane = sequence.lane
+        if lane is not None and lane.slots[sequence.slot] is sequence:
+            lane.slots[sequence.slot] = None
+        sequence.lane, sequence.slot = None, -1
+        sequence.saved = None
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    def _dispatch(self, now: float) -> None:
-        """Walk the queue in arrival order; send each request whose sequence's instance is idle,
-        skipping (for now) every later request of a sequence that had to wait."""
-        if not self._idle or not self._queue:
-            return
-        waiting: set[int] = set()  # ids of sequences with an earlier request still queued
-        kept: deque[_Waiting] = deque()
-        while self._queue:
-            entry = self._queue.popleft()
-            sequence = entry.sequence
-            if id(sequence) in waiting or not self._idle:
-                waiting.add(id(sequence))
-                kept.append(entry)
+    def _dispatch(self, now: float) -> float | None:
+        """Send a batch to every idle instance that has one ready; when to look again (None:
+        when something arrives)."""
+        self._assign()
+        while True:
+            wake: float | None = None
+            freed = False
+            for lane in list(self._lanes.values()):
+                if not lane.idle:
+                    continue
+                heads, dropped_end = self._heads(lane)
+                freed |= dropped_end
+                if not heads:
+                    continue
+                if self._oldest:
+                    rows, due = self._oldest_rows(heads, now)
+                else:
+                    rows, due = self._direct_rows(lane, heads, now)
+                if rows is not None:
+                    freed |= self._send(lane, rows, now)
+                elif due is not None:
+                    wake = due if wake is None else min(wake, due)
+            # A slot freed by an END sent (or dropped) goes to the backlog at once: its next
+            # request may be ready for an instance still idle.
+            if not (freed and self._assign()):
+                return wake
+
+    def _heads(self, lane: _Lane) -> tuple[dict[int, _Waiting], bool]:
+        """The first waiting request of each slot's sequence, by slot; and whether dropping
+        cancelled requests ended a sequence (freeing its slot)."""
+        heads: dict[int, _Waiting] = {}
+        freed = False
+        for index, sequence in enumerate(list(lane.slots)):
+            if sequence is None:
                 continue
-            if entry.item.request.cancelled:
+            queue = sequence.queue
+            while queue and queue[0].item.request.cancelled:
                 # The client gave up while the request waited: run nothing for nobody. The
-                # sequence goes on (a later request of it still finds its instance).
-                self._done(entry)
+                # sequence goes on (a later request of it still finds its slot).
+                entry = queue.popleft()
                 entry.item.reply.fail(cancelled(f"request for model '{self.name}' was cancelled"))
-                continue
-            if sequence.instance is None and not self._bind(sequence):
-                waiting.add(id(sequence))
-                kept.append(entry)
-                continue
-            instance = sequence.instance
-            if instance not in self._idle:
-                waiting.add(id(sequence))
-                kept.append(entry)
-                continue
-            self._with_controls(entry)
-            try:
-                instance.tell_nowait(Execute([entry.item]))
-            except ActorStopped:
-                # Its instance is gone (an InstanceGone is on its way): wait for it.
-                waiting.add(id(sequence))
-                kept.append(entry)
-                continue
-            self._idle.remove(instance)
-            sequence.last = now
-            self._done(entry)
-        self._queue = kept
+                if entry.end:
+                    self._free(sequence)
+                    freed = True
+            if queue and sequence.lane is lane:
+                heads[index] = queue[0]
+        return heads, freed
 
-    def _bind(self, sequence: _Sequence) -> bool:
-        """Bind a new sequence to the serving instance with the fewest sequences (an idle one
-        first among equals)."""
-        if not self._bound:
+    def _direct_rows(
+        self, lane: _Lane, heads: dict[int, _Waiting], now: float
+    ) -> tuple[list[_Waiting | None] | None, float | None]:
+        """Slot i's request at row i; empty slots below the last ready one become null rows.
+        With a queue delay and a minimum slot utilization, a batch whose share of ready slots
+        is below the minimum waits for more, up to the delay since its oldest request."""
+        if self._delay and self._min_utilization:
+            oldest = min(entry.arrived for entry in heads.values())
+            due = oldest + self._delay
+            if len(heads) / len(lane.slots) < self._min_utilization and now < due:
+                return None, due
+        return [heads.get(index) for index in range(max(heads) + 1)], None
+
+    def _oldest_rows(
+        self, heads: dict[int, _Waiting], now: float
+    ) -> tuple[list[_Waiting | None] | None, float | None]:
+        """One request per sequence, oldest first, up to the cap; sent when full, else once
+        the oldest has waited max_queue_delay (cut to the largest preferred size that fits)."""
+        batch: list[_Waiting | None] = list(
+            sorted(heads.values(), key=lambda entry: entry.order)[: self._cap]
+        )
+        if len(batch) >= self._cap:
+            return batch, None
+        due = min(entry.arrived for entry in heads.values()) + self._delay
+        if now < due:
+            return None, due
+        preferred = max((size for size in self._preferred if size <= len(batch)), default=0)
+        return (batch[:preferred] if preferred else batch), None
+
+    def _send(self, lane: _Lane, rows: list[_Waiting | None], now: float) -> bool:
+        """Execute `rows` on the lane's instance; whether an END sent freed a slot."""
+        prepared = [None if entry is None else self._prepared(entry) for entry in rows]
+        first = next(item.request for item in prepared if item is not None)
+        batch = [self._null(first) if item is None else item for item in prepared]
+        try:
+            lane.ref.tell_nowait(Execute(batch))
+        except ActorStopped:
+            # Its instance is gone (an InstanceGone is on its way); the requests stay queued.
+            lane.idle = False
             return False
-        idle = set(self._idle)
-        instance = min(self._bound, key=lambda ref: (self._bound[ref], ref not in idle))
-        sequence.instance = instance
-        self._bound[instance] += 1
-        return True
+        lane.idle = False
+        freed = False
+        for entry in rows:
+            if entry is None:
+                continue
+            sequence = entry.sequence
+            sequence.queue.popleft()
+            sequence.last = now
+            if entry.end:
+                self._free(sequence)
+                freed = True
+        return freed
 
-    def _done(self, entry: _Waiting) -> None:
-        """`entry` left the queue; an ended sequence frees its slot once nothing of it waits."""
-        sequence = entry.sequence
-        sequence.queued -= 1
-        if (
-            entry.end
-            and sequence.queued == 0
-            and self._sequences.get(sequence.correlation_id) is not sequence
-        ):
-            self._unbind(sequence)
-
-    def _unbind(self, sequence: _Sequence) -> None:
-        instance = sequence.instance
-        if instance is not None and instance in self._bound:
-            self._bound[instance] -= 1
-        sequence.instance = None
-
-    def _with_controls(self, entry: _Waiting) -> None:
+    def _prepared(self, entry: _Waiting) -> Infer:
+        """The request as the model sees it: its inputs, its row's controls, and its states."""
         request = entry.item.request
-        if not self._controls:
-            return
-        tensors = [self._control_tensor(control, entry) for control in self._controls]
-        # A new list: the caller's request object keeps its own inputs untouched.
-        request.inputs = [*request.inputs, *tensors]
+        sequence = entry.sequence
+        row = Row(entry.start, entry.end, True, sequence.correlation_id)
+        # Built from the client's tensors each time: a batch that could not be sent is built
+        # again later without doubling them.
+        request.inputs = [*entry.inputs, *row.tensors(self._controls, self._row_shape)]
+        if not self._states:
+            return entry.item
+        if entry.start:
+            sequence.saved = None  # a (re)start begins from the initial state
+        saved = sequence.saved or {}
+        for spec in self._states:
+            state = saved.get(spec.input_name)
+            request.inputs.append(spec.initial_tensor() if state is None else state)
+        request.outputs, hidden = requested_outputs(
+            self._states, entry.outputs, self._config_outputs
+        )
+        inner: Reply[InferenceResponse] = Reply()
+        inner.add_done_callback(partial(self._answered, entry.item.reply, sequence, hidden))
+        return replace(entry.item, reply=inner)
 
-    def _control_tensor(self, control: _Control, entry: _Waiting) -> Tensor:
-        kind = control.kind
-        if kind == ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_CORRID:
-            value: Any = entry.sequence.correlation_id
-            if control.datatype == "BYTES":
-                data = np.array([str(value).encode()], dtype=object).reshape(self._batch_dims)
-                return Tensor(control.name, "BYTES", self._batch_dims, data)
-        else:
-            if kind == ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_START:
-                flag = entry.start
-            elif kind == ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_END:
-                flag = entry.end
-            else:  # READY: the request sent is always ready
-                flag = True
-            value = control.values[1 if flag else 0]
-        dtype = to_numpy_dtype(control.datatype)
-        data = np.full(self._batch_dims, value, dtype=dtype)
-        return Tensor(control.name, control.datatype, self._batch_dims, data)
+    def _answered(
+        self,
+        outer: Reply[InferenceResponse],
+        sequence: _Sequence,
+        hidden: frozenset[str],
+        inner: Reply[InferenceResponse],
+    ) -> None:
+        """Keep the state the model output, then answer the client. Runs on the event loop when
+        the instance answers, before it reports idle: the sequence's next request, which only
+        that instance runs, is built after this."""
+        try:
+            response = inner.result()
+        except BaseException as error:
+            outer.fail(error)
+            return
+        try:
+            response, saved = take_states(self.name, self._states, response, hidden)
+        except TritonError as error:
+            outer.fail(error)
+            return
+        if sequence.lane is not None:  # not ended or released meanwhile
+            sequence.saved = saved
+        outer.set(response)
+
+    def _null(self, like: InferenceRequest) -> Infer:
+        """A request for an empty slot: zeros of the shapes of `like` (a real request of the
+        batch, states included), not ready; its answer goes nowhere."""
+        inputs = [_zeros_like(t) for t in like.inputs if t.name not in self._control_names]
+        inputs += NULL_ROW.tensors(self._controls, self._row_shape)
+        request = InferenceRequest(
+            model_name=like.model_name,
+            model_version=like.model_version,
+            inputs=inputs,
+            outputs=[RequestedOutput(output.name) for output in like.outputs],
+            resolved_version=like.resolved_version,
+            context={NULL_REQUEST: True},
+        )
+        return Infer(request, Reply())
 
     # -- instances that stop -------------------------------------------------------------------
 
     def _lose(self, instance: ActorRef[Any]) -> None:
         """The sequences bound to a stopped instance lost their state with it: they are released,
         and their queued requests fail (a later request of them must START again)."""
-        if instance in self._idle:
-            self._idle.remove(instance)
-        self._bound.pop(instance, None)
-        lost = {id(s) for s in self._sequences.values() if s.instance is instance}
-        lost |= {id(e.sequence) for e in self._queue if e.sequence.instance is instance}
-        if not lost:
+        lane = self._lanes.pop(instance, None)
+        if lane is None:
             return
-        for correlation_id in [c for c, s in self._sequences.items() if id(s) in lost]:
-            del self._sequences[correlation_id]
-        kept: deque[_Waiting] = deque()
-        for entry in self._queue:
-            if id(entry.sequence) in lost:
-                entry.item.reply.fail(
-                    unavailable(
-                        f"sequence {entry.sequence.correlation_id} of model '{self.name}' was "
-                        f"lost: its instance '{instance.name}' stopped"
-                    )
-                )
-            else:
-                kept.append(entry)
-        self._queue = kept
+        for sequence in lane.slots:
+            if sequence is None:
+                continue
+            error = unavailable(
+                f"sequence {sequence.correlation_id} of model '{self.name}' was lost: its "
+                f"instance '{instance.name}' stopped"
+            )
+            while sequence.queue:
+                sequence.queue.popleft().item.reply.fail(error)
+            if self._sequences.get(sequence.correlation_id) is sequence:
+                del self._sequences[sequence.correlation_id]
+            self._free(sequence)
 
     # -- idle sequences ------------------------------------------------------------------------
 
@@ -356,32 +459,51 @@ class SequenceBatcher(Actor[SequenceMessage]):
         """Release every sequence with nothing queued whose last request is older than
         max_sequence_idle_microseconds."""
         for correlation_id, sequence in list(self._sequences.items()):
-            if sequence.queued == 0 and now - sequence.last >= self._idle_timeout:
+            if not sequence.queue and now - sequence.last >= self._idle_timeout:
                 del self._sequences[correlation_id]
-                self._unbind(sequence)
+                self._free(sequence)
 
-    def _arm(self, now: float) -> None:
-        """Make sure a timer ticks when the first running sequence could become idle."""
-        candidates = [s.last for s in self._sequences.values() if s.queued == 0]
-        if not candidates:
-            return
-        wake = min(candidates) + self._idle_timeout
-        if self._armed is not None and self._armed <= wake:
+    def _arm(self, now: float, wake: float | None) -> None:
+        """Make sure a timer ticks by `wake` and when the first running sequence could become
+        idle."""
+        idle = [s.last for s in self._sequences.values() if not s.queue]
+        if idle:
+            first = min(idle) + self._idle_timeout
+            wake = first if wake is None else min(wake, first)
+        if wake is None or (self._armed is not None and self._armed <= wake):
             return
         self._armed = wake
         self.tell_later(Tick(wake), wake - now)
 
     # -- state ---------------------------------------------------------------------------------
 
+    def _waiting(self) -> list[_Sequence]:
+        bound = [s for lane in self._lanes.values() for s in lane.slots if s is not None]
+        return [*bound, *self._backlog]
+
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        return sum(len(sequence.queue) for sequence in self._waiting())
 
     @property
     def active_sequences(self) -> int:
         return len(self._sequences)
 
+    @property
+    def backlog(self) -> int:
+        """Sequences waiting for a slot."""
+        return len(self._backlog)
+
     async def stopped(self) -> None:
         error = unavailable(f"model '{self.name}' is unloading; the request was not run")
-        while self._queue:
-            self._queue.popleft().item.reply.fail(error)
+        for sequence in self._waiting():
+            while sequence.queue:
+                sequence.queue.popleft().item.reply.fail(error)
+
+
+def _zeros_like(tensor: Tensor) -> Tensor:
+    if tensor.datatype == "BYTES":
+        data = np.full(tensor.data.shape, b"", dtype=object)
+    else:
+        data = np.zeros_like(tensor.data)
+    return Tensor(tensor.name, tensor.datatype, tensor.shape, data)
