@@ -1,11 +1,13 @@
-"""Ensembles in-process: DAG checks at load, and requests through router -> ensemble scheduler ->
-step models."""
+"""Ensembles in-process: DAG and step checks at load, requests through router -> ensemble
+scheduler -> step models, decoupled steps (the ensemble streams) and max_inflight_requests."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -20,11 +22,11 @@ from tritonactor.backends.base import (
     ModelContext,
     Result,
 )
-from tritonactor.backends.ensemble import EnsembleBackend, plan_ensemble
+from tritonactor.backends.ensemble import EnsembleBackend, check_steps, plan_ensemble, plan_flow
 from tritonactor.config.model_config import parse_pbtxt
 from tritonactor.config.normalize import fill_defaults, instance_specs
 from tritonactor.core.errors import ErrorCode, TritonError, internal
-from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
+from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender, Tensor
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
@@ -244,19 +246,35 @@ async def test_a_failing_step_fails_the_request_with_its_model_named(
     np.testing.assert_array_equal(response.outputs[0].data, [12, 18])
 
 
-async def test_a_step_model_that_is_not_ready_fails_the_request(
+async def test_an_ensemble_loads_before_its_step_models_and_serves_once_they_do(
     system: ActorSystem, tmp_path: Path
 ) -> None:
+    # What a startup that loads every model at once may do: the ensemble comes up first.
     router = Router()
+    router.known.update({"double", "triple"})
+    await serve(system, router, EnsembleBackend(), CHAIN, tmp_path)
     await serve(
         system, router, FunctionBackend(double), model_config("double", ["X"], ["Y"]), tmp_path
     )
-    (tmp_path / "triple").mkdir()
-    await serve(system, router, EnsembleBackend(), CHAIN, tmp_path)
     with pytest.raises(TritonError) as caught:
         await router.infer(request("chain", 1))
     assert caught.value.code is ErrorCode.NOT_FOUND
     assert "step model 'triple'" in caught.value.message
+    await serve(
+        system, router, FunctionBackend(triple), model_config("triple", ["X"], ["Y"]), tmp_path
+    )
+    response = await router.infer(request("chain", 1))
+    np.testing.assert_array_equal(response.outputs[0].data, [6, 12])
+
+
+async def test_step_models_in_another_repository_serve_the_ensemble(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = await serve_steps(system, tmp_path / "steps")
+    await serve(system, router, EnsembleBackend(), CHAIN, tmp_path / "ensembles")
+    assert not (tmp_path / "ensembles" / "double").exists()
+    response = await router.infer(request("chain", 1))
+    np.testing.assert_array_equal(response.outputs[0].data, [6, 12])
 
 
 def ensemble(steps: str, inputs: str = "IN", outputs: str = "OUT") -> str:
@@ -316,6 +334,10 @@ def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
             ensemble(step("", {"X": "IN"}, {"Y": "OUT"})),
             "step 0 names no model",
         ),
+        (
+            ensemble(step("e", {"X": "IN"}, {"Y": "OUT"})),
+            "ensemble 'e': step 0 names the ensemble itself",
+        ),
     ],
 )
 def test_invalid_dags_are_refused(text: str, reason: str) -> None:
@@ -324,16 +346,533 @@ def test_invalid_dags_are_refused(text: str, reason: str) -> None:
     assert reason in caught.value.message
 
 
-def test_a_step_naming_a_model_outside_the_repository_fails_the_load(tmp_path: Path) -> None:
-    config = fill_defaults(parse_pbtxt(CHAIN), gpus=0)
-    (tmp_path / "double").mkdir()
-    context = ModelContext(
-        "chain", 1, config, tmp_path / "chain", tmp_path / "chain" / "1", tmp_path / "chain" / "1"
+async def test_a_step_naming_a_model_no_repository_holds_fails_the_load(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = Router()
+    await serve(
+        system, router, FunctionBackend(double), model_config("double", ["X"], ["Y"]), tmp_path
     )
     with pytest.raises(TritonError) as caught:
-        EnsembleBackend().load_model(context)
-    assert "step model 'triple' is not in the model repository" in caught.value.message
+        await serve(system, router, EnsembleBackend(), CHAIN, tmp_path)
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert "ensemble 'chain': step model 'triple' is not in any model repository" in str(
+        caught.value
+    )
 
 
 def test_an_ensemble_has_no_instances() -> None:
     assert instance_specs(fill_defaults(parse_pbtxt(CHAIN), gpus=0)) == []
+
+
+# -- checks against the step models' configs ------------------------------------------------------
+
+STEP_MODELS = {
+    "add": 'name: "add" max_batch_size: 8 input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },'
+    ' { name: "B" data_type: TYPE_FP32 dims: [ 4 ] optional: true } ]'
+    ' output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+    "small": 'name: "small" max_batch_size: 2'
+    ' input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+    ' output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+    "flat": 'name: "flat" max_batch_size: 0'
+    ' input [ { name: "A" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]'
+    ' output [ { name: "SUM" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]',
+    "ints": 'name: "ints" max_batch_size: 8'
+    ' input [ { name: "A" data_type: TYPE_INT32 dims: [ 4 ] } ]'
+    ' output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 4 ] } ]',
+    "wide": 'name: "wide" max_batch_size: 8'
+    ' input [ { name: "A" data_type: TYPE_FP32 dims: [ 8 ] } ]'
+    ' output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 8 ] } ]',
+}
+
+
+def fp32_ensemble(steps: str, max_batch_size: int = 4) -> str:
+    return (
+        f'name: "e" platform: "ensemble" max_batch_size: {max_batch_size}'
+        ' input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+        ' output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]'
+        f" ensemble_scheduling {{ step [ {steps} ] }}"
+    )
+
+
+def check(text: str) -> None:
+    config = parse_pbtxt(text)
+    plan = plan_ensemble(config)
+    models = {step.index: parse_pbtxt(STEP_MODELS[step.model_name]) for step in plan.steps}
+    check_steps(config, plan, models)
+
+
+def test_steps_that_match_their_models_pass() -> None:
+    # B is optional; a non-batching [-1, 4] model fits a batching ensemble's [4] tensors.
+    check(
+        fp32_ensemble(
+            step("add", {"A": "IN"}, {"SUM": "mid"})
+            + ","
+            + step("flat", {"A": "mid"}, {"SUM": "OUT"})
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("steps", "reason"),
+    [
+        (
+            step("add", {"A": "IN", "C": "IN"}, {"SUM": "OUT"}),
+            "step 0 maps ensemble tensor 'IN' to input 'C', which model 'add' does not have",
+        ),
+        (
+            step("add", {"B": "IN"}, {"SUM": "OUT"}),
+            "input 'A' of model 'add' is not mapped to any ensemble tensor",
+        ),
+        (
+            step("add", {"A": "IN"}, {"TOTAL": "OUT"}),
+            "step 0 maps output 'TOTAL', which model 'add' does not have",
+        ),
+        (
+            step("ints", {"A": "IN"}, {"SUM": "OUT"}),
+            "ensemble tensor 'IN' has inconsistent data types: TYPE_FP32 from ensemble 'e', "
+            "TYPE_INT32 from model 'ints'",
+        ),
+        (
+            step("wide", {"A": "IN"}, {"SUM": "OUT"}),
+            "ensemble tensor 'IN' has inconsistent shapes: [-1, 4] from ensemble 'e', [-1, 8] "
+            "from model 'wide'",
+        ),
+        (
+            step("small", {"A": "IN"}, {"SUM": "OUT"}),
+            "ensemble 'e' allows maximum batch size 4, but its step model 'small' only allows 2",
+        ),
+    ],
+)
+def test_steps_that_do_not_match_their_models_are_refused(steps: str, reason: str) -> None:
+    with pytest.raises(TritonError) as caught:
+        check(fp32_ensemble(steps))
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert reason in caught.value.message
+
+
+async def test_a_step_that_does_not_match_its_loaded_model_fails_the_load(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = await serve_steps(system, tmp_path)
+    mismatched = CHAIN.replace('key: "X" value: "doubled"', 'key: "Z" value: "doubled"')
+    with pytest.raises(TritonError) as caught:
+        await serve(system, router, EnsembleBackend(), mismatched, tmp_path)
+    assert "input 'Z', which model 'triple' does not have" in caught.value.message
+
+
+# -- the flow of decoupled steps -----------------------------------------------------------------
+
+
+def flow_of(steps: str, decoupled: list[bool], inputs: str = "IN", outputs: str = "OUT") -> Any:
+    return plan_flow(plan_ensemble(parse_pbtxt(ensemble(steps, inputs, outputs))), decoupled)
+
+
+def test_the_steps_after_a_decoupled_step_run_in_its_stream() -> None:
+    flow = flow_of(
+        step("split", {"X": "IN"}, {"Y": "piece"}) + "," + step("b", {"X": "piece"}, {"Y": "OUT"}),
+        [True, False],
+    )
+    assert (flow.stream_of, flow.opens, flow.output_stream) == ((0, 1), (1, 1), 1)
+    assert flow.streams_responses
+    plain = flow_of(step("a", {"X": "IN"}, {"Y": "OUT"}), [False])
+    assert (plain.output_stream, plain.streams_responses) == (0, False)
+
+
+@pytest.mark.parametrize(
+    ("steps", "decoupled", "outputs", "reason"),
+    [
+        (
+            step("split", {"X": "IN"}, {"Y": "piece"})
+            + ","
+            + step("b", {"X": "piece", "Z": "IN"}, {"Y": "OUT"}),
+            [True, False],
+            "OUT",
+            "step 1 (model 'b') reads tensors that come from different decoupled models",
+        ),
+        (
+            step("split", {"X": "IN"}, {"Y": "piece"}) + "," + step("b", {"X": "IN"}, {"Y": "OUT"}),
+            [True, False],
+            "OUT,piece",
+            "the ensemble's outputs come from different decoupled models",
+        ),
+    ],
+)
+def test_mixing_streams_is_refused(
+    steps: str, decoupled: list[bool], outputs: str, reason: str
+) -> None:
+    with pytest.raises(TritonError) as caught:
+        flow_of(steps, decoupled, outputs=outputs)
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert reason in caught.value.message
+
+
+# -- decoupled steps -----------------------------------------------------------------------------
+
+
+class SplitInstance(BackendInstance):
+    """Decoupled: one response (Y = the element, I = its index) per element of X, sent from the
+    instance's thread, then a bare final flag. A negative element ends the stream with an error
+    instead. `sent` counts the responses whose `send` has returned."""
+
+    def __init__(self, on_sent: Callable[[], None] | None) -> None:
+        self.on_sent = on_sent
+
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        for request in requests:
+            sender = request.sender
+            assert sender is not None
+            values = request.inputs[0].data
+            for index, value in enumerate(values.tolist()):
+                if value < 0:
+                    sender.send(error=internal("negative element"), final=True)
+                    break
+                outputs = [
+                    Tensor("Y", "INT32", (1,), np.array([value], dtype=np.int32)),
+                    Tensor("I", "INT32", (1,), np.array([index], dtype=np.int32)),
+                ]
+                sender.send(InferenceResponse("split", "1", request.id, outputs))
+                if self.on_sent is not None:
+                    self.on_sent()
+            else:
+                sender.send(final=True)
+        return [None] * len(requests)
+
+
+class SplitBackend(Backend):
+    name = "split"
+
+    def __init__(self, on_sent: Callable[[], None] | None = None) -> None:
+        self.on_sent = on_sent
+
+    def load_model(self, context: ModelContext) -> BackendModel:
+        on_sent = self.on_sent
+
+        class Model(BackendModel):
+            def create_instance(self, context: InstanceContext) -> BackendInstance:
+                return SplitInstance(on_sent)
+
+        return Model()
+
+
+SPLIT = """
+name: "split"
+model_transaction_policy { decoupled: true }
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "I" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+"""
+
+ONE = 'name: "{name}" input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]' + (
+    ' output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]'
+    " instance_group [ {{ count: {count} kind: KIND_CPU }} ]"
+)
+
+STREAMED = """
+name: "streamed"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "INDEX" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+ensemble_scheduling { step [
+  { model_name: "split" input_map { key: "X" value: "IN" }
+    output_map [ { key: "Y" value: "piece" }, { key: "I" value: "INDEX" } ] },
+  { model_name: "double" input_map { key: "X" value: "piece" }
+    output_map { key: "Y" value: "OUT" } }
+] }
+"""
+
+
+class Collected:
+    """A response sender's answers, as a gRPC stream would get them."""
+
+    def __init__(self) -> None:
+        self.responses: list[InferenceResponse] = []
+        self.errors: list[TritonError] = []
+        self.finals = 0
+        self.done = anyio.Event()
+        self.sender = ResponseSender(self.deliver)
+
+    def deliver(
+        self, response: InferenceResponse | None, error: TritonError | None, final: bool
+    ) -> None:
+        if response is not None:
+            self.responses.append(response)
+        if error is not None:
+            self.errors.append(error)
+        if final:
+            self.finals += 1
+            self.done.set()
+
+    def by_index(self) -> dict[int, int]:
+        outputs = [{t.name: int(t.data[0]) for t in r.outputs} for r in self.responses]
+        return {o["INDEX"]: o["OUT"] for o in outputs}
+
+
+async def stream(router: Router, model: str, values: list[int]) -> Collected:
+    collected = Collected()
+    data = np.array(values, dtype=np.int32)
+    streamed = InferenceRequest(model, id="s1", inputs=[Tensor("IN", "INT32", data.shape, data)])
+    streamed.sender = collected.sender
+    router.submit(streamed)
+    with anyio.fail_after(5):
+        await collected.done.wait()
+    return collected
+
+
+async def serve_streamed(system: ActorSystem, tmp_path: Path) -> Router:
+    router = Router()
+    await serve(system, router, SplitBackend(), SPLIT, tmp_path)
+    await serve(
+        system, router, FunctionBackend(double), ONE.format(name="double", count=1), tmp_path
+    )
+    await serve(system, router, EnsembleBackend(), STREAMED, tmp_path)
+    return router
+
+
+async def test_a_decoupled_step_makes_the_ensemble_stream_one_response_per_element(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = await serve_streamed(system, tmp_path)
+    assert router.resolve("streamed").decoupled  # derived from its step, as Triton does
+    collected = await stream(router, "streamed", [3, 4, 5])
+    assert collected.by_index() == {0: 6, 1: 8, 2: 10}
+    assert {(r.model_name, r.id) for r in collected.responses} == {("streamed", "s1")}
+    assert (collected.errors, collected.finals) == ([], 1)
+    # An empty input: no response at all, only the final flag.
+    empty = await stream(router, "streamed", [])
+    assert (empty.responses, empty.finals) == ([], 1)
+
+
+async def test_a_unary_request_to_a_streaming_ensemble_is_refused(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = await serve_streamed(system, tmp_path)
+    data = np.array([1], dtype=np.int32)
+    with pytest.raises(TritonError) as caught:
+        await router.infer(InferenceRequest("streamed", inputs=[Tensor("IN", "INT32", (1,), data)]))
+    assert caught.value.code is ErrorCode.UNSUPPORTED
+
+
+async def test_an_ensemble_loaded_before_its_decoupled_step_streams_once_declared_decoupled(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = Router()
+    router.known.update({"split", "double"})
+    declared = STREAMED.replace(
+        'name: "streamed"', 'name: "declared" model_transaction_policy { decoupled: true }'
+    )
+    await serve(system, router, EnsembleBackend(), STREAMED, tmp_path)
+    await serve(system, router, EnsembleBackend(), declared, tmp_path)
+    await serve(system, router, SplitBackend(), SPLIT, tmp_path)
+    await serve(
+        system, router, FunctionBackend(double), ONE.format(name="double", count=1), tmp_path
+    )
+    # Its steps were not there to say so: the ensemble was not made decoupled.
+    assert not router.resolve("streamed").decoupled
+    data = np.array([1], dtype=np.int32)
+    with pytest.raises(TritonError) as caught:
+        await router.infer(InferenceRequest("streamed", inputs=[Tensor("IN", "INT32", (1,), data)]))
+    assert caught.value.code is ErrorCode.UNSUPPORTED
+    assert "its step model 'split' is decoupled" in caught.value.message
+    collected = await stream(router, "declared", [1, 2])
+    assert collected.by_index() == {0: 2, 1: 4}
+
+
+async def test_a_decoupled_step_that_fails_ends_the_stream_with_its_error(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = await serve_streamed(system, tmp_path)
+    collected = await stream(router, "streamed", [1, 2, -1, 4])
+    assert set(collected.by_index()) <= {0, 1}
+    assert len(collected.errors) == 1
+    assert collected.errors[0].message == (
+        "in ensemble 'streamed', step model 'split': negative element"
+    )
+    assert collected.finals == 1
+    again = await stream(router, "streamed", [7])  # the ensemble still serves
+    assert again.by_index() == {0: 14}
+
+
+async def test_an_ensemble_without_decoupled_steps_answers_a_stream_with_one_final_response(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = await serve_steps(system, tmp_path)
+    await serve(system, router, EnsembleBackend(), CHAIN, tmp_path)
+    assert not router.resolve("chain").decoupled
+    collected = Collected()
+    streamed = request("chain", 1)
+    streamed.sender = collected.sender
+    router.submit(streamed)
+    with anyio.fail_after(5):
+        await collected.done.wait()
+    assert [r.outputs[0].data.tolist() for r in collected.responses] == [[6, 12]]
+    assert collected.finals == 1
+
+
+# -- max_inflight_requests -----------------------------------------------------------------------
+
+
+class Gauge:
+    """Counts the executes of a model running at once, and those finished."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.finished = 0
+
+    def __call__(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
+            self.finished += 1
+        return {"Y": values["X"] * 2}
+
+
+def limited(text: str, limit: int) -> str:
+    return text.replace(
+        "ensemble_scheduling {", f"ensemble_scheduling {{ max_inflight_requests: {limit}"
+    )
+
+
+SLOW_CHAIN = """
+name: "slow_chain"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "slow" input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } }
+] }
+"""
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+async def test_max_inflight_requests_bounds_the_requests_at_a_step(
+    system: ActorSystem, tmp_path: Path, limit: int
+) -> None:
+    router = Router()
+    gauge = Gauge(0.05)
+    await serve(system, router, FunctionBackend(gauge), ONE.format(name="slow", count=4), tmp_path)
+    await serve(system, router, EnsembleBackend(), limited(SLOW_CHAIN, limit), tmp_path)
+    results: dict[int, int] = {}
+
+    async def one(value: int) -> None:
+        data = np.array([value], dtype=np.int32)
+        response = await router.infer(
+            InferenceRequest("slow_chain", inputs=[Tensor("IN", "INT32", (1,), data)])
+        )
+        results[value] = int(response.outputs[0].data[0])
+
+    async with anyio.create_task_group() as group:
+        for value in range(8):
+            group.start_soon(one, value)
+    assert results == {v: 2 * v for v in range(8)}
+    if limit:
+        assert gauge.most <= limit
+    else:
+        assert gauge.most > 2  # four instances: without a limit they all get work
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+async def test_max_inflight_requests_holds_up_a_decoupled_step_that_outpaces_the_next(
+    system: ActorSystem, tmp_path: Path, limit: int
+) -> None:
+    gauge = Gauge(0.02)
+    ahead: list[int] = []
+    sent = 0
+
+    def on_sent() -> None:  # on the split instance's thread, once a `send` has returned
+        nonlocal sent
+        sent += 1
+        with gauge.lock:
+            ahead.append(sent - gauge.finished)
+
+    router = Router()
+    await serve(system, router, SplitBackend(on_sent), SPLIT, tmp_path)
+    await serve(
+        system, router, FunctionBackend(gauge), ONE.format(name="double", count=4), tmp_path
+    )
+    await serve(system, router, EnsembleBackend(), limited(STREAMED, limit), tmp_path)
+    collected = await stream(router, "streamed", list(range(20)))
+    assert collected.by_index() == {i: 2 * i for i in range(20)}
+    if limit:
+        # Waiting to be taken (limit) + taken, waiting for room (1) + in flight (limit).
+        assert max(ahead) <= 2 * limit + 1
+        assert gauge.most <= limit
+    else:
+        assert max(ahead) > 10  # nothing holds the model up
+
+
+class TickerInstance(BackendInstance):
+    """Decoupled: two responses, then silence until the request is cancelled (or 5 s have
+    passed): only the cancellation itself can tell it to stop."""
+
+    def __init__(self, stopped: threading.Event) -> None:
+        self.stopped = stopped
+
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        for request in requests:
+            sender = request.sender
+            assert sender is not None
+            for index in range(500):
+                if sender.is_cancelled():
+                    self.stopped.set()
+                    break
+                if index < 2:
+                    outputs = [
+                        Tensor(name, "INT32", (1,), np.array([index], dtype=np.int32))
+                        for name in ("Y", "I")
+                    ]
+                    sender.send(InferenceResponse("split", "1", request.id, outputs))
+                time.sleep(0.01)
+            sender.send(final=True)
+        return [None] * len(requests)
+
+
+class TickerBackend(Backend):
+    name = "ticker"
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def load_model(self, context: ModelContext) -> BackendModel:
+        stopped = self.stopped
+
+        class Model(BackendModel):
+            def create_instance(self, context: InstanceContext) -> BackendInstance:
+                return TickerInstance(stopped)
+
+        return Model()
+
+
+async def test_cancelling_a_streaming_request_cancels_its_decoupled_step(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    router = Router()
+    ticker = TickerBackend()
+    await serve(system, router, ticker, SPLIT, tmp_path)
+    await serve(
+        system, router, FunctionBackend(double), ONE.format(name="double", count=1), tmp_path
+    )
+    await serve(system, router, EnsembleBackend(), STREAMED, tmp_path)
+    collected = Collected()
+    data = np.array([0], dtype=np.int32)
+    streamed = InferenceRequest("streamed", inputs=[Tensor("IN", "INT32", (1,), data)])
+    streamed.sender = collected.sender
+    router.submit(streamed)
+    with anyio.fail_after(5):
+        while len(collected.responses) < 2:
+            await anyio.sleep(0.01)
+        streamed.cancel()  # what a gRPC stream that closes does to its requests
+        await collected.done.wait()
+    assert await anyio.to_thread.run_sync(ticker.stopped.wait, 5)
+    assert len(collected.responses) == 2

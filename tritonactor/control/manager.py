@@ -374,7 +374,7 @@ class ModelManager(Actor[Any]):
         assert config.ensemble_scheduling is not None
         steps = {step.model_name for step in config.ensemble_scheduling.step}
         for step in sorted(steps - loading):
-            if step not in self._serving:
+            if not self._serving.get(step):  # an empty entry: its load is under way
                 try:
                     await self._load(step, None, source, loading)
                 except TritonError as error:
@@ -422,6 +422,7 @@ class ModelManager(Actor[Any]):
                     )
                 )
                 return
+            serving.config_digest = digest  # the config as prepared, before the actor saw it
             serving.files = files[version]
             serving.override = override_digest
             serving.memory = estimate // max(len(versions), 1)
