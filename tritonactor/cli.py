@@ -73,6 +73,13 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag(("--allow-metrics",), "metrics_enabled", "serve the metrics endpoint", boolean=True),
     _Flag(("--log-verbose",), "log_verbose", "verbose logging level (0: off)", "LEVEL"),
     _Flag(
+        ("--log-format",),
+        "log_format",
+        "text (alias default), ISO8601, or json: one JSON object a line",
+        "FORMAT",
+    ),
+    _Flag(("--log-file",), "log_file", "write the log to this file instead of stderr", "PATH"),
+    _Flag(
         ("--lazy-load",),
         "lazy_load",
         "load each model when its first request arrives",

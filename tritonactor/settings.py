@@ -87,6 +87,11 @@ class Settings:
     grpc_enabled: bool = True
     metrics_enabled: bool = True
     log_verbose: int = 0
+    # text (alias default), ISO8601 (text with ISO 8601 times) or json (one object a line); see
+    # docs/logging.md. tritonserver's own values are accepted so its --log-format works unchanged.
+    log_format: str = "text"
+    # Empty: log to stderr. Fixed at start: as in Triton, the logging API cannot move it.
+    log_file: str = ""
     # Load a model when its first request arrives instead of at startup.
     lazy_load: bool = False
     # Bytes that loaded models may take (0: no limit); see docs/configuration.md.
@@ -223,6 +228,8 @@ VARIABLES: dict[str, str] = {
     "grpc_enabled": "TRITONACTOR_ALLOW_GRPC",
     "metrics_enabled": "TRITONACTOR_ALLOW_METRICS",
     "log_verbose": "TRITONACTOR_LOG_VERBOSE",
+    "log_format": "TRITONACTOR_LOG_FORMAT",
+    "log_file": "TRITONACTOR_LOG_FILE",
     "lazy_load": "TRITONACTOR_LAZY_LOAD",
     "memory_budget": "TRITONACTOR_MEMORY_BUDGET",
 }
@@ -352,6 +359,23 @@ def _parse_float(variable: str, value: str) -> float:
         ) from None
 
 
+LOG_FORMATS = ("text", "ISO8601", "json")
+# tritonserver's name for plain text lines.
+_LOG_FORMAT_ALIASES = {"default": "text"}
+
+
+def _parse_log_format(variable: str, value: str) -> str:
+    # Matched without case ("iso8601", "JSON") but stored in one spelling, so that to_env and
+    # from_env agree.
+    by_lower = {name.lower(): name for name in LOG_FORMATS} | _LOG_FORMAT_ALIASES
+    return by_lower.get(value.lower(), value)
+
+
+def _parse_log_file(variable: str, value: str) -> str:
+    # Absolute, so that every worker writes to the same file whatever its working directory.
+    return os.path.abspath(os.path.expanduser(value))
+
+
 def _parse_host(variable: str, value: str) -> str:
     # Stored bare ("::1", not "[::1]"): grpclib and socket APIs want it so, and the CLI adds the
     # brackets that hypercorn's --bind needs.
@@ -385,6 +409,22 @@ def _log_verbose_rule(level: int) -> str | None:
     return None if level >= 0 else "is negative: expected an integer >= 0"
 
 
+def _log_format_rule(name: str) -> str | None:
+    if name in LOG_FORMATS:
+        return None
+    return f"is not one of: {', '.join(LOG_FORMATS)} (default is an alias of text)"
+
+
+def _log_file_rule(path: str) -> str | None:
+    if not path:
+        return None
+    if os.path.isdir(path):
+        return "is a directory: expected a file path"
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        return "is in a directory that does not exist"
+    return None
+
+
 def _memory_budget_rule(size: int) -> str | None:
     return None if size >= 0 else "is negative: expected bytes >= 0 (0: no limit)"
 
@@ -400,6 +440,8 @@ _RULES: dict[str, Callable[[Any], str | None]] = {
     "metrics_host": _host_rule,
     "metrics_port": _port_rule,
     "log_verbose": _log_verbose_rule,
+    "log_format": _log_format_rule,
+    "log_file": _log_file_rule,
     "memory_budget": _memory_budget_rule,
 }
 
@@ -419,6 +461,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "grpc_enabled": _parse_bool,
     "metrics_enabled": _parse_bool,
     "log_verbose": _parse_int,
+    "log_format": _parse_log_format,
+    "log_file": _parse_log_file,
     "lazy_load": _parse_bool,
     "memory_budget": _parse_size,
 }

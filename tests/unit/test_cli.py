@@ -68,6 +68,8 @@ def test_every_flag_sets_its_variable(tmp_path: Path) -> None:
         "--allow-grpc=true",
         "--allow-metrics=no",
         "--log-verbose=1",
+        "--log-format=json",
+        "--log-file=/tmp/tritonactor.log",
         "--lazy-load=true",
         "--memory-budget=2GiB",
     )
@@ -87,6 +89,8 @@ def test_every_flag_sets_its_variable(tmp_path: Path) -> None:
         "TRITONACTOR_ALLOW_GRPC": "true",
         "TRITONACTOR_ALLOW_METRICS": "no",
         "TRITONACTOR_LOG_VERBOSE": "1",
+        "TRITONACTOR_LOG_FORMAT": "json",
+        "TRITONACTOR_LOG_FILE": "/tmp/tritonactor.log",
         "TRITONACTOR_LAZY_LOAD": "true",
         "TRITONACTOR_MEMORY_BUDGET": "2GiB",
     }

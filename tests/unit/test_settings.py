@@ -68,6 +68,8 @@ def test_defaults(env: dict[str, str], repo: Path, tmp_path: Path) -> None:
     assert s.grpc_enabled is True
     assert s.metrics_enabled is True
     assert s.log_verbose == 0
+    assert s.log_format == "text"
+    assert s.log_file == ""
 
 
 def test_unset_repository_serves_the_bundled_examples(bundled: Path, tmp_path: Path) -> None:
@@ -120,6 +122,8 @@ def test_every_variable_is_read(env: dict[str, str], repo: Path, tmp_path: Path)
         "TRITONACTOR_ALLOW_GRPC": "off",
         "TRITONACTOR_ALLOW_METRICS": "0",
         "TRITONACTOR_LOG_VERBOSE": "2",
+        "TRITONACTOR_LOG_FORMAT": "JSON",
+        "TRITONACTOR_LOG_FILE": str(tmp_path / "server.log"),
     }
     s = Settings.from_env(env)
     assert s == Settings(
@@ -138,7 +142,33 @@ def test_every_variable_is_read(env: dict[str, str], repo: Path, tmp_path: Path)
         grpc_enabled=False,
         metrics_enabled=False,
         log_verbose=2,
+        log_format="json",
+        log_file=str(tmp_path / "server.log"),
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("text", "text"),
+        ("default", "text"),  # tritonserver's --log-format=default
+        ("ISO8601", "ISO8601"),
+        ("iso8601", "ISO8601"),
+        ("json", "json"),
+        ("Json", "json"),
+    ],
+)
+def test_log_format(env: dict[str, str], text: str, expected: str) -> None:
+    env["TRITONACTOR_LOG_FORMAT"] = text
+    assert Settings.from_env(env).log_format == expected
+
+
+def test_relative_log_file_becomes_absolute(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    env["TRITONACTOR_LOG_FILE"] = "server.log"
+    assert Settings.from_env(env).log_file == str(tmp_path / "server.log")
 
 
 def test_load_model_star(env: dict[str, str]) -> None:
@@ -226,6 +256,9 @@ def test_a_disabled_endpoint_does_not_hold_its_port(env: dict[str, str]) -> None
         ("TRITONACTOR_ALLOW_METRICS", "yep", "true/false"),
         ("TRITONACTOR_LOG_VERBOSE", "loud", "integer"),
         ("TRITONACTOR_LOG_VERBOSE", "-1", "integer >= 0"),
+        ("TRITONACTOR_LOG_FORMAT", "xml", "is not one of: text, ISO8601, json"),
+        ("TRITONACTOR_LOG_FILE", "/", "is a directory"),
+        ("TRITONACTOR_LOG_FILE", "/no/such/dir/x.log", "directory that does not exist"),
     ],
 )
 def test_bad_values_name_variable_value_and_rule(
@@ -369,6 +402,8 @@ def test_round_trip(env: dict[str, str], repo: Path, tmp_path: Path) -> None:
         strict_model_config=True,
         metrics_enabled=False,
         log_verbose=3,
+        log_format="ISO8601",
+        log_file=str(tmp_path / "server.log"),
     )
     exported = original.to_env()
     assert set(exported) == set(VARIABLES.values())
