@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# install-validators.sh -- install the two tools tests/test_deploy.py uses when it finds them:
+#   * the Docker Compose v2 CLI plugin, so `docker compose config` validates compose.yaml with no
+#     engine running. Bookworm's own docker-compose package is the Python 1.x tool, which is no
+#     plugin; trixie's 2.x build runs on bookworm (it needs glibc >= 2.34). It goes to
+#     $COMPOSE_PLUGIN_DIR (default ~/.docker/cli-plugins), where the docker client looks for it.
+#   * promtool (from Debian's prometheus package), which parses every PromQL expression of the
+#     dashboard and checks deploy/prometheus/prometheus.yml. It goes to $PROMTOOL_DIR (default
+#     /usr/local/bin).
+# Only the two binaries are installed; the packages are downloaded and unpacked in a temporary
+# folder, with a private apt state for trixie's package list, so nothing else on the system changes.
+# Prints the paths of both tools.
+set -euo pipefail
+COMPOSE_PLUGIN_DIR=${COMPOSE_PLUGIN_DIR:-$HOME/.docker/cli-plugins}
+PROMTOOL_DIR=${PROMTOOL_DIR:-/usr/local/bin}
+ARCH=$(dpkg --print-architecture)
+W=$(mktemp -d "${TMPDIR:-/tmp}/tritonactor-validators.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+
+works() { [ -x "$1" ] && "$1" --version >/dev/null 2>&1; }
+
+if ! works "$COMPOSE_PLUGIN_DIR/docker-compose"; then
+  A=$W/apt
+  mkdir -p "$A/lists/partial" "$A/cache/archives/partial" "$A/etc" "$W/compose"
+  URI=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [ -n "$URI" ] || URI=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list)
+  printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: %s\n' \
+    "$URI" /usr/share/keyrings/debian-archive-keyring.gpg >"$A/etc/trixie.sources"
+  O=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$A/etc"
+     -o Dir::State::Lists="$A/lists" -o Dir::Cache="$A/cache" -o Dir::State::status=/dev/null
+     -o APT::Architecture="$ARCH" -o APT::Sandbox::User=root)
+  apt-get -qq "${O[@]}" update >&2
+  (cd "$W" && apt-get -qq "${O[@]}" download docker-compose >&2)
+  dpkg-deb -x "$W"/docker-compose_*.deb "$W/compose"
+  mkdir -p "$COMPOSE_PLUGIN_DIR"
+  install -m 0755 "$W/compose/usr/libexec/docker/cli-plugins/docker-compose" "$COMPOSE_PLUGIN_DIR/"
+fi
+
+if ! works "$PROMTOOL_DIR/promtool"; then
+  mkdir -p "$W/prometheus"
+  (cd "$W" && apt-get -qq -o APT::Sandbox::User=root download prometheus >&2)
+  dpkg-deb -x "$W"/prometheus_*.deb "$W/prometheus"
+  mkdir -p "$PROMTOOL_DIR"
+  install -m 0755 "$W/prometheus/usr/bin/promtool" "$PROMTOOL_DIR/"
+fi
+
+echo "$COMPOSE_PLUGIN_DIR/docker-compose"
+echo "$PROMTOOL_DIR/promtool"
