@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 
 from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
+from tritonactor.observability.endpoint import metrics_listener
 from tritonactor.server import Server
 from tritonactor.settings import Settings, SettingsError
 
@@ -32,7 +33,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         _configure_logging(server.settings)
         for variable, value in server.settings.describe():
             log.info("%s=%s", variable, value)
-        async with server.running(), grpc_listener(server):
+        async with server.running(), grpc_listener(server), metrics_listener(server):
             yield
 
     app = create_http_app(server, lifespan=lifespan)

@@ -95,6 +95,11 @@ class ActorRef(Generic[M]):
     def running(self) -> bool:
         return self._actor.running
 
+    @property
+    def children(self) -> tuple[ActorRef[Any], ...]:
+        """The actor's running children (for observers: metrics walk the tree with it)."""
+        return self._actor.children
+
     def __repr__(self) -> str:
         return f"<ActorRef {self.name}>"
 

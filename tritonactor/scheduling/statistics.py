@@ -1,23 +1,38 @@
 """Triton's statistics extension: what a model version has served, accumulated by its instance
-actors as each batch finishes and read by the front ends.
+actors as each batch finishes and by the router as each request is answered, and read by the
+front ends and the metrics collector.
 
-Every update happens in an instance actor's `receive`, on the event loop, and every read in a
-front-end handler on the same loop, without an await in between: no lock is needed. Times come
-from `time.perf_counter_ns` (one monotonic clock shared by every thread)."""
+Every update happens on the event loop (an instance actor's `receive`, a reply's done callback),
+and every read in a handler on the same loop, without an await in between: no lock is needed.
+The one exception is the first-response histogram, which a decoupled model's sender may reach
+from any thread. Times come from `time.perf_counter_ns` (one monotonic clock shared by every
+thread)."""
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tritonactor.actors import ActorStopped
 from tritonactor.core.errors import ErrorCode, TritonError, invalid_arg
+from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
+from tritonactor.observability.metrics import HistogramSample, VersionSample
 from tritonactor.scheduling.messages import Infer
+from tritonactor.scheduling.sequence import NULL_REQUEST
 
 if TYPE_CHECKING:
     from tritonactor.actors import Reply
     from tritonactor.scheduling.router import ModelHandle, Router
+
+# Triton's reasons for a failed request (the `reason` label of nv_inference_request_failure).
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+# Triton's default buckets for nv_inference_first_response_histogram_ms (milliseconds).
+FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 
 
 @dataclass(slots=True)
@@ -43,6 +58,31 @@ class BatchStatistics:
     compute_output: Duration = field(default_factory=Duration)
 
 
+class FirstResponseHistogram:
+    """Times from a request's arrival to its first response, in fixed buckets: one list index
+    bumped per request, turned into a Prometheus histogram only when scraped."""
+
+    __slots__ = ("_counts", "_lock", "_sum_ms", "bounds_ms")
+
+    def __init__(self, bounds_ms: Sequence[float] = FIRST_RESPONSE_BUCKETS_MS) -> None:
+        self.bounds_ms = tuple(bounds_ms)
+        self._counts = [0] * (len(self.bounds_ms) + 1)  # the last one: above every bound
+        self._sum_ms = 0.0
+        # A decoupled model's first response may be sent from a backend's own thread.
+        self._lock = threading.Lock()
+
+    def observe_ns(self, ns: int) -> None:
+        ms = ns / 1e6
+        index = bisect.bisect_left(self.bounds_ms, ms)  # a bucket holds what is <= its bound
+        with self._lock:
+            self._counts[index] += 1
+            self._sum_ms += ms
+
+    def sample(self) -> HistogramSample:
+        with self._lock:
+            return HistogramSample(self.bounds_ms, tuple(self._counts), self._sum_ms)
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionTimes:
     """When one execute went through its stages (`perf_counter_ns`)."""
@@ -65,7 +105,11 @@ class VersionStatistics:
     Per execution: an execute in which at least one request succeeded counts once in
     execution_count and in `batch_stats` under its batch size (the requests' batch sizes summed),
     and adds that batch size to inference_count, as Triton does; last_inference is the wall
-    clock (ms since the epoch) at the end of the latest such execute."""
+    clock (ms since the epoch) at the end of the latest such execute. The sequence batcher's
+    null requests (empty slots of a batch) are not requests: they count nowhere.
+
+    For the metrics: failures by Triton's reason (`failures()`), from every routed request's
+    answer, and the time to each request's first response (`first_response`)."""
 
     INFERENCE_STATS = (
         "success",
@@ -96,10 +140,47 @@ class VersionStatistics:
         self.cache_hit = Duration()  # no response cache: always zero
         self.cache_miss = Duration()
         self._batches: dict[int, BatchStatistics] = {}
+        self.first_response = FirstResponseHistogram()
+        # Failures of answered requests, by the reason their error gives (`failure_reason`),
+        # and those of them that the execute returned: a backend's error may carry any code.
+        self._failed = dict.fromkeys(FAILURE_REASONS, 0)
+        self._failed_in_execute = dict.fromkeys(FAILURE_REASONS, 0)
+        self._reported = dict.fromkeys(FAILURE_REASONS, 0)
+
+    def admit(
+        self, request: InferenceRequest, reply: Reply[InferenceResponse], arrival_ns: int
+    ) -> None:
+        """A request is routed to this version: count it pending until `reply` is answered, and
+        time a decoupled model's first response through its sender. (The router's one call per
+        request; until it makes it, it counts `pending` and calls `request_done` itself.)"""
+        self.pending += 1
+        reply.add_done_callback(self.request_done)
+        if request.sender is not None:
+            request.sender = _FirstResponseTimer(request.sender, arrival_ns, self.first_response)
 
     def request_done(self, reply: Reply[Any]) -> None:
         """A request routed to this version has its answer (the router calls this)."""
         self.pending -= 1
+        try:
+            reply.result()
+        except BaseException as error:  # the stored answer, not an exception raised here
+            self._failed[failure_reason(error)] += 1
+
+    def failures(self) -> dict[str, int]:
+        """Failed requests by Triton's reason: BACKEND for those the execute failed, the others
+        by what their error says."""
+        in_execute = self._failed_in_execute
+        counts = {}
+        for reason in FAILURE_REASONS:
+            if reason == "BACKEND":
+                counts[reason] = sum(in_execute.values())
+                continue
+            # An execute's failure is recorded as its answer goes out, so both counts have it;
+            # with preserve_ordering an answer may be held back for a while after the execute,
+            # and a counter must not go down meanwhile.
+            counted = self._failed[reason] - in_execute[reason]
+            counts[reason] = self._reported[reason] = max(counted, self._reported[reason])
+        return counts
 
     def record_execution(
         self, batch: Sequence[Infer], results: Sequence[object], times: ExecutionTimes
@@ -108,16 +189,23 @@ class VersionStatistics:
         answered = times.answered
         batch_size = succeeded = success_ns = queue_ns = failed = fail_ns = 0
         batching = self.batching
+        first_response = self.first_response
         # The instance checked that there is one result per request.
         for item, result in zip(batch, results):  # noqa: B905
+            request = item.request
+            if NULL_REQUEST in request.context:
+                continue
             batch_size += self.batch_size(item) if batching else 1
             if isinstance(result, TritonError):
                 failed += 1
                 fail_ns += answered - item.arrival_ns
+                self._failed_in_execute[failure_reason(result)] += 1
             else:
                 succeeded += 1
                 success_ns += answered - item.arrival_ns
                 queue_ns += max(0, times.started - item.arrival_ns)
+                if request.sender is None:  # else its sender times its first response
+                    first_response.observe_ns(answered - item.arrival_ns)
         if failed:
             self.fail.add(fail_ns, failed)
         if not succeeded:
@@ -155,6 +243,68 @@ class VersionStatistics:
     def batch_stats(self) -> list[BatchStatistics]:
         """One entry per executed batch size, smallest first."""
         return [self._batches[size] for size in sorted(self._batches)]
+
+    def sample(self, model: str, version: int) -> VersionSample:
+        """What the metrics collector reports for this version, read now."""
+        return VersionSample(
+            model=model,
+            version=version,
+            success=self.success.count,
+            failures=self.failures(),
+            inference_count=self.inference_count,
+            execution_count=self.execution_count,
+            pending=self.pending,
+            request_us=self.success.ns // 1000,
+            queue_us=self.queue.ns // 1000,
+            compute_input_us=self.compute_input.ns // 1000,
+            compute_infer_us=self.compute_infer.ns // 1000,
+            compute_output_us=self.compute_output.ns // 1000,
+            batch_executions={b.batch_size: b.compute_infer.count for b in self.batch_stats},
+            first_response_ms=self.first_response.sample(),
+        )
+
+
+def failure_reason(error: BaseException) -> str:
+    """Triton's reason for a request that failed with `error`, as far as the error tells:
+    refused by a scheduler (queue full, timed out, unloading: UNAVAILABLE), or CANCELED;
+    anything else is OTHER. (A failed execute is BACKEND whatever its error says; the
+    statistics know which failures those are.)"""
+    if isinstance(error, TritonError):
+        if error.code is ErrorCode.CANCELLED:
+            return "CANCELED"
+        return "REJECTED" if error.code is ErrorCode.UNAVAILABLE else "OTHER"
+    # A scheduler that stopped with the request still queued.
+    return "REJECTED" if isinstance(error, ActorStopped) else "OTHER"
+
+
+class _FirstResponseTimer(ResponseSender):
+    """A decoupled request's sender, timing the first response it passes on."""
+
+    __slots__ = ("_arrival_ns", "_histogram", "_inner", "_timed")
+
+    def __init__(
+        self, inner: ResponseSender, arrival_ns: int, histogram: FirstResponseHistogram
+    ) -> None:
+        super().__init__(self._forward)
+        self._inner = inner
+        self._arrival_ns = arrival_ns
+        self._histogram = histogram
+        self._timed = False
+
+    def _forward(
+        self, response: InferenceResponse | None, error: TritonError | None, final: bool
+    ) -> None:
+        if response is not None and not self._timed:
+            self._timed = True
+            self._histogram.observe_ns(time.perf_counter_ns() - self._arrival_ns)
+        self._inner.send(response, error=error, final=final)
+
+    def cancel(self) -> None:
+        super().cancel()
+        self._inner.cancel()
+
+    def is_cancelled(self) -> bool:
+        return super().is_cancelled() or self._inner.is_cancelled()
 
 
 def select(router: Router, name: str = "", version: str = "") -> list[ModelHandle]:

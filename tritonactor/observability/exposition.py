@@ -1,0 +1,46 @@
+"""The Prometheus text format, written as Triton writes it.
+
+prometheus_client's `generate_latest` names every counter family `<name>_total` in its TYPE
+line, which Triton's counters (`nv_inference_request_success`, ...) do not have: a scraper
+would see a family with no samples beside samples of an untyped one. Here a family's TYPE line
+takes the name its samples carry, so Triton's counters keep their names and ours (which end in
+`_total`, as Prometheus advises) keep theirs."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def render(registry: Collector) -> bytes:
+    """Every family `registry` collects, in the text format."""
+    lines: list[str] = []
+    for family in registry.collect():
+        name = family.name
+        kind = family.type
+        if kind == "counter" and family.samples:
+            name = family.samples[0].name
+        elif kind == "unknown":
+            kind = "untyped"
+        lines.append(f"# HELP {name} {_escape_help(family.documentation)}\n")
+        lines.append(f"# TYPE {name} {kind}\n")
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue  # OpenMetrics only; the classic format has no place for it
+            labels = ",".join(
+                f'{key}="{_escape_label(value)}"' for key, value in sorted(sample.labels.items())
+            )
+            selector = f"{{{labels}}}" if labels else ""
+            lines.append(f"{sample.name}{selector} {floatToGoString(sample.value)}\n")
+    return "".join(lines).encode()
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")

@@ -1,0 +1,258 @@
+"""Prometheus metrics with Triton's names, read at scrape time.
+
+Nothing here runs per request: the data plane keeps its plain counters (see
+`scheduling/statistics.py`) and a `MetricsCollector` turns a `MetricsSource`'s samples of them
+into metric families when Prometheus asks. Triton's families keep Triton's names, types and
+labels (so its dashboards and scrape configs carry over); what only an actor design can show is
+under `tritonactor_`. docs/metrics.md lists every family."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.metrics_core import Metric
+
+from tritonactor.observability.gpu import GpuMetrics
+from tritonactor.observability.host import CpuUsage, read_memory
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSample:
+    """A histogram as kept: `counts[i]` observations fell in bucket i (`<= bounds[i]`, not
+    cumulative), the last count above every bound; `total` is their sum."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSample:
+    """One ready model version's numbers at the time of a scrape (durations in microseconds,
+    summed over successful requests, as Triton's counters)."""
+
+    model: str
+    version: int
+    success: int
+    failures: Mapping[str, int]  # by Triton's reason: REJECTED, CANCELED, BACKEND, OTHER
+    inference_count: int
+    execution_count: int
+    pending: int
+    request_us: int
+    queue_us: int
+    compute_input_us: int
+    compute_infer_us: int
+    compute_output_us: int
+    batch_executions: Mapping[int, int]  # executes by batch size
+    first_response_ms: HistogramSample
+
+
+@dataclass(frozen=True, slots=True)
+class MailboxSample:
+    """How many messages wait in one actor's mailbox; `model` and `version` are "" for an actor
+    that serves no one model version."""
+
+    actor: str
+    model: str
+    version: str
+    depth: int
+
+
+class MetricsSource(Protocol):
+    """What a server tells its collector at each scrape."""
+
+    def versions(self) -> Iterable[VersionSample]: ...
+
+    def load_seconds(self) -> Mapping[tuple[str, int], float]:
+        """How long each ready version took to load."""
+        ...
+
+    def journal_events(self) -> Mapping[str, int]:
+        """Control-plane events in the journal, by type."""
+        ...
+
+    def mailboxes(self) -> Iterable[MailboxSample]: ...
+
+
+class MetricsCollector:
+    """A prometheus_client collector (`collect`) over one server's `MetricsSource`, with the
+    machine's CPU and memory, and its GPUs when NVML sees any."""
+
+    def __init__(
+        self, source: MetricsSource, cpu: CpuUsage | None = None, gpu: GpuMetrics | None = None
+    ) -> None:
+        self._source = source
+        self._cpu = cpu if cpu is not None else CpuUsage()
+        # May be set after the collector is registered: NVML is slow to start.
+        self.gpu = gpu
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _version_families(list(self._source.versions()))
+        yield from self._model_load_family()
+        yield from self._host_families()
+        if self.gpu is not None:
+            yield from self.gpu.collect()
+        yield from self._actor_families()
+
+    def _model_load_family(self) -> Iterator[Metric]:
+        family = Metric(
+            "nv_model_load_duration_secs", "Time to load a model version, in seconds", "gauge"
+        )
+        for (model, version), seconds in sorted(self._source.load_seconds().items()):
+            family.add_sample(family.name, _labels(model, version), seconds)
+        yield family
+
+    def _host_families(self) -> Iterator[Metric]:
+        utilization = self._cpu.utilization()
+        if utilization is not None:
+            yield _single(
+                "nv_cpu_utilization",
+                "CPU utilization of the machine since the last scrape [0.0 - 1.0]",
+                utilization,
+            )
+        memory = read_memory()
+        if memory is not None:
+            total, used = memory
+            yield _single(
+                "nv_cpu_memory_total_bytes", "The machine's memory (RAM), in bytes", total
+            )
+            yield _single(
+                "nv_cpu_memory_used_bytes", "The machine's memory (RAM) in use, in bytes", used
+            )
+
+    def _actor_families(self) -> Iterator[Metric]:
+        mailboxes = Metric(
+            "tritonactor_actor_mailbox_depth",
+            "Messages waiting in an actor's mailbox",
+            "gauge",
+        )
+        for box in self._source.mailboxes():
+            labels = {"actor": box.actor, "model": box.model, "version": box.version}
+            mailboxes.add_sample(mailboxes.name, labels, box.depth)
+        yield mailboxes
+        events = Metric(
+            "tritonactor_journal_events_total",
+            "Control-plane events in the journal, by type",
+            "counter",
+        )
+        for kind, count in sorted(self._source.journal_events().items()):
+            events.add_sample(events.name, {"type": kind}, count)
+        yield events
+
+
+# Triton's per-version counters: name, help, and how a sample gives the value.
+_COUNTERS = (
+    ("nv_inference_request_success", "Successful inference requests, all batch sizes", "success"),
+    ("nv_inference_count", "Inferences performed (a batch of n counts n)", "inference_count"),
+    ("nv_inference_exec_count", "Model executions performed", "execution_count"),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative time of successful requests, from arrival to answer, in microseconds",
+        "request_us",
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative time successful requests waited in the scheduler, in microseconds",
+        "queue_us",
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative time successful requests spent handing their inputs to the backend, "
+        "in microseconds",
+        "compute_input_us",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative time successful requests spent in the model's execute, in microseconds",
+        "compute_infer_us",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative time successful requests spent from the execute's end to their answer, "
+        "in microseconds",
+        "compute_output_us",
+    ),
+)
+
+
+def _version_families(samples: list[VersionSample]) -> Iterator[Metric]:
+    for name, documentation, attribute in _COUNTERS:
+        # Triton's counters have no `_total` suffix: the sample is named as the family.
+        family = Metric(name, documentation, "counter")
+        for sample in samples:
+            family.add_sample(
+                name, _labels(sample.model, sample.version), getattr(sample, attribute)
+            )
+        yield family
+        if name == "nv_inference_request_success":
+            yield _failure_family(samples)
+
+    pending = Metric(
+        "nv_inference_pending_request_count",
+        "Requests routed to a model version and not answered yet",
+        "gauge",
+    )
+    for sample in samples:
+        pending.add_sample(pending.name, _labels(sample.model, sample.version), sample.pending)
+    yield pending
+
+    histogram = Metric(
+        "nv_inference_first_response_histogram_ms",
+        "Time from a request's arrival to its first response, in milliseconds",
+        "histogram",
+    )
+    for sample in samples:
+        _add_histogram(histogram, _labels(sample.model, sample.version), sample.first_response_ms)
+    yield histogram
+
+    batches = Metric(
+        "tritonactor_inference_batch_executions_total",
+        "Model executions by batch size",
+        "counter",
+    )
+    for sample in samples:
+        for size, count in sorted(sample.batch_executions.items()):
+            labels = {**_labels(sample.model, sample.version), "batch_size": str(size)}
+            batches.add_sample(batches.name, labels, count)
+    yield batches
+
+
+def _failure_family(samples: list[VersionSample]) -> Metric:
+    family = Metric(
+        "nv_inference_request_failure",
+        "Failed inference requests, all batch sizes, by reason",
+        "counter",
+    )
+    for sample in samples:
+        for reason, count in sample.failures.items():
+            labels = {**_labels(sample.model, sample.version), "reason": reason}
+            family.add_sample(family.name, labels, count)
+    return family
+
+
+def _add_histogram(family: Metric, labels: dict[str, str], sample: HistogramSample) -> None:
+    cumulative = 0
+    for bound, count in zip(sample.bounds, sample.counts, strict=False):
+        cumulative += count
+        family.add_sample(f"{family.name}_bucket", {**labels, "le": _bound(bound)}, cumulative)
+    count = sum(sample.counts)
+    family.add_sample(f"{family.name}_bucket", {**labels, "le": "+Inf"}, count)
+    family.add_sample(f"{family.name}_count", labels, count)
+    family.add_sample(f"{family.name}_sum", labels, sample.total)
+
+
+def _bound(bound: float) -> str:
+    # As Triton writes its bucket bounds: "100", not "100.0".
+    return str(int(bound)) if bound.is_integer() else repr(bound)
+
+
+def _labels(model: str, version: int | str) -> dict[str, str]:
+    return {"model": model, "version": str(version)}
+
+
+def _single(name: str, documentation: str, value: float) -> Metric:
+    family = Metric(name, documentation, "gauge")
+    family.add_sample(name, {}, value)
+    return family
