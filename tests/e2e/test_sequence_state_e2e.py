@@ -43,6 +43,9 @@ sequence_batching {{
 """
 
 ZERO_INITIAL = 'initial_state: { data_type: TYPE_INT32 dims: [ 3 ] zero_data: true name: "z" }'
+FILE_INITIAL = (
+    'initial_state: { data_type: TYPE_INT32 dims: [ 3 ] data_file: "start.bin" name: "f" }'
+)
 
 
 def accumulator(path: Path, batching: bool, state_dims: list[int | str]) -> None:
@@ -107,6 +110,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     onnx_model(repo, "onnx_state_batch", 4)
     onnx_model(
         repo, "onnx_state_initial", 0, count=2, dims="-1", initial=ZERO_INITIAL, state_dims=["n"]
+    )
+    onnx_model(
+        repo, "onnx_state_file", 0, count=1, dims="-1", initial=FILE_INITIAL, state_dims=["n"]
+    )
+    # Triton reads initial_state data files from the model folder's initial_state/.
+    (repo / "onnx_state_file" / "initial_state").mkdir()
+    np.array([10, 20, 30], dtype="<i4").tofile(
+        repo / "onnx_state_file" / "initial_state" / "start.bin"
     )
     python_model(repo, "python_state", 0)
     python_model(repo, "python_state_batch", 4)
@@ -199,6 +210,9 @@ def test_a_sequence_starts_from_the_configured_initial_state(server: ServerProce
     model = "onnx_state_initial"
     assert http_step(client, model, 2, 9001, sequence_start=True) == [2, 2, 2]
     assert http_step(client, model, 3, 9001, sequence_end=True) == [5, 5, 5]
+    model = "onnx_state_file"
+    assert http_step(client, model, 1, 9002, sequence_start=True) == [11, 21, 31]
+    assert http_step(client, model, 1, 9002, sequence_end=True) == [12, 22, 32]
 
 
 def test_bad_state_configs_fail_the_load_with_their_reason(server: ServerProcess) -> None:
