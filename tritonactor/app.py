@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
 from tritonactor.observability.endpoint import metrics_listener
+from tritonactor.observability.logging import configure_logging
 from tritonactor.server import Server
 from tritonactor.settings import Settings, SettingsError
 
@@ -30,7 +31,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        _configure_logging(server.settings)
+        configure_logging(server.settings)
         for variable, value in server.settings.describe():
             log.info("%s=%s", variable, value)
         async with server.running(), grpc_listener(server), metrics_listener(server):
@@ -39,15 +40,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
     app = create_http_app(server, lifespan=lifespan)
     app.state.server = server
     return app
-
-
-def _configure_logging(settings: Settings) -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=logging.DEBUG if settings.log_verbose > 0 else logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
 
 
 def _app_from_environment() -> Starlette:

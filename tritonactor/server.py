@@ -4,7 +4,8 @@ mode) the repository watcher, in one actor system."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,16 @@ from tritonactor.control.overrides import (
     remove_partial_folders,
 )
 from tritonactor.control.watcher import RepositoryWatcher, take_snapshot, tell_changes
-from tritonactor.core.errors import unavailable
+from tritonactor.core.errors import invalid_arg, unavailable
+from tritonactor.observability.trace_settings import OFF, SettingJson, TraceSettings
+from tritonactor.observability.tracing import (
+    Tracing,
+    TracingConfigError,
+    start_tracing,
+    tracing_config,
+)
 from tritonactor.scheduling.router import Router
-from tritonactor.settings import ControlMode, Settings
+from tritonactor.settings import ControlMode, Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,8 @@ EXTENSIONS = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
+    "logging",
     "repository_events",
 )
 
@@ -68,6 +78,16 @@ class Server:
         self.live = False
         self.journal: Journal | None = None
         self._manager: ActorRef[Any] | None = None
+        try:
+            # Read now, so that a bad OTEL_* variable stops the server before it starts.
+            self._tracing_config = tracing_config(os.environ)
+        except TracingConfigError as error:
+            raise SettingsError(str(error), error.variable) from None
+        # With an exporter configured every request is traced until the settings say less.
+        level = ("TIMESTAMPS",) if self._tracing_config is not None else (OFF,)
+        self.trace_settings = TraceSettings(level=level, rate=1)
+        # While running with tracing configured: the tracer, owned here, shut down at stop.
+        self.tracing: Tracing | None = None
 
     @property
     def mode(self) -> ControlMode:
@@ -87,6 +107,8 @@ class Server:
         # What a crash in the middle of writing an override left behind.
         await anyio.to_thread.run_sync(remove_partial_folders, self._override_root)
         try:
+            if self._tracing_config is not None:
+                self.tracing = start_tracing(self._tracing_config, self.trace_settings)
             async with ActorSystem(on_failure=self._actor_failed, shutdown_timeout=30) as system:
                 manager = ModelManager(
                     settings.model_repositories,
@@ -98,6 +120,7 @@ class Server:
                     mode=self.mode.value,
                     lazy=settings.lazy_load,
                     memory_budget=settings.memory_budget,
+                    tracing=self.tracing,
                 )
                 self._manager = await system.spawn(manager)
                 self.live = True
@@ -133,6 +156,11 @@ class Server:
         finally:
             journal.close()
             self.registry.finalize()
+            tracing, self.tracing = self.tracing, None
+            if tracing is not None:
+                # Last, so that what stopping the models recorded is exported too.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(tracing.shutdown)
 
     def _startup_models(self) -> tuple[str, ...] | None:
         """None (all) in modes none and poll; explicit mode loads only TRITONACTOR_LOAD_MODEL
@@ -141,6 +169,11 @@ class Server:
         if self.mode is not ControlMode.EXPLICIT or "*" in settings.load_models:
             return None
         return settings.load_models
+
+    @property
+    def manager(self) -> ActorRef[Any] | None:
+        """The model manager while the server runs (observers walk the actor tree from it)."""
+        return self._manager
 
     def _manager_ref(self) -> ActorRef[Any]:
         if self._manager is None:
@@ -185,6 +218,17 @@ class Server:
 
     async def _load_lazily(self, name: str) -> None:
         await self._manager_ref().ask(lambda reply: Load(reply, name, None, ev.Source.REQUEST))
+
+    def trace_setting(
+        self, model: str = "", changes: Mapping[str, Any] | None = None
+    ) -> dict[str, SettingJson]:
+        """The trace extension: the settings in force for `model` ("" = global), after applying
+        `changes` when given. A model must be ready, as in Triton."""
+        if model and not self.router.ready_versions(model):
+            raise invalid_arg(f"Request for unknown model : {model}")
+        if changes is None:
+            return self.trace_settings.get(model)
+        return self.trace_settings.update(changes, model)
 
     async def events(self, after: int = 0, limit: int = 100) -> list[JournalEntry]:
         """The journal's history, oldest first, `limit` entries whose seq is above `after`."""

@@ -478,16 +478,6 @@ NOT_YET = {
         lambda c: c.unregister_cuda_shared_memory("region"),
         "CUDA shared memory",
     ),
-    "trace-get": (lambda c: c.get_trace_settings(), "the trace extension"),
-    "trace-update": (
-        lambda c: c.update_trace_settings(settings={"trace_rate": "1"}),
-        "the trace extension",
-    ),
-    "log-get": (lambda c: c.get_log_settings(), "the logging extension"),
-    "log-update": (
-        lambda c: c.update_log_settings({"log_verbose_level": 1}),
-        "the logging extension",
-    ),
 }
 
 

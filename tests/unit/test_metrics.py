@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
 from tests.unit.test_scheduling import EchoBackend, context, request
-from tritonactor.actors import ActorStopped, ActorSystem, Reply
+from tritonactor.actors import Actor, ActorStopped, ActorSystem, Reply
 from tritonactor.control import events as ev
 from tritonactor.control.journal import open_journal
 from tritonactor.core.errors import TritonError, cancelled, internal, invalid_arg, unavailable
@@ -209,13 +209,29 @@ def settings(tmp_path: Path, **changes: Any) -> Settings:
     return Settings(model_repositories=(repository,), journal=tmp_path / "journal.jsonl", **changes)
 
 
+class _Owner(Actor[Any]):
+    """Stands in for the model manager: the parent of one model-version actor."""
+
+    def __init__(self, child: Actor[Any]) -> None:
+        super().__init__("model-manager")
+        self._child = child
+
+    async def started(self) -> None:
+        await self.spawn(self._child)
+
+    async def receive(self, message: Any) -> None:
+        pass
+
+
 async def serving_server(system: ActorSystem, tmp_path: Path, **changes: Any) -> Server:
     """A Server (not started: no repository scan) whose router serves a real echo model."""
     server = Server(settings(tmp_path, **changes))
     server.journal, _ = open_journal(server.settings.journal)
     ctx = context(1)
     actor = ModelVersionActor(EchoBackend(), ctx)
-    await system.spawn(actor)
+    owner = _Owner(actor)
+    # The manager's place in the tree: the mailbox gauges walk down from it.
+    server._manager = await system.spawn(owner)
     assert actor.scheduler is not None
     signature = ModelSignature.from_config(ctx.config)
     server.router.known.add("echo")
@@ -273,6 +289,8 @@ async def test_the_collector_reports_what_the_model_served(
     assert value(after, "nv_model_load_duration_secs", **labels) == 0.25
     assert value(after, "tritonactor_journal_events", type="ModelLoaded") == 2
     assert value(after, "tritonactor_actor_mailbox_depth", actor="scheduler", **labels) == 0
+    assert value(after, "tritonactor_actor_mailbox_depth", actor="version", **labels) == 0
+    assert value(after, "tritonactor_actor_mailbox_depth", actor="model-manager") == 0
     assert 0.0 <= value(after, "nv_cpu_utilization") <= 1.0
     assert value(after, "nv_cpu_memory_total_bytes") >= value(after, "nv_cpu_memory_used_bytes") > 0
     assert value(after, "process_resident_memory_bytes") > 0

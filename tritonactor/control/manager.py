@@ -10,15 +10,18 @@ free (an index or a readiness probe is answered during a long load) and models l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+from opentelemetry.trace import Span
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import Actor, ActorRef, Reply
@@ -45,6 +48,7 @@ from tritonactor.control.repository import (
 from tritonactor.control.watcher import RepositoryChanged
 from tritonactor.core.devices import gpu_count
 from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.observability.tracing import MODEL_NAME, Tracing
 from tritonactor.scheduling.messages import VersionHealth
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
@@ -138,6 +142,7 @@ class ModelManager(Actor[Any]):
         mode: str = "none",
         lazy: bool = False,
         memory_budget: int = 0,
+        tracing: Tracing | None = None,
     ) -> None:
         super().__init__("model-manager")
         self._repositories = repositories
@@ -153,6 +158,9 @@ class ModelManager(Actor[Any]):
         self._serving: dict[str, dict[int, _Serving]] = {}
         self._owners: dict[ActorRef[Any], tuple[str, int]] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        self._tracing = tracing
+        # The traced operation in progress on each model (one at a time: the model's lock).
+        self._operations: dict[str, _Operation] = {}
 
     async def started(self) -> None:
         self._record(
@@ -170,6 +178,10 @@ class ModelManager(Actor[Any]):
                 log.error("could not append to the journal: %s (event %r)", error, event)
         self.events.append(event)
         self.state = ev.apply(self.state, event)
+        if self._operations:
+            operation = self._operations.get(event.model)
+            if operation is not None:
+                operation.saw(event)
         if isinstance(event, ev.LoadFailed):
             kept = " (the loaded version goes on serving)" if event.serving else ""
             log.error("failed to load '%s': %s%s", event.model, event.reason, kept)
@@ -275,7 +287,8 @@ class ModelManager(Actor[Any]):
         loading: frozenset[str] = frozenset(),
     ) -> None:
         async with self._lock(name):
-            await self._sync(name, override, source, loading | {name})
+            with self._traced("reload" if name in self._serving else "load", name, source):
+                await self._sync(name, override, source, loading | {name})
 
     async def _sync(
         self, name: str, override: Override | None, source: ev.Source, loading: frozenset[str]
@@ -511,15 +524,16 @@ class ModelManager(Actor[Any]):
 
     async def _unload(self, name: str, unload_dependents: bool, source: ev.Source) -> None:
         async with self._lock(name):
-            versions = tuple(sorted(self._serving.get(name, {})))
-            if versions:
-                self._record(ev.UnloadRequested(model=name, versions=versions, source=source))
-                async with anyio.create_task_group() as group:
-                    for version in versions:
-                        group.start_soon(self._retire, name, version, "")
-            elif source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
-                # Not loaded (a failed load), but asked for: no longer.
-                self._record(ev.UnloadRequested(model=name, versions=(), source=source))
+            with self._traced("unload", name, source):
+                versions = tuple(sorted(self._serving.get(name, {})))
+                if versions:
+                    self._record(ev.UnloadRequested(model=name, versions=versions, source=source))
+                    async with anyio.create_task_group() as group:
+                        for version in versions:
+                            group.start_soon(self._retire, name, version, "")
+                elif source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
+                    # Not loaded (a failed load), but asked for: no longer.
+                    self._record(ev.UnloadRequested(model=name, versions=(), source=source))
         if unload_dependents:
             for dependent in self._dependents(name):
                 await self._unload(dependent, True, source)
@@ -589,6 +603,29 @@ class ModelManager(Actor[Any]):
         self._owners.pop(serving.ref, None)
         await self.stop_child(serving.ref)
 
+    # -- tracing ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def _traced(self, operation: str, name: str, source: ev.Source) -> Iterator[None]:
+        """A span for one operation on one model, its events as span events (nothing when
+        tracing is off)."""
+        if self._tracing is None:
+            yield
+            return
+        attributes = {
+            MODEL_NAME: name,
+            "tritonactor.operation": operation,
+            "tritonactor.source": source.value,
+        }
+        with self._tracing.operation(f"model {operation}", attributes) as span:
+            current = self._operations[name] = _Operation(span)
+            try:
+                yield
+                current.outcome = "done" if current.changed else "unchanged"
+            finally:
+                del self._operations[name]
+                current.close()
+
     # -- failures --------------------------------------------------------------------------------
 
     async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
@@ -605,6 +642,39 @@ class ModelManager(Actor[Any]):
         self._router.remove(name, version)
         reason = f"model version stopped serving: {failure_reason(error)}"
         self._record(ev.LoadFailed(model=name, version=version, reason=reason))
+
+
+@dataclass(eq=False, slots=True)
+class _Operation:
+    """A traced control-plane operation: its span, and what its events said."""
+
+    span: Span
+    versions: set[int] = dataclasses.field(default_factory=set)
+    changed: bool = False
+    outcome: str = "failed"
+
+    def saw(self, event: ev.Event) -> None:
+        attributes: dict[str, Any] = {}
+        for item in dataclasses.fields(event):
+            value = getattr(event, item.name)
+            if item.name in ("model", "time") or value in (None, "", ()):
+                continue
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, str):
+                value = str(value)  # an enum's value, plain
+            attributes[item.name] = value
+            if item.name == "version":
+                self.versions.add(value)
+            elif item.name == "versions":
+                self.versions.update(value)
+        if isinstance(event, ev.LoadRequested | ev.UnloadRequested):
+            self.changed = True
+        self.span.add_event(type(event).__name__, attributes)
+
+    def close(self) -> None:
+        self.span.set_attribute("tritonactor.versions", sorted(self.versions))
+        self.span.set_attribute("tritonactor.outcome", self.outcome)
 
 
 def _load_requested(

@@ -10,6 +10,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from tritonactor.core.errors import TritonError
+    from tritonactor.observability.tracing import RequestTrace
 
 # KServe v2 parameter values: what both the HTTP JSON and gRPC InferParameter can carry.
 ParameterValue = bool | int | float | str
@@ -87,13 +88,16 @@ class InferenceRequest:
     parameters: Parameters = field(default_factory=dict)
     # Filled by the router: the version that will serve the request.
     resolved_version: int = 0
-    # Per-request state a scheduler or backend may attach (e.g. a trace context).
+    # Per-request state a scheduler or backend may attach.
     context: dict[str, Any] = field(default_factory=dict)
     # Set when the model is decoupled: its responses go here instead of one reply.
     sender: ResponseSender | None = None
     # Set by the front end when the client gave up on the request (a closed stream, a cancelled
     # call): schedulers drop it if it has not run yet; a backend may stop early.
     cancelled: bool = False
+    # Set by the front end when the request is traced; crosses every mailbox with the request
+    # (a child request, an ensemble step or a BLS call, gets its parent's `trace.child()`).
+    trace: RequestTrace | None = None
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -109,13 +109,20 @@ class ServerMetrics:
         return self._journal.counts
 
     def mailboxes(self) -> Iterable[MailboxSample]:
-        return [
-            MailboxSample(
-                "scheduler", handle.name, str(handle.version), handle.scheduler.mailbox_depth
-            )
-            for handle in self._server.router.handles()
-            if handle.scheduler is not None
-        ]
+        """Every actor of the tree: the manager, each model-version actor and its scheduler
+        and instances (a version actor is named `<model>:<version>`)."""
+        manager = self._server.manager
+        if manager is None:
+            return []
+        samples = [MailboxSample(manager.name, "", "", manager.mailbox_depth)]
+        for version_actor in manager.children:
+            model, _, version = version_actor.name.rpartition(":")
+            samples.append(MailboxSample("version", model, version, version_actor.mailbox_depth))
+            for child in version_actor.children:
+                # A version's scheduler is named after its model; instances by their own names.
+                actor = "scheduler" if child.name == model else child.name
+                samples.append(MailboxSample(actor, model, version, child.mailbox_depth))
+        return samples
 
 
 def metrics_route(server: Server) -> Route:

@@ -363,6 +363,9 @@ class _Run:
             inputs=inputs,
             outputs=[RequestedOutput(name) for name in step.outputs],
             parameters=dict(self.request.parameters),
+            # Each step's spans nest under the ensemble's request; a child of its own, so that
+            # steps running side by side keep their own queue times.
+            trace=None if self.request.trace is None else self.request.trace.child(),
         )
 
 

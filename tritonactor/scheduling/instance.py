@@ -13,6 +13,7 @@ from tritonactor.actors.worker import WorkerThread
 from tritonactor.backends.base import BackendInstance, InstanceDied, Result
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import InferenceRequest
+from tritonactor.observability.tracing import BatchTrace
 from tritonactor.scheduling.messages import Execute, InstanceIdle
 from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
 
@@ -43,6 +44,11 @@ class InstanceActor(Actor[Execute]):
     async def receive(self, message: Execute) -> None:
         started = perf_counter_ns()
         requests = [item.request for item in message.batch]
+        trace: BatchTrace | None = None
+        for request in requests:  # tracing off: one `is None` check per request
+            if request.trace is not None:
+                trace = BatchTrace(requests, self._batch_size(message))
+                break
         try:
             if self._is_async:
                 backend_started = perf_counter_ns()
@@ -60,14 +66,15 @@ class InstanceActor(Actor[Execute]):
         except InstanceDied as death:
             # The instance itself is gone: its batch fails with the reason, and so does this
             # actor, so that the model-version actor can put a new instance in its place.
-            self._finish(message, [unavailable(str(death))] * len(requests), started)
+            failure = unavailable(str(death))
+            self._finish(message, [failure] * len(requests), started, trace=trace, error=failure)
             raise
         except Exception as error:  # a backend bug fails this batch, not the instance
             log.exception("instance '%s' failed to execute a batch", self.name)
             failure = error if isinstance(error, TritonError) else internal(str(error))
-            self._finish(message, [failure] * len(requests), started)
+            self._finish(message, [failure] * len(requests), started, trace=trace, error=failure)
         else:
-            self._finish(message, results, started, backend_started, backend_finished)
+            self._finish(message, results, started, backend_started, backend_finished, trace)
         # The scheduler may have stopped first (the model is unloading): nothing more will come.
         with contextlib.suppress(ActorStopped):
             await self._scheduler.tell(InstanceIdle(self.ref))
@@ -85,9 +92,11 @@ class InstanceActor(Actor[Execute]):
         started: int,
         backend_started: int | None = None,
         backend_finished: int | None = None,
+        trace: BatchTrace | None = None,
+        error: TritonError | None = None,
     ) -> None:
         """Answer every request, then account for the batch (a failed execute has no compute
-        times: only its failures count)."""
+        times: only its failures count) and close its spans."""
         _answer(message, results)
         if self._statistics is not None:
             answered = perf_counter_ns()
@@ -98,6 +107,14 @@ class InstanceActor(Actor[Execute]):
                 answered,
             )
             self._statistics.record_execution(message.batch, results, times)
+        if trace is not None:
+            trace.end(backend_started, backend_finished, error)
+
+    def _batch_size(self, message: Execute) -> int:
+        """The batch the model runs with: its requests' batch sizes summed (with batching)."""
+        if self._statistics is None:
+            return len(message.batch)
+        return sum(self._statistics.batch_size(item) for item in message.batch)
 
     async def stopped(self) -> None:
         try:

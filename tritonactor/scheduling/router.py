@@ -133,12 +133,20 @@ class Router:
 
     def _prepare(self, request: InferenceRequest) -> tuple[ModelHandle, Infer]:
         arrival = time.perf_counter_ns()
-        handle = self.resolve(request.model_name, request.model_version)
-        handle.signature.validate(request)
+        trace = request.trace
+        started = time.time_ns() if trace is not None else 0
+        try:
+            handle = self.resolve(request.model_name, request.model_version)
+            handle.signature.validate(request)
+        except TritonError as error:
+            if trace is not None:
+                trace.routed(request, started, error)
+            raise
         request.resolved_version = handle.version
+        if trace is not None:
+            trace.routed(request, started)
         reply: Reply[InferenceResponse] = Reply()
-        handle.statistics.pending += 1
-        reply.add_done_callback(handle.statistics.request_done)
+        handle.statistics.admit(request, reply, arrival)
         return handle, Infer(request, reply, arrival)
 
     @staticmethod

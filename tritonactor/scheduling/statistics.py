@@ -151,15 +151,15 @@ class VersionStatistics:
         self, request: InferenceRequest, reply: Reply[InferenceResponse], arrival_ns: int
     ) -> None:
         """A request is routed to this version: count it pending until `reply` is answered, and
-        time a decoupled model's first response through its sender. (The router's one call per
-        request; until it makes it, it counts `pending` and calls `request_done` itself.)"""
+        time a decoupled model's first response through its sender (the router's one call per
+        request)."""
         self.pending += 1
         reply.add_done_callback(self.request_done)
         if request.sender is not None:
             request.sender = _FirstResponseTimer(request.sender, arrival_ns, self.first_response)
 
     def request_done(self, reply: Reply[Any]) -> None:
-        """A request routed to this version has its answer (the router calls this)."""
+        """A request routed to this version has its answer."""
         self.pending -= 1
         try:
             reply.result()

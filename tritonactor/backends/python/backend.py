@@ -379,6 +379,8 @@ class PythonInstance(BackendInstance):
                     "parameters": dict(request.parameters),
                     "inputs": len(request.inputs),
                     "outputs": request.requested_output_names,
+                    # What the model's request.trace().get_context() answers.
+                    "trace": None if request.trace is None else request.trace.carrier(),
                 }
             )
             arrays.extend((tensor.name, tensor.data) for tensor in request.inputs)
@@ -559,6 +561,21 @@ class PythonInstance(BackendInstance):
                     return request.cancelled
         return False
 
+    def _held_request(self, key: int | None) -> InferenceRequest | None:
+        """The request behind `key` while the instance holds it (executing, or answering
+        through its sender)."""
+        if key is None:
+            return None
+        entry = self._decoupled.get(key)
+        if entry is not None:
+            return entry.request
+        with self._lock:
+            for pending in self._pending.values():
+                request = pending.requests.get(key)
+                if request is not None:
+                    return request
+        return None
+
     def _serve_bls(self, message: dict[str, Any]) -> None:
         shm: str | None = None
         try:
@@ -579,6 +596,10 @@ class PythonInstance(BackendInstance):
                 outputs=[RequestedOutput(name) for name in message["outputs"]],
                 parameters=message["parameters"],
             )
+            # A BLS request made with trace=request.trace() nests in that request's trace.
+            parent = self._held_request(message.get("trace_key"))
+            if parent is not None and parent.trace is not None:
+                request.trace = parent.trace.child()
             response = anyio.from_thread.run(infer, request, token=token)
             shm, descriptors = ipc.write_tensors(
                 self._stub.parent_prefix, [(t.name, t.data) for t in response.outputs]

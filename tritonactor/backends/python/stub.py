@@ -206,6 +206,7 @@ class Stub:
             )
             request._key = entry["key"]
             request._sender = pb.ResponseSender(entry["key"])
+            request._trace = pb.InferenceTrace(entry.get("trace"), entry["key"])
             requests.append(request)
         return requests
 
@@ -305,6 +306,8 @@ class Stub:
             "id": request.request_id(),
             "outputs": request.requested_output_names(),
             "parameters": json.loads(request.parameters()),
+            # The request whose trace the BLS call continues (trace=request.trace()).
+            "trace_key": request.trace()._key,
         }
 
     def bls(self, request: Any, decoupled: bool) -> Any:

@@ -280,6 +280,21 @@ class ResponseSender:
         return self._cancelled
 
 
+class InferenceTrace:
+    """The trace of a request, as `request.trace()` gives it: `get_context()` is the W3C trace
+    context the server propagates (a JSON string such as '{"traceparent": "00-..."}'), or None
+    when the request is not traced. Pass it on as `InferenceRequest(..., trace=...)` and a BLS
+    call joins the request's trace."""
+
+    def __init__(self, context: dict[str, str] | None = None, key: int | None = None) -> None:
+        self._context = context
+        # The request the server knows this trace by (None: no request of this execute).
+        self._key = key
+
+    def get_context(self) -> str | None:
+        return None if self._context is None else json.dumps(self._context)
+
+
 class InferenceRequest:
     """A request the model receives in execute(), or one it builds to call another model (BLS):
     InferenceRequest(model_name=..., inputs=[...], requested_output_names=[...]) then .exec() or
@@ -312,6 +327,7 @@ class InferenceRequest:
         # Set on the requests execute() receives: how the server knows this request.
         self._key: int | None = None
         self._cancelled = False
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -339,6 +355,9 @@ class InferenceRequest:
 
     def requested_output_names(self) -> list[str]:
         return self._requested
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def get_response_sender(self) -> ResponseSender:
         if self._sender is None:

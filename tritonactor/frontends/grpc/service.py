@@ -32,6 +32,10 @@ from tritonactor.frontends.grpc.codec import (
     encode_infer_response,
     encode_parameters,
 )
+from tritonactor.observability import logging as log_settings
+from tritonactor.observability.logging import request_logger
+from tritonactor.observability.trace_settings import from_grpc
+from tritonactor.observability.tracing import RequestTrace
 from tritonactor.scheduling import statistics
 from tritonactor.scheduling.router import ModelHandle
 from tritonactor.settings import ControlMode
@@ -51,6 +55,7 @@ STATUS = {
     ErrorCode.CANCELLED: grpclib.const.Status.CANCELLED,
 }
 
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 # Requests one stream may have in the server at once (see _Pending).
 STREAM_WINDOW = 128
@@ -98,6 +103,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         mapping = super().__mapping__()
+        # Our own handler: it reads the call's metadata (a client's traceparent).
+        mapping[MODEL_INFER] = grpclib.const.Handler(
+            self._model_infer,
+            grpclib.const.Cardinality.UNARY_UNARY,
+            pb.ModelInferRequest,
+            pb.ModelInferResponse,
+        )
         # Streaming is served by our own handler on the raw grpclib stream: it reads requests
         # and writes responses as they complete, without an async generator in between.
         mapping[STREAM_INFER] = grpclib.const.Handler(
@@ -160,9 +172,38 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         handle = self._router.resolve(message.name, message.version)
         return pb.ModelConfigResponse(config=handle.config)
 
+    async def _model_infer(
+        self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelInferResponse]
+    ) -> None:
+        message = await stream.recv_message()
+        assert message is not None
+        with request_logger("GRPC", "ModelInfer", message.model_name) as entry:
+            tracing = self._server.tracing
+            trace = None
+            if tracing is not None:
+                trace = tracing.start_request(
+                    message.model_name, message.model_version, stream.metadata, "GRPC"
+                )
+            if trace is None:
+                response = await self.model_infer(message)
+            else:
+                entry.span_context = trace.span_context
+                try:
+                    response = await self.model_infer(message, trace)
+                except BaseException as error:
+                    trace.end(error)
+                    raise
+                trace.end()
+            await stream.send_message(response)
+
     @translate_errors
-    async def model_infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def model_infer(
+        self, message: pb.ModelInferRequest, trace: RequestTrace | None = None
+    ) -> pb.ModelInferResponse:
         request = decode_infer_request(message)
+        if trace is not None:
+            request.trace = trace
+            trace.describe(request)
         if self._router.loader is not None:
             await self._router.ensure_loaded(request.model_name)
         handle = self._router.resolve(request.model_name, request.model_version)
@@ -191,7 +232,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 async for message in stream:
                     await pending.start()
                     if self._router.loader is None or await self._load_lazily(message, pending):
-                        self._submit_streamed(message, pending)
+                        self._submit_streamed(message, pending, stream.metadata)
                 pending.input_done()
         finally:
             # The stream is over: requests still in the server answer nobody any more.
@@ -205,9 +246,20 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             return False
         return True
 
-    def _submit_streamed(self, message: pb.ModelInferRequest, pending: _Pending) -> None:
+    def _submit_streamed(
+        self, message: pb.ModelInferRequest, pending: _Pending, metadata: Any = None
+    ) -> None:
+        tracing = self._server.tracing
+        trace = None
+        if tracing is not None:
+            trace = tracing.start_request(
+                message.model_name, message.model_version, metadata, "GRPC"
+            )
         try:
             request = decode_infer_request(message)
+            if trace is not None:
+                request.trace = trace
+                trace.describe(request)
             if self._router.resolve(request.model_name, request.model_version).decoupled:
                 request.sender = ResponseSender(
                     _on_this_loop(functools.partial(_decoupled_answer, request, pending))
@@ -219,9 +271,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             reply = self._router.submit(request)
             pending.requests[id(request)] = request
         except TritonError as error:
+            if trace is not None:
+                trace.end(error)
             pending.deliver(_stream_error(message.id, error.message), finished=True)
             return
         except Exception as error:  # as in ModelInfer: INTERNAL, and the stream stays open
+            if trace is not None:
+                trace.end(error)
             log.exception("streamed request for model '%s' failed", message.model_name)
             text = f"internal error: {type(error).__name__}: {error}"
             pending.deliver(_stream_error(message.id, text), finished=True)
@@ -293,11 +349,25 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def cuda_shared_memory_unregister(self, message: Any) -> Any:
         raise not_available("CUDA shared memory")
 
-    async def trace_setting(self, message: Any) -> Any:
-        raise not_available("the trace extension")
+    @translate_errors
+    async def trace_setting(self, message: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        # As in Triton, the RPC always answers with the settings in force, after any change.
+        changes = from_grpc({name: value.value for name, value in message.settings.items()})
+        settings = self._server.trace_setting(message.model_name, changes)
+        return pb.TraceSettingResponse(
+            settings={
+                name: pb.TraceSettingResponseSettingValue(
+                    value=value if isinstance(value, list) else [value]
+                )
+                for name, value in settings.items()
+            }
+        )
 
-    async def log_settings(self, message: Any) -> Any:
-        raise not_available("the logging extension")
+    @translate_errors
+    async def log_settings(self, message: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        return log_settings.settings_to_grpc(
+            log_settings.update(log_settings.settings_from_grpc(message))
+        )
 
 
 class _Pending:
@@ -384,6 +454,7 @@ def _decoupled_answer(
     empty final response only when the client asked for one)."""
     flagged = request.parameters.get(ENABLE_EMPTY_FINAL) is True
     answer: pb.ModelStreamInferResponse | None = None
+    failure: BaseException | None = error
     try:
         if error is not None:
             answer = _stream_error(request.id, error.message)
@@ -399,9 +470,12 @@ def _decoupled_answer(
                     parameters=encode_parameters({FINAL_RESPONSE: True}),
                 )
             )
-    except Exception as failure:
+    except Exception as encoding:
         log.exception("a response of model '%s' could not be encoded", request.model_name)
-        answer = _stream_error(request.id, f"internal error: {type(failure).__name__}: {failure}")
+        answer = _stream_error(request.id, f"internal error: {type(encoding).__name__}: {encoding}")
+        failure = encoding
+    if final and request.trace is not None:
+        request.trace.end(failure)
     pending.deliver(answer, finished=final, request=request)
 
 
@@ -433,19 +507,25 @@ def _streamed_answer(
 ) -> None:
     """Runs as a done callback inside the actor that answered: whatever happens here becomes
     an answer on the stream, never an exception in that actor."""
+    failure: BaseException | None = None
     try:
         response = reply.result()
         if request.parameters.get(ENABLE_EMPTY_FINAL) is True:
             response.parameters[FINAL_RESPONSE] = True
         answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
     except TritonError as error:
+        failure = error
         answer = _stream_error(request.id, error.message)
-    except ActorStopped:
+    except ActorStopped as error:
+        failure = error
         message = f"model '{request.model_name}' stopped before answering"
         answer = _stream_error(request.id, message)
     except Exception as error:
+        failure = error
         log.exception("streamed request for model '%s' failed", request.model_name)
         answer = _stream_error(request.id, f"internal error: {type(error).__name__}: {error}")
+    if request.trace is not None:
+        request.trace.end(failure)
     pending.deliver(answer, finished=True, request=request)
 
 

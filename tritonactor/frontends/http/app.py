@@ -25,6 +25,10 @@ from tritonactor.frontends.http.codec import (
     encode_infer_response,
     encode_json,
 )
+from tritonactor.observability import logging as log_settings
+from tritonactor.observability.endpoint import metrics_route
+from tritonactor.observability.logging import request_logger
+from tritonactor.observability.tracing import RequestTrace
 from tritonactor.scheduling import statistics
 from tritonactor.scheduling.router import ModelHandle
 from tritonactor.settings import ControlMode
@@ -90,6 +94,10 @@ def create_http_app(
             Route("/v2/repository/models/{model}/load", routes.load_model, methods=["POST"]),
             Route("/v2/repository/models/{model}/unload", routes.unload_model, methods=["POST"]),
             Route("/v2/repository/events", routes.repository_events, methods=["GET"]),
+            Route("/v2/trace/setting", routes.trace_setting, methods=["GET", "POST"]),
+            Route("/v2/logging", routes.logging, methods=["GET", "POST"]),
+            metrics_route(server),
+            Route(f"{model}/trace/setting", routes.trace_setting, methods=["GET", "POST"]),
             # Before the model routes, which would take "stats" for a model's name.
             Route("/v2/models/stats", routes.model_statistics, methods=["GET"]),
             *(
@@ -265,9 +273,52 @@ class _Routes:
         handles = statistics.select(self.router, name, _version(request))
         return json_response({"model_stats": [_model_statistics(h) for h in handles]})
 
+    async def trace_setting(self, request: Request) -> Response:
+        """The trace extension: GET the settings in force, POST changes to them (global, or a
+        model's override)."""
+        model = request.path_params.get("model", "")
+        changes = None
+        if request.method == "POST":
+            body = await request.body()
+            changes = decode_json(body) if body.strip() else {}
+            if not isinstance(changes, dict):
+                raise invalid_arg("the trace setting request must be a JSON object")
+        return json_response(self.server.trace_setting(model, changes))
+
     async def infer(self, request: Request) -> Response:
         name = request.path_params["model"]
         version = _version(request)
+        with request_logger("HTTP", "POST", request.url.path, model=name) as entry:
+            tracing = self.server.tracing
+            trace = None
+            if tracing is not None:
+                trace = tracing.start_request(name, version, request.headers, "HTTP")
+            if trace is None:
+                response = await self._infer(request, name, version, None)
+            else:
+                entry.span_context = trace.span_context
+                try:
+                    response = await self._infer(request, name, version, trace)
+                except BaseException as error:
+                    trace.end(error)
+                    raise
+                trace.end()
+            entry.status = response.status_code
+            return response
+
+    async def logging(self, request: Request) -> Response:
+        """The logging extension: GET the settings in force, POST changes to them."""
+        if request.method == "GET":
+            return json_response(log_settings.current())
+        body = await request.body()
+        changes = decode_json(body) if body.strip() else {}
+        if not isinstance(changes, dict):
+            raise invalid_arg("the logging request must be a JSON object")
+        return json_response(log_settings.update(changes))
+
+    async def _infer(
+        self, request: Request, name: str, version: str, trace: RequestTrace | None
+    ) -> Response:
         body = await request.body()
         header = request.headers.get("inference-header-content-length")
         header_length = _header_length(header, len(body))
@@ -281,6 +332,9 @@ class _Routes:
             infer_request = self._raw_request(body, name, version)
         else:
             infer_request = decode_infer_request(body, header_length, name, version)
+        if trace is not None:
+            infer_request.trace = trace
+            trace.describe(infer_request)
         response = await self.router.infer(infer_request)
         payload, json_length = encode_infer_response(response, infer_request)
         if json_length is None:

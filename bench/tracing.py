@@ -1,0 +1,320 @@
+"""What tracing costs: one server with tracing off and one with tracing on (OTLP over HTTP to
+a receiver in this process), the same load on each, in turns.
+
+    python bench/tracing.py [--model simple] [--concurrency 4] [--seconds 4] [--rounds 3]
+
+The load is `--concurrency` threads, each posting the same JSON inference request back to back
+on its own keep-alive connection. Each round measures the untraced server, then the traced one
+tracing every request (trace_rate 1), then the traced one at trace_rate `--sparse-rate` (100).
+The table shows each round and the medians: infer/s, the ratios to the untraced server, the
+servers' CPU µs per inference and the spans received per inference. A last line gives the
+CPU one traced request costs, measured in this process on the server's own tracing classes:
+on the request's thread and in the export thread. A default run takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests/otlp_receiver.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # http_infer.py's helpers
+
+import numpy as np  # noqa: E402
+from http_infer import free_port, stop_server, tree_cpu_seconds  # noqa: E402
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import (  # noqa: E402
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+from tritonactor.core.types import InferenceRequest, Tensor  # noqa: E402
+from tritonactor.observability.trace_settings import TraceSettings  # noqa: E402
+from tritonactor.observability.tracing import BatchTrace, Tracing  # noqa: E402
+
+BODY = {
+    "simple": {
+        "inputs": [
+            {"name": name, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+            for name in ("INPUT0", "INPUT1")
+        ]
+    }
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    infer_per_sec: float
+    server_us_per_infer: float | None
+    spans_per_infer: float
+
+
+def start_server(
+    workdir: Path, name: str, env_extra: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One hypercorn worker serving the bundled examples; waits until it is ready."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
+    env.update(
+        TRITONACTOR_GRPC_PORT=str(free_port()),
+        TRITONACTOR_METRICS_PORT=str(free_port()),
+        TRITONACTOR_JOURNAL=str(workdir / f"{name}-journal.jsonl"),
+        **env_extra,
+    )
+    command = [sys.executable, "-m", "hypercorn", "tritonactor.app:app", "--workers", "1"]
+    command += ["--bind", f"127.0.0.1:{port}"]
+    log_path = workdir / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"{name} server exited:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
+                return process, f"127.0.0.1:{port}"
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    stop_server(process)
+    sys.exit(f"{name} server did not become ready:\n{log_path.read_text()[-3000:]}")
+
+
+def load(url: str, model: str, concurrency: int, seconds: float) -> tuple[int, float]:
+    """(inferences answered, seconds) with `concurrency` threads back to back."""
+    body = json.dumps(BODY[model]).encode()
+    path = f"/v2/models/{model}/infer"
+    host, port = url.split(":")
+    stop = threading.Event()
+    counts = [0] * concurrency
+    failures: list[str] = []
+
+    def worker(index: int) -> None:
+        connection = http.client.HTTPConnection(host, int(port))
+        headers = {"Content-Type": "application/json"}
+        while not stop.is_set():
+            connection.request("POST", path, body, headers)
+            response = connection.getresponse()
+            response.read()
+            if response.status != 200:
+                failures.append(f"HTTP {response.status}")
+                return
+            counts[index] += 1
+        connection.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    if failures:
+        sys.exit(f"the load failed: {failures[0]}")
+    return sum(counts), time.perf_counter() - began
+
+
+def measure(
+    process: subprocess.Popen[bytes],
+    url: str,
+    args: argparse.Namespace,
+    receiver: OtlpReceiver | None,
+) -> Measurement:
+    """One window of load. With a receiver, the server's CPU is counted until the window's
+    spans have all arrived, so that their export counts, and the previous window's does not."""
+    load(url, args.model, args.concurrency, 0.5)  # warm up
+    settle(receiver)
+    spans_before = len(receiver.spans()) if receiver is not None else 0
+    cpu_before = tree_cpu_seconds(process.pid)
+    count, elapsed = load(url, args.model, args.concurrency, args.seconds)
+    settle(receiver)
+    cpu_after = tree_cpu_seconds(process.pid)
+    spans = len(receiver.spans()) - spans_before if receiver is not None else 0
+    server_us = None
+    if cpu_before is not None and cpu_after is not None and count:
+        server_us = (cpu_after - cpu_before) * 1e6 / count
+    return Measurement(count / elapsed, server_us, spans / count if count else 0.0)
+
+
+def settle(receiver: OtlpReceiver | None, quiet_s: float = 0.3, limit_s: float = 30) -> None:
+    """Wait until no span has arrived for `quiet_s` (the exporter is done)."""
+    if receiver is None:
+        return
+    deadline = time.monotonic() + limit_s
+    seen = -1
+    while time.monotonic() < deadline:
+        count = len(receiver.spans())
+        if count == seen:
+            return
+        seen = count
+        time.sleep(quiet_s)
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def number(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def ratio(traced: float | None, untraced: float | None) -> str:
+    return "-" if traced is None or not untraced else f"{traced / untraced:.3f}"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="simple", choices=sorted(BODY))
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--sparse-rate", type=int, default=100, help="the traced server's second trace_rate"
+    )
+    return parser.parse_args(argv)
+
+
+class _TimedExporter(SpanExporter):
+    """The real OTLP exporter, with the CPU time of the thread that exports counted."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+        self.seconds = 0.0
+
+    def export(self, spans: Any) -> SpanExportResult:
+        began = time.thread_time()
+        try:
+            return self._exporter.export(spans)
+        finally:
+            self.seconds += time.thread_time() - began
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+
+def in_process(receiver: OtlpReceiver, requests: int = 5000) -> tuple[float, float]:
+    """CPU µs per traced request, on the request's thread and in the export thread: the span
+    work of the front end, router and instance, in the server's own classes, exported over
+    OTLP/HTTP to the receiver, without the server around it."""
+    exporter = _TimedExporter(OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces"))
+    provider = TracerProvider(shutdown_on_exit=False)
+    tracing = Tracing(provider, TraceSettings(level=("TIMESTAMPS",), rate=1))
+    tracing.add_processor(BatchSpanProcessor(exporter, max_queue_size=4 * requests))
+    data = np.zeros((1, 16), np.int32)
+    began = time.thread_time()
+    for index in range(requests):
+        trace = tracing.start_request("simple", "", None, "HTTP")
+        assert trace is not None
+        request = InferenceRequest(
+            "simple", id=str(index), inputs=[Tensor("INPUT0", "INT32", (1, 16), data)]
+        )
+        request.trace = trace
+        trace.describe(request)
+        routed = time.time_ns()
+        request.resolved_version = 1
+        trace.routed(request, routed)
+        batch = BatchTrace([request], 1)
+        batch.end(time.perf_counter_ns(), time.perf_counter_ns())
+        trace.end()
+    caller = time.thread_time() - began
+    provider.shutdown()  # exports what is left
+    return caller * 1e6 / requests, exporter.seconds * 1e6 / requests
+
+
+def set_trace_rate(url: str, rate: int) -> None:
+    request = urllib.request.Request(
+        f"http://{url}/v2/trace/setting",
+        data=json.dumps({"trace_rate": str(rate)}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    receiver = OtlpReceiver()
+    caller_us, exporter_us = in_process(receiver)
+    receiver.clear()
+    with tempfile.TemporaryDirectory(prefix="tritonactor-bench-tracing-") as scratch:
+        workdir = Path(scratch)
+        untraced = start_server(workdir, "untraced", {})
+        traced = start_server(
+            workdir,
+            "traced",
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"},
+        )
+        rows: list[tuple[Measurement, Measurement, Measurement]] = []
+        try:
+            for _ in range(args.rounds):
+                off = measure(*untraced, args, None)
+                set_trace_rate(traced[1], 1)
+                every = measure(*traced, args, receiver)
+                set_trace_rate(traced[1], args.sparse_rate)
+                sparse = measure(*traced, args, receiver)
+                rows.append((off, every, sparse))
+        finally:
+            stop_server(untraced[0])
+            stop_server(traced[0])
+            receiver.close()
+    print(
+        f"model {args.model}, {args.concurrency} connections, {args.seconds:g} s windows, "
+        f"{os.cpu_count()} CPUs shared by the servers, the load and the receiver\n"
+    )
+    rate = args.sparse_rate
+    print(
+        f"| round | off infer/s | rate 1 infer/s | rate 1 / off | rate {rate} infer/s "
+        f"| rate {rate} / off | off server µs/infer | rate 1 server µs/infer "
+        f"| rate {rate} server µs/infer | spans/infer at rate 1 |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def line(label: str, off: Measurement, every: Measurement, sparse: Measurement) -> str:
+        return (
+            f"| {label} | {number(off.infer_per_sec)} | {number(every.infer_per_sec)} "
+            f"| {ratio(every.infer_per_sec, off.infer_per_sec)} "
+            f"| {number(sparse.infer_per_sec)} | {ratio(sparse.infer_per_sec, off.infer_per_sec)} "
+            f"| {number(off.server_us_per_infer)} | {number(every.server_us_per_infer)} "
+            f"| {number(sparse.server_us_per_infer)} | {every.spans_per_infer:.2f} |"
+        )
+
+    for index, row in enumerate(rows, start=1):
+        print(line(str(index), *row))
+    medians = [
+        Measurement(
+            median([row[column].infer_per_sec for row in rows]) or 0.0,
+            median([row[column].server_us_per_infer for row in rows]),
+            median([row[column].spans_per_infer for row in rows]) or 0.0,
+        )
+        for column in range(3)
+    ]
+    print(line("median", *medians))
+    print(
+        f"\nin-process, per traced request: {caller_us:.0f} µs of CPU on the request's thread, "
+        f"{exporter_us:.0f} µs in the export thread (encoding and posting its 5 spans)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Triton's trace settings: the JSON they show, what an update accepts (with Triton's messages),
+per-model overrides and clearing them, and the sampling decision they make."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.observability.trace_settings import TraceSettings, from_grpc
+
+GLOBAL = {
+    "trace_level": ["TIMESTAMPS"],
+    "trace_rate": "1",
+    "trace_count": "-1",
+    "log_frequency": "0",
+    "trace_file": "",
+    "trace_mode": "opentelemetry",
+}
+
+
+@pytest.fixture
+def settings() -> TraceSettings:
+    return TraceSettings(level=("TIMESTAMPS",), rate=1)
+
+
+def test_settings_read_as_triton_writes_them(settings: TraceSettings) -> None:
+    assert settings.get() == GLOBAL
+    assert TraceSettings().get()["trace_level"] == ["OFF"]
+    assert TraceSettings().get()["trace_rate"] == "1000"
+
+
+def test_an_update_changes_only_what_it_names(settings: TraceSettings) -> None:
+    answer = settings.update({"trace_rate": "5", "trace_level": ["TENSORS", "TIMESTAMPS"]})
+    assert answer == GLOBAL | {"trace_rate": "5", "trace_level": ["TIMESTAMPS", "TENSORS"]}
+    assert settings.get() == answer
+
+
+def test_a_model_override_falls_back_to_the_global_setting(settings: TraceSettings) -> None:
+    assert settings.update({"trace_rate": "7"}, "m") == GLOBAL | {"trace_rate": "7"}
+    # Not set for the model: follows the global setting, now and later.
+    settings.update({"trace_count": "9"})
+    assert settings.get("m") == GLOBAL | {"trace_rate": "7", "trace_count": "9"}
+    assert settings.get("other") == GLOBAL | {"trace_count": "9"}
+    # null clears the override: the global value is in force again.
+    assert settings.update({"trace_rate": None}, "m")["trace_rate"] == "1"
+
+
+def test_clearing_a_global_setting_restores_the_servers_default(settings: TraceSettings) -> None:
+    settings.update({"trace_rate": "50", "trace_level": ["OFF"]})
+    assert settings.update({"trace_rate": None, "trace_level": None}) == GLOBAL
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"trace_rate": "abc"}, "Unable to parse 'trace_rate', got: abc"),
+        (
+            {"trace_rate": "0"},
+            "Unable to parse 'trace_rate', value is out of range [ 1, 4294967295 ], got: 0",
+        ),
+        ({"trace_rate": 5}, "Unable to parse 'trace_rate', expected a string, got: 5"),
+        ({"trace_count": "-2"}, "Unable to parse 'trace_count'. Expecting value >= -1, got:-2"),
+        ({"log_frequency": "x"}, "Unable to parse 'log_frequency', got: x"),
+        ({"trace_level": ["OFF", "TIMESTAMPS"]}, "Expect only one trace level 'OFF' is specified"),
+        ({"trace_level": "TIMESTAMPS"}, "Unable to parse 'trace_level', expected an array"),
+        ({"trace_level": ["LOUD"]}, "unknown level 'LOUD'"),
+        ({"trace_file": "/tmp/trace.json"}, "trace_file cannot be set"),
+        ({"trace_mode": "triton"}, "trace_mode cannot be set to 'triton'"),
+        ({"trace_colour": "red"}, "Unknown trace setting 'trace_colour'"),
+    ],
+)
+def test_invalid_values_are_refused_and_change_nothing(
+    settings: TraceSettings, changes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(TritonError) as caught:
+        settings.update({"trace_count": "3", **changes})
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert message in caught.value.message
+    assert settings.get() == GLOBAL
+
+
+def test_what_get_shows_can_be_posted_back(settings: TraceSettings) -> None:
+    assert settings.update(settings.get()) == GLOBAL
+
+
+def test_trace_rate_takes_one_request_in_n(settings: TraceSettings) -> None:
+    settings.update({"trace_rate": "4"})
+    assert [settings.sample("m") for _ in range(8)] == [False, False, False, True] * 2
+
+
+def test_trace_count_stops_sampling_and_counts_down(settings: TraceSettings) -> None:
+    settings.update({"trace_count": "2"})
+    assert [settings.sample("m") for _ in range(4)] == [True, True, False, False]
+    assert settings.get()["trace_count"] == "0"
+
+
+def test_trace_level_off_samples_nothing(settings: TraceSettings) -> None:
+    settings.update({"trace_level": ["OFF"]})
+    assert not settings.sample("m")
+    assert not settings.enabled("m")
+
+
+def test_a_model_override_has_its_own_counters(settings: TraceSettings) -> None:
+    settings.update({"trace_rate": "2"})
+    settings.update({"trace_count": "1"}, "counted")
+    settings.update({"trace_level": ["OFF"]}, "silent")
+    assert not settings.sample("silent")
+    # "counted" shares the global rate counter but has a count of its own.
+    assert [settings.sample("counted") for _ in range(4)] == [False, True, False, False]
+    assert settings.get("counted")["trace_count"] == "0"
+    assert settings.get()["trace_count"] == "-1"
+    settings.update({"trace_count": None}, "counted")
+    assert settings.sample("other") is False and settings.sample("counted") is True
+
+
+def test_changing_the_rate_starts_counting_again(settings: TraceSettings) -> None:
+    settings.update({"trace_rate": "3"})
+    assert [settings.sample("m") for _ in range(2)] == [False, False]
+    settings.update({"trace_rate": "2"})
+    assert [settings.sample("m") for _ in range(2)] == [False, True]
+
+
+def test_grpc_values_become_json_values() -> None:
+    assert from_grpc(
+        {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": ["3"], "trace_count": []}
+    ) == {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "3", "trace_count": None}
+    with pytest.raises(TritonError, match="takes one value, got 2"):
+        from_grpc({"trace_rate": ["1", "2"]})
