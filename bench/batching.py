@@ -95,13 +95,23 @@ def flops_per_sample(layers: Sequence[int] = LAYERS) -> int:
 
 
 def write_model(
-    repository: Path, name: str, onnx_bytes: bytes, delay_us: int | None, layers: Sequence[int]
+    repository: Path,
+    name: str,
+    onnx_bytes: bytes,
+    delay_us: int | None,
+    layers: Sequence[int],
+    intra_op_threads: int = 0,
 ) -> None:
     batching = (
         ""
         if delay_us is None
         else f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
     )
+    if intra_op_threads:
+        batching += (
+            'parameters { key: "intra_op_thread_count" value: { string_value: '
+            f'"{intra_op_threads}" }} }}\n'
+        )
     (repository / name / "1").mkdir(parents=True)
     (repository / name / "1" / "model.onnx").write_bytes(onnx_bytes)
     (repository / name / "config.pbtxt").write_text(
@@ -117,11 +127,12 @@ def write_model(
 # -- the in-process limit -----------------------------------------------------------------------
 
 
-def server_session(path: Path) -> ort.InferenceSession:
-    """Built as the ONNX backend builds it for a config without onnxruntime parameters: default
-    thread counts, sequential execution, every graph optimization, and idle intra-op threads
+def server_session(path: Path, intra_op_threads: int = 0) -> ort.InferenceSession:
+    """Built as the ONNX backend builds it: the config's intra-op thread count (0: onnxruntime's
+    default), sequential execution, every graph optimization, and idle intra-op threads
     sleeping instead of spinning (the server sets session.intra_op.allow_spinning=0)."""
     options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -193,6 +204,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--baseline-ms", type=int, default=700, help="in-process timing per batch size"
     )
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=0,
+        help="onnxruntime intra-op threads, in the configs and the in-process session alike "
+        "(default 0: onnxruntime's choice, one per core)",
+    )
     parser.add_argument("--perf-analyzer", help="perf_analyzer binary (default: install one)")
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep logs and CSVs; print where")
@@ -236,10 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     configs: list[tuple[str, int | None]] = [("mlp_plain", None)]
     configs += [(f"mlp_delay{d}", d) for d in delays]
     for name, delay in configs:
-        write_model(repository, name, onnx_bytes, delay, layers)
+        write_model(repository, name, onnx_bytes, delay, layers, args.intra_op_threads)
 
     # Per-batch-size timings, before the server starts, so the two never compete for the cores.
-    session = server_session(repository / "mlp_plain" / "1" / "model.onnx")
+    session = server_session(repository / "mlp_plain" / "1" / "model.onnx", args.intra_op_threads)
     per_run: dict[int, float] = {}
 
     def timed(batch: int) -> float:
