@@ -32,6 +32,23 @@ BATCHED = (
     SIMPLE_CONFIG.format(name="batched", max_batch_size=8)
     + "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000000 }\n"
 )
+# Two steps, `simple` then `other`: add_sub of add_sub.
+PIPELINE = """
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  { name: "A" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "B" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "simple" input_map [ { key: "INPUT0" value: "A" }, { key: "INPUT1" value: "B" } ]
+    output_map [ { key: "OUTPUT0" value: "s" }, { key: "OUTPUT1" value: "d" } ] },
+  { model_name: "other" input_map [ { key: "INPUT0" value: "s" }, { key: "INPUT1" value: "d" } ]
+    output_map { key: "OUTPUT0" value: "SUM" } }
+] }
+"""
 # Explicit mode loads every model at startup ("*") and lets the tests load and unload.
 EXPLICIT = {"TRITONACTOR_MODEL_CONTROL_MODE": "explicit", "TRITONACTOR_LOAD_MODEL": "*"}
 
@@ -55,6 +72,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_sub_model(root / "batched" / "1" / "model.onnx")
     write_config(root / "batched", BATCHED)
     shutil.copytree(PYTHON_MODELS / "trace_context", root / "trace_context")
+    write_config(root / "pipeline", PIPELINE)
+    (root / "pipeline" / "1").mkdir()
     return root
 
 
@@ -468,3 +487,37 @@ def test_nothing_is_exported_when_tracing_is_off(
         process.stop()
         silent.close()
     assert silent.requests == 0 and silent.spans() == []
+
+
+def test_ensemble_steps_nest_under_the_ensemble_request(
+    server: ServerProcess, receiver: OtlpReceiver
+) -> None:
+    trace_id, _, headers = new_trace()
+    client = httpclient.InferenceServerClient(server.url)
+    inputs = []
+    for name in ("A", "B"):
+        tensor = httpclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+        inputs.append(tensor)
+    result = client.infer("pipeline", inputs, headers=headers)
+    np.testing.assert_array_equal(result.as_numpy("SUM"), 2 * np.arange(16).reshape(1, 16))
+    spans = receiver.wait_for(
+        lambda s: len([x for x in of_trace(s, trace_id) if x.name == "compute"]) >= 2
+    )
+    spans = of_trace(spans, trace_id)
+    (top,) = [span for span in spans if span.name == "InferRequest"]
+    assert top.attributes["triton.model_name"] == "pipeline"
+    # Each step's router, queue and execute spans are children of the ensemble's request span.
+    for name in ("router", "queue", "execute"):
+        steps = {
+            span.attributes["triton.model_name"]
+            for span in spans
+            if span.name == name and span.parent_span_id == top.span_id
+        }
+        assert steps >= {"simple", "other"}, name
+    by_id = {span.span_id: span for span in spans}
+    for span in spans:  # one connected trace, rooted at the ensemble's request
+        node = span
+        while node.parent_span_id in by_id:
+            node = by_id[node.parent_span_id]
+        assert node is top, span.name
