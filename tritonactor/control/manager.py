@@ -410,7 +410,7 @@ class ModelManager(Actor[Any]):
         estimate = await anyio.to_thread.run_sync(
             files_size, [version_path(model, version) for version in versions]
         )
-        reason = self._over_budget(name, estimate, replacing=versions)
+        reason = self._over_budget(name, estimate)
         if reason:
             for version in versions:
                 self._record(
@@ -420,7 +420,7 @@ class ModelManager(Actor[Any]):
                 )
             return [(version, reason) for version in versions]
         failures: list[tuple[int, str]] = []
-        rss_before = process_tree_rss()
+        rss_before = await anyio.to_thread.run_sync(process_tree_rss)
 
         async def start(version: int) -> None:
             started = time.perf_counter()
@@ -435,7 +435,8 @@ class ModelManager(Actor[Any]):
                     )
                 )
                 return
-            serving.config_digest = digest  # the config as prepared, before the actor saw it
+            # The config as prepared: the ensemble scheduler may mark the actor's copy decoupled.
+            serving.config_digest = digest
             serving.files = files[version]
             serving.override = override_digest
             serving.memory = estimate // max(len(versions), 1)
@@ -458,7 +459,7 @@ class ModelManager(Actor[Any]):
         async with anyio.create_task_group() as group:
             for version in versions:
                 group.start_soon(start, version)
-        grown = process_tree_rss() - rss_before
+        grown = await anyio.to_thread.run_sync(process_tree_rss) - rss_before
         loaded = [v for v in versions if v not in dict(failures)]
         if loaded and grown > estimate:
             for version in loaded:
@@ -474,7 +475,7 @@ class ModelManager(Actor[Any]):
             del self._serving[name]
         return failures
 
-    def _over_budget(self, name: str, extra: int, replacing: Iterable[int] = ()) -> str:
+    def _over_budget(self, name: str, extra: int) -> str:
         """Why loading `extra` more bytes breaks the memory budget, or "" when it does not.
         Versions being replaced still count: old and new are loaded together for a while."""
         if not self._budget:
@@ -518,7 +519,7 @@ class ModelManager(Actor[Any]):
             actor.scheduler,
             actor.statistics,
         )
-        return _Serving(ref, handle, config_digest(config), "", "", 0)
+        return _Serving(ref, handle, config_digest="", files="", override="", memory=0)
 
     # -- unload ----------------------------------------------------------------------------------
 
