@@ -273,7 +273,11 @@ class ModelManager(Actor[Any]):
         if model.name not in self.state:
             self._record(
                 ev.ModelDiscovered(
-                    model=model.name, repository=str(model.repository), versions=model.versions
+                    model=model.name,
+                    repository=str(model.repository),
+                    versions=model.versions,
+                    # Of config.pbtxt as written (LoadRequested has the completed config's).
+                    config_digest=config_digest(model.config) if model.config is not None else "",
                 )
             )
 
