@@ -34,6 +34,7 @@ from tritonactor.backends.base import (
     Result,
     undo_reshape,
 )
+from tritonactor.backends.checks import check_tensor
 from tritonactor.core.datatypes import config_to_wire, from_numpy_dtype
 from tritonactor.core.errors import TritonError, internal, invalid_arg, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
@@ -184,45 +185,23 @@ def _validate_tensor(
     spec: _TensorSpec,
     max_batch_size: int,
 ) -> None:
-    where = f"model '{model}' {kind} '{tensor.name}'"
-    data_type = _config_type(model, spec)
-    if tensor.data_type != data_type:
-        raise invalid_arg(
-            f"{where} has data type {DataType(tensor.data_type).name} in the config "
-            f"but {data_type.name} ({spec.onnx_type}) in the ONNX model"
-        )
-    model_shape = list(spec.shape)
-    shown = [-1 if d is None else d for d in model_shape]
     if max_batch_size > 0:
-        if not model_shape:
+        if not spec.shape:
             raise invalid_arg(
                 f"model '{model}' has max_batch_size {max_batch_size} but the ONNX model's "
                 f"{kind} '{tensor.name}' is a scalar with no batch dimension; "
                 "set max_batch_size 0"
             )
-        if model_shape[0] is not None:
+        if spec.shape[0] is not None:
             raise invalid_arg(
                 f"model '{model}' has max_batch_size {max_batch_size} but the ONNX model's "
-                f"{kind} '{tensor.name}' has a fixed first dimension {model_shape[0]}; "
+                f"{kind} '{tensor.name}' has a fixed first dimension {spec.shape[0]}; "
                 "set max_batch_size 0"
             )
-        model_shape = model_shape[1:]
-    # The model sees the reshaped shape, so that is what must agree with it.
-    config_shape = list(tensor.reshape.shape) if tensor.reshape is not None else list(tensor.dims)
-    shape_field = "reshape" if tensor.reshape is not None else "dims"
-    batch_note = " plus the batch dimension" if max_batch_size > 0 else ""
-    if len(config_shape) != len(model_shape):
-        raise invalid_arg(
-            f"{where} has {shape_field} {config_shape}{batch_note} in the config but shape "
-            f"{shown} in the ONNX model (rank {len(config_shape) + (max_batch_size > 0)} "
-            f"vs {len(shown)})"
-        )
-    for config_dim, model_dim in zip(config_shape, model_shape, strict=True):
-        if model_dim is not None and config_dim not in (-1, model_dim):
-            raise invalid_arg(
-                f"{where} has {shape_field} {config_shape}{batch_note} in the config but shape "
-                f"{shown} in the ONNX model"
-            )
+    data_type = _config_type(model, spec)
+    check_tensor(
+        model, kind, tensor, data_type, spec.onnx_type, spec.shape, max_batch_size, "ONNX model"
+    )
 
 
 def _validate(config: ModelConfig, model: str, signature: _Signature) -> None:

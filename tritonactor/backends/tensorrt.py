@@ -37,6 +37,7 @@ from tritonactor.backends.base import (
     Result,
     undo_reshape,
 )
+from tritonactor.backends.checks import check_tensor
 from tritonactor.core.datatypes import config_to_wire, to_numpy_dtype
 from tritonactor.core.devices import gpu_count
 from tritonactor.core.errors import TritonError, internal, invalid_arg, unavailable, unsupported
@@ -254,33 +255,16 @@ def complete_config(config: ModelConfig, signature: EngineSignature) -> ModelCon
 def _validate_tensor(
     model: str, kind: str, entry: ModelInput | ModelOutput, tensor: EngineTensor, batch: int
 ) -> None:
-    where = f"model '{model}' {kind} '{entry.name}'"
+    if batch > 0 and not tensor.has_dynamic_batch_dim:
+        raise invalid_arg(
+            f"model '{model}' has max_batch_size {batch} but the engine's {kind} "
+            f"'{tensor.name}' has shape {list(tensor.shape)}, without a dynamic first "
+            "dimension; set max_batch_size 0"
+        )
     data_type = _tensor_type(model, tensor)
-    if entry.data_type != data_type:
-        raise invalid_arg(
-            f"{where} has data type {DataType(entry.data_type).name} in the config but "
-            f"{data_type.name} ({tensor.dtype}) in the TensorRT engine"
-        )
-    engine_shape = list(tensor.shape)
-    if batch > 0:
-        if not tensor.has_dynamic_batch_dim:
-            raise invalid_arg(
-                f"model '{model}' has max_batch_size {batch} but the engine's {kind} "
-                f"'{tensor.name}' has shape {engine_shape}, without a dynamic first dimension; "
-                "set max_batch_size 0"
-            )
-        engine_shape = engine_shape[1:]
-    config_shape = list(entry.reshape.shape) if entry.reshape is not None else list(entry.dims)
-    field = "reshape" if entry.reshape is not None else "dims"
-    batch_note = " plus the batch dimension" if batch > 0 else ""
-    agrees = len(config_shape) == len(engine_shape) and all(
-        e == -1 or c in (-1, e) for c, e in zip(config_shape, engine_shape, strict=True)
+    check_tensor(
+        model, kind, entry, data_type, tensor.dtype, tensor.shape, batch, "TensorRT engine"
     )
-    if not agrees:
-        raise invalid_arg(
-            f"{where} has {field} {config_shape}{batch_note} in the config but shape "
-            f"{list(tensor.shape)} in the TensorRT engine"
-        )
 
 
 def validate_config(config: ModelConfig, model: str, signature: EngineSignature) -> None:
