@@ -4,6 +4,7 @@ unload over repeated cycles, and readiness."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -148,3 +149,37 @@ def _descendants(pid: int) -> list[str]:
             continue
         stack.extend(parents.get(child, ()))
     return found
+
+
+CYCLIC = """
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{other}"
+  input_map {{ key: "X" value: "X" }} output_map {{ key: "Y" value: "Y" }} }} ] }}
+"""
+
+
+def test_ensembles_that_name_each_other_fail_to_load_instead_of_hanging(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    for name, other in (("ring_a", "ring_b"), ("ring_b", "ring_a")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(CYCLIC.format(name=name, other=other))
+    add_sub_model(repo / "first" / "1" / "model.onnx")
+    write_config(repo / "first", SIMPLE_CONFIG.format(name="first", max_batch_size=8))
+    server = start_server([repo], tmp_path, wait_ready=False, timeout=30)
+    try:
+        client = httpclient.InferenceServerClient(server.url)
+        deadline = time.monotonic() + 20
+        while not client.is_model_ready("first") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.is_model_ready("first")  # the startup finished
+        index = httpx.post(f"{server.base}/v2/repository/index", json={}).json()
+        reasons = {e["name"]: e.get("reason", "") for e in index}
+        assert "depends on itself" in reasons["ring_a"], reasons
+        assert "depends on itself" in reasons["ring_b"], reasons
+        assert not client.is_server_ready()
+    finally:
+        server.stop()

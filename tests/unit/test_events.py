@@ -139,3 +139,33 @@ def test_the_journal_replays_to_the_same_state(tmp_path: Path) -> None:
     journal.close()
     assert replayed == events
     assert ev.fold(replayed) == ev.fold(events)
+
+
+def test_an_api_request_is_in_force_only_once_it_loaded() -> None:
+    good = ev.Requested(config_override='{"max_batch_size": 2}')
+    state = ev.fold(
+        [
+            ev.LoadRequested(model="m", versions=(1,), source=ev.Source.API, **_fields(good)),
+            ev.ModelLoaded(model="m", version=1),
+        ]
+    )
+    assert state["m"].requested == good
+    bad = ev.Requested(config_override='{"max_batch_size": 999}')
+    reload = ev.LoadRequested(model="m", versions=(1,), source=ev.Source.API, **_fields(bad))
+    failed = ev.fold(
+        [reload, ev.LoadFailed(model="m", version=1, reason="no", serving=True)], state
+    )
+    # The old copy serves with the old override, and that is what a restart loads again.
+    assert failed["m"].requested == good
+    restarted = ev.apply(failed, ev.ServerStarted(model="", mode="explicit"))
+    assert restarted["m"].requested == good
+    loaded = ev.fold([reload, ev.ModelLoaded(model="m", version=1)], state)
+    assert loaded["m"].requested == bad
+
+
+def _fields(requested: ev.Requested) -> dict[str, str]:
+    return {
+        "config_override": requested.config_override,
+        "override_repository": requested.override_repository,
+        "options_digest": requested.options_digest,
+    }

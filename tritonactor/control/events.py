@@ -148,6 +148,9 @@ class ModelStatus:
     # Whether the model should be loaded now (readiness waits for it).
     wanted: bool = False
     requested: Requested | None = None
+    # An API load not yet loaded: it replaces `requested` once a version of it loads, and is
+    # dropped when it fails (a failed reload leaves the request in force as it was).
+    pending: Requested | None = None
 
 
 State = dict[str, ModelStatus]
@@ -173,17 +176,18 @@ def apply(state: State, event: Event) -> State:
                 # A reload leaves a serving version READY: it serves until its successor does.
                 if versions.get(version, _NONE).state != VersionState.READY:
                     versions[version] = VersionStatus(VersionState.LOADING)
-            requested = status.requested
+            pending = None
             if source == Source.API:
-                requested = Requested(
+                pending = Requested(
                     event.config_override, event.override_repository, event.options_digest
                 )
-            status = ModelStatus(versions, wanted=True, requested=requested)
+            status = ModelStatus(versions, wanted=True, requested=status.requested, pending=pending)
         case ModelLoaded(version=version):
             versions[version] = VersionStatus(VersionState.READY)
-            status = replace(status, versions=versions)
+            requested = status.requested if status.pending is None else status.pending
+            status = replace(status, versions=versions, requested=requested, pending=None)
         case LoadFailed(serving=True):
-            return state
+            status = replace(status, pending=None)
         case LoadFailed(version=None, reason=reason):
             status = replace(
                 status,
@@ -207,7 +211,7 @@ def apply(state: State, event: Event) -> State:
                     versions[version] = VersionStatus(VersionState.UNLOADING)
             status = replace(status, versions=versions)
             if source == Source.API:
-                status = replace(status, wanted=False, requested=None)
+                status = replace(status, wanted=False, requested=None, pending=None)
         case ModelUnloaded(version=version, reason=reason):
             versions[version] = VersionStatus(
                 VersionState.UNAVAILABLE, reason or "unloaded", unloaded=True

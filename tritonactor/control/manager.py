@@ -210,7 +210,10 @@ class ModelManager(Actor[Any]):
                     self.start_soon(self._quietly, self._load(name, None, ev.Source.POLL))
             case GetState(reply):
                 reply.set(self.state)
-            case VersionHealth(model, version, ready, reason):
+            case VersionHealth(model, version, ready, reason, sender):
+                serving = self._serving.get(model, {}).get(version)
+                if serving is None or serving.ref is not sender:
+                    return  # a copy that no longer serves (retiring after a reload)
                 if ready:
                     self._record(ev.InstanceRestarted(model=model, version=version))
                 else:
@@ -365,8 +368,16 @@ class ModelManager(Actor[Any]):
                 # Same request as the one in force: nothing to do, but keep it on record.
                 self._record(_load_requested(name, (), source, digest, override))
             return
-        if config.ensemble_scheduling is not None and source != ev.Source.POLL:
-            await self._load_steps(name, config, source, loading)
+        if config.ensemble_scheduling is not None:
+            cycle = _step_cycle(name, config, found)
+            if cycle:
+                reason = f"ensemble '{name}' depends on itself: {' -> '.join(cycle)}"
+                self._record(
+                    ev.LoadFailed(model=name, version=None, reason=reason, serving=serving)
+                )
+                raise invalid_arg(f"load failed for model '{name}': {reason}")
+            if source != ev.Source.POLL:
+                await self._load_steps(name, config, source, loading)
         self._record(_load_requested(name, tuple(changed), source, digest, override))
         failures = await self._start_versions(
             model, backend, config, changed, digest, files, override_digest
@@ -391,7 +402,9 @@ class ModelManager(Actor[Any]):
         assert config.ensemble_scheduling is not None
         steps = {step.model_name for step in config.ensemble_scheduling.step}
         for step in sorted(steps - loading):
-            if not self._serving.get(step):  # an empty entry: its load is under way
+            # Not serving yet (an empty entry: its load is under way, so its lock is held and
+            # this waits for it).
+            if not self._serving.get(step):
                 try:
                     await self._load(step, None, source, loading)
                 except TritonError as error:
@@ -444,8 +457,10 @@ class ModelManager(Actor[Any]):
             serving.files = files[version]
             serving.override = override_digest
             serving.memory = estimate // max(len(versions), 1)
-            old = current.get(version)
-            current[version] = serving
+            # Looked up again: the dict may have been replaced while the version loaded.
+            serving_now = self._serving.setdefault(name, {})
+            old = serving_now.get(version)
+            serving_now[version] = serving
             self._router.add(serving.handle)
             self._router.known.add(name)
             self._record(
@@ -458,8 +473,9 @@ class ModelManager(Actor[Any]):
                 )
             )
             if old is not None:
-                self.start_soon(self._replace, old)
+                replaced[version] = old
 
+        replaced: dict[int, _Serving] = {}
         async with anyio.create_task_group() as group:
             for version in versions:
                 group.start_soon(start, version)
@@ -467,17 +483,32 @@ class ModelManager(Actor[Any]):
         loaded = [v for v in versions if v not in dict(failures)]
         if loaded and grown > estimate:
             for version in loaded:
-                current[version].memory = grown // len(loaded)
+                self._serving[name][version].memory = grown // len(loaded)
             reason = self._over_budget(name, 0)
             if reason:
                 reason = f"model '{name}' took {grown} bytes once loaded; {reason}; it was unloaded"
                 for version in loaded:
-                    await self._retire(name, version, reason)
-                    self._record(ev.LoadFailed(model=name, version=version, reason=reason))
+                    await self._undo(name, version, replaced.pop(version, None), reason)
                     failures.append((version, reason))
-        if not current:
-            del self._serving[name]
+        # Only now do the copies a reload replaced go: a reload undone above needed them back.
+        for old in replaced.values():
+            self.start_soon(self._replace, old)
+        if not self._serving.get(name):
+            self._serving.pop(name, None)
         return failures
+
+    async def _undo(self, name: str, version: int, old: _Serving | None, reason: str) -> None:
+        """Take back a version just loaded: the copy it replaced serves again, if there was one;
+        else the version is unloaded."""
+        if old is None:
+            await self._retire(name, version, reason)
+            self._record(ev.LoadFailed(model=name, version=version, reason=reason))
+            return
+        new = self._serving[name][version]
+        self._serving[name][version] = old
+        self._router.add(old.handle)
+        self._record(ev.LoadFailed(model=name, version=version, reason=reason, serving=True))
+        await self._drain_and_stop(new)
 
     def _over_budget(self, name: str, extra: int) -> str:
         """Why loading `extra` more bytes breaks the memory budget, or "" when it does not.
@@ -680,6 +711,29 @@ class _Operation:
     def close(self) -> None:
         self.span.set_attribute("tritonactor.versions", sorted(self.versions))
         self.span.set_attribute("tritonactor.outcome", self.outcome)
+
+
+def _step_cycle(name: str, config: ModelConfig, found: dict[str, ModelSource]) -> list[str]:
+    """A chain of ensemble steps from `name` back to itself ([] when there is none): loading its
+    steps first would wait on itself (two ensembles naming each other would deadlock)."""
+
+    def steps(model: str) -> list[str]:
+        scheduling = config.ensemble_scheduling
+        if model != name:
+            source = found.get(model)
+            scheduling = source.config.ensemble_scheduling if source and source.config else None
+        return [step.model_name for step in scheduling.step] if scheduling else []
+
+    stack, seen = [[name]], {name}
+    while stack:
+        path = stack.pop()
+        for step in steps(path[-1]):
+            if step == name:
+                return [*path, step]
+            if step not in seen:
+                seen.add(step)
+                stack.append([*path, step])
+    return []
 
 
 def _load_requested(

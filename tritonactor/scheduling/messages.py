@@ -51,3 +51,6 @@ class VersionHealth:
     version: int
     ready: bool
     reason: str = ""
+    # The model-version actor that sent it: after a reload, the old copy still draining may
+    # report too, and its health is not the version's.
+    sender: ActorRef[Any] | None = None

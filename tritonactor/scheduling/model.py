@@ -114,7 +114,9 @@ class ModelVersionActor(Actor[Any]):
 
     async def _tell_owner(self, ready: bool, reason: str = "") -> None:
         if self.parent is not None:
-            health = VersionHealth(self.context.name, self.context.version, ready, reason)
+            health = VersionHealth(
+                self.context.name, self.context.version, ready, reason, sender=self.ref
+            )
             with contextlib.suppress(ActorStopped):
                 await self.parent.tell(health)
 

@@ -12,7 +12,14 @@ from anyio import WouldBlock, get_cancelled_exc_class
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import ActorRef, ActorStopped, Reply
-from tritonactor.core.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
+from tritonactor.core.errors import (
+    TritonError,
+    cancelled,
+    invalid_arg,
+    not_found,
+    unavailable,
+    unsupported,
+)
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.signature import ModelSignature
@@ -102,8 +109,10 @@ class Router:
             )
             message.reply.fail(error)
             raise error
+        delivered = False
         try:
             await handle.scheduler.tell(message)
+            delivered = True
             return await message.reply.wait()
         except ActorStopped:
             error = self._stopped(handle)
@@ -111,6 +120,10 @@ class Router:
             raise error from None
         except get_cancelled_exc_class():
             request.cancel()  # whoever waited is gone: the request need not run
+            if not delivered:
+                # Given up while the mailbox was full: no one else will ever answer it. (A
+                # delivered one is answered by the scheduler, which drops it cancelled.)
+                message.reply.fail(cancelled(f"request for model '{handle.name}' was cancelled"))
             raise
 
     def submit(self, request: InferenceRequest) -> Reply[InferenceResponse]:
