@@ -7,7 +7,9 @@
 # --shm-size: Python backend models exchange tensors through /dev/shm (Docker's default: 64 MB).
 #
 # Arguments after the image name are `tritonactor serve` flags (tritonserver's names), e.g.
-# `--model-control-mode explicit --load-model simple`. compose.yaml runs it beside Jaeger,
+# `--model-control-mode explicit --load-model simple`. Set the HTTP port and address with
+# `-e TRITONACTOR_HTTP_PORT=...` rather than `--http-port`: the HEALTHCHECK runs apart from the
+# server and reads the container's environment only. compose.yaml runs it beside Jaeger,
 # Prometheus and Grafana; docs/operations.md walks through both.
 
 ARG PYTHON_VERSION=3.11

@@ -42,6 +42,16 @@ REJECTING = (
     "max_queue_delay_microseconds: 5000000 "
     "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 1000 }"
 )
+# One step, `batched`: the ensemble has no instances, its requests count as they are answered.
+PIPELINE = """
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "batched"
+  input_map { key: "X" value: "IN" } output_map { key: "Y" value: "OUT" } } ] }
+"""
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 TRITON_FAMILIES = {
     "nv_inference_request_success": "counter",
@@ -79,6 +89,8 @@ def metrics_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     for name, batching in (("batched", ""), ("rejecting", REJECTING)):
         reshape_model(repo / name / "1" / "model.onnx")
         write_config(repo / name, CONFIG.format(name=name, batching=batching))
+    write_config(repo / "pipeline", PIPELINE)
+    (repo / "pipeline" / "1").mkdir()
     process = start_server([repo], tmp_path_factory.mktemp("metrics_server"))
     yield process
     process.stop()
@@ -254,3 +266,31 @@ def test_metrics_disabled_means_no_listener(tmp_path: Path) -> None:
         assert "metrics listening" not in server.log()
     finally:
         server.stop()
+
+
+def test_an_ensemble_counts_its_own_requests(metrics_server: ServerProcess) -> None:
+    url = listener_url(metrics_server)
+    labels = {"model": "pipeline", "version": "1"}
+    before = scrape(url)
+    http = httpclient.InferenceServerClient(metrics_server.url)
+    for rows in (1, 2):
+        tensor = httpclient.InferInput("IN", [rows, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((rows, 4), dtype=np.float32))
+        http.infer("pipeline", [tensor])
+    tensor = httpclient.InferInput("IN", [1, 3], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 3), dtype=np.float32))
+    with pytest.raises(InferenceServerException):
+        http.infer("pipeline", [tensor])  # its step fails in onnxruntime
+    after = scrape(url)
+
+    def moved(family: str, suffix: str = "", **extra: str) -> float:
+        return value(after, family, suffix, **labels, **extra) - value(
+            before, family, suffix, **labels, **extra
+        )
+
+    assert moved("nv_inference_request_success") == 2
+    assert moved("nv_inference_exec_count") == 2
+    assert moved("nv_inference_count") == 3  # batch sizes 1 + 2
+    assert moved("nv_inference_request_duration_us") > 0
+    assert moved("nv_inference_first_response_histogram_ms", "_count") == 2
+    assert moved("nv_inference_request_failure", reason="OTHER") == 1

@@ -25,6 +25,24 @@ def settings() -> TraceSettings:
     return TraceSettings(level=("TIMESTAMPS",), rate=1)
 
 
+def take(settings: TraceSettings, model: str) -> bool:
+    """Whether a request of `model` is traced, using up trace_count as a traced request does."""
+    use_up = settings.sample(model)
+    if use_up is None:
+        return False
+    use_up()
+    return True
+
+
+def test_a_request_the_sampler_drops_uses_up_no_trace_count() -> None:
+    settings = TraceSettings(level=("TIMESTAMPS",), rate=1)
+    settings.update({"trace_count": "2"})
+    for _ in range(5):
+        assert settings.sample("m") is not None  # considered, then dropped by the sampler
+    assert settings.get()["trace_count"] == "2"
+    assert [take(settings, "m") for _ in range(3)] == [True, True, False]
+
+
 def test_settings_read_as_triton_writes_them(settings: TraceSettings) -> None:
     assert settings.get() == GLOBAL
     assert TraceSettings().get()["trace_level"] == ["OFF"]
@@ -87,18 +105,18 @@ def test_what_get_shows_can_be_posted_back(settings: TraceSettings) -> None:
 
 def test_trace_rate_takes_one_request_in_n(settings: TraceSettings) -> None:
     settings.update({"trace_rate": "4"})
-    assert [settings.sample("m") for _ in range(8)] == [False, False, False, True] * 2
+    assert [take(settings, "m") for _ in range(8)] == [False, False, False, True] * 2
 
 
 def test_trace_count_stops_sampling_and_counts_down(settings: TraceSettings) -> None:
     settings.update({"trace_count": "2"})
-    assert [settings.sample("m") for _ in range(4)] == [True, True, False, False]
+    assert [take(settings, "m") for _ in range(4)] == [True, True, False, False]
     assert settings.get()["trace_count"] == "0"
 
 
 def test_trace_level_off_samples_nothing(settings: TraceSettings) -> None:
     settings.update({"trace_level": ["OFF"]})
-    assert not settings.sample("m")
+    assert not take(settings, "m")
     assert not settings.enabled("m")
 
 
@@ -106,20 +124,20 @@ def test_a_model_override_has_its_own_counters(settings: TraceSettings) -> None:
     settings.update({"trace_rate": "2"})
     settings.update({"trace_count": "1"}, "counted")
     settings.update({"trace_level": ["OFF"]}, "silent")
-    assert not settings.sample("silent")
+    assert not take(settings, "silent")
     # "counted" shares the global rate counter but has a count of its own.
-    assert [settings.sample("counted") for _ in range(4)] == [False, True, False, False]
+    assert [take(settings, "counted") for _ in range(4)] == [False, True, False, False]
     assert settings.get("counted")["trace_count"] == "0"
     assert settings.get()["trace_count"] == "-1"
     settings.update({"trace_count": None}, "counted")
-    assert settings.sample("other") is False and settings.sample("counted") is True
+    assert not take(settings, "other") and take(settings, "counted")
 
 
 def test_changing_the_rate_starts_counting_again(settings: TraceSettings) -> None:
     settings.update({"trace_rate": "3"})
-    assert [settings.sample("m") for _ in range(2)] == [False, False]
+    assert [take(settings, "m") for _ in range(2)] == [False, False]
     settings.update({"trace_rate": "2"})
-    assert [settings.sample("m") for _ in range(2)] == [False, True]
+    assert [take(settings, "m") for _ in range(2)] == [False, True]
 
 
 def test_grpc_values_become_json_values() -> None:

@@ -29,6 +29,11 @@ class Reply(Generic[T]):
     def done(self) -> bool:
         return self._done
 
+    @property
+    def error(self) -> BaseException | None:
+        """The error it was failed with (None while unanswered or when it has a value)."""
+        return self._error
+
     def set(self, value: T) -> None:
         if not self._done:
             self._done = True

@@ -13,7 +13,7 @@ traces left to take, -1 without limit) goes down where it is defined."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,31 +112,35 @@ class TraceSettings:
         """Whether requests of `model` may be traced at all (trace_level is not OFF)."""
         return self._value("trace_level", model) != (OFF,)
 
-    def sample(self, model: str) -> bool:
+    def sample(self, model: str) -> Callable[[], None] | None:
         """Whether to trace this request of `model`, by trace_level, trace_rate (1 in N) and
-        trace_count; a request that is taken uses up one of trace_count."""
+        trace_count: None when not, else the function that uses up one of trace_count, to call
+        once the request is really traced (the OpenTelemetry sampler may still drop it)."""
         override = self._models.get(model)
         if override is None:
             values = self._global.values
             if values["trace_level"] == (OFF,) or values["trace_count"] == 0:
-                return False
+                return None
             return self._take(self._global, self._global)
         if self._value("trace_level", model) == (OFF,):
-            return False
+            return None
         counting = override if "trace_count" in override.values else self._global
         if counting.values["trace_count"] == 0:
-            return False
+            return None
         rating = override if "trace_rate" in override.values else self._global
         return self._take(rating, counting)
 
     @staticmethod
-    def _take(rating: _Scope, counting: _Scope) -> bool:
+    def _take(rating: _Scope, counting: _Scope) -> Callable[[], None] | None:
         rating.seen += 1
         if rating.seen % rating.values["trace_rate"]:
-            return False
-        if counting.values["trace_count"] > 0:
-            counting.values["trace_count"] -= 1
-        return True
+            return None
+
+        def use_up() -> None:
+            if counting.values["trace_count"] > 0:
+                counting.values["trace_count"] -= 1
+
+        return use_up
 
     def _value(self, name: str, model: str) -> Any:
         if model:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -209,11 +209,14 @@ class Tracing:
             remote = get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
             if remote.is_valid:
                 parent = remote
+        use_up: Callable[[], None] | None = None
         if parent is not None and self.client_decides:
             if not (parent.trace_flags.sampled and self.settings.enabled(model)):
                 return None
-        elif not self.settings.sample(model):
-            return None
+        else:
+            use_up = self.settings.sample(model)
+            if use_up is None:
+                return None
         attributes: dict[str, Any] = {MODEL_NAME: model, "triton.protocol": protocol}
         if version:
             attributes[MODEL_VERSION] = version
@@ -227,6 +230,8 @@ class Tracing:
         )
         if not decision.decision.is_sampled():
             return None
+        if use_up is not None:
+            use_up()  # trace_count counts the traces made, not the requests considered
         context = SpanContext(
             trace_id, self._ids.generate_span_id(), False, _SAMPLED, decision.trace_state
         )

@@ -48,7 +48,10 @@ class ModelVersionActor(Actor[Any]):
         self._model: BackendModel | None = None
         self._instances: dict[ActorRef[Any], InstanceSpec] = {}
         self.scheduler: ActorRef[Any] | None = None
-        self.statistics = VersionStatistics(batching=context.config.max_batch_size > 0)
+        self.statistics = VersionStatistics(
+            batching=context.config.max_batch_size > 0,
+            counted_when_answered=context.config.ensemble_scheduling is not None,
+        )
 
     async def started(self) -> None:
         # Built first: a scheduler config it cannot serve fails the load before anything exists.

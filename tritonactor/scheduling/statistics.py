@@ -11,6 +11,7 @@ thread)."""
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 import time
 from collections.abc import Sequence
@@ -122,9 +123,12 @@ class VersionStatistics:
         "cache_miss",
     )
 
-    def __init__(self, batching: bool) -> None:
+    def __init__(self, batching: bool, counted_when_answered: bool = False) -> None:
         # With batching (max_batch_size > 0) a request's first dimension is its batch size.
         self.batching = batching
+        # A version without instances (an ensemble) runs no execute of its own: each request
+        # counts as one execution, successful when it is answered without an error.
+        self.counted_when_answered = counted_when_answered
         self.last_inference_ms = 0
         self.inference_count = 0
         # Requests routed to this version and not answered yet (queued or running): what an
@@ -154,7 +158,10 @@ class VersionStatistics:
         time a decoupled model's first response through its sender (the router's one call per
         request)."""
         self.pending += 1
-        reply.add_done_callback(self.request_done)
+        if self.counted_when_answered:
+            reply.add_done_callback(functools.partial(self._answered, request, arrival_ns))
+        else:
+            reply.add_done_callback(self.request_done)
         if request.sender is not None:
             request.sender = _FirstResponseTimer(request.sender, arrival_ns, self.first_response)
 
@@ -165,6 +172,21 @@ class VersionStatistics:
             reply.result()
         except BaseException as error:  # the stored answer, not an exception raised here
             self._failed[failure_reason(error)] += 1
+
+    def _answered(
+        self, request: InferenceRequest, arrival_ns: int, reply: Reply[InferenceResponse]
+    ) -> None:
+        self.request_done(reply)
+        if reply.error is not None:
+            return
+        took = time.perf_counter_ns() - arrival_ns
+        self.success.add(took, 1)
+        if request.sender is None:  # a decoupled request's first response is timed as sent
+            self.first_response.observe_ns(took)
+        self.execution_count += 1
+        inputs = request.inputs
+        self.inference_count += inputs[0].shape[0] if self.batching and inputs[0].shape else 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
 
     def failures(self) -> dict[str, int]:
         """Failed requests by Triton's reason: BACKEND for those the execute failed, the others
