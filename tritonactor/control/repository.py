@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 CONFIG_FILENAME = "config.pbtxt"
+
+log = logging.getLogger(__name__)
 
 # Triton reads a version folder's name as an integer but skips names with a leading zero ("01"),
 # so "0" itself is a valid version. We also insist on ASCII digits only: Triton's `stoll` would
@@ -108,13 +111,25 @@ def model_folders(repository: Path) -> list[Path]:
         raise RepositoryError(f"model repository '{repository}' {reason}")
     try:
         with os.scandir(repository) as entries:
-            return sorted(
-                Path(entry.path)
-                for entry in entries
-                if not entry.name.startswith(".") and _is_dir(entry)
-            )
+            folders = [
+                entry for entry in entries if not entry.name.startswith(".") and _is_dir(entry)
+            ]
     except OSError as exc:
         raise RepositoryError(f"cannot read model repository '{repository}': {exc}") from None
+    named = []
+    for entry in folders:
+        try:
+            entry.name.encode("utf-8")
+        except UnicodeEncodeError:
+            # A model's name travels as protobuf and JSON strings: it must be text.
+            log.warning(
+                "ignoring folder %r in model repository '%s': its name is not UTF-8",
+                entry.name.encode("utf-8", "surrogateescape"),
+                repository,
+            )
+            continue
+        named.append(Path(entry.path))
+    return sorted(named)
 
 
 def _scan_model(repository: Path, model_dir: Path) -> ModelSource:
