@@ -153,8 +153,8 @@ class ModelManager(Actor[Any]):
         self._mode = mode
         self._lazy = lazy
         self._budget = memory_budget
-        self.events: list[ev.Event] = list(history)
-        self.state: ev.State = ev.fold(self.events)
+        # The record itself is the journal's; only its fold is kept here.
+        self.state: ev.State = ev.fold(history)
         self._serving: dict[str, dict[int, _Serving]] = {}
         self._owners: dict[ActorRef[Any], tuple[str, int]] = {}
         self._locks: dict[str, anyio.Lock] = {}
@@ -176,7 +176,6 @@ class ModelManager(Actor[Any]):
             except OSError as error:
                 # The record is lost, the model is not: serving goes on, loudly.
                 log.error("could not append to the journal: %s (event %r)", error, event)
-        self.events.append(event)
         self.state = ev.apply(self.state, event)
         if self._operations:
             operation = self._operations.get(event.model)
@@ -240,6 +239,19 @@ class ModelManager(Actor[Any]):
         except Exception:
             log.exception("control-plane operation failed")
 
+    def _forget_lock(self, name: str) -> None:
+        """Drop the lock of a name the manager knows nothing of (a load of an unknown model):
+        clients choose names, and the table must not grow with every one they try."""
+        lock = self._locks.get(name)
+        if (
+            lock is not None
+            and not lock.locked()
+            and not lock.statistics().tasks_waiting
+            and name not in self.state
+            and name not in self._serving
+        ):
+            del self._locks[name]
+
     def _lock(self, name: str) -> anyio.Lock:
         lock = self._locks.get(name)
         if lock is None:
@@ -293,9 +305,12 @@ class ModelManager(Actor[Any]):
         source: ev.Source,
         loading: frozenset[str] = frozenset(),
     ) -> None:
-        async with self._lock(name):
-            with self._traced("reload" if name in self._serving else "load", name, source):
-                await self._sync(name, override, source, loading | {name})
+        try:
+            async with self._lock(name):
+                with self._traced("reload" if name in self._serving else "load", name, source):
+                    await self._sync(name, override, source, loading | {name})
+        finally:
+            self._forget_lock(name)
 
     async def _sync(
         self, name: str, override: Override | None, source: ev.Source, loading: frozenset[str]
@@ -559,20 +574,26 @@ class ModelManager(Actor[Any]):
     # -- unload ----------------------------------------------------------------------------------
 
     async def _unload(self, name: str, unload_dependents: bool, source: ev.Source) -> None:
-        async with self._lock(name):
-            with self._traced("unload", name, source):
-                versions = tuple(sorted(self._serving.get(name, {})))
-                if versions:
-                    self._record(ev.UnloadRequested(model=name, versions=versions, source=source))
-                    async with anyio.create_task_group() as group:
-                        for version in versions:
-                            group.start_soon(self._retire, name, version, "")
-                elif source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
-                    # Not loaded (a failed load), but asked for: no longer.
-                    self._record(ev.UnloadRequested(model=name, versions=(), source=source))
+        try:
+            async with self._lock(name):
+                with self._traced("unload", name, source):
+                    await self._unload_versions(name, source)
+        finally:
+            self._forget_lock(name)
         if unload_dependents:
             for dependent in self._dependents(name):
                 await self._unload(dependent, True, source)
+
+    async def _unload_versions(self, name: str, source: ev.Source) -> None:
+        versions = tuple(sorted(self._serving.get(name, {})))
+        if versions:
+            self._record(ev.UnloadRequested(model=name, versions=versions, source=source))
+            async with anyio.create_task_group() as group:
+                for version in versions:
+                    group.start_soon(self._retire, name, version, "")
+        elif source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
+            # Not loaded (a failed load), but asked for: no longer.
+            self._record(ev.UnloadRequested(model=name, versions=(), source=source))
 
     def _dependents(self, name: str) -> list[str]:
         """Loaded ensembles with a step that runs `name`."""
