@@ -16,18 +16,10 @@ from tritonactor import __version__
 from tritonactor.actors import ActorRef, ActorSystem
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.control import events as ev
+from tritonactor.control.index import IndexEntry, index, ready
 from tritonactor.control.journal import Journal, JournalEntry, open_journal
-from tritonactor.control.manager import (
-    GetState,
-    IndexEntry,
-    Load,
-    ModelManager,
-    Override,
-    Startup,
-    Unload,
-    index,
-    ready,
-)
+from tritonactor.control.manager import ModelManager
+from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
 from tritonactor.control.overrides import (
     LoadOptions,
     UnloadOptions,

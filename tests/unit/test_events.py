@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tritonactor.control import events as ev
+from tritonactor.control.index import IndexEntry, index, ready
 from tritonactor.control.journal import open_journal
-from tritonactor.control.manager import IndexEntry, index, ready
 
 
 def test_fold_load_then_unload() -> None:

@@ -10,18 +10,15 @@ free (an index or a readiness probe is answered during a long load) and models l
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
-from opentelemetry.trace import Span
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import Actor, ActorRef, Reply
@@ -30,6 +27,8 @@ from tritonactor.backends.registry import BackendRegistry
 from tritonactor.config.model_config import ConfigError, config_from_json
 from tritonactor.control import events as ev
 from tritonactor.control.budget import files_size, process_tree_rss
+from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
+from tritonactor.control.operations import OperationTraces
 from tritonactor.control.prepare import (
     failure_reason,
     missing_model_file,
@@ -48,7 +47,7 @@ from tritonactor.control.repository import (
 from tritonactor.control.watcher import RepositoryChanged
 from tritonactor.core.devices import gpu_count
 from tritonactor.core.errors import TritonError, internal, invalid_arg
-from tritonactor.observability.tracing import MODEL_NAME, Tracing
+from tritonactor.observability.tracing import Tracing
 from tritonactor.scheduling.messages import VersionHealth
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
@@ -64,57 +63,6 @@ class EventLog(Protocol):
     """Where recorded events go besides memory: the durable journal."""
 
     def append(self, event: ev.Event) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """What an explicit load asked for instead of the repository's own: a ModelConfig JSON,
-    and/or a one-model repository folder holding the override files."""
-
-    config_json: str = ""
-    repository: Path | None = None
-    digest: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Startup:
-    """Scan the repositories and load `names` (None: every model); with `restore`, also what
-    the journal says was loaded through the API and not unloaded since (explicit mode)."""
-
-    reply: Reply[None]
-    names: tuple[str, ...] | None = None
-    restore: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Load:
-    """Load `name`, or reload it when its files, config or override changed (else nothing)."""
-
-    reply: Reply[None]
-    name: str
-    override: Override | None = None
-    source: ev.Source = ev.Source.API
-
-
-@dataclass(frozen=True, slots=True)
-class Unload:
-    reply: Reply[None]
-    name: str
-    unload_dependents: bool = False
-    source: ev.Source = ev.Source.API
-
-
-@dataclass(frozen=True, slots=True)
-class GetState:
-    reply: Reply[ev.State]
-
-
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    name: str
-    version: str
-    state: str
-    reason: str
 
 
 @dataclass(eq=False, slots=True)
@@ -158,9 +106,8 @@ class ModelManager(Actor[Any]):
         self._serving: dict[str, dict[int, _Serving]] = {}
         self._owners: dict[ActorRef[Any], tuple[str, int]] = {}
         self._locks: dict[str, anyio.Lock] = {}
-        self._tracing = tracing
+        self._operations = OperationTraces(tracing)
         # The traced operation in progress on each model (one at a time: the model's lock).
-        self._operations: dict[str, _Operation] = {}
 
     async def started(self) -> None:
         self._record(
@@ -177,10 +124,7 @@ class ModelManager(Actor[Any]):
                 # The record is lost, the model is not: serving goes on, loudly.
                 log.error("could not append to the journal: %s (event %r)", error, event)
         self.state = ev.apply(self.state, event)
-        if self._operations:
-            operation = self._operations.get(event.model)
-            if operation is not None:
-                operation.saw(event)
+        self._operations.saw(event)
         if isinstance(event, ev.LoadFailed):
             kept = " (the loaded version goes on serving)" if event.serving else ""
             log.error("failed to load '%s': %s%s", event.model, event.reason, kept)
@@ -307,7 +251,9 @@ class ModelManager(Actor[Any]):
     ) -> None:
         try:
             async with self._lock(name):
-                with self._traced("reload" if name in self._serving else "load", name, source):
+                with self._operations.traced(
+                    "reload" if name in self._serving else "load", name, source
+                ):
                     await self._sync(name, override, source, loading | {name})
         finally:
             self._forget_lock(name)
@@ -576,7 +522,7 @@ class ModelManager(Actor[Any]):
     async def _unload(self, name: str, unload_dependents: bool, source: ev.Source) -> None:
         try:
             async with self._lock(name):
-                with self._traced("unload", name, source):
+                with self._operations.traced("unload", name, source):
                     await self._unload_versions(name, source)
         finally:
             self._forget_lock(name)
@@ -660,29 +606,6 @@ class ModelManager(Actor[Any]):
         self._owners.pop(serving.ref, None)
         await self.stop_child(serving.ref)
 
-    # -- tracing ---------------------------------------------------------------------------------
-
-    @contextmanager
-    def _traced(self, operation: str, name: str, source: ev.Source) -> Iterator[None]:
-        """A span for one operation on one model, its events as span events (nothing when
-        tracing is off)."""
-        if self._tracing is None:
-            yield
-            return
-        attributes = {
-            MODEL_NAME: name,
-            "tritonactor.operation": operation,
-            "tritonactor.source": source.value,
-        }
-        with self._tracing.operation(f"model {operation}", attributes) as span:
-            current = self._operations[name] = _Operation(span)
-            try:
-                yield
-                current.outcome = "done" if current.changed else "unchanged"
-            finally:
-                del self._operations[name]
-                current.close()
-
     # -- failures --------------------------------------------------------------------------------
 
     async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
@@ -699,39 +622,6 @@ class ModelManager(Actor[Any]):
         self._router.remove(name, version)
         reason = f"model version stopped serving: {failure_reason(error)}"
         self._record(ev.LoadFailed(model=name, version=version, reason=reason))
-
-
-@dataclass(eq=False, slots=True)
-class _Operation:
-    """A traced control-plane operation: its span, and what its events said."""
-
-    span: Span
-    versions: set[int] = dataclasses.field(default_factory=set)
-    changed: bool = False
-    outcome: str = "failed"
-
-    def saw(self, event: ev.Event) -> None:
-        attributes: dict[str, Any] = {}
-        for item in dataclasses.fields(event):
-            value = getattr(event, item.name)
-            if item.name in ("model", "time") or value in (None, "", ()):
-                continue
-            if isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, str):
-                value = str(value)  # an enum's value, plain
-            attributes[item.name] = value
-            if item.name == "version":
-                self.versions.add(value)
-            elif item.name == "versions":
-                self.versions.update(value)
-        if isinstance(event, ev.LoadRequested | ev.UnloadRequested):
-            self.changed = True
-        self.span.add_event(type(event).__name__, attributes)
-
-    def close(self) -> None:
-        self.span.set_attribute("tritonactor.versions", sorted(self.versions))
-        self.span.set_attribute("tritonactor.outcome", self.outcome)
 
 
 def _step_cycle(name: str, config: ModelConfig, found: dict[str, ModelSource]) -> list[str]:
@@ -807,33 +697,3 @@ def _versions_to_load(model: ModelSource) -> tuple[int, ...]:
     for missing in selection.missing:
         log.warning("%s", missing_version_reason(model.name, missing))
     return require_versions(model.name, selection)
-
-
-def index(state: ev.State) -> list[IndexEntry]:
-    """The repository index: one entry per model version (or per model, when no version loaded)."""
-    entries: list[IndexEntry] = []
-    for name in sorted(state):
-        status = state[name]
-        if status.state is not None:
-            entries.append(IndexEntry(name, "", status.state.value, status.reason))
-        for version, version_status in sorted(status.versions.items()):
-            entries.append(
-                IndexEntry(name, str(version), version_status.state.value, version_status.reason)
-            )
-        if status.state is None and not status.versions:
-            entries.append(IndexEntry(name, "", "", ""))
-    return entries
-
-
-def ready(state: ev.State) -> bool:
-    """Strict readiness, Triton's default: every model that should be loaded is, and every
-    version it should serve is READY (versions unloaded on purpose do not count)."""
-    for status in state.values():
-        if not status.wanted:
-            continue
-        if status.state is not None:
-            return False
-        for version in status.versions.values():
-            if not version.unloaded and version.state != ev.VersionState.READY:
-                return False
-    return True

@@ -1,0 +1,52 @@
+"""What the model manager is asked: its messages, as the server sends them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonactor.actors import Reply
+from tritonactor.control import events as ev
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """What an explicit load asked for instead of the repository's own: a ModelConfig JSON,
+    and/or a one-model repository folder holding the override files."""
+
+    config_json: str = ""
+    repository: Path | None = None
+    digest: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Startup:
+    """Scan the repositories and load `names` (None: every model); with `restore`, also what
+    the journal says was loaded through the API and not unloaded since (explicit mode)."""
+
+    reply: Reply[None]
+    names: tuple[str, ...] | None = None
+    restore: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load `name`, or reload it when its files, config or override changed (else nothing)."""
+
+    reply: Reply[None]
+    name: str
+    override: Override | None = None
+    source: ev.Source = ev.Source.API
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    reply: Reply[None]
+    name: str
+    unload_dependents: bool = False
+    source: ev.Source = ev.Source.API
+
+
+@dataclass(frozen=True, slots=True)
+class GetState:
+    reply: Reply[ev.State]
