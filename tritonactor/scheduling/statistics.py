@@ -177,9 +177,10 @@ class VersionStatistics:
         self, request: InferenceRequest, arrival_ns: int, reply: Reply[InferenceResponse]
     ) -> None:
         self.request_done(reply)
-        if reply.error is not None:
-            return
         took = time.perf_counter_ns() - arrival_ns
+        if reply.error is not None:
+            self.fail.add(took, 1)
+            return
         self.success.add(took, 1)
         if request.sender is None:  # a decoupled request's first response is timed as sent
             self.first_response.observe_ns(took)
