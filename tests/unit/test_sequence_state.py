@@ -263,7 +263,8 @@ async def serve(system: ActorSystem, backend: StateBackend, text: str) -> Router
     assert actor.scheduler is not None
     router = Router()
     router.known.add("acc")
-    router.add(ModelHandle("acc", 1, config, ModelSignature.from_config(config), actor.scheduler))
+    signature = ModelSignature.from_config(config)
+    router.add(ModelHandle("acc", 1, config, signature, actor.scheduler, actor.statistics))
     return router
 
 
@@ -378,6 +379,11 @@ async def test_a_model_that_drops_its_state_output_fails_the_request(system: Act
         await router.submit(step(1, "a", 1, start=True)).wait()
     assert caught.value.code == ErrorCode.INTERNAL
     assert "did not return the state output 'STATE_OUT'" in caught.value.message
+    # The execute failed for this request, though the instance saw a response.
+    statistics = router.resolve("acc").statistics
+    assert (statistics.success.count, statistics.fail.count) == (0, 1)
+    assert statistics.execution_count == 0 and statistics.pending == 0
+    assert statistics.failures()["BACKEND"] == 1 and statistics.failures()["OTHER"] == 0
 
 
 # -- the ONNX backend with state and control inputs ----------------------------------------------

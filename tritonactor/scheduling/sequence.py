@@ -42,6 +42,9 @@ DEFAULT_IDLE_MICROSECONDS = 1_000_000
 # Set in the context of the requests that fill an empty slot of a direct batch: they answer
 # nobody, and statistics should not count them.
 NULL_REQUEST = "sequence_null_request"
+# Set on a request whose response the batcher refused (no state output): its execute failed,
+# though the instance saw a response.
+STATE_ERROR = "sequence_state_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,11 +393,14 @@ class SequenceBatcher(Actor[SequenceMessage]):
             self._states, entry.outputs, self._config_outputs
         )
         inner: Reply[InferenceResponse] = Reply()
-        inner.add_done_callback(partial(self._answered, entry.item.reply, sequence, hidden))
+        inner.add_done_callback(
+            partial(self._answered, request, entry.item.reply, sequence, hidden)
+        )
         return replace(entry.item, reply=inner)
 
     def _answered(
         self,
+        request: InferenceRequest,
         outer: Reply[InferenceResponse],
         sequence: _Sequence,
         hidden: frozenset[str],
@@ -411,6 +417,8 @@ class SequenceBatcher(Actor[SequenceMessage]):
         try:
             response, saved = take_states(self.name, self._states, response, hidden)
         except TritonError as error:
+            # Seen by the statistics, which account for the execute after this answer.
+            request.context[STATE_ERROR] = error
             outer.fail(error)
             return
         if sequence.lane is not None:  # not ended or released meanwhile

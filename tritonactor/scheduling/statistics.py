@@ -23,7 +23,7 @@ from tritonactor.core.errors import ErrorCode, TritonError, invalid_arg
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.observability.metrics import HistogramSample, VersionSample
 from tritonactor.scheduling.messages import Infer
-from tritonactor.scheduling.sequence import NULL_REQUEST
+from tritonactor.scheduling.sequence import NULL_REQUEST, STATE_ERROR
 
 if TYPE_CHECKING:
     from tritonactor.actors import Reply
@@ -219,6 +219,8 @@ class VersionStatistics:
             if NULL_REQUEST in request.context:
                 continue
             batch_size += self.batch_size(item) if batching else 1
+            if not isinstance(result, TritonError):
+                result = request.context.get(STATE_ERROR, result)
             if isinstance(result, TritonError):
                 failed += 1
                 fail_ns += answered - item.arrival_ns
