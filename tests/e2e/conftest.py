@@ -45,6 +45,21 @@ instance_group [ {{ count: {count} kind: KIND_CPU }} ]
 parameters {{ key: "intra_op_thread_count" value: {{ string_value: "1" }} }}
 """
 
+# Triton's add/sub on FP32 [4] without batching, as the ensembles' step.
+ADD_SUB_FP32_CONFIG = """
+name: "onnx_add_sub"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+"""
+
 SIMPLE_CONFIG = """
 name: "{name}"
 platform: "onnxruntime_onnx"

@@ -18,24 +18,12 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import onnx_models
+from tests.e2e.conftest import ADD_SUB_FP32_CONFIG as ADD_SUB_FP32
 from tests.e2e.conftest import write_config
 from tests.server_process import ServerProcess, start_server
 
 PYTHON_MODELS = Path(__file__).resolve().parent.parent / "python_models"
 
-ADD_SUB_FP32 = """
-name: "onnx_add_sub"
-platform: "onnxruntime_onnx"
-max_batch_size: 0
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
-]
-"""
 
 ADD_SUB_INT32 = """
 name: "onnx_int_add_sub"
