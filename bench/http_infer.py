@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -245,20 +245,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(repository: Path | None, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """One hypercorn worker serving `repository` (None: the bundled examples); waits for ready."""
+def start_server(
+    repository: Path | None,
+    workdir: Path,
+    name: str = "server",
+    env_extra: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One hypercorn worker serving `repository` (None: the bundled examples), with none of this
+    process's TRITONACTOR_* / OTEL_* settings but `env_extra`; waits until it is ready."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
     env.update(
         TRITONACTOR_GRPC_PORT=str(free_port()),
         TRITONACTOR_METRICS_PORT=str(free_port()),
-        TRITONACTOR_JOURNAL=str(workdir / "journal.jsonl"),
+        TRITONACTOR_JOURNAL=str(workdir / f"{name}-journal.jsonl"),
     )
     if repository is not None:
         env["TRITONACTOR_MODEL_REPOSITORY"] = str(repository)
+    env.update(env_extra or {})
     command = [sys.executable, "-m", "hypercorn", "tritonactor.app:app"]
     command += ["--bind", f"127.0.0.1:{port}", "--workers", "1"]
-    log_path = workdir / "server.log"
+    log_path = workdir / f"{name}.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
             command, cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT
@@ -266,14 +273,14 @@ def start_server(repository: Path | None, workdir: Path) -> tuple[subprocess.Pop
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            sys.exit(f"server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+            sys.exit(f"{name} exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
                 return process, f"127.0.0.1:{port}"
         except (urllib.error.URLError, OSError):
             time.sleep(0.1)
     stop_server(process)
-    sys.exit(f"server did not become ready:\n{log_path.read_text()[-3000:]}")
+    sys.exit(f"{name} did not become ready:\n{log_path.read_text()[-3000:]}")
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:

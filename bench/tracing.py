@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))  # tests/otlp_receiver.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # http_infer.py's helpers
 
 import numpy as np  # noqa: E402
-from http_infer import free_port, stop_server, tree_cpu_seconds  # noqa: E402
+from http_infer import start_server, stop_server, tree_cpu_seconds  # noqa: E402
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import (  # noqa: E402
@@ -65,36 +65,6 @@ class Measurement:
     infer_per_sec: float
     server_us_per_infer: float | None
     spans_per_infer: float
-
-
-def start_server(
-    workdir: Path, name: str, env_extra: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], str]:
-    """One hypercorn worker serving the bundled examples; waits until it is ready."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
-    env.update(
-        TRITONACTOR_GRPC_PORT=str(free_port()),
-        TRITONACTOR_METRICS_PORT=str(free_port()),
-        TRITONACTOR_JOURNAL=str(workdir / f"{name}-journal.jsonl"),
-        **env_extra,
-    )
-    command = [sys.executable, "-m", "hypercorn", "tritonactor.app:app", "--workers", "1"]
-    command += ["--bind", f"127.0.0.1:{port}"]
-    log_path = workdir / f"{name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"{name} server exited:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
-                return process, f"127.0.0.1:{port}"
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    stop_server(process)
-    sys.exit(f"{name} server did not become ready:\n{log_path.read_text()[-3000:]}")
 
 
 def load(url: str, model: str, concurrency: int, seconds: float) -> tuple[int, float]:
@@ -258,8 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     receiver.clear()
     with tempfile.TemporaryDirectory(prefix="tritonactor-bench-tracing-") as scratch:
         workdir = Path(scratch)
-        untraced = start_server(workdir, "untraced", {})
+        untraced = start_server(None, workdir, "untraced", {})
         traced = start_server(
+            None,
             workdir,
             "traced",
             {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"},

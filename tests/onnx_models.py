@@ -173,3 +173,16 @@ def add_constant_model(
         initializer=[numpy_helper.from_array(values, "constant")],
     )
     return save_model(graph, path, external_data=external_data)
+
+
+def reshape_model(path: Path | str) -> Path:
+    """FP32 Y = reshape(X, [-1, 4]), X of shape [batch, n]: a row that is not 4 wide passes the
+    config's dims [-1] and fails in onnxruntime, at execution."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["X", "shape"], ["Y"])],
+        "reshape",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", None])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape")],
+    )
+    return save_model(graph, path)

@@ -17,12 +17,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import write_config
-from tests.onnx_models import save_model
+from tests.onnx_models import reshape_model
 from tests.server_process import ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.e2e
@@ -70,17 +69,6 @@ TRITON_FAMILIES = {
     "nv_cpu_memory_total_bytes": "gauge",
     "nv_cpu_memory_used_bytes": "gauge",
 }
-
-
-def reshape_model(path: Path) -> Path:
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["X", "shape"], ["Y"])],
-        "reshape",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", None])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape")],
-    )
-    return save_model(graph, path)
 
 
 @pytest.fixture(scope="module")

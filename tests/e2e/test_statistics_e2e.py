@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import SIMPLE_CONFIG, write_config
-from tests.onnx_models import add_sub_model, save_model
+from tests.onnx_models import add_sub_model, reshape_model
 from tests.server_process import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
@@ -37,17 +36,6 @@ max_batch_size: 8
 input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
-
-
-def reshape_model(path: Path) -> Path:
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["X", "shape"], ["Y"])],
-        "reshape",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", None])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape")],
-    )
-    return save_model(graph, path)
 
 
 @pytest.fixture(scope="module")
