@@ -205,6 +205,7 @@ def test_restart_restores_what_the_api_loaded(repo: Path, tmp_path: Path) -> Non
     try:
         client = httpclient.InferenceServerClient(first.url)
         client.load_model("other", config=json.dumps({"max_batch_size": 2}))
+        client.load_model("simple", config=json.dumps({"max_batch_size": 4}))
         client.load_model("simple_nobatch")
         client.unload_model("simple_nobatch")
     finally:
@@ -213,6 +214,7 @@ def test_restart_restores_what_the_api_loaded(repo: Path, tmp_path: Path) -> Non
     try:
         client = httpclient.InferenceServerClient(second.url)
         assert client.is_model_ready("simple")  # the startup list
+        assert client.get_model_config("simple")["max_batch_size"] == 4  # as last loaded
         assert client.is_model_ready("other")  # loaded through the API, with its override
         assert client.get_model_config("other")["max_batch_size"] == 2
         assert not client.is_model_ready("simple_nobatch")  # unloaded: stays unloaded

@@ -215,8 +215,10 @@ class ModelManager(Actor[Any]):
         else:
             wanted = dict.fromkeys(message.names)
         if message.restore:
+            # What the API loaded, with its overrides (also for a model the startup list names:
+            # the list says to load it, the journal how it was last loaded).
             for name, status in self.state.items():
-                if status.requested is not None and name not in wanted:
+                if status.requested is not None:
                     wanted[name] = _override(status.requested)
         async with anyio.create_task_group() as group:
             for name, override in wanted.items():
