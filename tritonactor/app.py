@@ -8,6 +8,8 @@ with its message. Nothing starts until the ASGI lifespan does. Tests use `create
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,10 +20,8 @@ from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
 from tritonactor.observability.endpoint import metrics_listener
 from tritonactor.observability.logging import configure_logging
-from tritonactor.server import Server
+from tritonactor.server import Server, StartupFailed
 from tritonactor.settings import Settings, SettingsError
-
-log = logging.getLogger("tritonactor")
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -32,14 +32,30 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         configure_logging(server.settings)
-        for variable, value in server.settings.describe():
-            log.info("%s=%s", variable, value)
-        async with server.running(), grpc_listener(server), metrics_listener(server):
-            yield
+        server.log_startup()
+        try:
+            async with server.running(), grpc_listener(server), metrics_listener(server):
+                yield
+        except* StartupFailed:
+            _exit_worker()
+            raise
 
     app = create_http_app(server, lifespan=lifespan)
     app.state.server = server
     return app
+
+
+def _exit_worker() -> None:
+    """In a worker process of hypercorn (`--workers N`), end the process with status 1, so
+    that hypercorn's parent stops the other workers instead of starting this one again. (With
+    one worker hypercorn runs the app in its own process and exits 1 itself; with several,
+    hypercorn 0.18's parent exits with the status of the last worker it stopped, 0.)"""
+    if multiprocessing.parent_process() is None:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _app_from_environment() -> Starlette:

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
@@ -15,83 +14,13 @@ from typing import NoReturn
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.control.inspect import inspect_repositories, render_text, report_to_json
 from tritonactor.control.repository import RepositoryError
-from tritonactor.settings import VARIABLES, ControlMode, Settings, SettingsError
+from tritonactor.settings import OPTIONS, VARIABLES, ControlMode, Settings, SettingsError
+from tritonactor.settings.docs import default_text
+from tritonactor.settings.options import Option, Support, plain
 
 APP = "tritonactor.app:app"
-
-
-@dataclass(frozen=True)
-class _Flag:
-    """A ``serve`` flag and the setting it overrides."""
-
-    names: tuple[str, ...]
-    setting: str  # a Settings field; its variable is VARIABLES[setting]
-    help: str
-    metavar: str = "VALUE"
-    repeatable: bool = False
-    boolean: bool = False
-
-
-# Values stay strings here: Settings.from_env is the one place that parses and checks them, so a
-# bad flag and a bad variable get the same message.
-_FLAGS: tuple[_Flag, ...] = (
-    _Flag(
-        ("--model-repository", "--model-store"),
-        "model_repositories",
-        "a model repository directory; repeat for several (default: the bundled examples)",
-        metavar="PATH",
-        repeatable=True,
-    ),
-    _Flag(("--model-control-mode",), "model_control_mode", "none, poll or explicit", "MODE"),
-    _Flag(
-        ("--repository-poll-secs",),
-        "repository_poll_secs",
-        "seconds between repository scans in poll mode",
-        "SECONDS",
-    ),
-    _Flag(
-        ("--load-model",),
-        "load_models",
-        "a model to load at startup in explicit mode, or '*' for all; repeatable",
-        "NAME",
-        repeatable=True,
-    ),
-    _Flag(("--http-address",), "http_host", "address the HTTP endpoint binds to", "HOST"),
-    _Flag(("--http-port",), "http_port", "HTTP port (0: any free port)", "PORT"),
-    _Flag(("--grpc-address",), "grpc_host", "address the gRPC endpoint binds to", "HOST"),
-    _Flag(("--grpc-port",), "grpc_port", "gRPC port (0: any free port)", "PORT"),
-    _Flag(("--metrics-address",), "metrics_host", "address the metrics endpoint binds to", "HOST"),
-    _Flag(("--metrics-port",), "metrics_port", "metrics port (0: any free port)", "PORT"),
-    _Flag(("--journal",), "journal", "control-plane journal file", "PATH"),
-    _Flag(
-        ("--strict-model-config",),
-        "strict_model_config",
-        "require a complete config.pbtxt instead of completing it from the model",
-        boolean=True,
-    ),
-    _Flag(("--allow-grpc",), "grpc_enabled", "serve the gRPC endpoint", boolean=True),
-    _Flag(("--allow-metrics",), "metrics_enabled", "serve the metrics endpoint", boolean=True),
-    _Flag(("--log-verbose",), "log_verbose", "verbose logging level (0: off)", "LEVEL"),
-    _Flag(
-        ("--log-format",),
-        "log_format",
-        "text (alias default), ISO8601, or json: one JSON object a line",
-        "FORMAT",
-    ),
-    _Flag(("--log-file",), "log_file", "write the log to this file instead of stderr", "PATH"),
-    _Flag(
-        ("--lazy-load",),
-        "lazy_load",
-        "load each model when its first request arrives",
-        boolean=True,
-    ),
-    _Flag(
-        ("--memory-budget",),
-        "memory_budget",
-        "bytes loaded models may take, e.g. 8GiB (0: no limit)",
-        "SIZE",
-    ),
-)
+# --help lists tritonactor's own settings first, tritonserver's ignored options last.
+_IGNORED_GROUP = "tritonserver options accepted and ignored"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve_parser = commands.add_parser(
         "serve",
+        # The flags are many (tritonserver's, all accepted): --help lists them by group.
+        usage="%(prog)s [options]",
         help="serve models over HTTP, gRPC and metrics",
         description=(
             "Serve models. Every flag overrides its TRITONACTOR_* environment variable; "
@@ -126,26 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         allow_abbrev=False,
     )
-    for flag in _FLAGS:
-        help_text = f"{flag.help} [{VARIABLES[flag.setting]}]"
-        if flag.boolean:
-            # tritonserver spells these `--flag=true|false`; a bare flag means true.
-            serve_parser.add_argument(
-                *flag.names,
-                dest=flag.setting,
-                nargs="?",
-                const="true",
-                metavar="true|false",
-                help=help_text,
-            )
-        else:
-            serve_parser.add_argument(
-                *flag.names,
-                dest=flag.setting,
-                action="append" if flag.repeatable else "store",
-                metavar=flag.metavar,
-                help=help_text,
-            )
+    _add_setting_flags(serve_parser)
     serve_parser.add_argument(
         "--workers",
         type=_positive_int,
@@ -187,12 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
 def build_env(args: argparse.Namespace, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default ``os.environ``) with every flag given on the command line written over."""
     env = dict(os.environ if base is None else base)
-    for flag in _FLAGS:
-        value = getattr(args, flag.setting, None)
-        if value is None:
-            continue
-        # A repeated flag replaces the variable rather than extending it, as any flag does.
-        env[VARIABLES[flag.setting]] = ",".join(value) if flag.repeatable else value
+    for name, option in OPTIONS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            # A repeated flag replaces the variable rather than extending it, as any flag does.
+            env[VARIABLES[name]] = option.kind.join(value) if option.kind.many else value
+        for switch in option.switches:
+            # After the flag, so that --disable-auto-complete-config wins over
+            # --strict-model-config=false, as in tritonserver.
+            if getattr(args, _switch_dest(switch.flag), None) is not None:
+                env[VARIABLES[name]] = switch.value
     return env
 
 
@@ -218,6 +134,9 @@ def hypercorn_command(settings: Settings, workers: int = 1) -> list[str]:
         # One worker runs in hypercorn's own process (`--workers 0`): a worker process that fails
         # to start (a bad setting) would otherwise leave hypercorn exiting 0.
         str(workers if workers > 1 else 0),
+        # How long in-flight requests may take to finish after SIGTERM (--exit-timeout-secs).
+        "--graceful-timeout",
+        str(settings.exit_timeout_secs),
     ]
 
 
@@ -273,13 +192,62 @@ def _exec(command: list[str], env: dict[str, str]) -> NoReturn:
 
 def _explain(error: SettingsError, args: argparse.Namespace) -> str:
     """The error's message, plus the flag that set the value when it came from one."""
-    for flag in _FLAGS:
-        if (
-            VARIABLES[flag.setting] == error.variable
-            and getattr(args, flag.setting, None) is not None
-        ):
-            return f"{error} (set by {flag.names[0]})"
+    for name, option in OPTIONS.items():
+        if VARIABLES[name] != error.variable:
+            continue
+        flags = [s.flag for s in option.switches if getattr(args, _switch_dest(s.flag), None)]
+        if getattr(args, name, None) is not None:
+            flags.insert(0, option.flags_for(name)[0])
+        if flags:
+            return f"{error} (set by {flags[0]})"
     return str(error)
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag for every setting the declaration gives one, in its group, with its variable."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name, option in OPTIONS.items():
+        title = option.group if option.support is not Support.IGNORED else _IGNORED_GROUP
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        group = groups[title]
+        help_text = _help(name, option)
+        flags = option.flags_for(name)
+        if option.kind.boolean:
+            # tritonserver spells these `--flag=true|false`; a bare flag means true.
+            group.add_argument(
+                *flags, dest=name, nargs="?", const="true", metavar="true|false", help=help_text
+            )
+        else:
+            group.add_argument(
+                *flags,
+                dest=name,
+                action="append" if option.kind.many else "store",
+                metavar=option.kind.metavar,
+                help=help_text,
+            )
+        for switch in option.switches:
+            group.add_argument(
+                switch.flag,
+                dest=_switch_dest(switch.flag),
+                action="store_const",
+                const=switch.value,
+                help=f"{switch.help} [{VARIABLES[name]}={switch.value}]",
+            )
+
+
+def _help(name: str, option: Option) -> str:
+    text = plain(option.meaning)
+    if option.support is not Support.IGNORED:
+        text += f" (default: {plain(default_text(name, option))})"
+    if option.kind.many:
+        text += "; repeatable"
+    # argparse expands %-formats in help.
+    return f"{text} [{VARIABLES[name]}]".replace("%", "%%")
+
+
+def _switch_dest(flag: str) -> str:
+    return "switch" + flag.replace("-", "_")
 
 
 def _positive_int(text: str) -> int:

@@ -56,30 +56,100 @@ EXTENSIONS = (
 )
 
 
+class StartupFailed(RuntimeError):
+    """Models failed to load at startup and --exit-on-error says to stop: the ASGI lifespan
+    fails with it, so hypercorn (and `tritonactor serve`) exits non-zero."""
+
+    def __init__(self, failures: list[tuple[str, str]]) -> None:
+        self.failures = failures
+        listed = "; ".join(f"'{name}': {reason}" for name, reason in failures)
+        super().__init__(
+            f"failed to load {len(failures)} model(s) at startup: {listed}. Stopping, as "
+            "--exit-on-error is true (TRITONACTOR_EXIT_ON_ERROR=false serves the other models)"
+        )
+
+
+def startup_failures(
+    state: ev.State, names: tuple[str, ...] | None = None
+) -> list[tuple[str, str]]:
+    """(model, reason) for every model of the startup list (`names`; None: every model) that
+    should be loaded and is not, after the startup loads: what --exit-on-error stops the server
+    for. A model only the journal restores (explicit mode) is not on the list: Triton has no
+    such restore, and a model broken on disk since must not stop every restart."""
+    failures = []
+    for name, status in sorted(state.items()):
+        if not status.wanted or (names is not None and name not in names):
+            continue
+        if status.state is not None:
+            failures.append((name, status.reason))
+            continue
+        for version, version_status in sorted(status.versions.items()):
+            if not version_status.unloaded and version_status.state != ev.VersionState.READY:
+                failures.append((name, f"version {version}: {version_status.reason}"))
+    return failures
+
+
 class Server:
     """What the front ends talk to: the router for inference, and the control plane."""
 
-    name = "tritonactor"
+    # Triton's name: clients and tools (and Triton's own tests) read it; `version` says which
+    # tritonactor this is (docs/decisions.md).
+    name = "triton"
     version = __version__
     extensions = EXTENSIONS
 
     def __init__(self, settings: Settings, registry: BackendRegistry | None = None) -> None:
         self.settings = settings
-        self.registry = registry if registry is not None else BackendRegistry()
+        self.registry = (
+            registry if registry is not None else BackendRegistry(config=settings.backend_config)
+        )
         self.router = Router()
         self.live = False
         self.journal: Journal | None = None
         self._manager: ActorRef[Any] | None = None
+        # Poll mode with an interval: the repository watcher.
+        self._watcher: ActorRef[Any] | None = None
         try:
             # Read now, so that a bad OTEL_* variable stops the server before it starts.
             self._tracing_config = tracing_config(os.environ)
         except TracingConfigError as error:
             raise SettingsError(str(error), error.variable) from None
-        # With an exporter configured every request is traced until the settings say less.
-        level = ("TIMESTAMPS",) if self._tracing_config is not None else (OFF,)
-        self.trace_settings = TraceSettings(level=level, rate=1)
+        self._trace_warnings: list[str] = []
+        self.trace_settings = self._initial_trace_settings()
         # While running with tracing configured: the tracer, owned here, shut down at stop.
         self.tracing: Tracing | None = None
+
+    def _initial_trace_settings(self) -> TraceSettings:
+        """What the trace flags ask for; unset, with an exporter configured every request is
+        traced until the trace API says less."""
+        asked = self.settings.trace_defaults()
+        exporting = self._tracing_config is not None
+        level = asked.level or (("TIMESTAMPS",) if exporting else (OFF,))
+        if level != (OFF,) and not exporting:
+            self._trace_warnings.append(
+                f"trace level {','.join(level)} is set but no OpenTelemetry exporter is "
+                "configured (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER): no trace is "
+                "exported"
+            )
+        return TraceSettings(
+            level=level,
+            rate=1 if asked.rate is None else asked.rate,
+            count=-1 if asked.count is None else asked.count,
+            log_frequency=0 if asked.log_frequency is None else asked.log_frequency,
+        )
+
+    def startup_warnings(self) -> list[str]:
+        """What the server warns about when it starts: each setting given that it does not act
+        on (by flag and variable), and trace settings that cannot take effect."""
+        return self.settings.warnings() + self._trace_warnings
+
+    def log_startup(self) -> None:
+        """The settings in force, one line each, then the startup warnings: once, as the ASGI
+        lifespan starts and logging is configured."""
+        for variable, value in self.settings.describe():
+            log.info("%s=%s", variable, value)
+        for warning in self.startup_warnings():
+            log.warning("%s", warning)
 
     @property
     def mode(self) -> ControlMode:
@@ -101,7 +171,9 @@ class Server:
         try:
             if self._tracing_config is not None:
                 self.tracing = start_tracing(self._tracing_config, self.trace_settings)
-            async with ActorSystem(on_failure=self._actor_failed, shutdown_timeout=30) as system:
+            async with ActorSystem(
+                on_failure=self._actor_failed, shutdown_timeout=settings.exit_timeout_secs
+            ) as system:
                 manager = ModelManager(
                     settings.model_repositories,
                     self.registry,
@@ -119,19 +191,30 @@ class Server:
                 if settings.lazy_load:
                     self.router.loader = self._load_lazily
                 snapshot = None
-                if self.mode is ControlMode.POLL:
+                if self.mode is ControlMode.POLL and settings.repository_poll_secs > 0:
                     # Taken before the startup scan: whatever changes during the loads differs
                     # from it and is looked at again once it settles.
                     snapshot = await anyio.to_thread.run_sync(
                         take_snapshot, settings.model_repositories
                     )
+                startup_models = self._startup_models()
                 await self._manager.ask(
                     lambda reply: Startup(
-                        reply, self._startup_models(), restore=self.mode is ControlMode.EXPLICIT
+                        reply, startup_models, restore=self.mode is ControlMode.EXPLICIT
                     )
                 )
+                failures = (
+                    startup_failures(await self.state(), startup_models)
+                    if settings.exit_on_error
+                    else []
+                )
+                if failures:
+                    self.live = False
+                    error = StartupFailed(failures)
+                    log.error("%s", error)
+                    raise error
                 if snapshot is not None:
-                    await system.spawn(
+                    self._watcher = await system.spawn(
                         RepositoryWatcher(
                             settings.model_repositories,
                             settings.repository_poll_secs,
@@ -145,6 +228,7 @@ class Server:
                     self.live = False
                     self.router.loader = None
                     self._manager = None
+                    self._watcher = None
         finally:
             journal.close()
             self.registry.finalize()
@@ -167,6 +251,12 @@ class Server:
         """The model manager while the server runs (observers walk the actor tree from it)."""
         return self._manager
 
+    @property
+    def watcher(self) -> ActorRef[Any] | None:
+        """The repository watcher while the server polls (none without poll mode, or with a
+        poll interval of 0)."""
+        return self._watcher
+
     def _manager_ref(self) -> ActorRef[Any]:
         if self._manager is None:
             raise unavailable("the server is not running")
@@ -177,7 +267,9 @@ class Server:
 
     async def ready(self) -> bool:
         """Strict readiness, Triton's default: live, and every model that should be loaded is
-        ready (see `manager.ready`)."""
+        ready (see `index.ready`). Without it (--strict-readiness=false): live."""
+        if not self.settings.strict_readiness:
+            return self.live
         return self.live and ready(await self.state())
 
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:

@@ -150,6 +150,11 @@ def grpc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 @pytest.fixture(scope="session")
 def grpc_broken_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("grpc_broken")
-    process = start_server([build_broken_repository(root)], root, wait_ready=False)
+    process = start_server(
+        [build_broken_repository(root)],
+        root,
+        {"TRITONACTOR_EXIT_ON_ERROR": "false"},
+        wait_ready=False,
+    )
     yield process
     process.stop()

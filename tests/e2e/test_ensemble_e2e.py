@@ -73,7 +73,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     for name, text in (("sum_times_difference", ENSEMBLE_CONFIG), ("cyclic", CYCLIC_CONFIG)):
         write_config(repo / name, text)
         (repo / name / "1").mkdir()
-    server = start_server([repo], tmp_path_factory.mktemp("ensemble-server"), wait_ready=False)
+    server = start_server(
+        [repo],
+        tmp_path_factory.mktemp("ensemble-server"),
+        {"TRITONACTOR_EXIT_ON_ERROR": "false"},
+        wait_ready=False,
+    )
     yield server
     server.stop()
 

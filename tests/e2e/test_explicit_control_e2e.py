@@ -225,7 +225,9 @@ def test_restart_restores_what_the_api_loaded(repo: Path, tmp_path: Path) -> Non
 
 
 def test_mode_none_refuses_load_and_unload(repo: Path, tmp_path: Path) -> None:
-    server = start_server([repo], tmp_path, wait_ready=False)
+    server = start_server(
+        [repo], tmp_path, {"TRITONACTOR_EXIT_ON_ERROR": "false"}, wait_ready=False
+    )
     try:
         for action in ("load", "unload"):
             response = httpx.post(f"{server.base}/v2/repository/models/simple/{action}", json={})

@@ -169,7 +169,9 @@ def test_ensembles_that_name_each_other_fail_to_load_instead_of_hanging(tmp_path
         (repo / name / "config.pbtxt").write_text(CYCLIC.format(name=name, other=other))
     add_sub_model(repo / "first" / "1" / "model.onnx")
     write_config(repo / "first", SIMPLE_CONFIG.format(name="first", max_batch_size=8))
-    server = start_server([repo], tmp_path, wait_ready=False, timeout=30)
+    server = start_server(
+        [repo], tmp_path, {"TRITONACTOR_EXIT_ON_ERROR": "false"}, wait_ready=False, timeout=30
+    )
     try:
         client = httpclient.InferenceServerClient(server.url)
         deadline = time.monotonic() + 20

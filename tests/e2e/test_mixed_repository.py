@@ -49,7 +49,12 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # A TensorRT plan found by its file name alone: no config, no platform.
     (repo / "plan_model" / "1").mkdir(parents=True)
     (repo / "plan_model" / "1" / "model.plan").write_bytes(b"not an engine")
-    server = start_server([repo], tmp_path_factory.mktemp("mixed-server"), wait_ready=False)
+    server = start_server(
+        [repo],
+        tmp_path_factory.mktemp("mixed-server"),
+        {"TRITONACTOR_EXIT_ON_ERROR": "false"},
+        wait_ready=False,
+    )
     yield server
     server.stop()
 

@@ -201,9 +201,40 @@ def test_a_reload_under_traffic_fails_no_request(
 def test_hidden_folders_are_ignored(
     server: ServerProcess, repo: Path, client: httpclient.InferenceServerClient, tmp_path: Path
 ) -> None:
+    # A hidden folder and a visible one appear together: once the visible one is loaded, the
+    # poller has seen both settle, and the hidden one got nothing.
     make_model(repo / ".staging", "hidden")
-    time.sleep(2.0)  # several polls and more than the quiet period
+    drop_in(repo, tmp_path, "witness")
+    wait_for(lambda: client.is_model_ready("witness"))
     assert not events(server, ".staging") and not events(server, "hidden")
     (repo / ".staging").rename(repo / "hidden")
     wait_for(lambda: client.is_model_ready("hidden"))
     assert client.is_model_ready("steady")
+
+
+def watchers(server: ServerProcess) -> int:
+    """How many repository watcher actors the server's actor tree holds (from its metrics)."""
+    text = httpx.get(f"{server.base}/metrics").text
+    return sum(
+        1
+        for line in text.splitlines()
+        if line.startswith("tritonactor_actor_mailbox_depth{") and "repository-watcher" in line
+    )
+
+
+def test_a_poll_interval_of_zero_loads_at_start_and_never_polls(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    # Triton's --repository-poll-secs=0: poll mode without the poller.
+    make_model(tmp_path / "models" / "steady", "steady")
+    idle = start_server(
+        [tmp_path / "models"],
+        tmp_path,
+        {**POLL, "TRITONACTOR_REPOSITORY_POLL_SECS": "0"},
+    )
+    try:
+        assert httpclient.InferenceServerClient(idle.url).is_model_ready("steady")
+        assert watchers(idle) == 0
+        assert watchers(server) == 1  # the same mode with an interval has its watcher
+    finally:
+        idle.stop()

@@ -133,7 +133,9 @@ def test_bad_config_fails_the_load_with_the_reason(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     torch_models.add_sub_model(repo / "no_io" / "1" / "model.pt")
     write_config(repo / "no_io", 'name: "no_io"\nplatform: "pytorch_libtorch"\n')
-    process = start_server([repo], tmp_path, wait_ready=False)
+    process = start_server(
+        [repo], tmp_path, {"TRITONACTOR_EXIT_ON_ERROR": "false"}, wait_ready=False
+    )
     try:
         client = httpclient.InferenceServerClient(process.url)
         for _ in range(100):

@@ -114,7 +114,7 @@ def test_a_name_in_two_repositories_is_served_from_neither(tmp_path: Path, serve
     add_model(second, "twice")
     add_model(second, "beta")
 
-    server = serve([first, second])
+    server = serve([first, second], TRITONACTOR_EXIT_ON_ERROR="false")
 
     reason = unavailable_reason(server, "twice")
     assert "more than one model repository" in reason
@@ -139,7 +139,7 @@ def test_config_name_must_match_its_folder(tmp_path: Path, serve: Any) -> None:
     add_model(repo, "right", config=IDENTITY_CONFIG.format(name="wrong", max_batch_size=4))
     add_model(repo, "fine")
 
-    server = serve([repo])
+    server = serve([repo], TRITONACTOR_EXIT_ON_ERROR="false")
 
     reason = unavailable_reason(server, "right")
     assert "'wrong'" in reason and "'right'" in reason and "does not match" in reason
@@ -153,7 +153,7 @@ def test_config_syntax_error_names_line_and_column(tmp_path: Path, serve: Any) -
     add_model(repo, "typo", config=text)
     add_model(repo, "fine")
 
-    server = serve([repo])
+    server = serve([repo], TRITONACTOR_EXIT_ON_ERROR="false")
 
     reason = unavailable_reason(server, "typo")
     assert f"{repo / 'typo' / 'config.pbtxt'}:3:" in reason, reason
@@ -219,7 +219,7 @@ def test_default_model_filename(tmp_path: Path, serve: Any) -> None:
         + 'default_model_filename: "absent.onnx"\n',
     )
 
-    server = serve([repo])
+    server = serve([repo], TRITONACTOR_EXIT_ON_ERROR="false")
 
     infer(server, "custom")
     config = httpx.get(f"{server.base}/v2/models/custom/config").json()
@@ -239,7 +239,7 @@ def test_fixed_first_dimension_cannot_batch(tmp_path: Path, serve: Any) -> None:
         IDENTITY_CONFIG.format(name="fixed_nobatch", max_batch_size=0).replace("[ 4 ]", "[ 3, 4 ]"),
     )
 
-    server = serve([repo])
+    server = serve([repo], TRITONACTOR_EXIT_ON_ERROR="false")
 
     reason = unavailable_reason(server, "fixed")
     assert "max_batch_size 8" in reason and "fixed first dimension 3" in reason, reason
@@ -253,7 +253,9 @@ def test_strict_model_config(tmp_path: Path, serve: Any) -> None:
     add_sub_model(repo / "with_config" / "1" / "model.onnx")
     write_config(repo / "with_config", SIMPLE_CONFIG.format(name="with_config", max_batch_size=8))
 
-    strict = serve([repo], TRITONACTOR_STRICT_MODEL_CONFIG="true")
+    strict = serve(
+        [repo], TRITONACTOR_STRICT_MODEL_CONFIG="true", TRITONACTOR_EXIT_ON_ERROR="false"
+    )
 
     reason = unavailable_reason(strict, "no_config")
     assert "config.pbtxt" in reason and "TRITONACTOR_STRICT_MODEL_CONFIG" in reason, reason

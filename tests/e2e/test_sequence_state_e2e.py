@@ -130,7 +130,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         accumulator(repo / name / "1" / "model.onnx", False, [1])
         (repo / name / "config.pbtxt").write_text(broken.replace("{name}", name))
     # Not all models load (the bad ones): the server is live, not ready.
-    process = start_server([repo], tmp_path_factory.mktemp("state_server"), wait_ready=False)
+    process = start_server(
+        [repo],
+        tmp_path_factory.mktemp("state_server"),
+        {"TRITONACTOR_EXIT_ON_ERROR": "false"},
+        wait_ready=False,
+    )
     yield process
     process.stop()
 

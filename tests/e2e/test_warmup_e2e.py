@@ -104,7 +104,12 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # Not ready by design (three models fail to load): wait for every load to settle.
-    process = start_server([repository], tmp_path_factory.mktemp("warmup_server"), wait_ready=False)
+    process = start_server(
+        [repository],
+        tmp_path_factory.mktemp("warmup_server"),
+        {"TRITONACTOR_EXIT_ON_ERROR": "false"},
+        wait_ready=False,
+    )
     client = httpclient.InferenceServerClient(process.url)
     names = {COUNTER, "onnx_warmed", *BROKEN}
 

@@ -1,19 +1,23 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
 
 from tritonactor import settings as settings_module
 from tritonactor.settings import (
+    OPTIONS,
     VARIABLES,
     ControlMode,
     Settings,
     SettingsError,
+    Support,
     default_journal,
     example_repository,
 )
+from tritonactor.settings import common as settings_common
 
 
 @pytest.fixture
@@ -37,7 +41,7 @@ def bundled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """Stand in for the example repository, which another part of the package provides."""
     path = tmp_path / "bundled"
     path.mkdir()
-    monkeypatch.setattr(settings_module, "example_repository", lambda: path)
+    monkeypatch.setattr(settings_common, "example_repository", lambda: path)
     return path
 
 
@@ -48,10 +52,9 @@ def error_for(env: dict[str, str]) -> str:
 
 
 def test_variables_cover_every_field() -> None:
-    from dataclasses import fields
-
-    assert [f.name for f in fields(Settings)] == list(VARIABLES)
+    assert set(Settings.model_fields) == set(VARIABLES)
     assert all(name.startswith("TRITONACTOR_") for name in VARIABLES.values())
+    assert len(set(VARIABLES.values())) == len(VARIABLES)
 
 
 def test_defaults(env: dict[str, str], repo: Path, tmp_path: Path) -> None:
@@ -79,14 +82,14 @@ def test_unset_repository_serves_the_bundled_examples(bundled: Path, tmp_path: P
 
 
 def test_example_repository_is_inside_the_package() -> None:
-    package = Path(settings_module.__file__).resolve().parent
+    package = Path(settings_module.__file__).resolve().parent.parent
     assert example_repository() == package / "examples" / "models"
 
 
 def test_missing_bundled_repository_is_explained(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(settings_module, "example_repository", lambda: tmp_path / "absent")
+    monkeypatch.setattr(settings_common, "example_repository", lambda: tmp_path / "absent")
     message = error_for({"HOME": str(tmp_path)})
     assert "TRITONACTOR_MODEL_REPOSITORY" in message
     assert "absent" in message
@@ -240,11 +243,10 @@ def test_a_disabled_endpoint_does_not_hold_its_port(env: dict[str, str]) -> None
     ("variable", "value", "allowed"),
     [
         ("TRITONACTOR_MODEL_CONTROL_MODE", "sometimes", "is not one of: none, poll, explicit"),
-        ("TRITONACTOR_REPOSITORY_POLL_SECS", "soon", "seconds > 0"),
-        ("TRITONACTOR_REPOSITORY_POLL_SECS", "0", "seconds > 0"),
-        ("TRITONACTOR_REPOSITORY_POLL_SECS", "-1", "seconds > 0"),
-        ("TRITONACTOR_REPOSITORY_POLL_SECS", "nan", "seconds > 0"),
-        ("TRITONACTOR_REPOSITORY_POLL_SECS", "inf", "seconds > 0"),
+        ("TRITONACTOR_REPOSITORY_POLL_SECS", "soon", "seconds >= 0"),
+        ("TRITONACTOR_REPOSITORY_POLL_SECS", "-1", "seconds >= 0"),
+        ("TRITONACTOR_REPOSITORY_POLL_SECS", "nan", "seconds >= 0"),
+        ("TRITONACTOR_REPOSITORY_POLL_SECS", "inf", "seconds >= 0"),
         ("TRITONACTOR_LOAD_MODEL", "*,simple", "'*' alone"),
         ("TRITONACTOR_HTTP_PORT", "http", "0..65535"),
         ("TRITONACTOR_HTTP_PORT", "65536", "0..65535"),
@@ -377,7 +379,7 @@ def test_other_variables_are_ignored(env: dict[str, str]) -> None:
 
 
 def test_reads_os_environ_by_default(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(settings_module.os.environ):
+    for name in list(os.environ):
         if name.startswith("TRITONACTOR_"):
             monkeypatch.delenv(name)
     for name, value in env.items():
@@ -419,11 +421,22 @@ def test_round_trip_of_defaults_needs_no_home(bundled: Path) -> None:
     assert Settings.from_env(original.to_env()) == original
 
 
-def test_describe_lists_every_variable_in_order(env: dict[str, str]) -> None:
+def test_describe_lists_every_honoured_variable_in_order(env: dict[str, str]) -> None:
     described = Settings.from_env(env).describe()
-    assert [name for name, _ in described] == list(VARIABLES.values())
+    honoured = [
+        VARIABLES[name] for name, option in OPTIONS.items() if option.support is Support.HONOURED
+    ]
+    assert [name for name, _ in described] == honoured
     assert ("TRITONACTOR_MODEL_CONTROL_MODE", "none") in described
     assert all(isinstance(value, str) for _, value in described)
+
+
+def test_describe_adds_the_ignored_settings_given(env: dict[str, str]) -> None:
+    env |= {"TRITONACTOR_HTTP_THREAD_COUNT": "4", "TRITONACTOR_CACHE_CONFIG": "local,size=1"}
+    described = dict(Settings.from_env(env).describe())
+    assert described["TRITONACTOR_HTTP_THREAD_COUNT"] == "4"
+    assert described["TRITONACTOR_CACHE_CONFIG"] == '["local,size=1"]'
+    assert "TRITONACTOR_GRPC_USE_SSL" not in described
 
 
 def test_direct_construction_is_checked(repo: Path, tmp_path: Path) -> None:

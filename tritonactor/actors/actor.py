@@ -317,7 +317,11 @@ class ActorSystem:
         finally:
             self._task_group = None
             if anyio.current_time() >= deadline:
-                log.error("actors did not stop within %.1fs; cancelled", self._shutdown_timeout)
+                # Asked for (--exit-timeout-secs), so not an error; but work was cut short.
+                log.warning(
+                    "actors did not stop within %.1fs (the exit timeout); cancelled",
+                    self._shutdown_timeout,
+                )
 
     async def spawn(self, actor: Actor[Any]) -> ActorRef[Any]:
         if self._task_group is None:

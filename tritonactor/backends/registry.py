@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import MappingProxyType
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.backends.base import Backend
@@ -33,13 +34,19 @@ DEFAULT_FILES = {
 
 
 class BackendRegistry:
-    """Creates each backend once, on first use, and calls its `initialize`."""
+    """Creates each backend once, on first use, hands it its `--backend-config` settings and
+    calls its `initialize`. `config`: backend name -> settings, "" for those of every backend."""
 
-    def __init__(self, factories: dict[str, Callable[[], Backend]] | None = None) -> None:
+    def __init__(
+        self,
+        factories: dict[str, Callable[[], Backend]] | None = None,
+        config: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         if factories is None:
             factories = {ep.name: ep.load for ep in entry_points(group=ENTRY_POINT_GROUP)}
             factories = {name: _loaded(load) for name, load in factories.items()}
         self._factories = factories
+        self._config = {} if config is None else config
         self._backends: dict[str, Backend] = {}
         self._lock = threading.Lock()
 
@@ -84,6 +91,7 @@ class BackendRegistry:
                 )
             try:
                 backend = factory()
+                backend.backend_config = self.config_of(name)
                 backend.initialize()
             except TritonError:
                 raise
@@ -91,6 +99,10 @@ class BackendRegistry:
                 raise unavailable(f"backend '{name}' failed to initialize: {error}") from error
             self._backends[name] = backend
             return backend
+
+    def config_of(self, name: str) -> Mapping[str, str]:
+        """Backend `name`'s settings: the global ones, overlaid by its own."""
+        return MappingProxyType({**self._config.get("", {}), **self._config.get(name, {})})
 
     def finalize(self) -> None:
         with self._lock:

@@ -188,6 +188,9 @@ def configure_logging(settings: Settings) -> LogSettings:
     SettingsError when the log file cannot be opened."""
     log_settings = LogSettings(
         log_file=settings.log_file,
+        log_info=settings.log_info,
+        log_warning=settings.log_warning,
+        log_error=settings.log_error,
         # A level beyond what gRPC can carry already means "everything".
         log_verbose_level=min(settings.log_verbose, MAX_VERBOSE_LEVEL),
         log_format=LogFormat.ISO8601 if settings.log_format == "ISO8601" else LogFormat.DEFAULT,
