@@ -66,6 +66,7 @@ def start_server(
     extra_env: Mapping[str, str] | None = None,
     wait_ready: bool = True,
     timeout: float = 60,
+    probe_headers: Mapping[str, str] | None = None,
 ) -> ServerProcess:
     """`hypercorn tritonactor.app:app` with TRITONACTOR_* settings; waits until it is live."""
     http_port = free_port()
@@ -104,7 +105,8 @@ def start_server(
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
         try:
-            if httpx.get(f"{server.base}{path}", timeout=1).status_code == 200:
+            probe = httpx.get(f"{server.base}{path}", timeout=1, headers=probe_headers)
+            if probe.status_code == 200:
                 return server
         except httpx.HTTPError:
             pass

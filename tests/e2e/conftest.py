@@ -139,6 +139,10 @@ def build_repository(root: Path) -> Path:
 
     string_identity_model(repo / "strings" / "1" / "model.onnx")
     identity_model(repo / "half" / "1" / "model.onnx", "FP16", ["batch", 4])
+    # Raw binary requests: one variable dimension to deduce, and a BYTES input of one element.
+    identity_model(repo / "variable_fp32" / "1" / "model.onnx", "FP32", ["batch", "n"])
+    identity_model(repo / "variable_2d" / "1" / "model.onnx", "FP32", ["batch", "n", "m"])
+    string_identity_model(repo / "one_string" / "1" / "model.onnx", ("batch", 1))
 
     for version in (1, 2, 3):
         add_sub_model(repo / "versioned" / str(version) / "model.onnx")
@@ -178,6 +182,11 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One server for the read-mostly tests. Not ready by design (it has a broken model), so it
     waits for liveness and then for the good models."""
-    process = start_server([repository], tmp_path_factory.mktemp("server"), wait_ready=False)
+    process = start_server(
+        [repository],
+        tmp_path_factory.mktemp("server"),
+        {"TRITONACTOR_EXIT_ON_ERROR": "false"},
+        wait_ready=False,
+    )
     yield process
     process.stop()

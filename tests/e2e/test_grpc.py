@@ -551,7 +551,7 @@ def test_server_metadata_matches_http(
     client: grpcclient.InferenceServerClient, grpc_server: ServerProcess
 ) -> None:
     metadata = client.get_server_metadata(as_json=True)
-    assert metadata["name"] == "tritonactor"
+    assert metadata["name"] == "triton"
     assert metadata["version"] == tritonactor.__version__
     assert "model_configuration" in metadata["extensions"]
     http = httpx.get(f"{grpc_server.base}/v2").json()

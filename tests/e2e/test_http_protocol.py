@@ -419,8 +419,8 @@ def test_parameters_are_accepted_and_not_echoed(
 
 def test_raw_binary_request(http: httpx.Client) -> None:
     # Inference-Header-Content-Length: 0 makes the whole body the only input's data (as in
-    # Triton); the batch dimension is inferred from its size and every output is binary.
-    data = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=np.float16)
+    # Triton): a batching model gets a batch of one, and every output is binary.
+    data = np.array([[1, 2, 3, 4]], dtype=np.float16)
 
     response = http.post(
         "/v2/models/half/infer",
@@ -440,12 +440,70 @@ def test_raw_binary_request(http: httpx.Client) -> None:
             {
                 "name": "OUTPUT0",
                 "datatype": "FP16",
-                "shape": [2, 4],
-                "parameters": {"binary_data_size": 16},
+                "shape": [1, 4],
+                "parameters": {"binary_data_size": 8},
             }
         ],
     }
     assert binary == data.tobytes()
+
+
+def test_raw_binary_request_deduces_the_variable_dimension(
+    http: httpx.Client, server: ServerProcess
+) -> None:
+    # Triton's rule: [1, *dims] for a batching model with the one -1 of dims from the body's
+    # size (the body of Triton's L0_http test_raw_binary); no batch dimension is deduced.
+    for count in (8, 32):
+        data = np.arange(count, dtype=np.float32)
+        response = http.post(
+            "/v2/models/variable_fp32/infer",
+            content=data.tobytes(),
+            headers={"Inference-Header-Content-Length": "0"},
+        )
+        assert response.status_code == 200, response.text
+        document, binary = split_binary(response)
+        assert document["outputs"][0]["shape"] == [1, count]
+        assert binary == data.tobytes()
+
+
+def test_raw_binary_request_of_a_bytes_input(http: httpx.Client) -> None:
+    # One element, the whole body, without a length prefix; a BYTES input whose dims are not
+    # [1] is refused with Triton's message.
+    response = http.post(
+        "/v2/models/one_string/infer",
+        content=b"427",
+        headers={"Inference-Header-Content-Length": "0"},
+    )
+    assert response.status_code == 200, response.text
+    document, binary = split_binary(response)
+    assert document["outputs"][0]["shape"] == [1, 1]
+    assert binary == b"\x03\x00\x00\x00427"
+
+    refused = http.post(
+        "/v2/models/strings/infer",
+        content=b"427",
+        headers={"Inference-Header-Content-Length": "0"},
+    )
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "error": "[request id: <id_unknown>] For BYTE datatype raw input 'INPUT0', the model "
+        "must have input shape [1]"
+    }
+
+
+def test_raw_binary_request_with_two_variable_dimensions_is_refused(
+    http: httpx.Client,
+) -> None:
+    response = http.post(
+        "/v2/models/variable_2d/infer",
+        content=np.arange(4, dtype=np.float32).tobytes(),
+        headers={"Inference-Header-Content-Length": "0"},
+    )
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": "[request id: <id_unknown>] The shape of the raw input 'INPUT0' can not be "
+        "deduced because there are more than one variable-sized dimension"
+    }
 
 
 # --- metadata, config, readiness ---------------------------------------------------------------
@@ -455,7 +513,7 @@ def test_server_metadata_and_health(
     client: httpclient.InferenceServerClient, http: httpx.Client
 ) -> None:
     metadata = client.get_server_metadata()
-    assert metadata["name"] == "tritonactor"
+    assert metadata["name"] == "triton"
     assert metadata["version"]
     assert {"binary_tensor_data", "model_configuration", "parameters"} <= set(
         metadata["extensions"]
@@ -488,6 +546,13 @@ EXPECTED_METADATA: dict[
     ),
     "strings": (["1"], [("INPUT0", "BYTES", [-1, -1])], [("OUTPUT0", "BYTES", [-1, -1])]),
     "half": (["1"], [("INPUT0", "FP16", [-1, 4])], [("OUTPUT0", "FP16", [-1, 4])]),
+    "variable_fp32": (["1"], [("INPUT0", "FP32", [-1, -1])], [("OUTPUT0", "FP32", [-1, -1])]),
+    "variable_2d": (
+        ["1"],
+        [("INPUT0", "FP32", [-1, -1, -1])],
+        [("OUTPUT0", "FP32", [-1, -1, -1])],
+    ),
+    "one_string": (["1"], [("INPUT0", "BYTES", [-1, 1])], [("OUTPUT0", "BYTES", [-1, 1])]),
     "versioned": (
         ["1", "3"],
         [("INPUT0", "INT32", [-1, 16]), ("INPUT1", "INT32", [-1, 16])],

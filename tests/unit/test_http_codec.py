@@ -13,12 +13,13 @@ from tritonactor.core.datatypes import DATATYPES, serialize_bytes, to_numpy_dtyp
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.frontends.http.codec import (
+    BINARY_DATA_OUTPUT,
     decode_infer_request,
     decode_json,
-    decode_raw_request,
-    encode_infer_response,
     encode_json,
 )
+from tritonactor.frontends.http.raw import decode_raw_request
+from tritonactor.frontends.http.responses import encode_infer_response
 
 JSON_DATATYPES = [datatype for datatype in DATATYPES if datatype not in ("FP16", "BF16")]
 
@@ -217,7 +218,11 @@ def test_binary_bytes_element_count_must_match_the_shape() -> None:
             ]
         }
     )
-    assert_invalid("expected 3 strings for inference input 'S', got 2", header + raw, len(header))
+    assert_invalid(
+        "expected 3 string elements for inference input 'S' for model 'model', got 2",
+        header + raw,
+        len(header),
+    )
 
 
 def test_truncated_bytes_element_is_rejected() -> None:
@@ -460,7 +465,10 @@ def test_request_and_output_parameters_are_kept() -> None:
     request = decode(body)
 
     assert (request.model_name, request.model_version, request.id) == ("model", "1", "req-7")
-    assert request.parameters == {"binary_data_output": True, "priority": 2, "custom": "x"}
+    # binary_data_output is the front end's; the model sees the rest (priority is the
+    # scheduler's, and InferenceRequest.model_parameters leaves it out for the model).
+    assert request.parameters == {"priority": 2, "custom": "x"}
+    assert request.context == {BINARY_DATA_OUTPUT: True}
     assert request.inputs[0].parameters == {"tag": 1.5}
     assert request.outputs == [
         RequestedOutput("A", {"binary_data": False, "classification": 3}),
@@ -504,8 +512,10 @@ def test_shared_memory_inputs_without_a_reader_are_rejected() -> None:
 # --- decoding: raw binary ----------------------------------------------------------------------
 
 
-def raw(body: bytes, datatype: str, shape: tuple[int, ...]) -> InferenceRequest:
-    return decode_raw_request(body, "RAW", datatype, shape, "model", "")
+def raw(
+    body: bytes, datatype: str, dims: tuple[int, ...], batching: bool = False
+) -> InferenceRequest:
+    return decode_raw_request(body, "RAW", datatype, dims, batching, "model", "")
 
 
 def test_raw_request_with_a_fixed_shape() -> None:
@@ -514,7 +524,9 @@ def test_raw_request_with_a_fixed_shape() -> None:
     request = raw(array.tobytes(), "FP32", (2, 3))
 
     assert_same(request.inputs[0].data, array)
-    assert request.parameters == {"binary_data_output": True}
+    # The wire option stays with the front end: the model sees no parameter.
+    assert request.parameters == {}
+    assert request.context == {BINARY_DATA_OUTPUT: True}
     assert request.outputs == []
 
 
@@ -527,27 +539,119 @@ def test_raw_request_infers_the_variable_dimension() -> None:
     assert_same(tensor.data, array)
 
 
+def test_raw_request_to_a_batching_model_is_a_batch_of_one() -> None:
+    # Triton's rule: [1, *dims], the variable dimension of dims deduced (not the batch).
+    array = sample("FP32", (1, 8))
+
+    (tensor,) = raw(array.tobytes(), "FP32", (-1,), batching=True).inputs
+
+    assert tensor.shape == (1, 8)
+    assert_same(tensor.data, array)
+
+
 @pytest.mark.parametrize(
-    ("size", "shape", "match"),
+    ("size", "dims", "batching", "match"),
     [
-        (10, (-1,), "not a whole number of FP32 elements"),
-        (20, (-1, 3), "do not fit shape"),
-        (24, (-1, -1), "more than one variable dimension"),
-        (28, (2, 3), "needs 6"),
+        (10, (-1,), False, "not a whole number of FP32 elements"),
+        (20, (-1, 3), False, "do not fit shape"),
+        (24, (-1, -1), False, "more than one variable-sized dimension"),
+        (24, (-1, -1), True, "more than one variable-sized dimension"),
+        (28, (2, 3), False, "needs 6"),
+        (32, (4,), True, "needs 4"),
     ],
 )
-def test_raw_request_size_must_fit_the_shape(size: int, shape: tuple[int, ...], match: str) -> None:
+def test_raw_request_size_must_fit_the_shape(
+    size: int, dims: tuple[int, ...], batching: bool, match: str
+) -> None:
     with pytest.raises(TritonError, match=match) as caught:
-        raw(b"\0" * size, "FP32", shape)
+        raw(b"\0" * size, "FP32", dims, batching)
     assert caught.value.code is ErrorCode.INVALID_ARG
     assert "'RAW'" in caught.value.message
 
 
-def test_raw_bytes_request_is_one_element() -> None:
-    (tensor,) = raw(b"\xff\xd8 jpeg bytes", "BYTES", (-1,)).inputs
+@pytest.mark.parametrize(("batching", "shape"), [(False, (1,)), (True, (1, 1))])
+def test_raw_bytes_request_is_one_element(batching: bool, shape: tuple[int, ...]) -> None:
+    (tensor,) = raw(b"\xff\xd8 jpeg bytes", "BYTES", (1,), batching).inputs
 
-    assert tensor.shape == (1,)
-    assert tensor.data.tolist() == [b"\xff\xd8 jpeg bytes"]
+    assert tensor.shape == shape
+    assert tensor.data.reshape(-1).tolist() == [b"\xff\xd8 jpeg bytes"]
+
+
+@pytest.mark.parametrize("dims", [(-1,), (2,), (1, 1)])
+def test_raw_bytes_request_needs_dims_of_one_element(dims: tuple[int, ...]) -> None:
+    with pytest.raises(TritonError) as caught:
+        raw(b"427", "BYTES", dims, batching=True)
+    assert caught.value.message == (
+        "[request id: <id_unknown>] For BYTE datatype raw input 'RAW', the model must have "
+        "input shape [1]"
+    )
+
+
+# --- reserved and wire-only parameters ---------------------------------------------------------
+
+
+def test_binary_data_output_is_kept_from_the_model() -> None:
+    body = json_body(
+        {
+            "inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}],
+            "parameters": {"binary_data_output": True, "custom": "kept"},
+        }
+    )
+
+    request = decode_infer_request(body, None, "model", "")
+
+    assert request.parameters == {"custom": "kept"}
+    assert request.context == {BINARY_DATA_OUTPUT: True}
+
+
+@pytest.mark.parametrize("key", ["triton_", "triton_x", "triton_enable_empty_final_response"])
+def test_triton_prefixed_parameters_are_refused(key: str) -> None:
+    body = json_body(
+        {
+            "inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}],
+            "parameters": {key: True},
+        }
+    )
+    assert_invalid(
+        "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
+        "be specified.",
+        body,
+    )
+
+
+def test_a_parameter_merely_containing_triton_is_accepted() -> None:
+    body = json_body(
+        {
+            "inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}],
+            "parameters": {"tritonx": 1, "TRITON_x": 2},
+        }
+    )
+    assert decode_infer_request(body, None, "model", "").parameters == {"tritonx": 1, "TRITON_x": 2}
+
+
+def test_several_bad_inputs_report_the_last_one_as_triton_does() -> None:
+    strings = np.array([b"a", b"b"], dtype=np.object_)
+    from tritonactor.core.datatypes import serialize_bytes
+
+    chunk = serialize_bytes(strings)
+    header = {
+        "inputs": [
+            {
+                "name": name,
+                "datatype": "BYTES",
+                "shape": [3],
+                "parameters": {"binary_data_size": len(chunk)},
+            }
+            for name in ("A", "B")
+        ]
+    }
+    head = orjson.dumps(header)
+    with pytest.raises(TritonError) as caught:
+        decode_infer_request(head + chunk + chunk, len(head), "m", "")
+    assert caught.value.message == (
+        "[request id: <id_unknown>] expected 3 string elements for inference input 'B' for "
+        "model 'm', got 2"
+    )
 
 
 # --- JSON helpers ------------------------------------------------------------------------------
@@ -575,7 +679,11 @@ def tensor_of(name: str, datatype: str, array: np.ndarray, **parameters: Any) ->
 
 
 def make_request(*outputs: RequestedOutput, **parameters: Any) -> InferenceRequest:
-    return InferenceRequest("model", "1", outputs=list(outputs), parameters=dict(parameters))
+    """A request as decode_infer_request leaves it: binary_data_output in its context."""
+    request = InferenceRequest("model", "1", outputs=list(outputs), parameters=dict(parameters))
+    if request.parameters.pop("binary_data_output", False):
+        request.context[BINARY_DATA_OUTPUT] = True
+    return request
 
 
 def split_response(body: bytes, header_length: int | None) -> tuple[dict[str, Any], bytes]:

@@ -5,20 +5,37 @@ from __future__ import annotations
 import enum
 
 
-class ErrorCode(enum.Enum):
-    """Triton's TRITONSERVER_Error codes, with the HTTP status each one is answered with."""
+class ErrorCode(enum.IntEnum):
+    """Triton's TRITONSERVER_Error codes (their numbers in tritonserver.h, so a member compares
+    equal to Triton's number: `pb_utils.TritonError.code()` returns these), with the HTTP status
+    each one is answered with."""
 
-    INVALID_ARG = 400
-    NOT_FOUND = 404
-    ALREADY_EXISTS = 409
-    INTERNAL = 500
-    UNSUPPORTED = 501
-    UNAVAILABLE = 503
-    CANCELLED = 499
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
 
     @property
     def http_status(self) -> int:
-        return self.value
+        return _HTTP_STATUS[self]
+
+
+# Triton's HTTP front end: the codes with no HTTP status of their own (UNKNOWN, ALREADY_EXISTS,
+# CANCELLED) are 400, as INVALID_ARG.
+_HTTP_STATUS = {
+    ErrorCode.UNKNOWN: 400,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.INVALID_ARG: 400,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+    ErrorCode.ALREADY_EXISTS: 400,
+    ErrorCode.CANCELLED: 400,
+}
 
 
 class TritonError(Exception):

@@ -75,7 +75,10 @@ def _bytes_error(context: RequestContext, name: str, count: int, buffer: memoryv
             f"incomplete string data for inference input '{name}': {len(buffer) - offset} "
             "bytes after the last string are too few for a 4-byte length"
         )
-    return invalid_arg(f"expected {count} strings for inference input '{name}', got {found}")
+    return invalid_arg(
+        f"{context.prefix}expected {count} string elements for inference input '{name}' for "
+        f"model '{context.model}', got {found}"
+    )
 
 
 def string_count_error(context: RequestContext, name: str, found: int, count: int) -> TritonError:

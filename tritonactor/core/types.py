@@ -2,19 +2,51 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from tritonactor.core.errors import TritonError
-    from tritonactor.observability.tracing import RequestTrace
+from tritonactor.core.errors import TritonError, internal
+
+
+class Trace(Protocol):
+    """What a traced request carries through the layers below the front end. The one
+    implementation is `observability.tracing.RequestTrace`; core knows nothing of
+    OpenTelemetry, so the dependency points one way."""
+
+    def child(self) -> Trace:
+        """The trace of a request made on this one's behalf (an ensemble step, a BLS call)."""
+        ...
+
+    def carrier(self) -> dict[str, str]:
+        """The W3C trace context (`traceparent`...), for a process that continues it."""
+        ...
+
+    def describe(self, request: InferenceRequest) -> None: ...
+
+    def routed(
+        self, request: InferenceRequest, started: int, error: BaseException | None = None
+    ) -> None: ...
+
+    def end(self, error: BaseException | None = None) -> None: ...
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
 
 # KServe v2 parameter values: what both the HTTP JSON and gRPC InferParameter can carry.
 ParameterValue = bool | int | float | str
 Parameters = dict[str, ParameterValue]
+
+# Request parameters the server itself acts on (sequence controls, priority, queue timeout): as
+# in Triton, a model does not see them among its request's parameters.
+SCHEDULING_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
+)
 
 
 @dataclass(slots=True)
@@ -67,6 +99,22 @@ class ResponseSender:
     def finished(self) -> bool:
         return self._final
 
+    def end_if_failed(self, outcome: Callable[[], object]) -> None:
+        """The request's execute is over (`outcome()` returns, or raises its failure): if it
+        failed before the model sent the final response, that failure is the request's last
+        answer. Whoever streams a decoupled model's responses calls it from the execute's
+        reply, so that a failed execute never leaves its client waiting."""
+        if self._final:
+            return
+        try:
+            outcome()
+        except Exception as error:
+            failure = error if isinstance(error, TritonError) else internal(_describe(error))
+        else:
+            return
+        with contextlib.suppress(RuntimeError):  # a final answer came meanwhile (another thread)
+            self.send(error=failure, final=True)
+
     def cancel(self) -> None:
         """The client went away: the model may stop producing responses."""
         self._cancelled = True
@@ -88,16 +136,21 @@ class InferenceRequest:
     parameters: Parameters = field(default_factory=dict)
     # Filled by the router: the version that will serve the request.
     resolved_version: int = 0
-    # Per-request state a scheduler or backend may attach.
+    # Per-request state the front end, a scheduler or a backend may attach (never seen by the
+    # model).
     context: dict[str, Any] = field(default_factory=dict)
     # Set when the model is decoupled: its responses go here instead of one reply.
     sender: ResponseSender | None = None
     # Set by the front end when the client gave up on the request (a closed stream, a cancelled
     # call): schedulers drop it if it has not run yet; a backend may stop early.
     cancelled: bool = False
+    # Headers the front end forwards (--http/--grpc-header-forward-pattern): string parameters
+    # for the model, kept apart so that the server never acts on them (a `priority` header is
+    # not the request's priority).
+    headers: dict[str, str] = field(default_factory=dict)
     # Set by the front end when the request is traced; crosses every mailbox with the request
     # (a child request, an ensemble step or a BLS call, gets its parent's `trace.child()`).
-    trace: RequestTrace | None = None
+    trace: Trace | None = None
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -113,6 +166,17 @@ class InferenceRequest:
     @property
     def requested_output_names(self) -> list[str]:
         return [output.name for output in self.outputs]
+
+    @property
+    def model_parameters(self) -> Parameters:
+        """The parameters a model sees: the request's, less those the server acts on, and the
+        forwarded headers (a header never replaces a parameter of the request)."""
+        parameters = self.parameters
+        if not SCHEDULING_PARAMETERS.isdisjoint(parameters):
+            parameters = {k: v for k, v in parameters.items() if k not in SCHEDULING_PARAMETERS}
+        if self.headers:
+            parameters = {**self.headers, **parameters}
+        return parameters
 
 
 @dataclass(slots=True)

@@ -73,7 +73,12 @@ class ServerMetrics:
         self._server = server
         self._journal = JournalTally()
         self.registry = CollectorRegistry(auto_describe=False)
-        self._collector = MetricsCollector(self)
+        settings = server.settings
+        self._collector = MetricsCollector(
+            self,
+            cpu_metrics=settings.cpu_metrics_enabled,
+            gpu_metrics=settings.gpu_metrics_enabled,
+        )
         self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)
         self._gpu_looked_for = False
@@ -85,7 +90,7 @@ class ServerMetrics:
 
     def _prepare(self) -> None:
         # Off the loop: NVML's start and the journal's reading both block.
-        if not self._gpu_looked_for:
+        if not self._gpu_looked_for and self._collector.gpu_metrics:
             self._gpu_looked_for = True
             self._collector.gpu = GpuMetrics.open()
         journal = self._server.journal
@@ -109,12 +114,16 @@ class ServerMetrics:
         return self._journal.counts
 
     def mailboxes(self) -> Iterable[MailboxSample]:
-        """Every actor of the tree: the manager, each model-version actor and its scheduler
-        and instances (a version actor is named `<model>:<version>`)."""
+        """Every actor of the tree: the manager, the repository watcher (poll mode), each
+        model-version actor and its scheduler and instances (a version actor is named
+        `<model>:<version>`)."""
         manager = self._server.manager
         if manager is None:
             return []
         samples = [MailboxSample(manager.name, "", "", manager.mailbox_depth)]
+        watcher = self._server.watcher
+        if watcher is not None:
+            samples.append(MailboxSample(watcher.name, "", "", watcher.mailbox_depth))
         for version_actor in manager.children:
             model, _, version = version_actor.name.rpartition(":")
             samples.append(MailboxSample("version", model, version, version_actor.mailbox_depth))

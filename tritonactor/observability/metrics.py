@@ -14,6 +14,7 @@ from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 
+from tritonactor.observability.custom import CUSTOM_METRICS
 from tritonactor.observability.gpu import GpuMetrics
 from tritonactor.observability.host import CpuUsage, read_memory
 
@@ -78,23 +79,35 @@ class MetricsSource(Protocol):
 
 class MetricsCollector:
     """A prometheus_client collector (`collect`) over one server's `MetricsSource`, with the
-    machine's CPU and memory, and its GPUs when NVML sees any."""
+    machine's CPU and memory (unless `cpu_metrics` is off: --allow-cpu-metrics=false), and its
+    GPUs when NVML sees any (unless `gpu_metrics` is off)."""
 
     def __init__(
-        self, source: MetricsSource, cpu: CpuUsage | None = None, gpu: GpuMetrics | None = None
+        self,
+        source: MetricsSource,
+        cpu: CpuUsage | None = None,
+        gpu: GpuMetrics | None = None,
+        *,
+        cpu_metrics: bool = True,
+        gpu_metrics: bool = True,
     ) -> None:
         self._source = source
         self._cpu = cpu if cpu is not None else CpuUsage()
         # May be set after the collector is registered: NVML is slow to start.
         self.gpu = gpu
+        self.cpu_metrics = cpu_metrics
+        self.gpu_metrics = gpu_metrics
 
     def collect(self) -> Iterator[Metric]:
         yield from _version_families(list(self._source.versions()))
         yield from self._model_load_family()
-        yield from self._host_families()
-        if self.gpu is not None:
+        if self.cpu_metrics:
+            yield from self._host_families()
+        if self.gpu is not None and self.gpu_metrics:
             yield from self.gpu.collect()
         yield from self._actor_families()
+        # What models defined while they run (pb_utils.MetricFamily), under their own names.
+        yield from CUSTOM_METRICS.collect()
 
     def _model_load_family(self) -> Iterator[Metric]:
         family = Metric(

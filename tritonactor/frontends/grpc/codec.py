@@ -25,6 +25,7 @@ from tritonactor.core.datatypes import (
     to_numpy_dtype,
 )
 from tritonactor.core.errors import invalid_arg
+from tritonactor.core.protocol import RESERVED_PARAMETER_PREFIX
 from tritonactor.core.tensors import RequestContext, array_from_bytes, tensor_to_bytes
 from tritonactor.core.types import (
     InferenceRequest,
@@ -50,6 +51,9 @@ CONTENTS_FIELD = {
     "BYTES": "bytes_contents",
 }
 _INT64_MAX = 2**63 - 1
+# A decoupled model's final flag as an (empty) response of its own: the one reserved parameter a
+# client may send. Kept in request.context, not among the parameters the model sees.
+ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 def decode_parameters(parameters: dict[str, InferParameter]) -> Parameters:
@@ -82,7 +86,6 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
     context = RequestContext(message.model_name, message.id)
     prefix, model = context.prefix, context.model
     raw = message.raw_input_contents
-    inputs: list[Tensor] = []
     seen: set[str] = set()
     for index, tensor in enumerate(message.inputs):
         if tensor.name in seen:
@@ -90,11 +93,10 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
         seen.add(tensor.name)
         if not is_datatype(tensor.datatype):
             raise invalid_arg(f"invalid datatype for input {tensor.name}")
-        shape = tuple(tensor.shape)
-        if any(dim < 0 for dim in shape):
+        if any(dim < 0 for dim in tensor.shape):
             raise invalid_arg(
                 f"{prefix}input '{tensor.name}' for model '{model}' has a negative dimension "
-                f"in shape {list(shape)}"
+                f"in shape {list(tensor.shape)}"
             )
         if raw:
             if _has_contents(tensor):
@@ -107,6 +109,18 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
                     f"unable to find data for input tensor '{tensor.name}' for model "
                     f"'{model}' in request."
                 )
+    if len(raw) > len(message.inputs):
+        raise invalid_arg(
+            f"{prefix}raw_input_contents holds {len(raw)} entries for {len(message.inputs)} "
+            f"inputs of model '{model}'"
+        )
+    # As Triton does, the data are held against their shapes last input first: a request with
+    # several bad inputs is told about its last.
+    inputs: list[Tensor] = []
+    for index in reversed(range(len(message.inputs))):
+        tensor = message.inputs[index]
+        shape = tuple(tensor.shape)
+        if raw:
             data = array_from_bytes(
                 context, tensor.name, tensor.datatype, shape, memoryview(raw[index])
             )
@@ -115,12 +129,16 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
         inputs.append(
             Tensor(tensor.name, tensor.datatype, shape, data, decode_parameters(tensor.parameters))
         )
-    if len(raw) > len(message.inputs):
+    inputs.reverse()
+    parameters = decode_parameters(message.parameters)
+    reserved = [key for key in parameters if key.startswith(RESERVED_PARAMETER_PREFIX)]
+    if any(key != ENABLE_EMPTY_FINAL for key in reserved):
         raise invalid_arg(
-            f"{prefix}raw_input_contents holds {len(raw)} entries for {len(message.inputs)} "
-            f"inputs of model '{model}'"
+            "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+            f"following keys starting with 'triton_' are allowed: {ENABLE_EMPTY_FINAL}"
         )
-    return InferenceRequest(
+    empty_final = parameters.pop(ENABLE_EMPTY_FINAL, False)
+    request = InferenceRequest(
         model_name=model,
         model_version=message.model_version,
         id=message.id,
@@ -129,8 +147,11 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
             RequestedOutput(output.name, decode_parameters(output.parameters))
             for output in message.outputs
         ],
-        parameters=decode_parameters(message.parameters),
+        parameters=parameters,
     )
+    if empty_final is True:
+        request.context[ENABLE_EMPTY_FINAL] = True
+    return request
 
 
 def _has_contents(tensor: ModelInferRequestInferInputTensor) -> bool:

@@ -6,12 +6,9 @@ validation, and a TritonError becomes the gRPC status Triton uses for its code.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
 import math
-import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,19 +16,33 @@ import anyio
 import grpclib
 import grpclib.const
 import grpclib.server
-from anyio.streams.memory import MemoryObjectSendStream
 
 from tritonactor._proto import inference as pb
 from tritonactor._proto.grpc.health import v1 as health
-from tritonactor.actors import ActorStopped, Reply
 from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import ErrorCode, TritonError, internal, unavailable
-from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
+from tritonactor.core.types import ResponseSender
 from tritonactor.frontends.grpc.codec import (
     decode_infer_request,
     encode_infer_response,
-    encode_parameters,
 )
+from tritonactor.frontends.grpc.guard import guard
+from tritonactor.frontends.grpc.status import grpc_error
+from tritonactor.frontends.grpc.stream import (
+    GRPC_ERROR_MODE,
+    STREAM_WINDOW,
+    Answer,
+    Pending,
+    decoupled_answer,
+    decoupled_done,
+    metadata_flag,
+    on_this_loop,
+    stream_error,
+    streamed_answer,
+    text_metadata,
+    write_answers,
+)
+from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.observability import logging as log_settings
 from tritonactor.observability.logging import request_logger
 from tritonactor.observability.trace_settings import from_grpc
@@ -45,28 +56,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STATUS = {
-    ErrorCode.INVALID_ARG: grpclib.const.Status.INVALID_ARGUMENT,
-    ErrorCode.NOT_FOUND: grpclib.const.Status.NOT_FOUND,
-    ErrorCode.ALREADY_EXISTS: grpclib.const.Status.ALREADY_EXISTS,
-    ErrorCode.INTERNAL: grpclib.const.Status.INTERNAL,
-    ErrorCode.UNSUPPORTED: grpclib.const.Status.UNIMPLEMENTED,
-    ErrorCode.UNAVAILABLE: grpclib.const.Status.UNAVAILABLE,
-    ErrorCode.CANCELLED: grpclib.const.Status.CANCELLED,
-}
-
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
-# Requests one stream may have in the server at once (see _Pending).
-STREAM_WINDOW = 128
-FINAL_RESPONSE = "triton_final_response"
-ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
-
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-
-
-def grpc_error(error: TritonError) -> grpclib.GRPCError:
-    return grpclib.GRPCError(STATUS[error.code], error.message)
 
 
 def translate_errors(method: F) -> F:
@@ -100,6 +92,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     def __init__(self, server: Server) -> None:
         self._server = server
         self._router = server.router
+        self._headers = HeaderForwarder(server.settings.grpc_header_forward_pattern)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         mapping = super().__mapping__()
@@ -118,7 +111,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             pb.ModelInferRequest,
             pb.ModelStreamInferResponse,
         )
-        return mapping
+        return guard(mapping, self._server.settings.grpc_restricted_protocol)
 
     @translate_errors
     async def server_live(self, message: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -184,12 +177,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 trace = tracing.start_request(
                     message.model_name, message.model_version, stream.metadata, "GRPC"
                 )
+            metadata = stream.metadata
             if trace is None:
-                response = await self.model_infer(message)
+                response = await self.model_infer(message, metadata=metadata)
             else:
                 entry.span_context = trace.span_context
                 try:
-                    response = await self.model_infer(message, trace)
+                    response = await self.model_infer(message, trace, metadata)
                 except BaseException as error:
                     trace.end(error)
                     raise
@@ -198,9 +192,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     @translate_errors
     async def model_infer(
-        self, message: pb.ModelInferRequest, trace: RequestTrace | None = None
+        self,
+        message: pb.ModelInferRequest,
+        trace: RequestTrace | None = None,
+        metadata: Any = None,
     ) -> pb.ModelInferResponse:
         request = decode_infer_request(message)
+        if metadata is not None:
+            self._headers.forward(request, text_metadata(metadata))
         if trace is not None:
             request.trace = trace
             trace.describe(request)
@@ -218,36 +217,35 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def _model_stream_infer(
         self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
     ) -> None:
-        send, receive = anyio.create_memory_object_stream[pb.ModelStreamInferResponse](math.inf)
-        pending = _Pending(send, STREAM_WINDOW)
-
-        async def write() -> None:
-            async with receive:
-                async for response in receive:
-                    await stream.send_message(response)
-
+        send, receive = anyio.create_memory_object_stream[Answer](math.inf)
+        pending = Pending(send, STREAM_WINDOW)
+        error_ends_stream = metadata_flag(stream.metadata, GRPC_ERROR_MODE)
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(write)
+                group.start_soon(write_answers, stream, receive, error_ends_stream)
                 async for message in stream:
                     await pending.start()
                     if self._router.loader is None or await self._load_lazily(message, pending):
                         self._submit_streamed(message, pending, stream.metadata)
                 pending.input_done()
+        except* grpclib.GRPCError as ended:
+            # The writer ended the stream with a status ("triton_grpc_error" mode): grpclib
+            # answers a GRPCError, not the task group's exception group.
+            raise ended.exceptions[0] from None
         finally:
             # The stream is over: requests still in the server answer nobody any more.
             pending.cancel_all()
 
-    async def _load_lazily(self, message: pb.ModelInferRequest, pending: _Pending) -> bool:
+    async def _load_lazily(self, message: pb.ModelInferRequest, pending: Pending) -> bool:
         try:
             await self._router.ensure_loaded(message.model_name)
         except TritonError as error:
-            pending.deliver(_stream_error(message.id, error.message), finished=True)
+            pending.deliver(stream_error(message.id, error, from_model=False), finished=True)
             return False
         return True
 
     def _submit_streamed(
-        self, message: pb.ModelInferRequest, pending: _Pending, metadata: Any = None
+        self, message: pb.ModelInferRequest, pending: Pending, metadata: Any = None
     ) -> None:
         tracing = self._server.tracing
         trace = None
@@ -257,38 +255,42 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             )
         try:
             request = decode_infer_request(message)
+            if metadata is not None:
+                self._headers.forward(request, text_metadata(metadata))
             if trace is not None:
                 request.trace = trace
                 trace.describe(request)
             if self._router.resolve(request.model_name, request.model_version).decoupled:
                 request.sender = ResponseSender(
-                    _on_this_loop(functools.partial(_decoupled_answer, request, pending))
+                    on_this_loop(functools.partial(decoupled_answer, request, pending))
                 )
                 reply = self._router.submit(request)
                 pending.requests[id(request)] = request
-                reply.add_done_callback(functools.partial(_decoupled_done, request, pending))
+                reply.add_done_callback(functools.partial(decoupled_done, request, pending))
                 return
             reply = self._router.submit(request)
             pending.requests[id(request)] = request
         except TritonError as error:
             if trace is not None:
                 trace.end(error)
-            pending.deliver(_stream_error(message.id, error.message), finished=True)
+            pending.deliver(stream_error(message.id, error, from_model=False), finished=True)
             return
         except Exception as error:  # as in ModelInfer: INTERNAL, and the stream stays open
             if trace is not None:
                 trace.end(error)
             log.exception("streamed request for model '%s' failed", message.model_name)
             text = f"internal error: {type(error).__name__}: {error}"
-            pending.deliver(_stream_error(message.id, text), finished=True)
+            pending.deliver(
+                stream_error(message.id, internal(text), from_model=False), finished=True
+            )
             return
-        reply.add_done_callback(functools.partial(_streamed_answer, request, pending))
+        reply.add_done_callback(functools.partial(streamed_answer, request, pending))
 
     @translate_errors
     async def model_statistics(
         self, message: pb.ModelStatisticsRequest
     ) -> pb.ModelStatisticsResponse:
-        handles = statistics.select(self._router, message.name, message.version)
+        handles = self._router.select(message.name, message.version)
         return pb.ModelStatisticsResponse(model_stats=[_model_statistics(h) for h in handles])
 
     @translate_errors
@@ -370,165 +372,6 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         )
 
 
-class _Pending:
-    """A stream's requests in the server. At most `window` run at once: beyond that the stream
-    stops reading, and HTTP/2 flow control slows the client down, rather than the requests
-    overflowing the scheduler's mailbox. Closes the response stream after the last answer once
-    the client has finished sending."""
-
-    def __init__(self, send: MemoryObjectSendStream[pb.ModelStreamInferResponse], window: int):
-        self._send = send
-        self._slots = anyio.Semaphore(window)
-        self._running = 0
-        self._input_done = False
-        # The stream's requests submitted and not yet finished, by id().
-        self.requests: dict[int, InferenceRequest] = {}
-
-    async def start(self) -> None:
-        """Wait for room for one more request; it then counts as running until its answer is
-        delivered with `finished=True`."""
-        try:
-            self._slots.acquire_nowait()  # the common case skips the checkpoint acquire makes
-        except anyio.WouldBlock:
-            await self._slots.acquire()
-        self._running += 1
-
-    def deliver(
-        self,
-        response: pb.ModelStreamInferResponse | None,
-        finished: bool = False,
-        request: InferenceRequest | None = None,
-    ) -> None:
-        """Send `response` (None: nothing to send); `finished` ends its request."""
-        if finished and request is not None:
-            self.requests.pop(id(request), None)
-        # Called from the actor that answered: it must never raise there.
-        # A closed stream means the client went away: nobody is left to read the answer.
-        if response is not None:
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._send.send_nowait(response)
-        if finished:
-            self._running -= 1
-            self._slots.release()
-            self._maybe_close()
-
-    def cancel_all(self) -> None:
-        for request in list(self.requests.values()):
-            request.cancel()
-        self.requests.clear()
-
-    def input_done(self) -> None:
-        self._input_done = True
-        self._maybe_close()
-
-    def _maybe_close(self) -> None:
-        if self._input_done and self._running == 0:
-            self._send.close()
-
-
-def _on_this_loop(function: Callable[..., None]) -> Callable[..., None]:
-    """`function`, made callable from any thread: a backend may send a decoupled response from
-    a thread of its own, and the stream's state belongs to this event loop (grpclib runs on
-    asyncio)."""
-    loop = asyncio.get_running_loop()
-    loop_thread = threading.get_ident()
-
-    def call(*args: Any) -> None:
-        if threading.get_ident() == loop_thread:
-            function(*args)
-        else:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                loop.call_soon_threadsafe(function, *args)
-
-    return call
-
-
-def _decoupled_answer(
-    request: InferenceRequest,
-    pending: _Pending,
-    response: InferenceResponse | None,
-    error: TritonError | None,
-    final: bool,
-) -> None:
-    """A decoupled model's `sender.send`: each response as it comes, then the final flag (an
-    empty final response only when the client asked for one)."""
-    flagged = request.parameters.get(ENABLE_EMPTY_FINAL) is True
-    answer: pb.ModelStreamInferResponse | None = None
-    failure: BaseException | None = error
-    try:
-        if error is not None:
-            answer = _stream_error(request.id, error.message)
-        elif response is not None:
-            if flagged:
-                response.parameters[FINAL_RESPONSE] = final
-            answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
-        elif final and flagged:
-            answer = pb.ModelStreamInferResponse(
-                infer_response=pb.ModelInferResponse(
-                    model_name=request.model_name,
-                    id=request.id,
-                    parameters=encode_parameters({FINAL_RESPONSE: True}),
-                )
-            )
-    except Exception as encoding:
-        log.exception("a response of model '%s' could not be encoded", request.model_name)
-        answer = _stream_error(request.id, f"internal error: {type(encoding).__name__}: {encoding}")
-        failure = encoding
-    if final and request.trace is not None:
-        request.trace.end(failure)
-    pending.deliver(answer, finished=final, request=request)
-
-
-def _decoupled_done(
-    request: InferenceRequest, pending: _Pending, reply: Reply[InferenceResponse]
-) -> None:
-    """Execute is over. If it failed before the model sent its final response, that failure
-    is the request's last answer."""
-    sender = request.sender
-    if sender is None or sender.finished:
-        return
-    try:
-        reply.result()
-    except TritonError as error:
-        sender.send(error=error, final=True)
-    except Exception as error:
-        sender.send(error=internal(f"{type(error).__name__}: {error}"), final=True)
-
-
-def _stream_error(request_id: str, message: str) -> pb.ModelStreamInferResponse:
-    # As Triton does, the id rides along so that the client can tell which request failed.
-    return pb.ModelStreamInferResponse(
-        error_message=message, infer_response=pb.ModelInferResponse(id=request_id)
-    )
-
-
-def _streamed_answer(
-    request: InferenceRequest, pending: _Pending, reply: Reply[InferenceResponse]
-) -> None:
-    """Runs as a done callback inside the actor that answered: whatever happens here becomes
-    an answer on the stream, never an exception in that actor."""
-    failure: BaseException | None = None
-    try:
-        response = reply.result()
-        if request.parameters.get(ENABLE_EMPTY_FINAL) is True:
-            response.parameters[FINAL_RESPONSE] = True
-        answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
-    except TritonError as error:
-        failure = error
-        answer = _stream_error(request.id, error.message)
-    except ActorStopped as error:
-        failure = error
-        message = f"model '{request.model_name}' stopped before answering"
-        answer = _stream_error(request.id, message)
-    except Exception as error:
-        failure = error
-        log.exception("streamed request for model '%s' failed", request.model_name)
-        answer = _stream_error(request.id, f"internal error: {type(error).__name__}: {error}")
-    if request.trace is not None:
-        request.trace.end(failure)
-    pending.deliver(answer, finished=True, request=request)
-
-
 def _model_statistics(handle: ModelHandle) -> pb.ModelStatistics:
     stats = handle.statistics
 
@@ -561,6 +404,9 @@ class HealthService(health.HealthBase):
 
     def __init__(self, server: Server) -> None:
         self._server = server
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return guard(super().__mapping__(), self._server.settings.grpc_restricted_protocol)
 
     async def check(self, message: health.HealthCheckRequest) -> health.HealthCheckResponse:
         ready = await self._server.ready()

@@ -18,12 +18,21 @@ from starlette.routing import Route
 from tritonactor.config.model_config import config_to_json
 from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsupported
-from tritonactor.frontends.http.codec import (
-    decode_infer_request,
-    decode_json,
-    decode_raw_request,
-    encode_infer_response,
-    encode_json,
+from tritonactor.frontends.headers import HeaderForwarder
+from tritonactor.frontends.http.codec import decode_infer_request, decode_json, encode_json
+from tritonactor.frontends.http.raw import decode_raw_request
+from tritonactor.frontends.http.responses import encode_infer_response
+from tritonactor.frontends.restrictions import (
+    HEALTH,
+    INFERENCE,
+    LOGGING,
+    METADATA,
+    MODEL_CONFIG,
+    MODEL_REPOSITORY,
+    STATISTICS,
+    TRACE,
+    Restrictions,
+    http_message,
 )
 from tritonactor.observability import logging as log_settings
 from tritonactor.observability.endpoint import metrics_route
@@ -85,32 +94,40 @@ def create_http_app(
     routes = _Routes(server)
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version:int}"
+    both = (model, versioned)
+    restrictions = Restrictions(server.settings.http_restricted_api)
+
+    def route(path: str, endpoint: Handler, category: str, methods: list[str]) -> Route:
+        return Route(path, _guarded(restrictions, category, endpoint), methods=methods)
+
     app = Starlette(
         routes=[
-            Route("/v2", routes.server_metadata, methods=["GET"]),
-            Route("/v2/health/live", routes.live, methods=["GET"]),
-            Route("/v2/health/ready", routes.ready, methods=["GET"]),
-            Route("/v2/repository/index", routes.repository_index, methods=["POST"]),
-            Route("/v2/repository/models/{model}/load", routes.load_model, methods=["POST"]),
-            Route("/v2/repository/models/{model}/unload", routes.unload_model, methods=["POST"]),
-            Route("/v2/repository/events", routes.repository_events, methods=["GET"]),
-            Route("/v2/trace/setting", routes.trace_setting, methods=["GET", "POST"]),
-            Route("/v2/logging", routes.logging, methods=["GET", "POST"]),
+            route("/v2", routes.server_metadata, METADATA, ["GET"]),
+            route("/v2/health/live", routes.live, HEALTH, ["GET"]),
+            route("/v2/health/ready", routes.ready, HEALTH, ["GET"]),
+            route("/v2/repository/index", routes.repository_index, MODEL_REPOSITORY, ["POST"]),
+            route(
+                "/v2/repository/models/{model}/load", routes.load_model, MODEL_REPOSITORY, ["POST"]
+            ),
+            route(
+                "/v2/repository/models/{model}/unload",
+                routes.unload_model,
+                MODEL_REPOSITORY,
+                ["POST"],
+            ),
+            route("/v2/repository/events", routes.repository_events, MODEL_REPOSITORY, ["GET"]),
+            route("/v2/trace/setting", routes.trace_setting, TRACE, ["GET", "POST"]),
+            route("/v2/logging", routes.logging, LOGGING, ["GET", "POST"]),
+            # Triton's metrics are on a port of their own, outside the restricted categories.
             metrics_route(server),
-            Route(f"{model}/trace/setting", routes.trace_setting, methods=["GET", "POST"]),
+            route(f"{model}/trace/setting", routes.trace_setting, TRACE, ["GET", "POST"]),
             # Before the model routes, which would take "stats" for a model's name.
-            Route("/v2/models/stats", routes.model_statistics, methods=["GET"]),
-            *(
-                Route(f"{b}/stats", routes.model_statistics, methods=["GET"])
-                for b in (model, versioned)
-            ),
-            *(Route(base, routes.model_metadata, methods=["GET"]) for base in (model, versioned)),
-            *(Route(f"{b}/ready", routes.model_ready, methods=["GET"]) for b in (model, versioned)),
-            *(
-                Route(f"{b}/config", routes.model_config, methods=["GET"])
-                for b in (model, versioned)
-            ),
-            *(Route(f"{b}/infer", routes.infer, methods=["POST"]) for b in (model, versioned)),
+            route("/v2/models/stats", routes.model_statistics, STATISTICS, ["GET"]),
+            *(route(f"{b}/stats", routes.model_statistics, STATISTICS, ["GET"]) for b in both),
+            *(route(b, routes.model_metadata, METADATA, ["GET"]) for b in both),
+            *(route(f"{b}/ready", routes.model_ready, HEALTH, ["GET"]) for b in both),
+            *(route(f"{b}/config", routes.model_config, MODEL_CONFIG, ["GET"]) for b in both),
+            *(route(f"{b}/infer", routes.infer, INFERENCE, ["POST"]) for b in both),
         ],
         exception_handlers={
             TritonError: _triton_error,
@@ -126,6 +143,22 @@ def create_http_app(
         if isinstance(route, Route) and route.methods is not None:
             route.methods.discard("HEAD")
     return app
+
+
+def _guarded(restrictions: Restrictions, category: str, endpoint: Handler) -> Handler:
+    """`endpoint`, answering 403 when its category is restricted and the call lacks the
+    header (Triton's restricted APIs)."""
+    if not restrictions:
+        return endpoint
+
+    async def guarded(request: Request) -> Response:
+        missing = restrictions.missing(category, request.headers.get)
+        if missing is not None:
+            await _drain(request)
+            return error_response(http_message(missing), 403)
+        return await endpoint(request)
+
+    return guarded
 
 
 async def _triton_error(request: Request, error: Exception) -> Response:
@@ -172,6 +205,7 @@ class _Routes:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.router = server.router
+        self.headers = HeaderForwarder(server.settings.http_header_forward_pattern)
 
     async def server_metadata(self, request: Request) -> Response:
         server = self.server
@@ -270,7 +304,7 @@ class _Routes:
 
     async def model_statistics(self, request: Request) -> Response:
         name = request.path_params.get("model", "")
-        handles = statistics.select(self.router, name, _version(request))
+        handles = self.router.select(name, _version(request))
         return json_response({"model_stats": [_model_statistics(h) for h in handles]})
 
     async def trace_setting(self, request: Request) -> Response:
@@ -332,6 +366,7 @@ class _Routes:
             infer_request = self._raw_request(body, name, version)
         else:
             infer_request = decode_infer_request(body, header_length, name, version)
+        self.headers.forward(infer_request, request.headers.items())
         if trace is not None:
             infer_request.trace = trace
             trace.describe(infer_request)
@@ -354,8 +389,10 @@ class _Routes:
                 f"deduced but got {len(inputs)} inputs in '{name}' model configuration"
             )
         spec = inputs[0]
-        shape = tuple(spec.shape(handle.signature.max_batch_size))
-        return decode_raw_request(body, spec.name, spec.datatype, shape, name, version)
+        batching = handle.signature.max_batch_size > 0
+        return decode_raw_request(
+            body, spec.name, spec.datatype, spec.dims, batching, name, version
+        )
 
 
 def _header_length(value: str | None, body_length: int) -> int | None:

@@ -1,4 +1,6 @@
-"""The KServe v2 / Triton HTTP inference body <-> InferenceRequest / InferenceResponse.
+"""The KServe v2 / Triton HTTP inference request body -> InferenceRequest (and the JSON helpers
+of the HTTP front end). Responses are encoded in `responses.py`, raw binary requests decoded in
+`raw.py`.
 
 Pure functions over bytes and dicts: no models, actors or web framework. Decisions that a reader
 of the wire protocol alone would not guess:
@@ -14,14 +16,10 @@ of the wire protocol alone would not guess:
   in Triton: bytes left over are reported before a size that does not fit.
 - `binary_data_size` and resolved `shared_memory_*` parameters describe transport, not the
   tensor, so they are dropped from `Tensor.parameters`.
-- FP16 and BF16 have no JSON form (as in Triton): such inputs must be binary, and such outputs
-  are always answered in binary whatever the client asked; every client reads binary outputs.
-- A BYTES output asked for as JSON whose elements are not all UTF-8 is answered in binary,
-  since JSON strings cannot carry arbitrary bytes.
-- An output answered as JSON has a "parameters" key only when the tensor has parameters of its
-  own: Triton's C++ client reads any output "parameters" as binary-data info.
-- A raw binary request (the whole body is the data of a model's only input) of a BYTES input is
-  one element: the body itself, with no 4-byte length prefix.
+- FP16 and BF16 have no JSON form (as in Triton): such inputs must be binary.
+- `binary_data_output` is a wire option, not a model parameter: it is taken out of the request's
+  parameters (the model never sees it) and kept in `request.context` for the encoder. Parameter
+  keys starting with `triton_` are reserved, as in Triton.
 """
 
 from __future__ import annotations
@@ -40,15 +38,14 @@ from tritonactor.core.datatypes import (
     to_numpy_dtype,
 )
 from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.core.protocol import RESERVED_PARAMETER_PREFIX
 from tritonactor.core.tensors import (
     RequestContext,
     array_from_bytes,
     string_count_error,
-    tensor_to_bytes,
 )
 from tritonactor.core.types import (
     InferenceRequest,
-    InferenceResponse,
     Parameters,
     RequestedOutput,
     Tensor,
@@ -58,6 +55,9 @@ from tritonactor.core.types import (
 SharedMemoryReader = Callable[[str, int, int], bytes | memoryview]
 
 _SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+# request.context key: the request's `binary_data_output` (the default for outputs that do not
+# say), read by `encode_infer_response`.
+BINARY_DATA_OUTPUT = "http.binary_data_output"
 _INTEGER_KINDS = "iu"
 _FLOAT_KINDS = "iuf"
 
@@ -108,7 +108,13 @@ def decode_infer_request(
     inputs = _decode_inputs(document, reader, shared_memory, context)
     parameters = _decode_parameters(document.get("parameters"), "the inference request")
     _require_bool(parameters, "binary_data_output", "the inference request")
-    return InferenceRequest(
+    if any(key.startswith(RESERVED_PARAMETER_PREFIX) for key in parameters):
+        raise invalid_arg(
+            "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
+            "be specified."
+        )
+    binary_output = parameters.pop("binary_data_output", False)
+    request = InferenceRequest(
         model_name=model_name,
         model_version=model_version,
         id=request_id,
@@ -116,46 +122,9 @@ def decode_infer_request(
         outputs=_decode_outputs(document.get("outputs")),
         parameters=parameters,
     )
-
-
-def decode_raw_request(
-    body: bytes | bytearray | memoryview,
-    input_name: str,
-    datatype: str,
-    shape: tuple[int, ...],
-    model_name: str,
-    model_version: str,
-) -> InferenceRequest:
-    """Decode a raw binary request: the whole body is the data of the model's only input.
-
-    `input_name`, `datatype` and `shape` come from the model config (the full shape, batch
-    dimension included). One -1 dimension is inferred from the body's size. Every output is
-    answered in binary, since the client sent no JSON to ask otherwise.
-    """
-    if not is_datatype(datatype):
-        raise invalid_arg(f"unknown datatype '{datatype}' for input '{input_name}'")
-    if datatype == "BYTES":
-        concrete = _infer_shape(input_name, datatype, shape, 1)
-        data = np.empty(1, dtype=np.object_)
-        data[0] = bytes(body)
-        data = data.reshape(concrete)
-    else:
-        itemsize = to_numpy_dtype(datatype).itemsize
-        count, remainder = divmod(len(body), itemsize)
-        if remainder:
-            raise invalid_arg(
-                f"raw binary data of {len(body)} bytes for input '{input_name}' is not a whole "
-                f"number of {datatype} elements"
-            )
-        concrete = _infer_shape(input_name, datatype, shape, count)
-        context = RequestContext(model_name, "")
-        data = array_from_bytes(context, input_name, datatype, concrete, memoryview(body))
-    return InferenceRequest(
-        model_name=model_name,
-        model_version=model_version,
-        inputs=[Tensor(input_name, datatype, concrete, data)],
-        parameters={"binary_data_output": True},
-    )
+    if binary_output:
+        request.context[BINARY_DATA_OUTPUT] = True
+    return request
 
 
 def _split_body(
@@ -270,11 +239,16 @@ def _decode_inputs(
         seen.add(entry.name)
         decoded.append(entry)
     # As in Triton, the body is cut into every input's bytes before any is held against its
-    # shape: bytes left over are reported before a size that does not fit.
+    # shape: bytes left over are reported before a size that does not fit. Triton then holds
+    # the inputs against their shapes last one first, so a request with several bad inputs is
+    # told about its last.
     reader.finish()
-    return [
-        entry.tensor(context) if isinstance(entry, _BinaryInput) else entry for entry in decoded
+    tensors = [
+        entry.tensor(context) if isinstance(entry, _BinaryInput) else entry
+        for entry in reversed(decoded)
     ]
+    tensors.reverse()
+    return tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,32 +445,6 @@ def _flatten(data: list[Any]) -> list[Any]:
     return flat
 
 
-def _infer_shape(name: str, datatype: str, shape: tuple[int, ...], count: int) -> tuple[int, ...]:
-    """`shape` with its one -1 dimension set so that it holds `count` elements."""
-    variable = [index for index, dim in enumerate(shape) if dim < 0]
-    fixed = num_elements([dim for dim in shape if dim >= 0])
-    if not variable:
-        if fixed != count:
-            raise invalid_arg(
-                f"raw binary data for input '{name}' holds {count} {datatype} elements, "
-                f"shape {list(shape)} needs {fixed}"
-            )
-        return tuple(shape)
-    if len(variable) > 1:
-        raise invalid_arg(
-            f"cannot infer the shape of input '{name}' from raw binary data: {list(shape)} "
-            "has more than one variable dimension"
-        )
-    if fixed == 0 or count % fixed:
-        raise invalid_arg(
-            f"raw binary data for input '{name}' holds {count} {datatype} elements, which "
-            f"do not fit shape {list(shape)}"
-        )
-    concrete = list(shape)
-    concrete[variable[0]] = count // fixed
-    return tuple(concrete)
-
-
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
@@ -507,113 +455,10 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-# --- responses ---------------------------------------------------------------------------------
-
-
-def encode_infer_response(
-    response: InferenceResponse, request: InferenceRequest
-) -> tuple[bytes, int | None]:
-    """Encode a response as the request asked: (body, JSON header length or None).
-
-    The header length is not None when some output travels as binary data after the JSON; the
-    front end then sends it as `Inference-Header-Content-Length`.
-    """
-    binary_by_default = request.parameters.get("binary_data_output") is True
-    binary_requested = {
-        output.name: output.parameters["binary_data"] is True
-        for output in request.outputs
-        if "binary_data" in output.parameters
-    }
-    outputs: list[dict[str, Any]] = []
-    chunks: list[Any] = []
-    for tensor in response.outputs:
-        wants_binary = binary_requested.get(tensor.name, binary_by_default)
-        entry, chunk = _encode_output(tensor, wants_binary)
-        outputs.append(entry)
-        if chunk is not None:
-            chunks.append(chunk)
-    header = encode_json(_response_header(response, outputs))
-    if not chunks:
-        return header, None
-    return b"".join([header, *chunks]), len(header)
-
-
-def _response_header(response: InferenceResponse, outputs: list[dict[str, Any]]) -> dict[str, Any]:
-    # Built key by key in Triton's order (orjson keeps insertion order): id first, when set.
-    header: dict[str, Any] = {"id": response.id} if response.id else {}
-    header["model_name"] = response.model_name
-    header["model_version"] = response.model_version
-    if response.parameters:
-        header["parameters"] = response.parameters
-    header["outputs"] = outputs
-    return header
-
-
-def _encode_output(tensor: Tensor, wants_binary: bool) -> tuple[dict[str, Any], Any]:
-    """The output's JSON entry and, when it travels in binary, its data (a bytes-like object)."""
-    array = _output_array(tensor)
-    entry: dict[str, Any] = {
-        "name": tensor.name,
-        "datatype": tensor.datatype,
-        "shape": list(tensor.shape),
-    }
-    if not wants_binary and tensor.datatype not in BINARY_ONLY:
-        data = _json_data(tensor.datatype, array)
-        if data is not None:
-            if tensor.parameters:
-                entry["parameters"] = tensor.parameters
-            entry["data"] = data
-            return entry, None
-    chunk = tensor_to_bytes(tensor.datatype, array)
-    entry["parameters"] = {**tensor.parameters, "binary_data_size": len(chunk)}
-    return entry, chunk
-
-
-def _output_array(tensor: Tensor) -> np.ndarray:
-    if not is_datatype(tensor.datatype):
-        raise internal(f"output '{tensor.name}' has unknown datatype '{tensor.datatype}'")
-    if tensor.datatype == "BYTES":
-        array = np.asarray(tensor.data)
-    else:
-        # A no-op for well-behaved backends; a wrong dtype would otherwise corrupt the body.
-        array = np.asarray(tensor.data, dtype=to_numpy_dtype(tensor.datatype))
-    expected = num_elements(tensor.shape)
-    if array.size != expected:
-        raise internal(
-            f"output '{tensor.name}' holds {array.size} elements, its shape "
-            f"{list(tensor.shape)} needs {expected}"
-        )
-    return array
-
-
-def _json_data(datatype: str, array: np.ndarray) -> Any:
-    """The flat JSON value of `array`, or None when it has no JSON form."""
-    if datatype == "BYTES":
-        return _utf8_strings(array)
-    # orjson writes contiguous numeric and bool arrays as JSON lists without Python objects.
-    return np.ascontiguousarray(array).reshape(-1)
-
-
-def _utf8_strings(array: np.ndarray) -> list[str] | None:
-    strings: list[str] = []
-    for item in array.reshape(-1).tolist():
-        if isinstance(item, str):
-            strings.append(item)
-        elif isinstance(item, bytes | bytearray):
-            try:
-                strings.append(item.decode())
-            except UnicodeDecodeError:
-                return None
-        else:
-            raise internal(f"a BYTES output holds a {type(item).__name__}, not bytes or str")
-    return strings
-
-
 __all__ = [
+    "BINARY_DATA_OUTPUT",
     "SharedMemoryReader",
     "decode_infer_request",
     "decode_json",
-    "decode_raw_request",
-    "encode_infer_response",
     "encode_json",
 ]

@@ -1,0 +1,241 @@
+"""The answers of one `ModelStreamInfer` call: its requests in the server (at most a window of
+them at once), each answer as it comes (decoupled models: each response), and Triton's two error
+modes: a failed request's error as a message in the stream (the default), or, with metadata
+`triton_grpc_error: true`, the first error of a model ending the stream with its status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import grpclib.server
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from tritonactor._proto import inference as pb
+from tritonactor.actors import ActorStopped, Reply
+from tritonactor.core.errors import TritonError, internal, unavailable
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.frontends.grpc.codec import (
+    ENABLE_EMPTY_FINAL,
+    encode_infer_response,
+    encode_parameters,
+)
+from tritonactor.frontends.grpc.status import grpc_error
+
+log = logging.getLogger(__name__)
+
+# Requests one stream may have in the server at once (see Pending).
+STREAM_WINDOW = 128
+FINAL_RESPONSE = "triton_final_response"
+GRPC_ERROR_MODE = "triton_grpc_error"
+
+
+async def write_answers(
+    stream: grpclib.server.Stream[Any, pb.ModelStreamInferResponse],
+    answers: MemoryObjectReceiveStream[Answer],
+    error_ends_stream: bool,
+) -> None:
+    """Send each answer as it comes; in "triton_grpc_error" mode the first error of a model
+    ends the stream with its status (raised as a GRPCError)."""
+    async with answers:
+        async for answer in answers:
+            if isinstance(answer, StreamError):
+                if error_ends_stream and answer.from_model:
+                    raise grpc_error(answer.error)
+                answer = answer.response
+            await stream.send_message(answer)
+
+
+class Pending:
+    """A stream's requests in the server. At most `window` run at once: beyond that the stream
+    stops reading, and HTTP/2 flow control slows the client down, rather than the requests
+    overflowing the scheduler's mailbox. Closes the response stream after the last answer once
+    the client has finished sending."""
+
+    def __init__(self, send: MemoryObjectSendStream[Answer], window: int):
+        self._send = send
+        self._slots = anyio.Semaphore(window)
+        self._running = 0
+        self._input_done = False
+        # The stream's requests submitted and not yet finished, by id().
+        self.requests: dict[int, InferenceRequest] = {}
+
+    async def start(self) -> None:
+        """Wait for room for one more request; it then counts as running until its answer is
+        delivered with `finished=True`."""
+        try:
+            self._slots.acquire_nowait()  # the common case skips the checkpoint acquire makes
+        except anyio.WouldBlock:
+            await self._slots.acquire()
+        self._running += 1
+
+    def deliver(
+        self,
+        response: Answer | None,
+        finished: bool = False,
+        request: InferenceRequest | None = None,
+    ) -> None:
+        """Send `response` (None: nothing to send); `finished` ends its request."""
+        if finished and request is not None:
+            self.requests.pop(id(request), None)
+        # Called from the actor that answered: it must never raise there.
+        # A closed stream means the client went away: nobody is left to read the answer.
+        if response is not None:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._send.send_nowait(response)
+        if finished:
+            self._running -= 1
+            self._slots.release()
+            self._maybe_close()
+
+    def cancel_all(self) -> None:
+        for request in list(self.requests.values()):
+            request.cancel()
+        self.requests.clear()
+
+    def input_done(self) -> None:
+        self._input_done = True
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if self._input_done and self._running == 0:
+            self._send.close()
+
+
+def on_this_loop(function: Callable[..., None]) -> Callable[..., None]:
+    """`function`, made callable from any thread: a backend may send a decoupled response from
+    a thread of its own, and the stream's state belongs to this event loop (grpclib runs on
+    asyncio)."""
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+
+    def call(*args: Any) -> None:
+        if threading.get_ident() == loop_thread:
+            function(*args)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                loop.call_soon_threadsafe(function, *args)
+
+    return call
+
+
+def decoupled_answer(
+    request: InferenceRequest,
+    pending: Pending,
+    response: InferenceResponse | None,
+    error: TritonError | None,
+    final: bool,
+) -> None:
+    """A decoupled model's `sender.send`: each response as it comes, then the final flag (an
+    empty final response only when the client asked for one)."""
+    flagged = request.context.get(ENABLE_EMPTY_FINAL) is True
+    answer: Answer | None = None
+    failure: BaseException | None = error
+    try:
+        if error is not None:
+            answer = stream_error(request.id, error)
+        elif response is not None:
+            if flagged:
+                response.parameters[FINAL_RESPONSE] = final
+            answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
+        elif final and flagged:
+            answer = pb.ModelStreamInferResponse(
+                infer_response=pb.ModelInferResponse(
+                    model_name=request.model_name,
+                    id=request.id,
+                    parameters=encode_parameters({FINAL_RESPONSE: True}),
+                )
+            )
+    except Exception as encoding:
+        log.exception("a response of model '%s' could not be encoded", request.model_name)
+        text = f"internal error: {type(encoding).__name__}: {encoding}"
+        answer = stream_error(request.id, internal(text))
+        failure = encoding
+    if final and request.trace is not None:
+        request.trace.end(failure)
+    pending.deliver(answer, finished=final, request=request)
+
+
+def decoupled_done(
+    request: InferenceRequest, pending: Pending, reply: Reply[InferenceResponse]
+) -> None:
+    """Execute is over. If it failed before the model sent its final response, that failure
+    is the request's last answer."""
+    if request.sender is not None:
+        request.sender.end_if_failed(reply.result)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """A request of the stream failed: by default an error message in the stream (`response`),
+    in "triton_grpc_error" mode the status that ends the stream."""
+
+    error: TritonError
+    response: pb.ModelStreamInferResponse
+    from_model: bool = True
+
+
+# What a stream's writer sends: a response, or a failure it turns into one (or into the end).
+Answer = pb.ModelStreamInferResponse | StreamError
+
+
+def stream_error(request_id: str, error: TritonError, *, from_model: bool = True) -> StreamError:
+    """`error` as the failed answer of request `request_id`. `from_model`: the request reached
+    its model (its reply or sender failed); only such an error ends the stream in
+    "triton_grpc_error" mode, as in Triton 2.51 (a request refused before it ran is an error
+    message in the stream in both modes)."""
+    # As Triton does, the id rides along so that the client can tell which request failed.
+    return StreamError(
+        error,
+        pb.ModelStreamInferResponse(
+            error_message=error.message, infer_response=pb.ModelInferResponse(id=request_id)
+        ),
+        from_model,
+    )
+
+
+def text_metadata(metadata: Any) -> list[tuple[str, str]]:
+    """The call's metadata entries with text values (binary "-bin" ones are left out)."""
+    return [(key, value) for key, value in metadata.items() if isinstance(value, str)]
+
+
+def metadata_flag(metadata: Any, key: str) -> bool:
+    """Whether the call's metadata sets `key` to true (grpclib gives a multidict of str)."""
+    if metadata is None:
+        return False
+    value = metadata.get(key)
+    return isinstance(value, str) and value.strip().lower() == "true"
+
+
+def streamed_answer(
+    request: InferenceRequest, pending: Pending, reply: Reply[InferenceResponse]
+) -> None:
+    """Runs as a done callback inside the actor that answered: whatever happens here becomes
+    an answer on the stream, never an exception in that actor."""
+    failure: BaseException | None = None
+    try:
+        response = reply.result()
+        if request.context.get(ENABLE_EMPTY_FINAL) is True:
+            response.parameters[FINAL_RESPONSE] = True
+        answer: Answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
+    except TritonError as error:
+        failure = error
+        answer = stream_error(request.id, error)
+    except ActorStopped as error:
+        failure = error
+        message = f"model '{request.model_name}' stopped before answering"
+        answer = stream_error(request.id, unavailable(message))
+    except Exception as error:
+        failure = error
+        log.exception("streamed request for model '%s' failed", request.model_name)
+        text = f"internal error: {type(error).__name__}: {error}"
+        answer = stream_error(request.id, internal(text))
+    if request.trace is not None:
+        request.trace.end(failure)
+    pending.deliver(answer, finished=True, request=request)

@@ -1,0 +1,124 @@
+"""InferenceResponse -> the KServe v2 / Triton HTTP response body (JSON, or JSON followed by
+binary outputs, Triton's binary tensor extension). Pure functions. What a reader of the wire
+protocol alone would not guess:
+
+- FP16 and BF16 have no JSON form (as in Triton): such outputs are always answered in binary
+  whatever the client asked; every client reads binary outputs.
+- A BYTES output asked for as JSON whose elements are not all UTF-8 is answered in binary,
+  since JSON strings cannot carry arbitrary bytes.
+- An output answered as JSON has a "parameters" key only when the tensor has parameters of its
+  own: Triton's C++ client reads any output "parameters" as binary-data info.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tritonactor.core.datatypes import BINARY_ONLY, is_datatype, num_elements, to_numpy_dtype
+from tritonactor.core.errors import internal
+from tritonactor.core.tensors import tensor_to_bytes
+from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
+from tritonactor.frontends.http.codec import BINARY_DATA_OUTPUT, encode_json
+
+__all__ = ["encode_infer_response"]
+
+
+def encode_infer_response(
+    response: InferenceResponse, request: InferenceRequest
+) -> tuple[bytes, int | None]:
+    """Encode a response as the request asked: (body, JSON header length or None).
+
+    The header length is not None when some output travels as binary data after the JSON; the
+    front end then sends it as `Inference-Header-Content-Length`.
+    """
+    binary_by_default = request.context.get(BINARY_DATA_OUTPUT) is True
+    binary_requested = {
+        output.name: output.parameters["binary_data"] is True
+        for output in request.outputs
+        if "binary_data" in output.parameters
+    }
+    outputs: list[dict[str, Any]] = []
+    chunks: list[Any] = []
+    for tensor in response.outputs:
+        wants_binary = binary_requested.get(tensor.name, binary_by_default)
+        entry, chunk = _encode_output(tensor, wants_binary)
+        outputs.append(entry)
+        if chunk is not None:
+            chunks.append(chunk)
+    header = encode_json(_response_header(response, outputs))
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _response_header(response: InferenceResponse, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    # Built key by key in Triton's order (orjson keeps insertion order): id first, when set.
+    header: dict[str, Any] = {"id": response.id} if response.id else {}
+    header["model_name"] = response.model_name
+    header["model_version"] = response.model_version
+    if response.parameters:
+        header["parameters"] = response.parameters
+    header["outputs"] = outputs
+    return header
+
+
+def _encode_output(tensor: Tensor, wants_binary: bool) -> tuple[dict[str, Any], Any]:
+    """The output's JSON entry and, when it travels in binary, its data (a bytes-like object)."""
+    array = _output_array(tensor)
+    entry: dict[str, Any] = {
+        "name": tensor.name,
+        "datatype": tensor.datatype,
+        "shape": list(tensor.shape),
+    }
+    if not wants_binary and tensor.datatype not in BINARY_ONLY:
+        data = _json_data(tensor.datatype, array)
+        if data is not None:
+            if tensor.parameters:
+                entry["parameters"] = tensor.parameters
+            entry["data"] = data
+            return entry, None
+    chunk = tensor_to_bytes(tensor.datatype, array)
+    entry["parameters"] = {**tensor.parameters, "binary_data_size": len(chunk)}
+    return entry, chunk
+
+
+def _output_array(tensor: Tensor) -> np.ndarray:
+    if not is_datatype(tensor.datatype):
+        raise internal(f"output '{tensor.name}' has unknown datatype '{tensor.datatype}'")
+    if tensor.datatype == "BYTES":
+        array = np.asarray(tensor.data)
+    else:
+        # A no-op for well-behaved backends; a wrong dtype would otherwise corrupt the body.
+        array = np.asarray(tensor.data, dtype=to_numpy_dtype(tensor.datatype))
+    expected = num_elements(tensor.shape)
+    if array.size != expected:
+        raise internal(
+            f"output '{tensor.name}' holds {array.size} elements, its shape "
+            f"{list(tensor.shape)} needs {expected}"
+        )
+    return array
+
+
+def _json_data(datatype: str, array: np.ndarray) -> Any:
+    """The flat JSON value of `array`, or None when it has no JSON form."""
+    if datatype == "BYTES":
+        return _utf8_strings(array)
+    # orjson writes contiguous numeric and bool arrays as JSON lists without Python objects.
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def _utf8_strings(array: np.ndarray) -> list[str] | None:
+    strings: list[str] = []
+    for item in array.reshape(-1).tolist():
+        if isinstance(item, str):
+            strings.append(item)
+        elif isinstance(item, bytes | bytearray):
+            try:
+                strings.append(item.decode())
+            except UnicodeDecodeError:
+                return None
+        else:
+            raise internal(f"a BYTES output holds a {type(item).__name__}, not bytes or str")
+    return strings
