@@ -230,19 +230,46 @@ async def test_preferred_sizes_cap_and_cut_batches(system: ActorSystem) -> None:
     assert backend.executed == ["blocker", *[str(i) for i in range(7)]]
 
 
-async def test_different_variable_dims_never_share_a_batch(system: ActorSystem) -> None:
+async def test_a_batch_ends_where_the_next_request_has_another_shape(
+    system: ActorSystem,
+) -> None:
+    # Triton's rule: requests join in service order; one that cannot join (other dims past
+    # the batch dimension) ends the batch, and is never overtaken by later ones of the shape.
     backend = RecordingBackend()
     router, _ = await serve(system, backend, "", max_batch_size=8)
     blocker = await occupy(router, backend)
-    widths = [2, 3, 2, 3, 5, 2, 3, 2]
+    widths = [2, 2, 3, 3, 3, 5, 2, 2]
     replies = [router.submit(request(10 * i, f"r{i}", width=w)) for i, w in enumerate(widths)]
     backend.gate.set()
     responses = await answers([blocker, *replies])
     assert all(len(shapes) == 1 for shapes in backend.shapes)
-    assert backend.sizes[1:] == [4, 3, 1]  # widths 2, then 3, then 5
+    assert backend.sizes[1:] == [2, 3, 1, 2]  # widths 2, then 3, then 5, then 2 again
+    assert backend.executed == ["blocker", *[f"r{i}" for i in range(len(widths))]]
     for i, (response, width) in enumerate(zip(responses[1:], widths, strict=True)):
         expected = (np.arange(width) + 10 * i) * 2
         np.testing.assert_array_equal(response.outputs[0].data, [expected])
+
+
+async def test_a_waiting_batch_is_sent_at_once_when_a_request_that_cannot_join_comes_next(
+    system: ActorSystem,
+) -> None:
+    # A queue delay of an hour and an idle instance: without the rule, the first answers would
+    # never come (the test would time out).
+    backend = RecordingBackend()
+    config = "max_queue_delay_microseconds: 3600000000"
+    router, actor = await serve(system, backend, config, max_batch_size=8)
+    first = router.submit(request(1, "a", width=2))
+    second = router.submit(request(2, "b", width=2))
+    other = router.submit(request(3, "c", width=3))  # other dims: cannot join a and b
+    await answers([first, second])
+    last = router.submit(request(4, "d", width=2))  # cannot join c
+    await answers([other])
+    assert backend.batches == [["a", "b"], ["c"]]
+    assert not last.done  # alone, it waits for its delay (or for one that cannot join it)
+    assert {b.batch_size: b.compute_infer.count for b in actor.statistics.batch_stats} == {
+        1: 1,
+        2: 1,
+    }
 
 
 async def test_priorities_reorder_a_backlog(system: ActorSystem) -> None:
@@ -303,8 +330,11 @@ async def test_a_request_past_its_timeout_is_rejected(system: ActorSystem) -> No
 
 async def test_a_delayed_request_yields_to_those_in_time(system: ActorSystem) -> None:
     backend = RecordingBackend()
+    # `late` waits out its timeout (the test waits until the batcher has delayed it); `on_time`
+    # then has the same 2 s to be dispatched, a margin no busy machine eats (with 1 ms it
+    # was delayed too, behind `late`, whenever the machine was busy).
     config = (
-        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 1000 "
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 2000000 "
         "allow_timeout_override: true }"
     )
     router, actor = await serve(system, backend, config, max_batch_size=1)
@@ -313,9 +343,9 @@ async def test_a_delayed_request_yields_to_those_in_time(system: ActorSystem) ->
     scheduler = next(child for child in actor.children if child is actor.scheduler)
     batcher = scheduler._actor
     assert isinstance(batcher, DynamicBatcher)
-    with anyio.fail_after(5):
+    with anyio.fail_after(30):
         while not any(level.delayed for level in batcher._levels):
-            await anyio.sleep(0.005)
+            await anyio.sleep(0.01)
     on_time = router.submit(request(2, "on_time", timeout=0))
     backend.gate.set()
     await answers([blocker, late, on_time])
@@ -367,7 +397,9 @@ async def test_preserve_ordering_holds_a_later_answer(system: ActorSystem) -> No
             first_gate.wait(timeout=5)
         return original(self, requests)
 
-    router, _ = await serve(system, backend, "preserve_ordering: true", 1, count=2)
+    router, actor = await serve(system, backend, "preserve_ordering: true", 1, count=2)
+    batcher = next(child for child in actor.children if child is actor.scheduler)._actor
+    assert isinstance(batcher, DynamicBatcher)
     RecordingInstance.execute = slow_first  # type: ignore[method-assign]
     try:
         finished: list[str] = []
@@ -375,10 +407,10 @@ async def test_preserve_ordering_holds_a_later_answer(system: ActorSystem) -> No
         second = router.submit(request(2, "second"))
         for reply in (first, second):
             reply.add_done_callback(lambda r: finished.append(r.result().id))
+        # The second answer came back to the batcher, which holds it for the first.
         with anyio.fail_after(5):
-            while "second" not in backend.executed:
+            while not any(inner.done for _, inner in batcher._held.values()):
                 await anyio.sleep(0.005)
-        await anyio.sleep(0.05)  # time for the second answer to come back, were it let through
         assert finished == []
         first_gate.set()
         await answers([first, second])

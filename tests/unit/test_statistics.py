@@ -19,7 +19,7 @@ from tritonactor.scheduling.messages import Execute, Infer
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
-from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics, select
+from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
 
 pytestmark = pytest.mark.anyio
 
@@ -131,9 +131,13 @@ def router_with(*versions: int) -> Router:
 
 def test_select_every_version_of_every_model_by_name_then_version() -> None:
     router = router_with(3, 1)
-    assert [(h.name, h.version) for h in select(router)] == [("alpha", 2), ("echo", 1), ("echo", 3)]
-    assert [h.version for h in select(router, "echo")] == [1, 3]
-    assert [h.version for h in select(router, "echo", "3")] == [3]
+    assert [(h.name, h.version) for h in router.select()] == [
+        ("alpha", 2),
+        ("echo", 1),
+        ("echo", 3),
+    ]
+    assert [h.version for h in router.select("echo")] == [1, 3]
+    assert [h.version for h in router.select("echo", "3")] == [3]
 
 
 @pytest.mark.parametrize(
@@ -150,7 +154,7 @@ def test_select_refuses_what_is_not_ready_as_triton_does(
     name: str, version: str, message: str
 ) -> None:
     with pytest.raises(TritonError) as caught:
-        select(router_with(1, 3), name, version)
+        router_with(1, 3).select(name, version)
     assert caught.value.code is ErrorCode.INVALID_ARG
     assert caught.value.message.startswith(message)
 
@@ -166,7 +170,7 @@ async def test_requests_through_the_router_are_counted_once_they_ran(system: Act
     router = Router()
     signature = ModelSignature.from_config(ctx.config)
     router.add(ModelHandle("echo", 1, ctx.config, signature, actor.scheduler, actor.statistics))
-    stats = select(router, "echo")[0].statistics
+    stats = router.select("echo")[0].statistics
     assert stats is actor.statistics
 
     for value in range(5):

@@ -6,7 +6,7 @@ has no instances: `scheduling.ensemble.EnsembleScheduler` runs its requests thro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tritonactor._proto.inference import ModelConfig
@@ -98,6 +98,22 @@ def plan_ensemble(config: ModelConfig) -> EnsemblePlan:
             raise invalid_arg(f"ensemble '{name}': output '{tensor}' is not produced by any step")
     _in_dependency_order(name, steps, set(inputs))
     return EnsemblePlan(name, inputs, outputs, tuple(steps), scheduling.max_inflight_requests)
+
+
+def needed_steps(plan: EnsemblePlan, outputs: Iterable[str]) -> frozenset[int]:
+    """The indices of the steps a request for `outputs` needs: those producing them, and those
+    producing what they read, and so on. The others are pruned: they never run for it (as in
+    Triton, which runs only the steps leading to the requested outputs)."""
+    producer = {tensor: step for step in plan.steps for tensor in step.outputs.values()}
+    wanted = list(outputs)
+    needed: set[int] = set()
+    while wanted:
+        step = producer.get(wanted.pop())
+        if step is None or step.index in needed:
+            continue  # an ensemble input, or a step already counted
+        needed.add(step.index)
+        wanted.extend(step.inputs.values())
+    return frozenset(needed)
 
 
 def _in_dependency_order(

@@ -6,10 +6,22 @@ from collections import deque
 from typing import Any
 
 from tritonactor.actors import Actor, ActorRef, ActorStopped
-from tritonactor.core.errors import cancelled, unavailable
-from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle
+from tritonactor.core.errors import cancelled, internal, unavailable
+from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 
-SchedulerMessage = Infer | InstanceIdle | InstanceGone
+SchedulerMessage = Infer | InstanceIdle | InstanceGone | Rescheduled
+
+
+def refuse_rescheduled(message: Rescheduled) -> None:
+    """Only a sequence batcher with `iterative_sequence` runs a request again: elsewhere the
+    model's RESCHEDULE fails the request, with Triton's words for it. (Triton itself only logs
+    them and never answers the request.)"""
+    message.item.reply.fail(
+        internal(
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model "
+            "is not configured to handle such a flag."
+        )
+    )
 
 
 class DefaultScheduler(Actor[SchedulerMessage]):
@@ -25,6 +37,8 @@ class DefaultScheduler(Actor[SchedulerMessage]):
             self._queue.append(message)
         elif isinstance(message, InstanceIdle):
             self._idle.append(message.instance)
+        elif isinstance(message, Rescheduled):
+            refuse_rescheduled(message)
         else:
             if message.instance in self._idle:
                 self._idle.remove(message.instance)

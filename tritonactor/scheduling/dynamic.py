@@ -22,7 +22,8 @@ from tritonactor.actors import Actor, ActorRef, ActorStopped, Reply
 from tritonactor.backends.batching import batch_size, shape_key
 from tritonactor.core.errors import TritonError, cancelled, invalid_arg, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
-from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle
+from tritonactor.scheduling.default import refuse_rescheduled
+from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,7 @@ class Tick:
     at: float
 
 
-BatcherMessage = Infer | InstanceIdle | InstanceGone | Tick
+BatcherMessage = Infer | InstanceIdle | InstanceGone | Rescheduled | Tick
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +124,8 @@ class DynamicBatcher(Actor[BatcherMessage]):
         elif isinstance(message, InstanceGone):
             if message.instance in self._idle:
                 self._idle.remove(message.instance)
+        elif isinstance(message, Rescheduled):
+            refuse_rescheduled(message)
         elif message.at == self._armed:
             self._armed = None
         self._dispatch()
@@ -203,7 +206,9 @@ class DynamicBatcher(Actor[BatcherMessage]):
 
     def _next_batch(self, now: float) -> tuple[list[_Waiting] | None, float | None]:
         """The batch to send now, or None and when to look again (None: when something
-        arrives). Candidates are taken in service order, skipping other shapes."""
+        arrives). Requests are taken in service order while they fit; the batch is complete
+        (sent now) when the next one cannot join it: too big, or of another shape (Triton's
+        rule: a request that cannot join is never overtaken by later ones that could)."""
         batch: list[_Waiting] = []
         total = 0
         preferred = 0  # the length of the longest prefix whose size is a preferred size
@@ -214,7 +219,8 @@ class DynamicBatcher(Actor[BatcherMessage]):
                 dropped.append(entry)
                 continue
             if batch and entry.shape != batch[0].shape:
-                continue
+                full = True
+                break
             if total + entry.size > self._cap:
                 if not batch:  # bigger than the largest preferred size: it goes alone
                     batch.append(entry)

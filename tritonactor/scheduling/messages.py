@@ -36,6 +36,15 @@ class InstanceIdle:
 
 
 @dataclass(frozen=True, slots=True)
+class Rescheduled:
+    """The model released a request with Triton's RESCHEDULE flag (`backends.base.RESCHEDULE`):
+    the instance hands it back to its scheduler to run again. A sequence batcher with
+    `iterative_sequence` runs it next in its sequence's slot; other schedulers fail it."""
+
+    item: Infer
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceGone:
     """An instance stopped or failed: the scheduler must not hand it work again."""
 

@@ -13,6 +13,7 @@ from anyio import WouldBlock, get_cancelled_exc_class
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import ActorRef, ActorStopped, Reply
 from tritonactor.core.errors import (
+    ErrorCode,
     TritonError,
     cancelled,
     invalid_arg,
@@ -91,6 +92,26 @@ class Router:
         if not versions:
             raise self._not_ready(name, version)
         return versions[next(reversed(versions))]
+
+    def select(self, name: str = "", version: str = "") -> list[ModelHandle]:
+        """The ready versions whose statistics were asked for: every one (no name), every one
+        of a model (no version), or one. Anything else is Triton's INVALID_ARG."""
+        if not name:
+            return self.handles()
+        if version:
+            try:
+                return [self.resolve(name, version)]
+            except TritonError as error:
+                if error.code is ErrorCode.INVALID_ARG:  # not a version number
+                    raise
+                if self.ready_versions(name):
+                    raise invalid_arg(
+                        f"requested model version is not available for model '{name}'"
+                    ) from None
+        versions = self.ready_versions(name)
+        if not versions:
+            raise invalid_arg(f"requested model '{name}' is not available")
+        return [self.resolve(name, str(number)) for number in versions]
 
     async def ensure_loaded(self, name: str) -> None:
         """With lazy loading, load `name` if the repository has it and it is not loaded yet:

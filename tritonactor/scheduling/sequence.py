@@ -1,50 +1,57 @@
 """Triton's sequence batcher: each sequence of requests, named by its correlation ID, holds a
 slot of one instance from its first request until its END request is sent, so that a stateful
 model sees the whole sequence, in order, on one instance. Strategy `direct` gives each slot its
-own batch row; `oldest` batches the oldest ready sequences of an instance together. The rules
-are written down in docs/scheduling.md ("The sequence batcher")."""
+own batch row; `oldest` batches the oldest ready sequences of an instance together. With
+`iterative_sequence` each request is a sequence of its own, which the model may run over several
+executions (it releases the request with RESCHEDULE until it is done). The rules are written down
+in docs/scheduling.md ("The sequence batcher")."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
-import numpy as np
 
-from tritonactor._proto.inference import ModelConfig
+from tritonactor._proto.inference import ModelConfig, ModelSequenceBatchingControlKind
 from tritonactor.actors import Actor, ActorRef, ActorStopped, Reply
 from tritonactor.backends.batching import batch_size
-from tritonactor.core.errors import TritonError, cancelled, invalid_arg, unavailable, unsupported
-from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
-from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle
+from tritonactor.core.errors import (
+    TritonError,
+    cancelled,
+    internal,
+    invalid_arg,
+    unavailable,
+    unsupported,
+)
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.scheduling.default import refuse_rescheduled
+from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 from tritonactor.scheduling.sequence_controls import (
-    NULL_ROW,
     CorrelationId,
-    Row,
     check_correlation_id,
     parse_controls,
 )
-from tritonactor.scheduling.sequence_state import (
-    SavedState,
-    parse_states,
-    requested_outputs,
-    take_states,
+from tritonactor.scheduling.sequence_rows import NULL_REQUEST, STATE_ERROR, RowBuilder
+from tritonactor.scheduling.sequence_slots import (
+    Lane,
+    RunningSequence,
+    Waiting,
+    direct_rows,
+    free_slot,
+    oldest_rows,
 )
+from tritonactor.scheduling.sequence_state import parse_states
+
+__all__ = ["DEFAULT_IDLE_MICROSECONDS", "NULL_REQUEST", "STATE_ERROR", "SequenceBatcher", "Tick"]
 
 # Triton's default for `max_sequence_idle_microseconds`.
 DEFAULT_IDLE_MICROSECONDS = 1_000_000
-
-# Set in the context of the requests that fill an empty slot of a direct batch: they answer
-# nobody, and statistics should not count them.
-NULL_REQUEST = "sequence_null_request"
-# Set on a request whose response the batcher refused (no state output): its execute failed,
-# though the instance saw a response.
-STATE_ERROR = "sequence_state_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,47 +62,15 @@ class Tick:
     at: float
 
 
-SequenceMessage = Infer | InstanceIdle | InstanceGone | Tick
+@dataclass(frozen=True, slots=True)
+class _Answered:
+    """An iterative sequence's request has its final answer (from a reply callback): its
+    sequence may end."""
+
+    entry: Waiting
 
 
-@dataclass(eq=False, slots=True)
-class _Sequence:
-    correlation_id: CorrelationId
-    last: float  # when a request of it last arrived or was sent to its instance
-    queue: deque[_Waiting] = field(default_factory=deque)
-    lane: _Lane | None = None  # the instance whose slot it holds; None while in the backlog
-    slot: int = -1
-    saved: SavedState | None = None  # implicit state for its next request; None: initial
-
-
-@dataclass(eq=False, slots=True)
-class _Waiting:
-    item: Infer
-    sequence: _Sequence
-    start: bool
-    end: bool
-    arrived: float
-    order: int  # arrival order across sequences
-    # The client's own inputs and outputs: each preparation for a batch starts from them.
-    inputs: list[Tensor]
-    outputs: list[RequestedOutput]
-
-
-@dataclass(eq=False, slots=True)
-class _Lane:
-    """One instance and its slots (a slot holds the sequence bound to it, or None)."""
-
-    ref: ActorRef[Any]
-    slots: list[_Sequence | None]
-    order: int
-    idle: bool = True
-
-    def free_slot(self) -> int | None:
-        return next((index for index, held in enumerate(self.slots) if held is None), None)
-
-    @property
-    def bound(self) -> int:
-        return sum(held is not None for held in self.slots)
+SequenceMessage = Infer | InstanceIdle | InstanceGone | Rescheduled | Tick | _Answered
 
 
 class SequenceBatcher(Actor[SequenceMessage]):
@@ -106,19 +81,23 @@ class SequenceBatcher(Actor[SequenceMessage]):
         batching = config.sequence_batching
         assert batching is not None
         self._controls = parse_controls(name, config)
-        self._control_names = {control.name for control in self._controls}
-        self._states = parse_states(name, config, model_dir)
+        states = parse_states(name, config, model_dir)
         policy = config.model_transaction_policy
-        if self._states and policy is not None and policy.decoupled:
+        if states and policy is not None and policy.decoupled:
             raise unsupported(
                 f"model '{name}': implicit state needs one response per request; a decoupled "
                 "model cannot keep it"
             )
-        self._config_outputs = tuple(tensor.name for tensor in config.output)
         idle = batching.max_sequence_idle_microseconds or DEFAULT_IDLE_MICROSECONDS
         self._idle_timeout = idle / 1e6
         self._batching = config.max_batch_size > 0
-        self._row_shape: tuple[int, ...] = (1, 1) if self._batching else (1,)
+        self._rows = RowBuilder(
+            name,
+            self._controls,
+            states,
+            tuple(tensor.name for tensor in config.output),
+            (1, 1) if self._batching else (1,),
+        )
         model_batch = max(1, config.max_batch_size)
         oldest = batching.oldest
         self._oldest = oldest is not None
@@ -137,11 +116,23 @@ class SequenceBatcher(Actor[SequenceMessage]):
             self._cap = model_batch
             self._delay = direct.max_queue_delay_microseconds / 1e6 if direct else 0.0
             self._min_utilization = direct.minimum_slot_utilization if direct else 0.0
-        self._sequences: dict[CorrelationId, _Sequence] = {}  # running: not ended nor released
-        self._lanes: dict[ActorRef[Any], _Lane] = {}
-        self._backlog: deque[_Sequence] = deque()  # sequences waiting for a slot
+        # Running sequences (not ended nor released), by correlation ID.
+        self._sequences: dict[CorrelationId, RunningSequence] = {}
+        self._lanes: dict[ActorRef[Any], Lane] = {}
+        self._backlog: deque[RunningSequence] = deque()  # sequences waiting for a slot
         self._order = itertools.count()
         self._armed: float | None = None
+        self._iterative = batching.iterative_sequence
+        # Iterative sequences: the correlation IDs given to requests that have none (from 1, as
+        # Triton), and the requests sent to an instance, by id(request), until answered or
+        # handed back.
+        self._string_ids = any(
+            control.datatype == "BYTES"
+            for control in self._controls
+            if control.kind == ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_CORRID
+        )
+        self._given_ids = itertools.count(1)
+        self._in_flight: dict[int, Waiting] = {}
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -151,13 +142,17 @@ class SequenceBatcher(Actor[SequenceMessage]):
         elif isinstance(message, InstanceIdle):
             lane = self._lanes.get(message.instance)
             if lane is None:
-                slots: list[_Sequence | None] = [None] * self._slot_count
-                lane = self._lanes[message.instance] = _Lane(
+                slots: list[RunningSequence | None] = [None] * self._slot_count
+                lane = self._lanes[message.instance] = Lane(
                     message.instance, slots, next(self._order)
                 )
             lane.idle = True
         elif isinstance(message, InstanceGone):
             self._lose(message.instance)
+        elif isinstance(message, Rescheduled):
+            self._rerun(message)
+        elif isinstance(message, _Answered):
+            self._request_answered(message.entry)
         elif message.at == self._armed:
             self._armed = None
         now = anyio.current_time()
@@ -184,14 +179,14 @@ class SequenceBatcher(Actor[SequenceMessage]):
                     )
                 )
                 return
-            sequence = _Sequence(correlation_id, now)
+            sequence = RunningSequence(correlation_id, now)
             self._sequences[correlation_id] = sequence
             self._backlog.append(sequence)
         # A START for a running sequence restarts it: the model sees START again, on the same
         # slot, after the sequence's earlier requests (and its state starts over).
         sequence.last = now
         sequence.queue.append(
-            _Waiting(
+            Waiting(
                 item, sequence, start, end, now, next(self._order), request.inputs, request.outputs
             )
         )
@@ -205,10 +200,16 @@ class SequenceBatcher(Actor[SequenceMessage]):
         prefix = f"[request id: {request.id or '<id_unknown>'}] "
         correlation_id = parameters.get("sequence_id")
         if correlation_id is None or correlation_id == 0 or correlation_id == "":
-            raise invalid_arg(
-                f"inference request to model '{self.name}' must specify a non-zero or "
-                "non-empty correlation ID"
-            )
+            if not self._iterative:
+                raise invalid_arg(
+                    f"inference request to model '{self.name}' must specify a non-zero or "
+                    "non-empty correlation ID"
+                )
+            # An iterative sequence is one request: without an ID it gets one, and starts. The
+            # request carries them, as Triton's does (a model reads its correlation_id()).
+            correlation_id = self._new_correlation_id()
+            parameters["sequence_id"] = correlation_id
+            parameters["sequence_start"] = True
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, int | str):
             raise invalid_arg(
                 f"{prefix}parameter 'sequence_id' must be an unsigned integer or a string, "
@@ -233,13 +234,20 @@ class SequenceBatcher(Actor[SequenceMessage]):
             )
         return correlation_id, flags[0], flags[1]
 
+    def _new_correlation_id(self) -> CorrelationId:
+        while True:
+            number = next(self._given_ids)
+            correlation_id: CorrelationId = str(number) if self._string_ids else number
+            if correlation_id not in self._sequences:
+                return correlation_id
+
     # -- slots ---------------------------------------------------------------------------------
 
     def _assign(self) -> bool:
         """Give free slots to backlogged sequences, in arrival order; whether any got one."""
         assigned = False
         while self._backlog:
-            place = self._free_slot()
+            place = free_slot(self._lanes.values())
             if place is None:
                 break
             sequence = self._backlog.popleft()
@@ -249,20 +257,13 @@ class SequenceBatcher(Actor[SequenceMessage]):
             assigned = True
         return assigned
 
-    def _free_slot(self) -> tuple[_Lane, int] | None:
-        """The lowest free slot of any instance (so sequences spread over instances before
-        they share one), among equals on the instance with the fewest sequences, idle first."""
-        best: tuple[tuple[int, int, bool, int], _Lane, int] | None = None
-        for lane in self._lanes.values():
-            index = lane.free_slot()
-            if index is None:
-                continue
-            key = (index, lane.bound, not lane.idle, lane.order)
-            if best is None or key < best[0]:
-                best = (key, lane, index)
-        return None if best is None else (best[1], best[2])
+    def _end(self, sequence: RunningSequence) -> None:
+        """The sequence is over: its ID may START a new one, its slot is free."""
+        if self._sequences.get(sequence.correlation_id) is sequence:
+            del self._sequences[sequence.correlation_id]
+        self._free(sequence)
 
-    def _free(self, sequence: _Sequence) -> None:
+    def _free(self, sequence: RunningSequence) -> None:
         """The sequence ended or was released: its slot is free and its state dropped."""
         lane = sequence.lane
         if lane is not None and lane.slots[sequence.slot] is sequence:
@@ -287,9 +288,10 @@ class SequenceBatcher(Actor[SequenceMessage]):
                 if not heads:
                     continue
                 if self._oldest:
-                    rows, due = self._oldest_rows(heads, now)
+                    rows, due = oldest_rows(heads, now, self._cap, self._delay, self._preferred)
                 else:
-                    rows, due = self._direct_rows(lane, heads, now)
+                    slots = len(lane.slots)
+                    rows, due = direct_rows(slots, heads, now, self._delay, self._min_utilization)
                 if rows is not None:
                     freed |= self._send(lane, rows, now)
                 elif due is not None:
@@ -299,10 +301,10 @@ class SequenceBatcher(Actor[SequenceMessage]):
             if not (freed and self._assign()):
                 return wake
 
-    def _heads(self, lane: _Lane) -> tuple[dict[int, _Waiting], bool]:
+    def _heads(self, lane: Lane) -> tuple[dict[int, Waiting], bool]:
         """The first waiting request of each slot's sequence, by slot; and whether dropping
         cancelled requests ended a sequence (freeing its slot)."""
-        heads: dict[int, _Waiting] = {}
+        heads: dict[int, Waiting] = {}
         freed = False
         for index, sequence in enumerate(list(lane.slots)):
             if sequence is None:
@@ -313,47 +315,19 @@ class SequenceBatcher(Actor[SequenceMessage]):
                 # sequence goes on (a later request of it still finds its slot).
                 entry = queue.popleft()
                 entry.item.reply.fail(cancelled(f"request for model '{self.name}' was cancelled"))
-                if entry.end:
-                    self._free(sequence)
+                if entry.end or (self._iterative and not queue and not sequence.running):
+                    self._end(sequence)
                     freed = True
             if queue and sequence.lane is lane:
                 heads[index] = queue[0]
         return heads, freed
 
-    def _direct_rows(
-        self, lane: _Lane, heads: dict[int, _Waiting], now: float
-    ) -> tuple[list[_Waiting | None] | None, float | None]:
-        """Slot i's request at row i; empty slots below the last ready one become null rows.
-        With a queue delay and a minimum slot utilization, a batch whose share of ready slots
-        is below the minimum waits for more, up to the delay since its oldest request."""
-        if self._delay and self._min_utilization:
-            oldest = min(entry.arrived for entry in heads.values())
-            due = oldest + self._delay
-            if len(heads) / len(lane.slots) < self._min_utilization and now < due:
-                return None, due
-        return [heads.get(index) for index in range(max(heads) + 1)], None
-
-    def _oldest_rows(
-        self, heads: dict[int, _Waiting], now: float
-    ) -> tuple[list[_Waiting | None] | None, float | None]:
-        """One request per sequence, oldest first, up to the cap; sent when full, else once
-        the oldest has waited max_queue_delay (cut to the largest preferred size that fits)."""
-        batch: list[_Waiting | None] = list(
-            sorted(heads.values(), key=lambda entry: entry.order)[: self._cap]
-        )
-        if len(batch) >= self._cap:
-            return batch, None
-        due = min(entry.arrived for entry in heads.values()) + self._delay
-        if now < due:
-            return None, due
-        preferred = max((size for size in self._preferred if size <= len(batch)), default=0)
-        return (batch[:preferred] if preferred else batch), None
-
-    def _send(self, lane: _Lane, rows: list[_Waiting | None], now: float) -> bool:
+    def _send(self, lane: Lane, rows: list[Waiting | None], now: float) -> bool:
         """Execute `rows` on the lane's instance; whether an END sent freed a slot."""
-        prepared = [None if entry is None else self._prepared(entry) for entry in rows]
+        rows_of = self._rows
+        prepared = [None if entry is None else rows_of.prepared(entry) for entry in rows]
         first = next(item.request for item in prepared if item is not None)
-        batch = [self._null(first) if item is None else item for item in prepared]
+        batch = [rows_of.null(first) if item is None else item for item in prepared]
         try:
             lane.ref.tell_nowait(Execute(batch))
         except ActorStopped:
@@ -368,77 +342,75 @@ class SequenceBatcher(Actor[SequenceMessage]):
             sequence = entry.sequence
             sequence.queue.popleft()
             sequence.last = now
-            if entry.end:
+            if self._iterative:
+                self._watch(entry)  # its slot stays bound until the request is answered
+            elif entry.end:
                 self._free(sequence)
                 freed = True
         return freed
 
-    def _prepared(self, entry: _Waiting) -> Infer:
-        """The request as the model sees it: its inputs, its row's controls, and its states."""
-        request = entry.item.request
+    # -- iterative sequences -------------------------------------------------------------------
+
+    def _watch(self, entry: Waiting) -> None:
+        """An iterative sequence's request went to its instance: it comes back either answered
+        (`_Answered`) or handed back to run again (`Rescheduled`)."""
+        entry.sequence.running += 1
+        self._in_flight[id(entry.item.request)] = entry
+        if not entry.watched:
+            entry.watched = True
+            entry.item.reply.add_done_callback(partial(self._on_answer, entry))
+
+    def _on_answer(self, entry: Waiting, _: Reply[InferenceResponse]) -> None:
+        # A reply callback, outside `receive`: the actor learns of it through its mailbox.
+        message = _Answered(entry)
+        with contextlib.suppress(ActorStopped):
+            try:
+                self.ref.tell_nowait(message)
+            except anyio.WouldBlock:
+                self.start_soon(self._tell_self, message)
+
+    async def _tell_self(self, message: _Answered) -> None:
+        with contextlib.suppress(ActorStopped):
+            await self.ref.tell(message)
+
+    def _request_answered(self, entry: Waiting) -> None:
+        """A request of an iterative sequence has its answer: the sequence ends with its last
+        request (its ID may START a new one, its slot goes to the backlog)."""
         sequence = entry.sequence
-        row = Row(entry.start, entry.end, True, sequence.correlation_id)
-        # Built from the client's tensors each time: a batch that could not be sent is built
-        # again later without doubling them.
-        request.inputs = [*entry.inputs, *row.tensors(self._controls, self._row_shape)]
-        if not self._states:
-            return entry.item
-        if entry.start:
-            sequence.saved = None  # a (re)start begins from the initial state
-        saved = sequence.saved or {}
-        for spec in self._states:
-            state = saved.get(spec.input_name)
-            request.inputs.append(spec.initial_tensor() if state is None else state)
-        request.outputs, hidden = requested_outputs(
-            self._states, entry.outputs, self._config_outputs
-        )
-        inner: Reply[InferenceResponse] = Reply()
-        inner.add_done_callback(
-            partial(self._answered, request, entry.item.reply, sequence, hidden)
-        )
-        return replace(entry.item, reply=inner)
+        if self._in_flight.pop(id(entry.item.request), None) is not None:
+            sequence.running -= 1
+        if not sequence.running and not sequence.queue:
+            self._end(sequence)
 
-    def _answered(
-        self,
-        request: InferenceRequest,
-        outer: Reply[InferenceResponse],
-        sequence: _Sequence,
-        hidden: frozenset[str],
-        inner: Reply[InferenceResponse],
-    ) -> None:
-        """Keep the state the model output, then answer the client. Runs on the event loop when
-        the instance answers, before it reports idle: the sequence's next request, which only
-        that instance runs, is built after this."""
-        try:
-            response = inner.result()
-        except BaseException as error:
-            outer.fail(error)
+    def _rerun(self, message: Rescheduled) -> None:
+        """The model released a request with RESCHEDULE: with `iterative_sequence` it runs
+        again next in its sequence's slot, as a continuation (START and END false); otherwise
+        it fails."""
+        if not self._iterative:
+            refuse_rescheduled(message)
             return
-        try:
-            response, saved = take_states(self.name, self._states, response, hidden)
-        except TritonError as error:
-            # Seen by the statistics, which account for the execute after this answer.
-            request.context[STATE_ERROR] = error
-            outer.fail(error)
+        entry = self._in_flight.pop(id(message.item.request), None)
+        if entry is None:
+            message.item.reply.fail(
+                internal(f"model '{self.name}' rescheduled a request that it was not running")
+            )
             return
-        if sequence.lane is not None:  # not ended or released meanwhile
-            sequence.saved = saved
-        outer.set(response)
-
-    def _null(self, like: InferenceRequest) -> Infer:
-        """A request for an empty slot: zeros of the shapes of `like` (a real request of the
-        batch, states included), not ready; its answer goes nowhere."""
-        inputs = [_zeros_like(t) for t in like.inputs if t.name not in self._control_names]
-        inputs += NULL_ROW.tensors(self._controls, self._row_shape)
-        request = InferenceRequest(
-            model_name=like.model_name,
-            model_version=like.model_version,
-            inputs=inputs,
-            outputs=[RequestedOutput(output.name) for output in like.outputs],
-            resolved_version=like.resolved_version,
-            context={NULL_REQUEST: True},
-        )
-        return Infer(request, Reply())
+        sequence = entry.sequence
+        sequence.running -= 1
+        if sequence.lane is None:  # its instance stopped meanwhile: its state went with it
+            entry.item.reply.fail(
+                unavailable(
+                    f"sequence {sequence.correlation_id} of model '{self.name}' was lost: its "
+                    "instance stopped"
+                )
+            )
+            return
+        # Its flags were for its first run (Triton's rerun has none).
+        entry.start = entry.end = False
+        parameters = entry.item.request.parameters
+        parameters["sequence_start"] = parameters["sequence_end"] = False
+        sequence.queue.appendleft(entry)
+        sequence.last = anyio.current_time()
 
     # -- instances that stop -------------------------------------------------------------------
 
@@ -467,14 +439,16 @@ class SequenceBatcher(Actor[SequenceMessage]):
         """Release every sequence with nothing queued whose last request is older than
         max_sequence_idle_microseconds."""
         for correlation_id, sequence in list(self._sequences.items()):
-            if not sequence.queue and now - sequence.last >= self._idle_timeout:
+            if sequence.queue or sequence.running:
+                continue
+            if now - sequence.last >= self._idle_timeout:
                 del self._sequences[correlation_id]
                 self._free(sequence)
 
     def _arm(self, now: float, wake: float | None) -> None:
         """Make sure a timer ticks by `wake` and when the first running sequence could become
         idle."""
-        idle = [s.last for s in self._sequences.values() if not s.queue]
+        idle = [s.last for s in self._sequences.values() if not (s.queue or s.running)]
         if idle:
             first = min(idle) + self._idle_timeout
             wake = first if wake is None else min(wake, first)
@@ -485,7 +459,7 @@ class SequenceBatcher(Actor[SequenceMessage]):
 
     # -- state ---------------------------------------------------------------------------------
 
-    def _waiting(self) -> list[_Sequence]:
+    def _waiting(self) -> list[RunningSequence]:
         bound = [s for lane in self._lanes.values() for s in lane.slots if s is not None]
         return [*bound, *self._backlog]
 
@@ -507,11 +481,3 @@ class SequenceBatcher(Actor[SequenceMessage]):
         for sequence in self._waiting():
             while sequence.queue:
                 sequence.queue.popleft().item.reply.fail(error)
-
-
-def _zeros_like(tensor: Tensor) -> Tensor:
-    if tensor.datatype == "BYTES":
-        data = np.full(tensor.data.shape, b"", dtype=object)
-    else:
-        data = np.zeros_like(tensor.data)
-    return Tensor(tensor.name, tensor.datatype, tensor.shape, data)

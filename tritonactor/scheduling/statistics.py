@@ -19,21 +19,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tritonactor.actors import ActorStopped
-from tritonactor.core.errors import ErrorCode, TritonError, invalid_arg
+from tritonactor.backends.batching import batch_size as request_batch_size
+from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.observability.metrics import HistogramSample, VersionSample
 from tritonactor.scheduling.messages import Infer
-from tritonactor.scheduling.sequence import NULL_REQUEST, STATE_ERROR
+from tritonactor.scheduling.sequence_rows import NULL_REQUEST, STATE_ERROR
 
 if TYPE_CHECKING:
     from tritonactor.actors import Reply
-    from tritonactor.scheduling.router import ModelHandle, Router
 
 # Triton's reasons for a failed request (the `reason` label of nv_inference_request_failure).
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 # Triton's default buckets for nv_inference_first_response_histogram_ms (milliseconds).
 FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+
+# Set by the ensemble scheduler in the context of a request it answers: when it took the
+# request, started its steps and had its outputs (`perf_counter_ns`), for its own statistics.
+ENSEMBLE_TIMES = "ensemble_times"
 
 
 @dataclass(slots=True)
@@ -109,6 +113,11 @@ class VersionStatistics:
     clock (ms since the epoch) at the end of the latest such execute. The sequence batcher's
     null requests (empty slots of a batch) are not requests: they count nowhere.
 
+    An ensemble (`counted_when_answered`) has no execute of its own: as in Triton, each request
+    answered without an error is one execution of its own batch size, its queue time the wait
+    for the ensemble to take it, compute_input the time to start its steps, compute_infer the
+    steps, compute_output the time to answer (`ENSEMBLE_TIMES`).
+
     For the metrics: failures by Triton's reason (`failures()`), from every routed request's
     answer, and the time to each request's first response (`first_response`)."""
 
@@ -181,13 +190,23 @@ class VersionStatistics:
         if reply.error is not None:
             self.fail.add(took, 1)
             return
+        answered = arrival_ns + took
         self.success.add(took, 1)
         if request.sender is None:  # a decoupled request's first response is timed as sent
             self.first_response.observe_ns(took)
-        self.execution_count += 1
-        inputs = request.inputs
-        self.inference_count += inputs[0].shape[0] if self.batching and inputs[0].shape else 1
-        self.last_inference_ms = time.time_ns() // 1_000_000
+        taken, began, finished = request.context.get(ENSEMBLE_TIMES) or (
+            arrival_ns,
+            arrival_ns,
+            answered,
+        )
+        self.queue.add(max(0, taken - arrival_ns))
+        compute_input, compute_infer = max(0, began - taken), max(0, finished - began)
+        compute_output = max(0, answered - finished)
+        self.compute_input.add(compute_input)
+        self.compute_infer.add(compute_infer)
+        self.compute_output.add(compute_output)
+        size = request_batch_size(request) if self.batching else 1
+        self._record_batch(size, compute_input, compute_infer, compute_output)
 
     def failures(self) -> dict[str, int]:
         """Failed requests by Triton's reason: BACKEND for those the execute failed, the others
@@ -244,6 +263,12 @@ class VersionStatistics:
         self.compute_input.add(compute_input * succeeded, succeeded)
         self.compute_infer.add(compute_infer * succeeded, succeeded)
         self.compute_output.add(compute_output * succeeded, succeeded)
+        self._record_batch(batch_size, compute_input, compute_infer, compute_output)
+
+    def _record_batch(
+        self, batch_size: int, compute_input: int, compute_infer: int, compute_output: int
+    ) -> None:
+        """One successful execution of `batch_size`, with its compute durations (ns)."""
         self.last_inference_ms = time.time_ns() // 1_000_000
         self.execution_count += 1
         self.inference_count += batch_size
@@ -330,24 +355,3 @@ class _FirstResponseTimer(ResponseSender):
 
     def is_cancelled(self) -> bool:
         return super().is_cancelled() or self._inner.is_cancelled()
-
-
-def select(router: Router, name: str = "", version: str = "") -> list[ModelHandle]:
-    """The ready versions whose statistics were asked for: every one (no name), every one of a
-    model (no version), or one. Anything else is Triton's INVALID_ARG."""
-    if not name:
-        return router.handles()
-    if version:
-        try:
-            return [router.resolve(name, version)]
-        except TritonError as error:
-            if error.code is ErrorCode.INVALID_ARG:  # not a version number
-                raise
-            if router.ready_versions(name):
-                raise invalid_arg(
-                    f"requested model version is not available for model '{name}'"
-                ) from None
-    versions = router.ready_versions(name)
-    if not versions:
-        raise invalid_arg(f"requested model '{name}' is not available")
-    return [router.resolve(name, str(number)) for number in versions]

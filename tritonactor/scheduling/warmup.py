@@ -244,7 +244,10 @@ def _random_data(datatype: str, count: int, rng: np.random.Generator) -> np.ndar
         return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
     # Floats in [0, 1): random bits would give NaNs and infinities, which can fail a model that
     # is fine, and warm nothing more.
-    return rng.random(count).astype(dtype)
+    # Drawn in float64, a value just under 1 rounds up to 1 in a narrower type (FP16): keep it
+    # below, so that the range holds for every type.
+    values = rng.random(count).astype(dtype)
+    return np.minimum(values, np.nextafter(np.array(1, dtype=dtype), np.array(0, dtype=dtype)))
 
 
 def _file_data(where: str, folder: Path, file_name: str, datatype: str, count: int) -> np.ndarray:

@@ -1,0 +1,281 @@
+"""One request of an ensemble, from its inputs to its responses.
+
+Only the steps that lead to the requested outputs run (`needed_steps`). A step starts once
+every tensor it reads is *resolved*: produced, or known to be absent — an optional ensemble
+input the request left out, or a step output its model did not return. It runs with the tensors
+that are present (its model's validation refuses it if a required one is absent); a step whose
+tensors are all absent, each feeding an optional input of its model, has nothing to run on and
+is skipped, its outputs absent too. The response carries the requested outputs that are present.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from tritonactor.backends.ensemble import EnsembleFlow, EnsemblePlan, EnsembleStep, plan_flow
+from tritonactor.core.errors import TritonError, cancelled
+from tritonactor.core.types import (
+    InferenceRequest,
+    InferenceResponse,
+    Parameters,
+    RequestedOutput,
+    Tensor,
+)
+from tritonactor.scheduling.ensemble_stream import ResponseStream
+from tritonactor.scheduling.router import ModelHandle, Router
+
+# Absent: resolved, but not there (an optional input left out, an output not produced).
+Resolved = Tensor | None
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """The flow of the ensemble for one set of step model versions (`handles`, by step)."""
+
+    handles: tuple[ModelHandle, ...]
+    flow: EnsembleFlow
+    steps_of_stream: dict[int, tuple[EnsembleStep, ...]]
+    # By step: the inputs its model declares optional.
+    optional: tuple[frozenset[str], ...]
+
+
+def routes_for(plan: EnsemblePlan, handles: tuple[ModelHandle, ...]) -> Routes:
+    flow = plan_flow(plan, [handle.decoupled for handle in handles])
+    steps_of_stream: dict[int, list[EnsembleStep]] = {}
+    for step in plan.steps:
+        steps_of_stream.setdefault(flow.stream_of[step.index], []).append(step)
+    optional = tuple(
+        frozenset(tensor.name for tensor in handle.config.input if tensor.optional)
+        for handle in handles
+    )
+    return Routes(handles, flow, {k: tuple(v) for k, v in steps_of_stream.items()}, optional)
+
+
+def in_step(ensemble: str, step: EnsembleStep, error: TritonError) -> TritonError:
+    return TritonError(
+        error.code, f"in ensemble '{ensemble}', step model '{step.model_name}': {error.message}"
+    )
+
+
+def sequence_parameters(request: InferenceRequest) -> Parameters:
+    """What Triton puts in every response of an ensemble (and of no other model): the request's
+    correlation ID (0 without one) and sequence flags."""
+    parameters = request.parameters
+    return {
+        "sequence_id": parameters.get("sequence_id", 0),
+        "sequence_start": parameters.get("sequence_start") is True,
+        "sequence_end": parameters.get("sequence_end") is True,
+    }
+
+
+@dataclass(eq=False, slots=True)
+class Branch:
+    """One item of a stream (see `EnsembleFlow`): the request itself, or one response of a
+    decoupled step, with the tensors resolved from it so far."""
+
+    stream: int
+    tensors: dict[str, Resolved]
+    started: set[int] = field(default_factory=set)
+    answered: bool = False
+
+
+class EnsembleRun:
+    """One request of the ensemble: `execute` runs its steps; then `response` holds its answer
+    when its outputs are in stream 0 (else its responses went out through its sender)."""
+
+    def __init__(
+        self,
+        plan: EnsemblePlan,
+        router: Router,
+        slots: tuple[anyio.Semaphore | None, ...],
+        request: InferenceRequest,
+        routes: Routes,
+        needed: frozenset[int],
+    ) -> None:
+        self.name = plan.name
+        self.router = router
+        self.slots = slots
+        self.request = request
+        self.routes = routes
+        self.needed = needed
+        self.output_names = request.requested_output_names or list(plan.outputs)
+        # How many responses of a decoupled step may wait before its model is held up.
+        self.backlog = plan.max_inflight_requests
+        given: dict[str, Resolved] = {tensor.name: tensor for tensor in request.inputs}
+        self.root = Branch(0, {name: given.get(name) for name in plan.inputs})
+        self.response: InferenceResponse | None = None  # when the outputs are in stream 0
+        # perf_counter_ns: when the first steps started, and when the last answer was ready.
+        self.began_ns = 0
+        self.finished_ns = 0
+        self._failure: TritonError | None = None
+        self._group: TaskGroup | None = None
+
+    async def execute(self) -> None:
+        self.began_ns = time.perf_counter_ns()
+        async with anyio.create_task_group() as group:
+            self._group = group
+            await self._start_ready(self.root)
+        self.finished_ns = time.perf_counter_ns()
+        if self._failure is not None:
+            raise self._failure
+
+    def _fail(self, error: TritonError) -> None:
+        if self._failure is None:
+            self._failure = error
+        assert self._group is not None
+        self._group.cancel_scope.cancel()
+
+    async def _start_ready(self, branch: Branch) -> None:
+        """Start the needed steps of the branch whose tensors are all resolved; answer once its
+        outputs are. With `max_inflight_requests`, waits for a step to have room: that holds up
+        whatever produced the branch (back-pressure)."""
+        assert self._group is not None
+        steps = self.routes.steps_of_stream.get(branch.stream, ())
+        progress = True
+        while progress:  # a skipped step resolves its outputs at once: look again
+            progress = False
+            for step in steps:
+                if step.index in branch.started or step.index not in self.needed:
+                    continue
+                if not all(tensor in branch.tensors for tensor in step.inputs.values()):
+                    continue
+                if self.request.cancelled:
+                    self._fail(cancelled(f"request for ensemble '{self.name}' was cancelled"))
+                    return
+                branch.started.add(step.index)
+                if self._nothing_to_run(step, branch):
+                    if not self.routes.flow.decoupled[step.index]:  # else: no branch opens
+                        branch.tensors.update(dict.fromkeys(step.outputs.values()))
+                        progress = True
+                    continue
+                slot = self.slots[step.index]
+                if slot is None:
+                    self._group.start_soon(self._run_step, step, branch, None)
+                else:
+                    await self._group.start(self._run_step, step, branch, slot)
+        self._answer(branch)
+
+    def _nothing_to_run(self, step: EnsembleStep, branch: Branch) -> bool:
+        """Every tensor the step reads is absent, each for an optional input of its model: it
+        has nothing to run on. (With a required input among them the step runs, and its model's
+        validation refuses it with the reason, as in Triton.)"""
+        optional = self.routes.optional[step.index]
+        return bool(step.inputs) and all(
+            branch.tensors[tensor] is None and model_input in optional
+            for model_input, tensor in step.inputs.items()
+        )
+
+    def _answer(self, branch: Branch) -> None:
+        if branch.answered or branch.stream != self.routes.flow.output_stream:
+            return
+        tensors = branch.tensors
+        if not all(name in tensors for name in self.output_names):
+            return
+        branch.answered = True
+        request = self.request
+        # A requested output that no step produced is left out, as Triton does.
+        outputs = [tensor for name in self.output_names if (tensor := tensors[name]) is not None]
+        response = InferenceResponse(
+            self.name,
+            str(request.resolved_version),
+            request.id,
+            outputs,
+            sequence_parameters(request),
+        )
+        if branch.stream == 0:
+            self.response = response
+        else:
+            assert request.sender is not None
+            request.sender.send(response)
+
+    async def _run_step(
+        self,
+        step: EnsembleStep,
+        branch: Branch,
+        slot: anyio.Semaphore | None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            if self.routes.flow.decoupled[step.index]:
+                async with _holding(slot, task_status):
+                    await self._stream_step(step, branch)
+                return
+            async with _holding(slot, task_status):
+                response = await self.router.infer(self._step_request(step, branch))
+            branch.tensors.update(_mapped(step, response))
+            await self._start_ready(branch)
+        except TritonError as error:
+            self._fail(in_step(self.name, step, error))
+
+    async def _stream_step(self, step: EnsembleStep, branch: Branch) -> None:
+        """A decoupled step: each of its responses is a new branch of the stream it opens."""
+        stream = ResponseStream(self.backlog, self.request)
+        request = self._step_request(step, branch)
+        request.sender = stream.sender
+        try:
+            reply = self.router.submit(request)
+            reply.add_done_callback(stream.execute_over)
+            async with contextlib.aclosing(stream.responses()) as responses:
+                async for response in responses:
+                    if self.request.cancelled:
+                        self._fail(cancelled(f"request for ensemble '{self.name}' was cancelled"))
+                        return
+                    opened = Branch(self.routes.flow.opens[step.index], _mapped(step, response))
+                    await self._start_ready(opened)
+        finally:
+            stream.close()
+            if not stream.sender.finished:
+                request.cancel()  # the ensemble gave up on it: the model may stop early
+
+    def _step_request(self, step: EnsembleStep, branch: Branch) -> InferenceRequest:
+        inputs = []
+        for model_input, tensor_name in step.inputs.items():
+            tensor = branch.tensors[tensor_name]
+            if tensor is not None:
+                inputs.append(Tensor(model_input, tensor.datatype, tensor.shape, tensor.data))
+        return InferenceRequest(
+            step.model_name,
+            step.model_version,
+            self.request.id,
+            inputs=inputs,
+            # Every mapped output, as Triton asks for them, whichever the client wants.
+            outputs=[RequestedOutput(name) for name in step.outputs],
+            parameters=dict(self.request.parameters),
+            headers=self.request.headers,
+            # Each step's spans nest under the ensemble's request; a child of its own, so that
+            # steps running side by side keep their own queue times.
+            trace=None if self.request.trace is None else self.request.trace.child(),
+        )
+
+
+def _mapped(step: EnsembleStep, response: InferenceResponse) -> dict[str, Resolved]:
+    """The step's mapped outputs as ensemble tensors; those its model did not return are
+    absent."""
+    tensors: dict[str, Resolved] = dict.fromkeys(step.outputs.values())
+    for output in response.outputs:
+        target = step.outputs.get(output.name)
+        if target is not None:
+            tensors[target] = Tensor(target, output.datatype, output.shape, output.data)
+    return tensors
+
+
+@contextlib.asynccontextmanager
+async def _holding(
+    slot: anyio.Semaphore | None, task_status: TaskStatus[None]
+) -> AsyncIterator[None]:
+    """Hold one of a step's slots (if it is limited) while its request is in flight; the
+    caller learns that the step started once it has one."""
+    if slot is None:
+        task_status.started()
+        yield
+        return
+    async with slot:
+        task_status.started()
+        yield

@@ -1,0 +1,127 @@
+"""The responses of a decoupled ensemble step, carried from whichever thread its model sends them
+on to the ensemble's task that starts the next steps, with the back-pressure of
+`max_inflight_requests`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import sniffio
+
+from tritonactor.actors import Reply
+from tritonactor.core.errors import TritonError
+from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
+
+
+class ResponseStream:
+    """The responses of one request of a decoupled step, from whichever thread its model sends
+    them on to the task that starts the next steps. With a `capacity`, a model thread that sends
+    while that many responses wait is held up until one is taken (a model sending on the event
+    loop cannot be held up: its responses wait however many they are). 0: no capacity limit."""
+
+    def __init__(self, capacity: int, ensemble_request: InferenceRequest) -> None:
+        self._send, self._receive = anyio.create_memory_object_stream[
+            tuple[InferenceResponse | None, TritonError | None, bool]
+        ](math.inf)
+        self._capacity = capacity or math.inf
+        self._room = threading.Condition()
+        self._waiting = 0
+        self._closed = False
+        self._loop_thread = threading.get_ident()
+        self._loop = _loop_token()
+        self.sender = StepSender(self._deliver, ensemble_request)
+
+    def _deliver(
+        self, response: InferenceResponse | None, error: TritonError | None, final: bool
+    ) -> None:
+        answer = (response, error, final)
+        on_loop = threading.get_ident() == self._loop_thread
+        with self._room:
+            while (
+                not on_loop
+                and response is not None
+                and self._waiting >= self._capacity
+                and not self._closed
+            ):
+                self._room.wait()
+            if self._closed:
+                return
+            self._waiting += 1
+        if on_loop:
+            self._put(answer)
+        else:
+            _call_on_loop(self._loop, self._put, answer)
+
+    def _put(self, answer: tuple[InferenceResponse | None, TritonError | None, bool]) -> None:
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._send.send_nowait(answer)
+
+    def execute_over(self, reply: Reply[Any]) -> None:
+        """The step's execute is over: if it failed before the model sent its final response,
+        that failure ends the stream."""
+        self.sender.end_if_failed(reply.result)
+
+    async def responses(self) -> AsyncIterator[InferenceResponse]:
+        """The model's responses, until its final one; raises the error it ended with."""
+        while True:
+            response, error, final = await self._receive.receive()
+            with self._room:
+                self._waiting -= 1
+                self._room.notify()
+            if error is not None:
+                raise error
+            if response is not None:
+                yield response
+            if final:
+                return
+
+    def close(self) -> None:
+        """No more responses are taken: a model thread held up is let go, and what it sends
+        from now on is dropped."""
+        with self._room:
+            self._closed = True
+            self._room.notify_all()
+        self._receive.close()
+
+
+class StepSender(ResponseSender):
+    """A decoupled step's sender, cancelled too when the ensemble's request is: a model that
+    polls `is_cancelled()` stops early when the ensemble's client goes away."""
+
+    __slots__ = ("_ensemble_request",)
+
+    def __init__(
+        self,
+        deliver: Callable[[InferenceResponse | None, TritonError | None, bool], None],
+        ensemble_request: InferenceRequest,
+    ) -> None:
+        super().__init__(deliver)
+        self._ensemble_request = ensemble_request
+
+    def is_cancelled(self) -> bool:
+        return self._ensemble_request.cancelled or super().is_cancelled()
+
+
+def _loop_token() -> Any:
+    if sniffio.current_async_library() == "asyncio":
+        return asyncio.get_running_loop()
+    return anyio.lowlevel.current_token()
+
+
+def _call_on_loop(token: Any, function: Any, *args: Any) -> None:
+    try:
+        if isinstance(token, asyncio.AbstractEventLoop):
+            # Does not wait for the loop to run it, unlike the generic path below.
+            token.call_soon_threadsafe(function, *args)
+        else:
+            anyio.from_thread.run_sync(function, *args, token=token)
+    except RuntimeError:  # the loop is gone: nobody listens any more
+        pass
