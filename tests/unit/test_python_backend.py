@@ -15,22 +15,26 @@ import anyio
 import numpy as np
 import pytest
 
-from tritonactor.backends.base import InstanceContext, InstanceDied, ModelContext
-from tritonactor.backends.python import PythonBackend, PythonInstance
+from tests.python_backend_support import (
+    MODELS,
+    Started,
+    context,
+    outputs,
+    request,
+    tensor,
+)
+from tritonactor.backends.base import InstanceContext, InstanceDied
+from tritonactor.backends.python import PythonBackend
 from tritonactor.backends.python import triton_python_backend_utils as pb_utils
 from tritonactor.backends.python.backend import interpreter_for
 from tritonactor.config.model_config import config_to_json, parse_pbtxt, read_pbtxt
-from tritonactor.config.normalize import fill_defaults
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import (
     InferenceRequest,
     InferenceResponse,
     RequestedOutput,
     ResponseSender,
-    Tensor,
 )
-
-MODELS = Path(__file__).resolve().parent.parent / "python_models"
 
 
 @pytest.fixture
@@ -43,61 +47,11 @@ def backend() -> PythonBackend:
     return PythonBackend()
 
 
-def context(name: str, repository: Path = MODELS) -> ModelContext:
-    model_dir = repository / name
-    config = fill_defaults(read_pbtxt(model_dir / "config.pbtxt"), gpus=0)
-    return ModelContext(
-        name=name,
-        version=1,
-        config=config,
-        model_dir=model_dir,
-        version_dir=model_dir / "1",
-        model_path=model_dir / "1" / "model.py",
-    )
-
-
-class Started:
-    """Instances started by a test, finalized when it ends."""
-
-    def __init__(self, backend: PythonBackend) -> None:
-        self.backend = backend
-        self.instances: list[PythonInstance] = []
-
-    def __call__(self, name: str, infer=None, index: int = 0) -> PythonInstance:  # type: ignore[no-untyped-def]
-        model = self.backend.load_model(context(name))
-        instance = model.create_instance(
-            InstanceContext(f"{name}_0_{index}", "KIND_CPU", 0, index, infer=infer)
-        )
-        self.instances.append(instance)
-        return instance
-
-
 @pytest.fixture
 def start(backend: PythonBackend) -> Iterator[Started]:
     started = Started(backend)
     yield started
-    for instance in started.instances:
-        instance.finalize()
-
-
-def tensor(name: str, data: np.ndarray) -> Tensor:
-    datatype = "BYTES" if data.dtype == np.object_ else pb_wire(data.dtype)
-    return Tensor(name=name, datatype=datatype, shape=tuple(data.shape), data=data)
-
-
-def pb_wire(dtype: np.dtype) -> str:
-    from tritonactor.core.datatypes import from_numpy_dtype
-
-    return from_numpy_dtype(dtype)
-
-
-def request(model: str, *inputs: Tensor, **kwargs) -> InferenceRequest:  # type: ignore[no-untyped-def]
-    return InferenceRequest(model_name=model, inputs=list(inputs), **kwargs)
-
-
-def outputs(result: object) -> dict[str, np.ndarray]:
-    assert isinstance(result, InferenceResponse), result
-    return {t.name: t.data for t in result.outputs}
+    started.finalize_all()
 
 
 def add_sub_request(a: np.ndarray, b: np.ndarray, model: str = "add_sub") -> InferenceRequest:
@@ -160,8 +114,8 @@ async def test_initialize_args_and_request_accessors(start: Started) -> None:
     assert seen == {
         "request_id": "abc",
         "correlation_id": 7,
-        "parameters": {"sequence_id": 7, "flavour": "mint"},
-        "requested_output_names": ["ARGS", "REQUEST", "DLPACK"],
+        "parameters": {"flavour": "mint"},
+        "requested_output_names": ["ARGS", "DLPACK", "REQUEST"],
         "inputs": ["INPUT0"],
     }
     np.testing.assert_array_equal(got["DLPACK"], data)
@@ -530,5 +484,39 @@ async def test_model_runs_under_the_execution_env_interpreter(
         ones = np.ones(4, dtype=np.float32)
         [result] = await instance.execute([add_sub_request(ones, ones)])
         np.testing.assert_array_equal(outputs(result)["OUTPUT0"], ones + ones)
+    finally:
+        instance.finalize()
+
+
+def test_stub_that_does_not_start_in_time_is_killed(tmp_path: Path) -> None:
+    """stub-timeout-seconds: a "python" that never says it started (it only sleeps) is killed
+    and the instance fails UNAVAILABLE, naming the setting."""
+    from tritonactor.backends.python.backend import PythonModel
+    from tritonactor.backends.python.process import StubSettings
+
+    silent = tmp_path / "silent-python"
+    silent.write_text("#!/bin/sh\nexec sleep 600\n")
+    silent.chmod(0o755)
+    model = PythonModel(context("add_sub"), str(silent), StubSettings(start_timeout_s=0.5))
+    with pytest.raises(TritonError) as failed:
+        model.create_instance(InstanceContext("add_sub_0_0", "KIND_CPU", 0, 0))
+    assert failed.value.code is ErrorCode.UNAVAILABLE
+    assert "did not answer within 0.5 s (stub-timeout-seconds)" in failed.value.message
+
+
+@pytest.mark.anyio
+async def test_backend_settings_size_the_arenas(tmp_path: Path) -> None:
+    """shm-default-byte-size: the instance's input arena starts at that size."""
+    from tritonactor.backends.python.backend import PythonModel
+    from tritonactor.backends.python.process import StubSettings
+
+    settings = StubSettings(shm_default_size=3 << 20, shm_growth_size=1 << 20)
+    model = PythonModel(context("add_sub"), sys.executable, settings)
+    instance = model.create_instance(InstanceContext("add_sub_0_0", "KIND_CPU", 0, 0))
+    try:
+        big = np.ones(1 << 18, dtype=np.float32)  # 2 x 1 MiB: above the usual 1 MiB limit
+        [result] = await instance.execute([add_sub_request(big, big, "add_sub")])
+        assert outputs(result)["OUTPUT0"].shape == big.shape
+        assert instance._inputs_arena.size == 3 << 20
     finally:
         instance.finalize()

@@ -8,16 +8,22 @@ them off the event loop (a backend whose `execute` is `async def` is awaited on 
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.core.errors import TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:
+    from tritonactor.actors import Reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,22 @@ class ModelContext:
 
 # Runs a request on any loaded model through the server's router (what BLS calls).
 InferFunction = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
+# Queues a request on any loaded model and returns its reply at once (`Router.submit`): the
+# responses of a decoupled model come through the request's `sender` (a streamed BLS call).
+SubmitFunction = Callable[[InferenceRequest], "Reply[InferenceResponse]"]
+
+
+class ModelControl(Protocol):
+    """What a model may do to other models (Triton's BLS model loading: `pb_utils.load_model`,
+    `unload_model`, `is_model_ready`). Awaited on the event loop."""
+
+    async def load(
+        self, name: str, config: str = "", files: Mapping[str, bytes] | None = None
+    ) -> None: ...
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    async def ready(self, name: str, version: str = "") -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +79,10 @@ class InstanceContext:
     # Set by the server: lets the instance send requests to other models (Triton's BLS). Await
     # it from the event loop, i.e. from an `async def execute`.
     infer: InferFunction | None = field(default=None, compare=False)
+    # Set by the server: the same, streamed (call it on the event loop).
+    submit: SubmitFunction | None = field(default=None, compare=False)
+    # Set by the server: loads and unloads of other models.
+    control: ModelControl | None = field(default=None, compare=False)
 
 
 class InstanceDied(Exception):
@@ -82,9 +108,72 @@ def undo_reshape(
         ) from None
 
 
+class Reschedule:
+    """The result of a request the model released with Triton's RESCHEDULE flag: run it again.
+    Only a sequence batcher with `iterative_sequence` takes it back; other schedulers fail it."""
+
+    _instance: Reschedule | None = None
+
+    def __new__(cls) -> Reschedule:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "RESCHEDULE"
+
+
+RESCHEDULE = Reschedule()
+
+
+class Deferred:
+    """The result of a request that the backend gives after execute returned (a python model
+    answering through its response sender from a thread of its own): the instance actor answers
+    the request when it is resolved. `resolve` may be called from any thread, once; later calls
+    are ignored. The backend must resolve every Deferred it returns (with an error when it can
+    no longer answer, e.g. its process died)."""
+
+    __slots__ = ("_callback", "_lock", "_result")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._result: InferenceResponse | TritonError | None = None
+        self._callback: Callable[[InferenceResponse | TritonError], None] | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self._result is not None
+
+    def resolve(self, result: InferenceResponse | TritonError) -> bool:
+        """Give the request its answer; False if it already had one."""
+        with self._lock:
+            if self._result is not None:
+                return False
+            self._result = result
+            callback = self._callback
+        if callback is not None:
+            callback(result)
+        return True
+
+    def on_resolved(self, callback: Callable[[InferenceResponse | TritonError], None]) -> None:
+        """Call `callback(result)` once resolved (at once when it already is), on the thread that
+        resolves it."""
+        with self._lock:
+            result = self._result
+            if result is None:
+                self._callback = callback
+                return
+        callback(result)
+
+    def __repr__(self) -> str:
+        return f"Deferred({self._result!r})"
+
+
 # An execute() result per request: a response, or the error that request failed with, or None
-# for a request of a decoupled model, which answers through `request.sender` instead.
-Result = InferenceResponse | TritonError | None
+# for a request of a decoupled model, which answers through `request.sender` instead, or
+# RESCHEDULE for a request the model wants to see again, or a Deferred that the backend
+# resolves later.
+Result = InferenceResponse | TritonError | Reschedule | Deferred | None
 
 
 class BackendInstance(ABC):
@@ -118,6 +207,9 @@ class Backend(ABC):
     platforms: tuple[str, ...] = ()
     #: The file (or folder) name a version folder holds when the config names none.
     default_model_filename: str = ""
+    #: The server's `--backend-config` settings for this backend (the global ones overlaid by
+    #: its own), set by the registry before `initialize`.
+    backend_config: Mapping[str, str] = MappingProxyType({})
 
     def initialize(self) -> None:  # noqa: B027 - optional hook
         """Once, before the first model of this backend loads."""

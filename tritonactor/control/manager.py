@@ -28,6 +28,7 @@ from tritonactor.config.model_config import ConfigError, config_from_json
 from tritonactor.control import events as ev
 from tritonactor.control.budget import files_size, process_tree_rss
 from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
+from tritonactor.control.model_control import ManagerControl
 from tritonactor.control.operations import OperationTraces
 from tritonactor.control.prepare import (
     failure_reason,
@@ -505,7 +506,13 @@ class ModelManager(Actor[Any]):
         missing = missing_model_file(model, config, version)
         if missing:
             raise ConfigError(missing)
-        actor = ModelVersionActor(backend, context, infer=self._router.infer)
+        actor = ModelVersionActor(
+            backend,
+            context,
+            infer=self._router.infer,
+            submit=self._router.submit,
+            control=ManagerControl(self.ref, self._router, self._mode),
+        )
         ref = await self.spawn(actor)
         assert actor.scheduler is not None
         self._owners[ref] = (model.name, version)

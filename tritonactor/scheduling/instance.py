@@ -1,20 +1,41 @@
-"""The instance actor: one `instance_group` instance, executing one batch at a time off the loop."""
+"""The instance actor: one `instance_group` instance, executing one batch at a time off the loop.
+
+Most requests are answered when their execute returns. Two kinds are not: a request the model
+released with Triton's RESCHEDULE flag goes back to the scheduler (`Rescheduled`), and one whose
+answer the backend gives later (`Deferred`, e.g. a python model answering through its response
+sender after execute returned) is answered when that answer comes, while the instance already
+runs its next batch.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
+import threading
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import sniffio
+
 from tritonactor.actors import Actor, ActorRef, ActorStopped
 from tritonactor.actors.worker import WorkerThread
-from tritonactor.backends.base import BackendInstance, InstanceDied, Result
+from tritonactor.backends.base import (
+    RESCHEDULE,
+    BackendInstance,
+    Deferred,
+    InstanceDied,
+    Result,
+)
 from tritonactor.core.errors import TritonError, internal, unavailable
-from tritonactor.core.types import InferenceRequest
+from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.observability.tracing import BatchTrace
-from tritonactor.scheduling.messages import Execute, InstanceIdle
+from tritonactor.scheduling.messages import Execute, Infer, InstanceIdle, Rescheduled
 from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
 
 log = logging.getLogger(__name__)
@@ -75,9 +96,23 @@ class InstanceActor(Actor[Execute]):
             self._finish(message, [failure] * len(requests), started, trace=trace, error=failure)
         else:
             self._finish(message, results, started, backend_started, backend_finished, trace)
+            await self._hand_back(message, results)
         # The scheduler may have stopped first (the model is unloading): nothing more will come.
         with contextlib.suppress(ActorStopped):
             await self._scheduler.tell(InstanceIdle(self.ref))
+
+    async def _hand_back(self, message: Execute, results: list[Result]) -> None:
+        """Requests the model released with RESCHEDULE go back to the scheduler, which runs them
+        again (before this instance says it is idle, so that it may be the one to run them)."""
+        for item, result in zip(message.batch, results, strict=True):
+            if result is not RESCHEDULE:
+                continue
+            try:
+                await self._scheduler.tell(Rescheduled(item))
+            except ActorStopped:
+                item.reply.fail(
+                    unavailable(f"model instance '{self.name}' stopped before rerunning a request")
+                )
 
     def _timed_execute(self, requests: list[InferenceRequest]) -> tuple[list[Result], int, int]:
         # On the worker thread: the backend's own time, without the hops to and from it.
@@ -96,8 +131,10 @@ class InstanceActor(Actor[Execute]):
         error: TritonError | None = None,
     ) -> None:
         """Answer every request, then account for the batch (a failed execute has no compute
-        times: only its failures count) and close its spans."""
-        _answer(message, results)
+        times: only its failures count) and close its spans. A deferred request counts as a
+        success of this execute, as a decoupled one does (its answer may come much later); a
+        rescheduled one counts when it finally runs to its end."""
+        _answer(message, results, self._answer_later)
         if self._statistics is not None:
             answered = perf_counter_ns()
             times = ExecutionTimes(
@@ -106,9 +143,20 @@ class InstanceActor(Actor[Execute]):
                 started if backend_finished is None else backend_finished,
                 answered,
             )
-            self._statistics.record_execution(message.batch, results, times)
+            batch: list[Infer] = message.batch
+            if RESCHEDULE in results:
+                kept = [(i, r) for i, r in zip(batch, results, strict=True) if r is not RESCHEDULE]
+                batch, results = [i for i, _ in kept], [r for _, r in kept]
+            if batch:
+                self._statistics.record_execution(batch, results, times)
         if trace is not None:
             trace.end(backend_started, backend_finished, error)
+
+    def _answer_later(self, item: Infer, deferred: Deferred) -> None:
+        """Answer `item` when the backend resolves `deferred` (from any thread): replies belong to
+        the event loop, so the answer hops onto it."""
+        on_loop = _on_loop(lambda result: _answer_one(item, result))
+        deferred.on_resolved(on_loop)
 
     def _batch_size(self, message: Execute) -> int:
         """The batch the model runs with: its requests' batch sizes summed (with batching)."""
@@ -123,16 +171,56 @@ class InstanceActor(Actor[Execute]):
             self._worker.close()
 
 
-def _answer(message: Execute, results: list[Result]) -> None:
+def _answer(
+    message: Execute,
+    results: list[Result],
+    later: Callable[[Infer, Deferred], None],
+) -> None:
     # None: a decoupled model answered (or will answer) through the request's sender; its reply
     # then only says that execute is over.
     for item, result in zip(message.batch, results, strict=True):
-        if isinstance(result, TritonError):
-            item.reply.fail(result)
+        if result is RESCHEDULE:
+            continue  # handed back to the scheduler
+        if isinstance(result, Deferred):
+            later(item, result)
             continue
-        sender = item.request.sender
-        if result is not None and sender is not None and not sender.finished:
-            # A backend that knows nothing of decoupling answered with one response: that is
-            # the request's only, and final, response.
-            sender.send(result, final=True)
-        item.reply.set(result)  # type: ignore[arg-type]
+        _answer_one(item, result)  # type: ignore[arg-type]
+
+
+def _answer_one(item: Infer, result: InferenceResponse | TritonError | None) -> None:
+    if isinstance(result, TritonError):
+        item.reply.fail(result)
+        return
+    sender = item.request.sender
+    if result is not None and sender is not None and not sender.finished:
+        # A backend that knows nothing of decoupling answered with one response: that is
+        # the request's only, and final, response.
+        sender.send(result, final=True)
+    item.reply.set(result)  # type: ignore[arg-type]
+
+
+def _on_loop(function: Callable[[Any], None]) -> Callable[[Any], None]:
+    """`function`, made callable from any thread: it runs on this event loop (at once when
+    called on it). A loop that is gone drops the call: nobody waits any more."""
+    loop_thread = threading.get_ident()
+    if sniffio.current_async_library() == "asyncio":
+        loop = asyncio.get_running_loop()
+
+        def call(argument: Any) -> None:
+            if threading.get_ident() == loop_thread:
+                function(argument)
+            else:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(function, argument)
+
+        return call
+    token = anyio.lowlevel.current_token()
+
+    def call_generic(argument: Any) -> None:
+        if threading.get_ident() == loop_thread:
+            function(argument)
+        else:
+            with contextlib.suppress(RuntimeError):
+                anyio.from_thread.run_sync(function, argument, token=token)
+
+    return call_generic

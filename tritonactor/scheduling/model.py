@@ -17,6 +17,8 @@ from tritonactor.backends.base import (
     InferFunction,
     InstanceContext,
     ModelContext,
+    ModelControl,
+    SubmitFunction,
 )
 from tritonactor.config.normalize import InstanceSpec, instance_specs
 from tritonactor.scheduling.factory import scheduler_for
@@ -39,12 +41,20 @@ class ModelVersionActor(Actor[Any]):
     RESTART_DELAYS = (0.0, 0.5, 2.0)
 
     def __init__(
-        self, backend: Backend, context: ModelContext, infer: InferFunction | None = None
+        self,
+        backend: Backend,
+        context: ModelContext,
+        infer: InferFunction | None = None,
+        submit: SubmitFunction | None = None,
+        control: ModelControl | None = None,
     ) -> None:
         super().__init__(f"{context.name}:{context.version}")
         self.context = context
         self._backend = backend
         self._infer = infer
+        # What its instances may ask of the server beyond `infer` (streamed BLS, model control).
+        self._submit = submit
+        self._control = control
         self._model: BackendModel | None = None
         self._instances: dict[ActorRef[Any], InstanceSpec] = {}
         self.scheduler: ActorRef[Any] | None = None
@@ -74,7 +84,14 @@ class ModelVersionActor(Actor[Any]):
     async def _create_instance(self, spec: InstanceSpec) -> BackendInstance:
         assert self._model is not None
         context = InstanceContext(
-            spec.name, spec.kind, spec.device_id, spec.index, spec.group, infer=self._infer
+            spec.name,
+            spec.kind,
+            spec.device_id,
+            spec.index,
+            spec.group,
+            infer=self._infer,
+            submit=self._submit,
+            control=self._control,
         )
         instance = await anyio.to_thread.run_sync(self._model.create_instance, context)
         try:  # warmed up before it serves, also when it replaces one that died

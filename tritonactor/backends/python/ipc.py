@@ -97,24 +97,41 @@ _counter = itertools.count()
 # Batches up to this size go through an instance's reusable arena (and are copied out by the
 # reader); bigger ones get a file of their own that the reader maps without copying.
 ARENA_LIMIT = 1 << 20
-_ARENA_MINIMUM = 64 << 10
+# An arena's first size, and how much it grows by when a batch needs more (python backend
+# settings `shm-default-byte-size` and `shm-growth-byte-size`; 0 for the growth step: to the
+# next power of two).
+ARENA_DEFAULT_SIZE = 64 << 10
+ARENA_GROWTH = 0
 
 
 class Arena:
     """A shared-memory file reused for one message at a time: creating, mapping and unlinking a
     file costs ~25 us on each side, more than a small request's whole payload. The writer may
-    reuse it once the reader has answered the message it carried."""
+    reuse it once the reader has answered the message it carried. It starts at `default_size`
+    and grows by `growth` (to the next power of two when 0); batches bigger than `limit` go to
+    files of their own."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, default_size: int = 0, growth: int = 0, limit: int = 0) -> None:
         self.prefix = prefix
         self.name = ""
         self.size = 0
+        self.default_size = default_size or ARENA_DEFAULT_SIZE
+        self.growth = growth or ARENA_GROWTH
+        self.limit = max(limit or ARENA_LIMIT, self.default_size)
         self._mapping: mmap.mmap | None = None
+
+    def _grown(self, size: int) -> int:
+        if size <= self.default_size:
+            return self.default_size
+        if self.growth > 0:
+            steps = -(-(size - self.default_size) // self.growth)
+            return self.default_size + steps * self.growth
+        return 1 << (size - 1).bit_length()
 
     def reserve(self, size: int) -> mmap.mmap:
         if self._mapping is None or size > self.size:
             self.close()
-            self.size = max(_ARENA_MINIMUM, 1 << (size - 1).bit_length())
+            self.size = self._grown(size)
             self.name = f"{self.prefix}-{next(_counter)}"
             path = os.path.join(SHM_DIR, self.name)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -174,7 +191,7 @@ def write_tensors(
         total += -(-size // _ALIGN) * _ALIGN
     if total == 0:
         return None, descriptors
-    if arena is not None and total <= ARENA_LIMIT:
+    if arena is not None and total <= arena.limit:
         _fill(arena.reserve(total), plans)
         return "@" + arena.name, descriptors
     filename = f"{prefix}-{next(_counter)}"

@@ -1,18 +1,22 @@
 """The stub: one process per python model instance, running the model's `TritonPythonModel`.
 
     python -m tritonactor.backends.python.stub --fd N --name INSTANCE --shm-prefix P
+        [--shm-default-size B] [--shm-growth-size B]
 
 Fd N is this side of a socketpair with the server (see `ipc`). A reader thread takes every
-message: answers to the model's BLS calls and cancellation queries are handed to the waiting
-call (which may be on any of the model's threads), everything else goes
-to the main thread, which runs the model one message at a time. stdout and stderr belong to the
-model (the server logs them); the protocol never uses them.
+message: answers to the model's BLS calls, cancellation queries and model-control calls go to
+the waiting call (`stub_calls`), everything else to the main thread, which runs the model one
+message at a time. Coroutines (`async def execute`) run on an event loop of their own thread,
+as in Triton: a non-decoupled execute is waited for; a decoupled one runs in the background
+while the main thread takes the next batch, its answers going through the response senders.
+stdout and stderr belong to the model (the server logs them); the protocol never uses them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import inspect
 import json
@@ -22,32 +26,46 @@ import socket
 import sys
 import threading
 import traceback
-from itertools import count
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from tritonactor.backends.python import ipc
+from tritonactor.backends.python import _pb_runtime, ipc
+from tritonactor.backends.python._pb_tensors import error_code_name
+from tritonactor.backends.python.stub_calls import ServerCalls
 
-# How long is_cancelled() waits for the server's answer before saying False: the server answers
-# from its reader thread at once, so this only bounds a model thread against a wedged server.
-CANCELLED_QUERY_TIMEOUT_S = 5.0
+_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+
+
+class ExecuteError(Exception):
+    """A broken contract of execute() (what it returned): its message is the error, bare, as in
+    Triton's stub."""
 
 
 class Stub:
-    def __init__(self, channel: ipc.Channel, name: str, shm_prefix: str, pb_utils: Any) -> None:
+    def __init__(
+        self,
+        channel: ipc.Channel,
+        name: str,
+        shm_prefix: str,
+        pb_utils: Any,
+        shm_default_size: int = 0,
+        shm_growth_size: int = 0,
+    ) -> None:
         self.channel = channel
         self.name = name
         self.shm_prefix = shm_prefix
         self.pb = pb_utils
         self.model: Any = None
         self.decoupled = False
-        self._inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._calls: dict[int, Any] = {}
-        self._call_ids = count()
-        self._calls_lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
+        self.calls = ServerCalls(self)
+        # SimpleQueue: a response sender's __del__ may put into it from any thread, any time.
+        self._inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[Future[Any]] = set()
         # Execute messages come one at a time: their tensors travel through reused arenas.
-        self._results_arena = ipc.Arena(f"{shm_prefix}-arena")
+        self._results_arena = ipc.Arena(f"{shm_prefix}-arena", shm_default_size, shm_growth_size)
         self._inputs_arena = ipc.ArenaReader()
 
     # -- the reader thread -------------------------------------------------------------------
@@ -58,35 +76,21 @@ class Stub:
             if message is None:
                 # The server is gone: nobody is left to serve.
                 os._exit(0)
-            if message["op"] == "bls_result":
-                self._resolve_call(message)
-            elif message["op"] == "cancelled":
-                self._resolve_query(message)
+            if message["op"] in (
+                "bls_result",
+                "bls_stream",
+                "cancelled",
+                "control_result",
+                "metric_result",
+            ):
+                self.calls.answer(message)
             else:
                 self._inbox.put(message)
-
-    def _resolve_call(self, message: dict[str, Any]) -> None:
-        with self._calls_lock:
-            waiter = self._calls.pop(message["call"], None)
-        if waiter is None:
-            return
-        response = self._response_from_wire(message["shm"], message["response"])
-        if isinstance(waiter, asyncio.Future):
-            waiter.get_loop().call_soon_threadsafe(_set_result, waiter, response)
-        else:
-            waiter[1].append(response)
-            waiter[0].set()
-
-    def _resolve_query(self, message: dict[str, Any]) -> None:
-        with self._calls_lock:
-            waiter = self._calls.pop(message["call"], None)
-        if waiter is not None:
-            waiter[1].append(bool(message["cancelled"]))
-            waiter[0].set()
 
     # -- the main thread ---------------------------------------------------------------------
 
     def serve(self) -> None:
+        self.channel.send({"op": "started"})
         while True:
             message = self._inbox.get()
             if message is None:
@@ -98,6 +102,8 @@ class Stub:
                 self._auto_complete(message)
             elif op == "execute":
                 self._execute(message)
+            elif op == "forward":  # from a __del__: see `forward`
+                self.channel.send(message["message"])
             elif op == "finalize":
                 self._finalize()
                 return
@@ -153,23 +159,49 @@ class Stub:
 
     def _execute(self, message: dict[str, Any]) -> None:
         seq = message["seq"]
+        requests: list[Any] = []
         try:
             requests = self._requests_from_wire(message)
-            responses = self._call(self.model.execute, requests)
-            reply = self._responses_to_wire(seq, requests, responses)
+            returned = self.model.execute(requests)
+            if inspect.isawaitable(returned):
+                if self.decoupled:
+                    # Triton runs a decoupled coroutine in the background: the next batch need
+                    # not wait for it; its answers go through the response senders.
+                    self._run_in_background(returned, requests)
+                    returned = None
+                else:
+                    returned = self._run_on_loop(returned)
+            reply = self._responses_to_wire(seq, requests, returned)
+            reply["release"] = self._released(requests)
         except BaseException as exc:
-            traceback.print_exc()
+            if isinstance(exc, ExecuteError):
+                self.log(2, f"model instance '{self.name}': {exc}")
+                text = str(exc)
+            else:
+                traceback.print_exc()
+                text = _describe(exc)
+            for request in requests:  # the server ends them all: no more sends
+                request._sender._close()
             reply = {
                 "op": "result",
                 "seq": seq,
                 "shm": None,
                 "responses": None,
                 "error": (
-                    f"Failed to process the request(s) for model instance '{self.name}', "
-                    f"message: {_describe(exc)}"
+                    f"Failed to process the request(s) for model '{self.name}', message: {text}"
                 ),
             }
         self.channel.send(reply)
+
+    def _released(self, requests: list[Any]) -> dict[int, int]:
+        """The requests released with RESCHEDULE: the server runs them again, as new requests of
+        a later execute; these objects are done."""
+        released = {}
+        for request in requests:
+            if request._release_flags & _RESCHEDULE:
+                released[request._key] = request._release_flags
+                request._sender._close()
+        return released
 
     def _finalize(self) -> None:
         finalize = getattr(self.model, "finalize", None)
@@ -178,13 +210,51 @@ class Stub:
                 self._call(finalize)
             except BaseException:
                 traceback.print_exc()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
         self._results_arena.close()
         self.channel.send({"op": "finalized"})
+
+    # -- coroutines --------------------------------------------------------------------------
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The model's event loop, running on a thread of its own (created on first use, from
+        the main thread only)."""
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)  # what asyncio.get_event_loop() gives the main thread
+            threading.Thread(target=loop.run_forever, name="stub-event-loop", daemon=True).start()
+            self._loop = loop
+        return self._loop
+
+    def _run_on_loop(self, awaitable: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._event_loop()).result()
+
+    def _run_in_background(self, awaitable: Any, requests: list[Any]) -> None:
+        future = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._event_loop())
+        self._background.add(future)
+        # The callback holds the requests until the coroutine is done with them.
+        future.add_done_callback(functools.partial(self._background_done, requests))
+
+    def _background_done(self, requests: list[Any], future: Future[Any]) -> None:
+        self._background.discard(future)
+        error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        if error is None:
+            return
+        traceback.print_exception(error)
+        text = (
+            f"Failed to process the request(s) for model '{self.name}', message: {_describe(error)}"
+        )
+        for request in requests:  # those it left unfinished end with its error
+            sender = request._sender
+            if not sender._is_closed:
+                sender._close()
+                self._send(request._key, None, _FINAL, error=("INTERNAL", text))
 
     def _call(self, function: Any, *args: Any) -> Any:
         result = function(*args)
         if inspect.isawaitable(result):
-            result = self._loop.run_until_complete(result)
+            result = self._run_on_loop(result)
         return result
 
     # -- conversions -------------------------------------------------------------------------
@@ -202,156 +272,156 @@ class Stub:
                 model_version=entry["model_version"],
                 request_id=entry["id"],
                 correlation_id=entry["correlation_id"],
+                flags=entry.get("flags", 0),
                 parameters=entry["parameters"],
             )
             request._key = entry["key"]
-            request._sender = pb.ResponseSender(entry["key"])
+            request._sender = pb.ResponseSender(
+                entry["key"], self.decoupled, frozenset(entry["outputs"])
+            )
             request._trace = pb.InferenceTrace(entry.get("trace"), entry["key"])
             requests.append(request)
         return requests
 
-    def _responses_to_wire(self, seq: int, requests: list[Any], responses: Any) -> dict[str, Any]:
+    def _responses_to_wire(self, seq: int, requests: list[Any], returned: Any) -> dict[str, Any]:
+        """Check what execute returned as Triton's stub does, then the responses' wire form
+        (None: every request answers through its response sender)."""
+        reply: dict[str, Any] = {"op": "result", "seq": seq, "shm": None, "error": None}
         if self.decoupled:
-            if responses is not None:
-                raise RuntimeError("a decoupled model's execute() must return None")
-            return {"op": "result", "seq": seq, "shm": None, "responses": None, "error": None}
-        if responses is None or len(responses) != len(requests):
-            got = "None" if responses is None else len(responses)
-            raise RuntimeError(
-                f"execute() returned {got} responses for {len(requests)} requests; the number "
-                "of InferenceResponse objects must match the number of InferenceRequest objects"
+            if returned is not None:
+                raise ExecuteError(
+                    f"Python model '{self.name}' is using the decoupled mode and the execute "
+                    "function must return None."
+                )
+            return {**reply, "responses": None}
+        if returned is None:
+            return {**reply, "responses": [None] * len(requests)}
+        if not isinstance(returned, list | tuple):
+            raise ExecuteError(
+                f"Expected a list in the execute return, found type '{type(returned)}'."
             )
+        if len(returned) != len(requests):
+            raise ExecuteError(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
+                f"InferenceResponse(s) size is:{len(returned)}\n"
+            )
+        for request, response in zip(requests, returned, strict=True):
+            if response is None:
+                continue
+            if request._release_flags & _RESCHEDULE:
+                raise ExecuteError(
+                    "Expected a None object in the execute function return list for "
+                    f"reschduled request, found type '{type(response)}'."
+                )
+            if not isinstance(response, self.pb.InferenceResponse):
+                raise ExecuteError(
+                    "Expected an 'InferenceResponse' object in the execute function return "
+                    f"list, found type '{type(response)}'."
+                )
+            # A returned response is the request's final one: a sender that already answered
+            # refuses it, as Triton's does.
+            request._sender._account(True, _FINAL)
         tensors: list[tuple[str, Any]] = []
         wire: list[dict[str, Any] | None] = []
-        for response in responses:
+        for request, response in zip(requests, returned, strict=True):
             if response is None:
                 wire.append(None)
                 continue
-            entry, arrays = self._response_entry(response)
+            entry, arrays = self._response_entry(response, request._sender._requested)
             tensors.extend(arrays)
             wire.append(entry)
         shm, descriptors = ipc.write_tensors(self.shm_prefix, tensors, self._results_arena)
-        return {
-            "op": "result",
-            "seq": seq,
-            "shm": shm,
-            "descriptors": descriptors,
-            "responses": wire,
-            "error": None,
-        }
+        return {**reply, "shm": shm, "descriptors": descriptors, "responses": wire}
 
-    def _response_entry(self, response: Any) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-        if not isinstance(response, self.pb.InferenceResponse):
-            raise TypeError(
-                f"execute() must return pb_utils.InferenceResponse objects, not "
-                f"{type(response).__name__}"
-            )
+    def _response_entry(
+        self, response: Any, requested: frozenset[str]
+    ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
         error = response.error()
-        arrays = [(t.name(), t.as_numpy()) for t in response.output_tensors()]
+        arrays = [
+            (t.name(), t.as_numpy())
+            for t in response.output_tensors()
+            if not requested or t.name() in requested
+        ]
         entry = {
             "outputs": len(arrays),
-            "error": None
-            if error is None
-            else (self.pb._error_code_name(error.code()), error.message()),
+            "error": None if error is None else (error_code_name(error.code()), error.message()),
             "parameters": json.loads(response.parameters()),
         }
         return entry, arrays
 
-    def _response_from_wire(self, shm: str | None, wire: dict[str, Any]) -> Any:
-        pb = self.pb
-        arrays = ipc.read_tensors(shm, wire["descriptors"])
-        error = wire["error"]
-        return pb.InferenceResponse(
-            output_tensors=[pb.Tensor(name, array) for name, _, array in arrays],
-            error=None
-            if error is None
-            else pb.TritonError(error[1], pb._error_code_number(error[0])),
-            parameters=wire.get("parameters") or None,
-        )
-
     # -- what pb_utils calls -----------------------------------------------------------------
 
-    def send_response(self, key: int, response: Any, flags: int) -> None:
-        shm, descriptors, entry = None, [], None
-        if response is not None:
-            entry, arrays = self._response_entry(response)
-            shm, descriptors = ipc.write_tensors(self.shm_prefix, arrays)
+    def send_response(
+        self, key: int, response: Any, flags: int, requested: frozenset[str] = frozenset()
+    ) -> None:
+        if response is None:
+            self._send(key, None, flags)
+            return
+        entry, arrays = self._response_entry(response, requested)
+        shm, descriptors = ipc.write_tensors(self.shm_prefix, arrays)
+        self._send(key, entry, flags, shm, descriptors)
+
+    def _send(
+        self,
+        key: int,
+        entry: dict[str, Any] | None,
+        flags: int,
+        shm: str | None = None,
+        descriptors: list[Any] | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> None:
+        if error is not None:
+            entry = {"outputs": 0, "error": error, "parameters": {}}
         self.channel.send(
             {
                 "op": "send",
                 "key": key,
                 "shm": shm,
-                "descriptors": descriptors,
+                "descriptors": descriptors or [],
                 "response": entry,
                 "flags": flags,
             }
         )
 
-    def _bls_message(self, request: Any, decoupled: bool) -> tuple[int, dict[str, Any]]:
-        if decoupled:
-            raise self.pb.TritonModelException(
-                "BLS calls with decoupled=True are not supported by tritonactor yet"
+    def forward(self, message: dict[str, Any]) -> None:
+        """Send `message` to the server from the main thread: what a `__del__` has to say (it
+        may run on any thread, even one in the middle of a send, where only putting into a
+        SimpleQueue is safe)."""
+        self._inbox.put({"op": "forward", "message": message})
+
+    def sender_dropped(self, key: int) -> None:
+        """A response sender nobody holds any more, its request unfinished."""
+        self.forward({"op": "dropped", "key": key})
+
+    def metric(self, action: str, name: str, wait: bool = True, **arguments: Any) -> Any:
+        """A custom-metric operation; without `wait` (a release, from a `__del__`) it is only
+        forwarded."""
+        if not wait:
+            self.forward(
+                {"op": "metric", "call": None, "action": action, "name": name, **arguments}
             )
-        call = next(self._call_ids)
-        arrays = [(t.name(), t.as_numpy()) for t in request.inputs()]
-        shm, descriptors = ipc.write_tensors(self.shm_prefix, arrays)
-        version = request.model_version()
-        return call, {
-            "op": "bls",
-            "call": call,
-            "shm": shm,
-            "descriptors": descriptors,
-            "model_name": request.model_name(),
-            "model_version": "" if version in (-1, None, "") else str(version),
-            "id": request.request_id(),
-            "outputs": request.requested_output_names(),
-            "parameters": json.loads(request.parameters()),
-            # The request whose trace the BLS call continues (trace=request.trace()).
-            "trace_key": request.trace()._key,
-        }
+            return None
+        return self.calls.metric(action, name, **arguments)
 
     def bls(self, request: Any, decoupled: bool) -> Any:
-        call, message = self._bls_message(request, decoupled)
-        waiter: tuple[threading.Event, list[Any]] = (threading.Event(), [])
-        with self._calls_lock:
-            self._calls[call] = waiter
-        self.channel.send(message)
-        waiter[0].wait()
-        return waiter[1][0]
+        return self.calls.bls(request, decoupled)
 
-    async def bls_async(self, request: Any, decoupled: bool) -> Any:
-        call, message = self._bls_message(request, decoupled)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        with self._calls_lock:
-            self._calls[call] = future
-        self.channel.send(message)
-        return await future
+    def bls_async(self, request: Any, decoupled: bool) -> Any:
+        return self.calls.bls_async(request, decoupled)
 
     def is_cancelled(self, key: int) -> bool:
-        """Ask the server whether it marked request `key` cancelled; any thread may ask."""
-        call = next(self._call_ids)
-        waiter: tuple[threading.Event, list[bool]] = (threading.Event(), [])
-        with self._calls_lock:
-            self._calls[call] = waiter
-        try:
-            self.channel.send({"op": "is_cancelled", "call": call, "key": key})
-        except OSError:
-            answered = False
-        else:
-            answered = waiter[0].wait(CANCELLED_QUERY_TIMEOUT_S)
-        if not answered:
-            with self._calls_lock:
-                self._calls.pop(call, None)
-            return False
-        return waiter[1][0]
+        return self.calls.is_cancelled(key)
+
+    def control(self, action: str, model: str, **arguments: Any) -> Any:
+        return self.calls.control(action, model, **arguments)
 
     def log(self, level: int, message: str) -> None:
         self.channel.send({"op": "log", "level": level, "message": message})
 
 
-def _set_result(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def _take(arrays: Any, n: int) -> list[Any]:
@@ -367,7 +437,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--shm-prefix", required=True)
+    parser.add_argument("--shm-default-size", type=int, default=0)
+    parser.add_argument("--shm-growth-size", type=int, default=0)
     options = parser.parse_args(argv)
+    # The model's process, not ours: Triton's stub leaves it [""] (unittest.main() in a model
+    # would otherwise parse our options).
+    sys.argv = [""]
     sock = socket.socket(fileno=options.fd)
     channel = ipc.Channel(sock)
     # Model code imports the helpers by their Triton name. An alias rather than this folder on
@@ -376,8 +451,15 @@ def main(argv: list[str] | None = None) -> None:
 
     sys.modules["triton_python_backend_utils"] = pb_utils
 
-    stub = Stub(channel, options.name, options.shm_prefix, pb_utils)
-    pb_utils._stub = stub
+    stub = Stub(
+        channel,
+        options.name,
+        options.shm_prefix,
+        pb_utils,
+        options.shm_default_size,
+        options.shm_growth_size,
+    )
+    _pb_runtime.stub = stub
     threading.Thread(target=stub.read_forever, name="stub-reader", daemon=True).start()
     stub.serve()
     sys.stdout.flush()

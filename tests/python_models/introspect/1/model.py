@@ -18,7 +18,7 @@ class TritonPythonModel:
                 "request_id": request.request_id(),
                 "correlation_id": request.correlation_id(),
                 "parameters": json.loads(request.parameters()),
-                "requested_output_names": request.requested_output_names(),
+                "requested_output_names": sorted(request.requested_output_names()),
                 "inputs": [tensor.name() for tensor in request.inputs()],
             }
             data = pb_utils.get_input_tensor_by_name(request, "INPUT0")

@@ -1,0 +1,228 @@
+"""The server's side of what a model asks for (see `stub_calls` for the stub's): BLS requests
+through the router, one response (`exec()`) or a stream of them (`exec(decoupled=True)`, on the
+router's streaming with a `ResponseSender`), and model control (`pb_utils.load_model`...).
+
+Each call arrives on the instance's reader thread and is served from a small thread pool, so
+that a call waiting on another model never holds up the reader; the work itself runs on the
+server's event loop (`anyio.from_thread`, with the loop's token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio.from_thread
+
+from tritonactor.backends.base import InstanceContext
+from tritonactor.backends.python import ipc
+from tritonactor.backends.python.held import HeldRequests
+from tritonactor.backends.python.wire import bls_parameters, response_to_wire
+from tritonactor.core.errors import TritonError, internal, unavailable
+from tritonactor.core.types import (
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    ResponseSender,
+    Tensor,
+)
+
+log = logging.getLogger(__name__)
+
+# Calls one instance may have waiting on the server at once.
+CALL_THREADS = 8
+
+
+class ServedCalls:
+    def __init__(
+        self,
+        context: InstanceContext,
+        channel: ipc.Channel,
+        shm_prefix: str,
+        held: HeldRequests,
+        token: Callable[[], Any],
+    ) -> None:
+        self._context = context
+        self._channel = channel
+        self._shm_prefix = shm_prefix
+        self._held = held
+        self._token = token
+        self._pool: ThreadPoolExecutor | None = None
+
+    def submit(self, message: dict[str, Any]) -> None:
+        """From the reader thread: serve `message` (op bls or control) on the pool."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(CALL_THREADS, f"{self._context.name}-calls")
+        serve = self._serve_bls if message["op"] == "bls" else self._serve_control
+        self._pool.submit(serve, message)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # the stub is gone; the reader reports it
+            self._channel.send(message)
+
+    # -- BLS ---------------------------------------------------------------------------------
+
+    def _serve_bls(self, message: dict[str, Any]) -> None:
+        try:
+            request = self._bls_request(message)
+            token = self._token()
+            if token is None:
+                raise unavailable("BLS is only supported during the 'execute' function.")
+            if message.get("decoupled"):
+                self._stream(message["call"], request, token)
+                return
+            self._decoupled_refused(request, token)
+            infer = self._context.infer
+            assert infer is not None
+            response = anyio.from_thread.run(infer, request, token=token)
+            self._answer(message["call"], response, None)
+        except TritonError as exc:
+            self._answer(message["call"], None, exc, message.get("decoupled", False))
+        except Exception as exc:
+            error = internal(f"{type(exc).__name__}: {exc}")
+            self._answer(message["call"], None, error, message.get("decoupled", False))
+
+    def _bls_request(self, message: dict[str, Any]) -> InferenceRequest:
+        inputs = [
+            Tensor(name=name, datatype=datatype, shape=tuple(array.shape), data=array)
+            for name, datatype, array in ipc.read_tensors(message["shm"], message["descriptors"])
+        ]
+        if self._context.infer is None:
+            raise unavailable("BLS is not available to this model instance")
+        request = InferenceRequest(
+            model_name=message["model_name"],
+            model_version=message["model_version"],
+            id=message["id"],
+            inputs=inputs,
+            outputs=[RequestedOutput(name) for name in message["outputs"]],
+            parameters=bls_parameters(message),
+        )
+        # A BLS request made with trace=request.trace() nests in that request's trace.
+        parent = self._held.request(message.get("trace_key"))
+        if parent is not None and parent.trace is not None:
+            request.trace = parent.trace.child()
+        return request
+
+    def _decoupled_refused(self, request: InferenceRequest, token: Any) -> None:
+        """exec() without decoupled=True on a decoupled model: Triton's error."""
+        router = _router(self._context)
+        if router is None:
+            return
+        try:
+            handle = router.resolve(request.model_name, request.model_version)
+        except TritonError:
+            return  # the router's own error comes with the call itself
+        if handle.decoupled:
+            raise internal(
+                f"Model {request.model_name} is using the decoupled. The current BLS request "
+                "call doesn't support models using the decoupled transaction policy. Please "
+                "use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                "decoupled models."
+            )
+
+    def _answer(
+        self,
+        call: int,
+        response: InferenceResponse | None,
+        error: TritonError | None,
+        streamed: bool = False,
+    ) -> None:
+        """The one answer of a call (or, streamed, its only and final one)."""
+        wire, tensors = response_to_wire(response, error)
+        try:
+            shm, wire["descriptors"] = ipc.write_tensors(self._shm_prefix, tensors)
+        except OSError as exc:
+            wire, shm = (
+                response_to_wire(None, internal(f"cannot pass the response: {exc}"))[0],
+                None,
+            )
+        if streamed:
+            self._send(
+                {"op": "bls_stream", "call": call, "shm": shm, "response": wire, "final": True}
+            )
+        else:
+            self._send({"op": "bls_result", "call": call, "shm": shm, "response": wire})
+
+    def _stream(self, call: int, request: InferenceRequest, token: Any) -> None:
+        """A decoupled BLS call: every response the model sends goes to the stub as it comes,
+        from whichever thread sends it; the last is marked final (a bare final flag travels
+        without a response: the stub turns it into Triton's empty final response)."""
+        submit = self._context.submit
+        if submit is None:
+            raise unavailable("decoupled BLS calls are not available to this model instance")
+
+        def deliver(
+            response: InferenceResponse | None, error: TritonError | None, final: bool
+        ) -> None:
+            if response is None and error is None:
+                self._send(
+                    {
+                        "op": "bls_stream",
+                        "call": call,
+                        "shm": None,
+                        "response": None,
+                        "final": final,
+                    }
+                )
+                return
+            wire, tensors = response_to_wire(response, error)
+            shm, wire["descriptors"] = ipc.write_tensors(self._shm_prefix, tensors)
+            self._send(
+                {"op": "bls_stream", "call": call, "shm": shm, "response": wire, "final": final}
+            )
+
+        sender = request.sender = ResponseSender(deliver)
+
+        def start() -> None:
+            reply = submit(request)
+            reply.add_done_callback(lambda done: sender.end_if_failed(done.result))
+
+        anyio.from_thread.run_sync(start, token=token)
+
+    # -- model control -----------------------------------------------------------------------
+
+    def _serve_control(self, message: dict[str, Any]) -> None:
+        answer: dict[str, Any] = {"op": "control_result", "call": message["call"], "error": None}
+        try:
+            control = getattr(self._context, "control", None)
+            token = self._token()
+            if control is None or token is None:
+                raise unavailable(
+                    "model control (pb_utils.load_model, unload_model, is_model_ready) is not "
+                    "available to this model instance"
+                )
+            action, model = message["action"], message["model"]
+            if action == "load":
+                anyio.from_thread.run(
+                    control.load,
+                    model,
+                    message.get("config", ""),
+                    message.get("files") or {},
+                    token=token,
+                )
+            elif action == "unload":
+                anyio.from_thread.run(
+                    control.unload, model, bool(message.get("unload_dependents")), token=token
+                )
+            else:
+                answer["value"] = anyio.from_thread.run(
+                    control.ready, model, message.get("version", ""), token=token
+                )
+        except TritonError as exc:
+            answer["error"] = exc.message
+        except Exception as exc:
+            answer["error"] = f"{type(exc).__name__}: {exc}"
+        self._send(answer)
+
+
+def _router(context: InstanceContext) -> Any:
+    """The router behind the instance's `infer` (the server gives instances `Router.infer`),
+    to tell a decoupled model apart before calling it; None for any other `infer`."""
+    return getattr(context.infer, "__self__", None)

@@ -1,0 +1,342 @@
+"""One python model instance, as the server sees it: a stub process and the thread that reads it.
+
+`PythonInstance.execute` writes the batch's input tensors into shared memory, sends descriptors
+on the instance's socket and awaits the answer on the event loop. A reader thread per instance
+takes everything the stub sends — results, responses sent through response senders (which may
+come after execute returned), BLS calls, cancellation queries, log lines — and notices at once
+when the process dies.
+
+Cancellation is asked for, not pushed: the model's `is_cancelled()` sends the request's key and
+the reader thread answers from `InferenceRequest.cancelled` (the server sets it from any thread,
+with no event to hook), so nothing costs anything until a model asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import sniffio
+
+from tritonactor.backends.base import (
+    RESCHEDULE,
+    BackendInstance,
+    InstanceContext,
+    InstanceDied,
+    ModelContext,
+    Result,
+)
+from tritonactor.backends.python import ipc
+from tritonactor.backends.python.calls import ServedCalls
+from tritonactor.backends.python.held import HeldRequests
+from tritonactor.backends.python.metrics import InstanceMetrics
+from tritonactor.backends.python.process import StubProcess, StubSettings, exit_description
+from tritonactor.backends.python.wire import request_entry, response_from_wire
+from tritonactor.core.errors import TritonError, internal, unavailable
+from tritonactor.core.types import InferenceRequest
+
+log = logging.getLogger(__name__)
+
+_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class PythonModelSpec(Protocol):
+    """What an instance needs of its model (`backend.PythonModel`)."""
+
+    context: ModelContext
+    interpreter: str
+    settings: StubSettings
+    decoupled: bool
+    output_names: list[str]
+    iterative: bool
+
+    def initialize_args(self, context: InstanceContext) -> dict[str, str]: ...
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One execute waiting on the loop for its stub's answer."""
+
+    event: anyio.Event
+    token: Any
+    keys: list[int]
+    message: dict[str, Any] | None = None
+    died: bool = False
+
+
+class PythonInstance(BackendInstance):
+    def __init__(self, model: PythonModelSpec, context: InstanceContext) -> None:
+        self.model = model
+        self.context = context
+        self.name = context.name
+        self._model_name = model.context.name
+        self._model_version = str(model.context.version)
+        self._seq = itertools.count()
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._held = HeldRequests(self._model_name)
+        self._metrics = InstanceMetrics()
+        self._death: str | None = None
+        self._finalizing = False
+        self._closed = False
+        self._token: Any = None
+        self._stub = StubProcess(model.interpreter, context.name, model.settings)
+        self._calls = ServedCalls(
+            context, self._stub.channel, self._stub.parent_prefix, self._held, lambda: self._token
+        )
+        # One execute at a time: its tensors travel through reused arenas (see ipc.Arena).
+        self._inputs_arena = self._stub.arena()
+        self._results_arena = ipc.ArenaReader()
+        try:
+            self._stub.channel.send(
+                {
+                    "op": "init",
+                    "args": model.initialize_args(context),
+                    "model_file": str(model.context.model_path),
+                    "decoupled": model.decoupled,
+                }
+            )
+            self._stub.wait_for("ready", other=self._dispatch)
+        except BaseException as exc:
+            self._stub.stop(5)
+            if isinstance(exc, TritonError):
+                raise internal(
+                    f"model '{self._model_name}' instance '{self.name}' failed to initialize: "
+                    f"{exc.message}"
+                ) from None
+            raise
+        self._reader = threading.Thread(
+            target=self._read_forever, name=f"{self.name}-reader", daemon=True
+        )
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self._stub.process.pid
+
+    # -- execute (on the event loop) ---------------------------------------------------------
+
+    async def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        self._token = anyio.lowlevel.current_token()
+        seq = next(self._seq)
+        keys = [next(self._keys) for _ in requests]
+        outputs = self.model.output_names
+        entries: list[dict[str, Any]] = []
+        arrays: list[tuple[str, Any]] = []
+        for key, request in zip(keys, requests, strict=True):
+            entries.append(request_entry(key, request, outputs))
+            arrays.extend((tensor.name, tensor.data) for tensor in request.inputs)
+        pending = _Pending(anyio.Event(), _loop_token(), keys)
+        with self._lock:
+            if self._death is not None:
+                raise InstanceDied(self._death)
+            self._pending[seq] = pending
+        for key, request in zip(keys, requests, strict=True):
+            self._held.hold(key, request)
+        completed = False
+        try:
+            shm, descriptors = ipc.write_tensors(
+                self._stub.parent_prefix, arrays, self._inputs_arena
+            )
+            with contextlib.suppress(OSError):  # a dead stub: the reader reports why
+                self._stub.channel.send(
+                    {
+                        "op": "execute",
+                        "seq": seq,
+                        "shm": shm,
+                        "descriptors": descriptors,
+                        "requests": entries,
+                    }
+                )
+            await pending.event.wait()
+            completed = True
+        finally:
+            with self._lock:
+                self._pending.pop(seq, None)
+            if not completed:
+                # The stub may still read the abandoned batch: the next one gets a fresh arena.
+                self._inputs_arena.close()
+                for key in keys:
+                    self._held.release(key)
+        if pending.died:
+            for key in keys:
+                self._held.release(key)
+            raise InstanceDied(self._death)
+        assert pending.message is not None
+        return self._results(requests, keys, pending.message)
+
+    def _results(
+        self, requests: list[InferenceRequest], keys: list[int], message: dict[str, Any]
+    ) -> list[Result]:
+        arrays = iter(
+            ipc.read_tensors(
+                message.get("shm"), message.get("descriptors", []), self._results_arena
+            )
+        )
+        if message["error"] is not None:
+            error = internal(message["error"])
+            return [self._held.failed(key, error) for key in keys]
+        released = message.get("release") or {}
+        wires = message["responses"]
+        results: list[Result] = []
+        for index, (key, request) in enumerate(zip(keys, requests, strict=True)):
+            wire = None if wires is None else wires[index]
+            if key in released:
+                results.append(self._rescheduled(key))
+            elif wire is not None:  # the response execute returned
+                self._held.release(key)
+                results.append(
+                    response_from_wire(self._model_name, self._model_version, request, wire, arrays)
+                )
+            else:
+                results.append(self._held.returned(key))
+        return results
+
+    def _rescheduled(self, key: int) -> Result:
+        """The model released the request with RESCHEDULE: the scheduler runs it again, if the
+        model may ask for that."""
+        request = self._held.release(key)
+        if request is not None and request.sender is not None and request.sender.finished:
+            log.warning(
+                "model '%s' asked to reschedule a request it already finished; it is not rerun",
+                self._model_name,
+            )
+            return None
+        if not self.model.iterative:
+            return internal(
+                "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the "
+                f"model '{self._model_name}' is not configured to handle such a flag "
+                "(sequence_batching { iterative_sequence: true })."
+            )
+        return RESCHEDULE
+
+    # -- the reader thread -------------------------------------------------------------------
+
+    def _read_forever(self) -> None:
+        channel = self._stub.channel
+        while True:
+            message = channel.recv()
+            if message is None:
+                break
+            try:
+                self._dispatch(message)
+            except Exception:
+                log.exception("instance '%s': cannot handle a message from its model", self.name)
+        self._exited()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        op = message["op"]
+        if op == "result":
+            with self._lock:
+                pending = self._pending.get(message["seq"])
+            if pending is None:  # its execute was cancelled: drop the answer
+                shm = message.get("shm")
+                if shm is not None and not shm.startswith("@"):
+                    ipc.read_tensors(shm, message.get("descriptors", []))
+                return
+            pending.message = message
+            _wake(pending)
+        elif op == "send":
+            self._deliver(message)
+        elif op == "dropped":
+            self._held.dropped(message["key"])
+        elif op in ("bls", "control"):
+            self._calls.submit(message)
+        elif op == "metric":
+            answer = self._metrics.handle(message)
+            if answer is not None:
+                with contextlib.suppress(OSError):  # the stub is gone; the reader reports it
+                    self._stub.channel.send(answer)
+        elif op == "is_cancelled":
+            with contextlib.suppress(OSError):  # the stub is gone; the reader reports it
+                self._stub.channel.send(
+                    {
+                        "op": "cancelled",
+                        "call": message["call"],
+                        "cancelled": self._held.is_cancelled(message["key"]),
+                    }
+                )
+        elif op == "log":
+            self._stub.log(message)
+        elif op in ("finalized", "started"):
+            pass
+        else:
+            log.warning("instance '%s': unexpected message %r", self.name, op)
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        # Read (and so unlink) the tensors even when nobody takes them any more.
+        arrays = iter(ipc.read_tensors(message["shm"], message["descriptors"]))
+        request = self._held.request(message["key"])
+        result = None
+        if message["response"] is not None and request is not None:
+            result = response_from_wire(
+                self._model_name, self._model_version, request, message["response"], arrays
+            )
+        self._held.deliver(message["key"], result, bool(message["flags"] & _FINAL))
+
+    def _exited(self) -> None:
+        if self._finalizing:
+            return
+        returncode = self._stub.wait(5)
+        reason = (
+            f"python model process for instance '{self.name}' exited with "
+            f"{exit_description(returncode)}"
+        )
+        log.error("model '%s': %s", self._model_name, reason)
+        with self._lock:
+            self._death = reason
+            pendings = list(self._pending.values())
+        in_flight = {key for pending in pendings for key in pending.keys}
+        for pending in pendings:
+            pending.died = True
+            _wake(pending)
+        # Requests of earlier batches still answering (through their senders): they end here.
+        self._held.fail_all(unavailable(reason), keep=in_flight)
+        self._metrics.release_all()
+        ipc.remove_files(self._stub.shm_prefix)
+
+    # -- finalize ----------------------------------------------------------------------------
+
+    def finalize(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizing = True
+        self._stub.stop(self.model.settings.start_timeout_s)
+        self._inputs_arena.close()
+        self._calls.close()
+        self._metrics.release_all()
+        # Whatever the model never answered fails now, rather than its clients waiting forever.
+        self._held.fail_all(
+            unavailable(
+                f"model instance '{self.name}' was finalized before it answered the request"
+            )
+        )
+
+
+def _loop_token() -> Any:
+    """What `_wake` needs to reach this event loop from another thread."""
+    if sniffio.current_async_library() == "asyncio":
+        return asyncio.get_running_loop()
+    return anyio.lowlevel.current_token()
+
+
+def _wake(pending: _Pending) -> None:
+    try:
+        if isinstance(pending.token, asyncio.AbstractEventLoop):
+            # Schedules the wake-up without waiting for it (the generic path below blocks this
+            # thread until the loop has run it: ~100 us more per request).
+            pending.token.call_soon_threadsafe(pending.event.set)
+        else:
+            anyio.from_thread.run_sync(pending.event.set, token=pending.token)
+    except RuntimeError:  # the loop is gone: nobody waits any more
+        pass

@@ -1,0 +1,234 @@
+"""A stub process as the server sees it: started with one end of a socketpair, its output logged
+line by line, stopped (finalize, then kill) at the end; and the python backend's settings that
+shape it (`--backend-config=python,<setting>=<value>`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tritonactor
+from tritonactor.backends.python import ipc
+from tritonactor.core.errors import internal, invalid_arg, unavailable
+
+log = logging.getLogger(__name__)
+model_log = logging.getLogger("tritonactor.models")
+
+_PACKAGE_ROOT = str(Path(tritonactor.__file__).resolve().parent.parent)
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+# Settings of Triton's python backend that tritonactor's design makes moot: accepted, logged.
+_IGNORED_SETTINGS = {
+    "shm-region-prefix-name": "shared-memory files are named by tritonactor",
+    "shm-message-queue-size": "control messages travel on a socket, not a message queue",
+    "default-max-batch-size": "max_batch_size comes from the config or auto_complete_config",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StubSettings:
+    """How the server runs stub processes. `start_timeout_s` (Triton's stub-timeout-seconds):
+    how long a stub may take to start, and to finalize, before it is declared dead and killed.
+    The shared-memory sizes (shm-default-byte-size, shm-growth-byte-size) are the first size and
+    the growth step of each instance's reused arenas (0: tritonactor's defaults)."""
+
+    start_timeout_s: float = 30.0
+    shm_default_size: int = 0
+    shm_growth_size: int = 0
+
+    @classmethod
+    def from_backend_config(cls, config: Mapping[str, str]) -> StubSettings:
+        """Read `--backend-config=python,...`; a setting that means nothing here is logged, a
+        malformed number is INVALID_ARG."""
+        values: dict[str, Any] = {}
+        for key, value in config.items():
+            if key == "stub-timeout-seconds":
+                values["start_timeout_s"] = float(_positive_int(key, value))
+            elif key == "shm-default-byte-size":
+                values["shm_default_size"] = _positive_int(key, value)
+            elif key == "shm-growth-byte-size":
+                values["shm_growth_size"] = _positive_int(key, value)
+            elif key in _IGNORED_SETTINGS:
+                log.info("python backend setting %s=%s: %s", key, value, _IGNORED_SETTINGS[key])
+            else:
+                log.info("python backend setting %s=%s has no effect in tritonactor", key, value)
+        settings = cls(**values)
+        if values:
+            log.info(
+                "python backend: shm-default-byte-size=%d, shm-growth-byte-size=%d, "
+                "stub-timeout-seconds=%g (0: tritonactor's default)",
+                settings.shm_default_size,
+                settings.shm_growth_size,
+                settings.start_timeout_s,
+            )
+        return settings
+
+
+def _positive_int(key: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise invalid_arg(f"python backend setting {key} must be a positive integer, not '{value}'")
+    return number
+
+
+def exit_description(returncode: int | None) -> str:
+    if returncode is None:
+        return "an unknown status"
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"code {returncode}"
+
+
+class StubProcess:
+    """A started stub: its process, its channel and the thread that logs its output. Returns
+    once the stub said it started (or raises UNAVAILABLE, having killed it)."""
+
+    def __init__(self, interpreter: str, name: str, settings: StubSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.shm_prefix = f"tritonactor-py-{os.getpid()}-{secrets.token_hex(4)}"
+        parent_end, child_end = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
+        )
+        env["PYTHONUNBUFFERED"] = "1"
+        command = [
+            interpreter,
+            "-m",
+            "tritonactor.backends.python.stub",
+            "--fd",
+            str(child_end.fileno()),
+            "--name",
+            name,
+            "--shm-prefix",
+            f"{self.shm_prefix}-s",
+        ]
+        if settings.shm_default_size:
+            command += ["--shm-default-size", str(settings.shm_default_size)]
+        if settings.shm_growth_size:
+            command += ["--shm-growth-size", str(settings.shm_growth_size)]
+        try:
+            self.process = subprocess.Popen(
+                command,
+                pass_fds=(child_end.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        except OSError as exc:
+            parent_end.close()
+            raise unavailable(
+                f"cannot start the python model process for '{name}': {exc}"
+            ) from None
+        finally:
+            child_end.close()
+        self.channel = ipc.Channel(parent_end)
+        threading.Thread(target=self._log_output, name=f"{name}-output", daemon=True).start()
+        try:
+            self.wait_for("started", settings.start_timeout_s)
+        except BaseException:
+            self.stop(0)
+            raise
+
+    @property
+    def parent_prefix(self) -> str:
+        return f"{self.shm_prefix}-p"
+
+    def arena(self) -> ipc.Arena:
+        """A reused arena for what the server sends this stub, sized by the settings."""
+        return ipc.Arena(
+            f"{self.parent_prefix}-arena",
+            self.settings.shm_default_size,
+            self.settings.shm_growth_size,
+        )
+
+    def _log_output(self) -> None:
+        assert self.process.stdout is not None
+        for line in iter(self.process.stdout.readline, b""):
+            model_log.info("[%s] %s", self.name, line.decode("utf-8", "replace").rstrip())
+
+    def log(self, message: dict[str, Any]) -> None:
+        level = _LOG_LEVELS.get(message["level"], logging.INFO)
+        model_log.log(level, "[%s] %s", self.name, message["message"])
+
+    def wait_for(
+        self,
+        op: str,
+        timeout_s: float | None = None,
+        other: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Block until the stub answers `op` (logging what it says meanwhile, and handing
+        anything else to `other`: a model may define metrics in `initialize`). With a
+        timeout, a stub that has not answered by then is killed and the wait fails
+        UNAVAILABLE."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            with contextlib.suppress(OSError):
+                self.process.kill()
+
+        timer = None
+        if timeout_s is not None:
+            timer = threading.Timer(timeout_s, expire)
+            timer.daemon = True
+            timer.start()
+        try:
+            while True:
+                message = self.channel.recv()
+                if message is None:
+                    returncode = self.wait(5)
+                    if expired.is_set():
+                        raise unavailable(
+                            f"python model process for instance '{self.name}' did not answer "
+                            f"within {timeout_s:g} s (stub-timeout-seconds); it was killed"
+                        )
+                    raise unavailable(
+                        f"python model process for instance '{self.name}' exited with "
+                        f"{exit_description(returncode)} before answering"
+                    )
+                if message["op"] == "log":
+                    self.log(message)
+                elif message["op"] == "failed":
+                    raise internal(message["error"])
+                elif message["op"] == op:
+                    return message
+                elif other is not None:
+                    other(message)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def stop(self, timeout: float) -> None:
+        """Ask the stub to finalize and exit; kill it if it takes longer than `timeout`."""
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.channel.send({"op": "finalize"})
+            self.wait(timeout)
+        self.channel.close()
+        ipc.remove_files(self.shm_prefix)

@@ -1,0 +1,106 @@
+"""The server's side of what travels to and from a stub: a request's entry in an execute
+message, and a response's wire form back into an `InferenceResponse`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
+
+_SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+_SEQUENCE_END = 2
+
+
+def request_entry(
+    key: int, request: InferenceRequest, all_outputs: Sequence[str]
+) -> dict[str, Any]:
+    """What the stub needs to rebuild `request` (its tensors travel in shared memory)."""
+    parameters = request.parameters
+    flags = (_SEQUENCE_START if parameters.get("sequence_start") is True else 0) | (
+        _SEQUENCE_END if parameters.get("sequence_end") is True else 0
+    )
+    return {
+        "key": key,
+        "model_name": request.model_name,
+        "model_version": request.resolved_version or -1,
+        "id": request.id,
+        "correlation_id": parameters.get("sequence_id", 0),
+        "flags": flags,
+        # As in Triton, the parameters the server acts on (sequence controls...) are not the
+        # model's.
+        "parameters": dict(request.model_parameters),
+        "inputs": len(request.inputs),
+        # As in Triton, a request that names no outputs asks for all of them.
+        "outputs": request.requested_output_names or list(all_outputs),
+        # What the model's request.trace().get_context() answers.
+        "trace": None if request.trace is None else request.trace.carrier(),
+    }
+
+
+def bls_parameters(message: dict[str, Any]) -> dict[str, Any]:
+    """A BLS request's parameters, with its correlation id and sequence flags in the form the
+    server's schedulers read them."""
+    parameters = dict(message.get("parameters") or {})
+    correlation_id = message.get("correlation_id") or 0
+    if correlation_id:
+        parameters["sequence_id"] = correlation_id
+    flags = message.get("flags") or 0
+    if flags & _SEQUENCE_START:
+        parameters["sequence_start"] = True
+    if flags & _SEQUENCE_END:
+        parameters["sequence_end"] = True
+    return parameters
+
+
+def error_from_wire(error: tuple[str, str]) -> TritonError:
+    code, text = error
+    return TritonError(ErrorCode.__members__.get(code, ErrorCode.INTERNAL), text)
+
+
+def response_from_wire(
+    model_name: str,
+    model_version: str,
+    request: InferenceRequest,
+    wire: dict[str, Any],
+    arrays: Iterator[tuple[str, str, np.ndarray]],
+) -> InferenceResponse | TritonError:
+    """A response the stub sent for `request` (its tensors taken from `arrays`), or the error it
+    carries. Outputs the client did not ask for are dropped."""
+    tensors = [next(arrays) for _ in range(wire["outputs"])]
+    if wire["error"] is not None:
+        return error_from_wire(wire["error"])
+    wanted = set(request.requested_output_names)
+    outputs = [
+        Tensor(name=name, datatype=datatype, shape=tuple(array.shape), data=array)
+        for name, datatype, array in tensors
+        if not wanted or name in wanted
+    ]
+    parameters = {
+        k: v
+        for k, v in (wire.get("parameters") or {}).items()
+        if isinstance(v, bool | int | float | str)
+    }
+    return InferenceResponse(
+        model_name=model_name,
+        model_version=model_version,
+        id=request.id,
+        outputs=outputs,
+        parameters=parameters,
+    )
+
+
+def response_to_wire(
+    response: InferenceResponse | None, error: TritonError | None
+) -> tuple[dict[str, Any], list[tuple[str, np.ndarray]]]:
+    """A response (or error) the server gives a BLS call, and the tensors that go with it."""
+    if error is not None or response is None:
+        failure = error or TritonError(ErrorCode.INTERNAL, "no response")
+        return {"descriptors": [], "error": (failure.code.name, failure.message)}, []
+    return (
+        {"descriptors": [], "error": None, "parameters": dict(response.parameters)},
+        [(t.name, t.data) for t in response.outputs],
+    )

@@ -1,0 +1,206 @@
+"""Custom metrics: families that models define while they run (the python backend's
+`pb_utils.MetricFamily` / `Metric`), served on /metrics beside Triton's own, under the names and
+labels the model gives them.
+
+One registry per process (`CUSTOM_METRICS`), as Triton's is one per server: the python backend
+updates it from its instances' reader threads (every operation takes its lock), the metrics
+collector reads it at scrape time. A family or metric defined twice is the same one, counted:
+it goes when the last of its definitions is released."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.metrics_core import Metric
+
+KINDS = ("counter", "gauge", "histogram")
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+class CustomMetricError(ValueError):
+    """An operation the metric (or its family) does not allow; the message says why."""
+
+
+@dataclass(slots=True)
+class _Metric:
+    labels: dict[str, str]
+    bounds: tuple[float, ...] = ()  # histogram bucket bounds (upper, inclusive)
+    value: float = 0.0  # counter, gauge; a histogram's sum
+    counts: list[int] = field(default_factory=list)  # histogram: per bucket, then above all
+    references: int = 1
+
+
+@dataclass(slots=True)
+class _Family:
+    name: str
+    description: str
+    kind: str
+    metrics: dict[LabelKey, _Metric] = field(default_factory=dict)
+    references: int = 1
+
+
+class CustomMetrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._families: dict[str, _Family] = {}
+
+    # -- definitions ------------------------------------------------------------------------
+
+    def add_family(self, name: str, description: str, kind: str) -> None:
+        """Define a family, or count one more definition of it (the first description stays);
+        the same name with another kind is refused."""
+        if kind not in KINDS:
+            raise CustomMetricError(f"unknown metric kind '{kind}'")
+        if not _NAME.match(name):
+            raise CustomMetricError(f"'{name}' is not a valid metric family name")
+        with self._lock:
+            family = self._families.get(name)
+            if family is None:
+                self._families[name] = _Family(name, description, kind)
+            elif family.kind != kind:
+                raise CustomMetricError(
+                    f"a metric family named '{name}' already exists with kind {family.kind}"
+                )
+            else:
+                family.references += 1
+
+    def remove_family(self, name: str) -> None:
+        with self._lock:
+            family = self._families.get(name)
+            if family is not None:
+                family.references -= 1
+                if family.references <= 0:
+                    del self._families[name]
+
+    def add_metric(
+        self, name: str, labels: Mapping[str, str], buckets: Sequence[float] | None = None
+    ) -> None:
+        """Define a metric of family `name` (a histogram needs ascending, distinct bucket
+        bounds), or count one more definition of it."""
+        for label in labels:
+            if not _LABEL.match(label):
+                raise CustomMetricError(f"'{label}' is not a valid label name")
+        key = _key(labels)
+        with self._lock:
+            family = self._family(name)
+            metric = family.metrics.get(key)
+            if metric is not None:
+                metric.references += 1
+                return
+            bounds: tuple[float, ...] = ()
+            if family.kind == "histogram":
+                bounds = tuple(float(b) for b in buckets or ())
+                if any(b >= c for b, c in itertools.pairwise(bounds)):
+                    raise CustomMetricError(
+                        f"histogram buckets must be distinct and ascending, not {list(bounds)}"
+                    )
+            family.metrics[key] = _Metric(
+                {str(k): str(v) for k, v in labels.items()}, bounds, counts=[0] * (len(bounds) + 1)
+            )
+
+    def remove_metric(self, name: str, labels: Mapping[str, str]) -> None:
+        with self._lock:
+            family = self._families.get(name)
+            metric = None if family is None else family.metrics.get(_key(labels))
+            if family is not None and metric is not None:
+                metric.references -= 1
+                if metric.references <= 0:
+                    del family.metrics[_key(labels)]
+
+    # -- values -----------------------------------------------------------------------------
+
+    def increment(self, name: str, labels: Mapping[str, str], amount: float) -> None:
+        with self._lock:
+            family, metric = self._metric(name, labels)
+            if family.kind == "histogram":
+                raise CustomMetricError("a histogram cannot be incremented; observe a value")
+            if family.kind == "counter" and amount < 0:
+                raise CustomMetricError("a counter cannot be decremented")
+            metric.value += amount
+
+    def set(self, name: str, labels: Mapping[str, str], value: float) -> None:
+        with self._lock:
+            family, metric = self._metric(name, labels)
+            if family.kind != "gauge":
+                raise CustomMetricError(f"a {family.kind} cannot be set; only a gauge can")
+            metric.value = value
+
+    def observe(self, name: str, labels: Mapping[str, str], value: float) -> None:
+        with self._lock:
+            family, metric = self._metric(name, labels)
+            if family.kind != "histogram":
+                raise CustomMetricError(f"a {family.kind} cannot observe; only a histogram can")
+            metric.counts[bisect.bisect_left(metric.bounds, value)] += 1
+            metric.value += value
+
+    def value(self, name: str, labels: Mapping[str, str]) -> float:
+        with self._lock:
+            family, metric = self._metric(name, labels)
+            if family.kind == "histogram":
+                raise CustomMetricError("a histogram has no single value")
+            return metric.value
+
+    def _family(self, name: str) -> _Family:
+        family = self._families.get(name)
+        if family is None:
+            raise CustomMetricError(f"there is no metric family named '{name}'")
+        return family
+
+    def _metric(self, name: str, labels: Mapping[str, str]) -> tuple[_Family, _Metric]:
+        family = self._family(name)
+        metric = family.metrics.get(_key(labels))
+        if metric is None:
+            raise CustomMetricError(f"metric family '{name}' has no metric labelled {labels}")
+        return family, metric
+
+    # -- scraping ---------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            families = [
+                (f.name, f.description, f.kind, [_copy(m) for m in f.metrics.values()])
+                for f in sorted(self._families.values(), key=lambda f: f.name)
+            ]
+        for name, description, kind, metrics in families:
+            family = Metric(name, description, kind)
+            for metric in metrics:
+                if kind != "histogram":
+                    family.add_sample(name, metric.labels, metric.value)
+                    continue
+                cumulative = 0
+                for bound, count in zip((*metric.bounds, math.inf), metric.counts, strict=True):
+                    cumulative += count
+                    family.add_sample(
+                        f"{name}_bucket", {**metric.labels, "le": _bound(bound)}, cumulative
+                    )
+                family.add_sample(f"{name}_count", metric.labels, cumulative)
+                family.add_sample(f"{name}_sum", metric.labels, metric.value)
+            yield family
+
+
+def _key(labels: Mapping[str, str]) -> LabelKey:
+    return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+
+
+def _copy(metric: _Metric) -> _Metric:
+    return _Metric(dict(metric.labels), metric.bounds, metric.value, list(metric.counts))
+
+
+def _bound(bound: float) -> str:
+    """A bucket bound as Triton writes it: 1, 2.5, +Inf."""
+    if math.isinf(bound):
+        return "+Inf"
+    return str(int(bound)) if bound.is_integer() else repr(bound)
+
+
+# The process's registry: what models define, and what /metrics serves.
+CUSTOM_METRICS = CustomMetrics()
