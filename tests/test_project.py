@@ -33,3 +33,57 @@ def test_generated_protobuf_code_is_up_to_date() -> None:
     assert result.returncode == 0, (
         "tritonactor/_proto is stale; run `python protos/generate.py`\n" + result.stdout
     )
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each tritonactor module and the tritonactor modules it imports anywhere in its source
+    (TYPE_CHECKING and function-level imports included: a cycle there is a cycle of design)."""
+    import ast
+
+    package = ROOT / "tritonactor"
+    names = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in package.rglob("*.py")
+        if "_proto" not in path.parts
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # `from package import module` depends on the module; `from module import
+                # name` on the module.
+                submodules = [f"{node.module}.{a.name}" for a in node.names]
+                targets = [t for t in submodules if t in names]
+                if len(targets) < len(submodules):
+                    targets.append(node.module)
+            else:
+                continue
+            found.update(t for t in targets if t in names and t != name)
+        graph[name] = found
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    graph = module_imports()
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert cycles == [], "\n".join(" -> ".join(cycle) for cycle in cycles)
