@@ -67,6 +67,9 @@ class Stub:
         # Execute messages come one at a time: their tensors travel through reused arenas.
         self._results_arena = ipc.Arena(f"{shm_prefix}-arena", shm_default_size, shm_growth_size)
         self._inputs_arena = ipc.ArenaReader()
+        # Responses leave in the order the model's threads called send(): writing the tensors
+        # releases the GIL, and without it a later send could overtake an earlier one.
+        self._send_lock = threading.Lock()
 
     # -- the reader thread -------------------------------------------------------------------
 
@@ -355,12 +358,13 @@ class Stub:
     def send_response(
         self, key: int, response: Any, flags: int, requested: frozenset[str] = frozenset()
     ) -> None:
-        if response is None:
-            self._send(key, None, flags)
-            return
-        entry, arrays = self._response_entry(response, requested)
-        shm, descriptors = ipc.write_tensors(self.shm_prefix, arrays)
-        self._send(key, entry, flags, shm, descriptors)
+        with self._send_lock:
+            if response is None:
+                self._send(key, None, flags)
+                return
+            entry, arrays = self._response_entry(response, requested)
+            shm, descriptors = ipc.write_tensors(self.shm_prefix, arrays)
+            self._send(key, entry, flags, shm, descriptors)
 
     def _send(
         self,
