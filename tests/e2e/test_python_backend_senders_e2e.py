@@ -6,8 +6,10 @@ requested outputs a model sees, and `--backend-config=python,...`."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -21,6 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.server_process import ServerProcess, start_server
+from tritonactor.backends.python.ipc import SHM_DIR
 
 pytestmark = pytest.mark.e2e
 
@@ -97,9 +100,10 @@ def _input(module: Any, name: str, value: Any) -> Any:
 
 
 def executions(http: httpclient.InferenceServerClient, model: str) -> int:
-    """Requests of `model` whose execute is over (a deferred one counts when execute returns)."""
+    """Requests of `model` whose execute is over (a deferred one counts in its batch when its
+    execute returns, before its answer)."""
     stats = http.get_inference_statistics(model)["model_stats"][0]
-    return int(stats["inference_stats"]["success"]["count"])
+    return int(stats["inference_count"])
 
 
 def wait_for_execution(http: httpclient.InferenceServerClient, model: str, count: int) -> None:
@@ -337,24 +341,99 @@ def test_backend_config_malformed_setting_fails_the_load(tmp_path: Path) -> None
 @pytest.fixture(scope="module")
 def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("python_control_repo")
-    for name in ("model_loader", "error_code"):
+    for name in ("model_loader", "error_code", "init_loader", "finalize_answers", "introspect"):
         shutil.copytree(MODELS / name, repo / name)
+    # A second model loader, to unload itself.
+    shutil.copytree(MODELS / "model_loader", repo / "self_unloader")
+    config = repo / "self_unloader" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"model_loader"', '"self_unloader"'))
     process = start_server(
         [repo],
         tmp_path_factory.mktemp("python_control_server"),
         extra_env={
             "TRITONACTOR_MODEL_CONTROL_MODE": "explicit",
-            "TRITONACTOR_LOAD_MODEL": "model_loader",
+            "TRITONACTOR_LOAD_MODEL": "model_loader,self_unloader,finalize_answers",
         },
     )
+    pids = process_tree(process.process.pid)
     yield process
     process.stop()
+    # Nothing of the server's python models is left in shared memory.
+    assert shm_files_of(pids) == []
 
 
-def control(server: ServerProcess, action: str, target: str = "error_code") -> dict[str, Any]:
+def shm_files_of(pids: list[int]) -> list[str]:
+    """The python-backend shared-memory files of the server processes `pids` (hypercorn's
+    parent and its worker: the instances are the worker's)."""
+    prefixes = tuple(f"tritonactor-py-{pid}-" for pid in pids)
+    return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(prefixes))
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants."""
+    tree = [pid]
+    for child in children_of(pid):
+        tree += process_tree(child)
+    return tree
+
+
+def control(
+    server: ServerProcess, action: str, target: str = "error_code", model: str = "model_loader"
+) -> dict[str, Any]:
     client = httpclient.InferenceServerClient(server.url, network_timeout=PATIENCE_S)
-    result = client.infer("model_loader", http_inputs(ACTION=action, TARGET=target))
+    result = client.infer(model, http_inputs(ACTION=action, TARGET=target))
     return json.loads(result.as_numpy("REPORT")[0])
+
+
+def test_a_model_unloads_itself_without_waiting_for_its_own_request(
+    explicit_server: ServerProcess,
+) -> None:
+    # Triton's unload returns at once; waiting for the model's requests to finish would wait
+    # for the very request that asks (it used to hang).
+    report = control(explicit_server, "unload", target="self_unloader", model="self_unloader")
+    assert report == {"error": None, "ready": False}
+    deadline = time.monotonic() + PATIENCE_S
+    while state_of(explicit_server, "self_unloader") != "UNAVAILABLE":
+        assert time.monotonic() < deadline, "self_unloader was not unloaded"
+        time.sleep(0.05)
+
+
+def state_of(server: ServerProcess, name: str) -> str | None:
+    client = httpclient.InferenceServerClient(server.url)
+    entries = [e for e in client.get_model_repository_index() if e["name"] == name]
+    return entries[0].get("state") if entries else None
+
+
+def test_a_model_loads_another_from_initialize(explicit_server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.url, network_timeout=PATIENCE_S)
+    client.load_model("init_loader")
+    result = client.infer("init_loader", http_inputs(TARGET="introspect"))
+    report = json.loads(result.as_numpy("REPORT")[0])
+    assert report["error"] is None and report["ready_after"] is True
+
+
+def test_answers_a_model_sends_from_finalize_reach_their_clients(
+    explicit_server: ServerProcess,
+) -> None:
+    grpc = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    answers: queue.Queue[Any] = queue.Queue()
+    grpc.start_stream(lambda result, error: answers.put((result, error)))
+    count = 40
+    for value in range(count):
+        grpc.async_stream_infer("finalize_answers", grpc_inputs(IN=value))
+    http = httpclient.InferenceServerClient(explicit_server.url)
+    # Every request reached the model (parked), then the model is unloaded: it answers them all
+    # from finalize, as it exits.
+    wait_for_execution(http, "finalize_answers", count)
+    http.unload_model("finalize_answers")
+    got = []
+    for _ in range(count):
+        result, error = answers.get(timeout=PATIENCE_S)
+        assert error is None, error
+        got.append(int(result.as_numpy("OUT")[0]))
+    grpc.stop_stream()
+    grpc.close()
+    assert sorted(got) == list(range(count))
 
 
 def test_model_loads_and_unloads_another_model(explicit_server: ServerProcess) -> None:
@@ -388,3 +467,53 @@ def test_model_control_is_refused_outside_explicit_mode(tmp_path: Path) -> None:
         assert report["ready"] is True
     finally:
         process.stop()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def test_a_killed_servers_model_processes_clear_its_shared_memory(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "introspect", repo / "introspect")
+    process = start_server([repo], tmp_path)
+    try:
+        client = httpclient.InferenceServerClient(process.url)
+        data = httpclient.InferInput("INPUT0", [4], "FP32")
+        data.set_data_from_numpy(np.arange(4, dtype=np.float32))
+        client.infer("introspect", [data])  # the instance's arenas now exist
+        tree = process_tree(process.process.pid)
+        assert shm_files_of(tree)
+        stubs = [pid for pid in tree if is_stub(pid)]
+        server = [pid for pid in tree if pid not in stubs]
+        assert stubs and server
+    finally:
+        # The server's processes die at once: no finalize, no cleanup by the server.
+        for pid in process_tree(process.process.pid):
+            if not is_stub(pid):
+                os.kill(pid, signal.SIGKILL)
+        process.process.wait()
+    # Each stub notices its server is gone, clears the instance's files and exits.
+    deadline = time.monotonic() + PATIENCE_S
+    while any(os.path.exists(f"/proc/{pid}") for pid in stubs):
+        assert time.monotonic() < deadline, "a model process outlived its server"
+        time.sleep(0.05)
+    assert shm_files_of(tree) == []
+
+
+def is_stub(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"tritonactor.backends.python.stub" in cmdline.read()
+    except OSError:
+        return False

@@ -60,6 +60,9 @@ def test_each_kind_refuses_what_it_does_not_do() -> None:
         lambda: metrics.add_metric("h", {"x": "2"}, [1.0, 1.0]),
         lambda: metrics.add_family("c", "", "gauge"),
         lambda: metrics.add_family("not a name", "", "gauge"),
+        # The server's own families: served twice, Prometheus would refuse the whole scrape.
+        lambda: metrics.add_family("nv_inference_count", "", "counter"),
+        lambda: metrics.add_family("tritonactor_actor_mailbox_depth", "", "gauge"),
         lambda: metrics.add_metric("nope", {}),
     ):
         with pytest.raises(CustomMetricError):

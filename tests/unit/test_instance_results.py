@@ -101,8 +101,9 @@ async def test_deferred_answer_comes_from_another_thread_after_the_batch(
     heard = await probe.until(2)
     assert isinstance(heard[1], InstanceIdle)  # idle again while `later` is outstanding
     assert not later.reply.done
-    # Counted once, with its batch, as a decoupled request is.
-    assert stats.success.count == 2 and stats.execution_count == 1
+    # In its batch at once; a success only once its answer comes.
+    assert stats.success.count == 1 and stats.execution_count == 1
+    assert [b.batch_size for b in stats.batch_stats] == [2]
     answer = InferenceResponse("m", "1", id="late")
     thread = threading.Thread(target=backend.deferred[0].resolve, args=(answer,))
     thread.start()
@@ -110,20 +111,27 @@ async def test_deferred_answer_comes_from_another_thread_after_the_batch(
         assert await later.reply.wait() is answer
     thread.join()
     assert backend.deferred[0].resolve(InferenceResponse("m", "1")) is False  # once only
-    assert stats.success.count == 2
+    assert stats.success.count == 2 and stats.execution_count == 1
+    assert stats.queue.count == stats.compute_infer.count == 2
 
 
 async def test_deferred_error_fails_the_request(system: ActorSystem) -> None:
     probe = Scheduler()
     scheduler = await system.spawn(probe)
     backend = Scripted()
-    instance = await system.spawn(InstanceActor("m_0", backend, scheduler))
+    stats = VersionStatistics(batching=False)
+    instance = await system.spawn(InstanceActor("m_0", backend, scheduler, stats))
     later = item("later")
+    stats.admit(later.request, later.reply, later.arrival_ns)  # as the router does
     await instance.tell(Execute([later]))
     await probe.until(2)
     backend.deferred[0].resolve(unavailable("the process died"))
     with anyio.fail_after(PATIENCE_S), pytest.raises(TritonError, match="the process died"):
         await later.reply.wait()
+    # A failure of the backend, counted once, and no success.
+    assert stats.success.count == 0 and stats.fail.count == 1
+    assert stats.failures() == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 1, "OTHER": 0}
+    assert stats.pending == 0
 
 
 async def test_rescheduled_request_goes_back_before_idle(system: ActorSystem) -> None:

@@ -61,7 +61,7 @@ async def resolved(deferred: object) -> InferenceResponse | TritonError:
     assert isinstance(deferred, Deferred), deferred
     done = anyio.Event()
     answer: list[InferenceResponse | TritonError] = []
-    token_loop = __import__("asyncio").get_running_loop()
+    token_loop = asyncio.get_running_loop()
 
     def on_resolved(result: InferenceResponse | TritonError) -> None:
         answer.append(result)
@@ -260,16 +260,16 @@ async def test_reschedule_flag_gives_reschedule_then_the_answer(start: Started) 
 
 
 @pytest.mark.anyio
-async def test_reschedule_on_a_model_without_iterative_sequence_is_an_error(
+async def test_reschedule_goes_back_to_the_scheduler_whatever_the_config(
     start: Started,
 ) -> None:
+    # The scheduler decides: a sequence batcher with iterative_sequence runs it again, any
+    # other refuses it (tests/unit/test_rescheduling.py, and end to end).
     plain = context("reschedule")
     plain.config.sequence_batching = None
     instance = start("reschedule", model_context=plain)
     [result] = await instance.execute([resched("ok", "r2")])
-    assert isinstance(result, TritonError)
-    assert "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE" in result.message
-    assert "not configured to handle such a flag" in result.message
+    assert result is RESCHEDULE
 
 
 @pytest.mark.anyio

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -146,8 +146,10 @@ class ModelManager(Actor[Any]):
                 self.start_soon(self._answer, message.reply, self._startup(message))
             case Load(reply, name, override, source):
                 self.start_soon(self._answer, reply, self._load(name, override, source))
-            case Unload(reply, name, dependents, source):
+            case Unload(reply, name, dependents, source, wait=True):
                 self.start_soon(self._answer, reply, self._unload(name, dependents, source))
+            case Unload(reply, name, dependents, source):
+                self.start_soon(self._answer_early, reply, name, dependents, source)
             case RepositoryChanged(names):
                 # The watcher's report: each model is loaded, reloaded or unloaded to match.
                 for name in sorted(names):
@@ -174,6 +176,26 @@ class ModelManager(Actor[Any]):
             reply.fail(internal(failure_reason(error)))
         else:
             reply.set(None)
+
+    async def _answer_early(
+        self, reply: Reply[None], name: str, dependents: bool, source: ev.Source
+    ) -> None:
+        """An unload answered as soon as the model left the router (`Unload.wait` False)."""
+
+        def left() -> None:
+            if not reply.done:
+                reply.set(None)
+
+        try:
+            await self._unload(name, dependents, source, left)
+        except TritonError as error:
+            if not reply.done:
+                reply.fail(error)
+        except Exception as error:
+            log.exception("control-plane operation failed")
+            if not reply.done:
+                reply.fail(internal(failure_reason(error)))
+        left()
 
     @staticmethod
     async def _quietly(work: Awaitable[None]) -> None:
@@ -528,25 +550,39 @@ class ModelManager(Actor[Any]):
 
     # -- unload ----------------------------------------------------------------------------------
 
-    async def _unload(self, name: str, unload_dependents: bool, source: ev.Source) -> None:
+    async def _unload(
+        self,
+        name: str,
+        unload_dependents: bool,
+        source: ev.Source,
+        left: Callable[[], None] | None = None,
+    ) -> None:
+        """Unload `name` (and its dependents); `left()` is called once its versions left the
+        router, before they finish their requests and stop."""
         try:
             async with self._lock(name):
                 with self._operations.traced("unload", name, source):
-                    await self._unload_versions(name, source)
+                    await self._unload_versions(name, source, left)
         finally:
             self._forget_lock(name)
         if unload_dependents:
             for dependent in self._dependents(name):
                 await self._unload(dependent, True, source)
 
-    async def _unload_versions(self, name: str, source: ev.Source) -> None:
+    async def _unload_versions(
+        self, name: str, source: ev.Source, left: Callable[[], None] | None = None
+    ) -> None:
         versions = tuple(sorted(self._serving.get(name, {})))
         if versions:
             self._record(ev.UnloadRequested(model=name, versions=versions, source=source))
+            leaving = [(version, self._take_out(name, version)) for version in versions]
+            if left is not None:
+                left()
             async with anyio.create_task_group() as group:
-                for version in versions:
-                    group.start_soon(self._retire, name, version, "")
-        elif source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
+                for version, serving in leaving:
+                    group.start_soon(self._stop_retired, name, version, serving, "")
+            return
+        if source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
             # Not loaded (a failed load), but asked for: no longer.
             self._record(ev.UnloadRequested(model=name, versions=(), source=source))
 
@@ -577,14 +613,24 @@ class ModelManager(Actor[Any]):
 
     async def _retire(self, name: str, version: int, reason: str) -> None:
         """Take a version out of the router, let it finish its requests, stop it."""
+        await self._stop_retired(name, version, self._take_out(name, version), reason)
+
+    def _take_out(self, name: str, version: int) -> _Serving | None:
+        """The version no longer serves: out of the table and the router (None: it did not)."""
         versions = self._serving.get(name, {})
         serving = versions.pop(version, None)
         if not versions:
             self._serving.pop(name, None)
+        if serving is not None and self._router.resolve_exact(name, version) is serving.handle:
+            self._router.remove(name, version)
+        return serving
+
+    async def _stop_retired(
+        self, name: str, version: int, serving: _Serving | None, reason: str
+    ) -> None:
+        """Let a version taken out finish its requests, stop it, record it."""
         if serving is None:
             return
-        if self._router.resolve_exact(name, version) is serving.handle:
-            self._router.remove(name, version)
         await self._drain_and_stop(serving)
         self._record(ev.ModelUnloaded(model=name, version=version, reason=reason))
 

@@ -41,10 +41,15 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class Unload:
+    """Unload a model. The reply comes once its versions stopped; with `wait=False` (a model
+    unloading another, or itself, as Triton's non-blocking unload) once they left the router,
+    while they finish their requests and stop."""
+
     reply: Reply[None]
     name: str
     unload_dependents: bool = False
     source: ev.Source = ev.Source.API
+    wait: bool = True
 
 
 @dataclass(frozen=True, slots=True)

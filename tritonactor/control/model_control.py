@@ -48,8 +48,12 @@ class ManagerControl:
         await self._manager.ask(lambda reply: Load(reply, name, override, ev.Source.API))
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """As Triton's: returns once the model left the router, not once it stopped (a model
+        may unload itself, or one whose requests wait on it)."""
         self._check_explicit()
-        await self._manager.ask(lambda reply: Unload(reply, name, unload_dependents, ev.Source.API))
+        await self._manager.ask(
+            lambda reply: Unload(reply, name, unload_dependents, ev.Source.API, wait=False)
+        )
 
     async def ready(self, name: str, version: str = "") -> bool:
         versions = self._router.ready_versions(name)

@@ -23,6 +23,12 @@ class ErrorCode(enum.IntEnum):
     def http_status(self) -> int:
         return _HTTP_STATUS[self]
 
+    @classmethod
+    def named(cls, name: str) -> ErrorCode:
+        """The code called `name` (as codes travel between processes); INTERNAL for a name that
+        is none."""
+        return cls.__members__.get(name, cls.INTERNAL)
+
 
 # Triton's HTTP front end: the codes with no HTTP status of their own (UNKNOWN, ALREADY_EXISTS,
 # CANCELLED) are 400, as INVALID_ARG.

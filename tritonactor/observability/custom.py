@@ -30,6 +30,10 @@ class CustomMetricError(ValueError):
     """An operation the metric (or its family) does not allow; the message says why."""
 
 
+# The server's own metric families (Triton's and ours) start so.
+RESERVED_PREFIXES = ("nv_", "tritonactor_")
+
+
 @dataclass(slots=True)
 class _Metric:
     labels: dict[str, str]
@@ -62,6 +66,12 @@ class CustomMetrics:
             raise CustomMetricError(f"unknown metric kind '{kind}'")
         if not _NAME.match(name):
             raise CustomMetricError(f"'{name}' is not a valid metric family name")
+        if name.startswith(RESERVED_PREFIXES):
+            # Served twice under one name, a family would make Prometheus refuse the scrape.
+            raise CustomMetricError(
+                f"metric family name '{name}' is the server's: names starting with "
+                f"{' or '.join(repr(p) for p in RESERVED_PREFIXES)} are reserved"
+            )
         with self._lock:
             family = self._families.get(name)
             if family is None:

@@ -12,14 +12,15 @@ from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, Instan
 SchedulerMessage = Infer | InstanceIdle | InstanceGone | Rescheduled
 
 
-def refuse_rescheduled(message: Rescheduled) -> None:
+def refuse_rescheduled(message: Rescheduled, model: str) -> None:
     """Only a sequence batcher with `iterative_sequence` runs a request again: elsewhere the
-    model's RESCHEDULE fails the request, with Triton's words for it. (Triton itself only logs
-    them and never answers the request.)"""
+    model's RESCHEDULE fails the request, with Triton's words for it (Triton itself only logs
+    them and never answers the request) and what the model's config lacks."""
     message.item.reply.fail(
         internal(
             "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model "
-            "is not configured to handle such a flag."
+            f"'{model}' is not configured to handle such a flag "
+            "(sequence_batching { iterative_sequence: true })."
         )
     )
 
@@ -38,7 +39,7 @@ class DefaultScheduler(Actor[SchedulerMessage]):
         elif isinstance(message, InstanceIdle):
             self._idle.append(message.instance)
         elif isinstance(message, Rescheduled):
-            refuse_rescheduled(message)
+            refuse_rescheduled(message, self.name)
         else:
             if message.instance in self._idle:
                 self._idle.remove(message.instance)

@@ -125,7 +125,7 @@ class DynamicBatcher(Actor[BatcherMessage]):
             if message.instance in self._idle:
                 self._idle.remove(message.instance)
         elif isinstance(message, Rescheduled):
-            refuse_rescheduled(message)
+            refuse_rescheduled(message, self.name)
         elif message.at == self._armed:
             self._armed = None
         self._dispatch()

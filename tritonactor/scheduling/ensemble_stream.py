@@ -4,7 +4,6 @@ on to the ensemble's task that starts the next steps, with the back-pressure of
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import threading
@@ -14,9 +13,9 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-import sniffio
 
 from tritonactor.actors import Reply
+from tritonactor.actors.loop import on_loop
 from tritonactor.core.errors import TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 
@@ -36,7 +35,7 @@ class ResponseStream:
         self._waiting = 0
         self._closed = False
         self._loop_thread = threading.get_ident()
-        self._loop = _loop_token()
+        self._put_from_thread = on_loop(self._put)
         self.sender = StepSender(self._deliver, ensemble_request)
 
     def _deliver(
@@ -58,7 +57,7 @@ class ResponseStream:
         if on_loop:
             self._put(answer)
         else:
-            _call_on_loop(self._loop, self._put, answer)
+            self._put_from_thread(answer)
 
     def _put(self, answer: tuple[InferenceResponse | None, TritonError | None, bool]) -> None:
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -108,20 +107,3 @@ class StepSender(ResponseSender):
 
     def is_cancelled(self) -> bool:
         return self._ensemble_request.cancelled or super().is_cancelled()
-
-
-def _loop_token() -> Any:
-    if sniffio.current_async_library() == "asyncio":
-        return asyncio.get_running_loop()
-    return anyio.lowlevel.current_token()
-
-
-def _call_on_loop(token: Any, function: Any, *args: Any) -> None:
-    try:
-        if isinstance(token, asyncio.AbstractEventLoop):
-            # Does not wait for the loop to run it, unlike the generic path below.
-            token.call_soon_threadsafe(function, *args)
-        else:
-            anyio.from_thread.run_sync(function, *args, token=token)
-    except RuntimeError:  # the loop is gone: nobody listens any more
-        pass

@@ -9,21 +9,16 @@ runs its next batch.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import inspect
 import logging
-import threading
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import sniffio
-
 from tritonactor.actors import Actor, ActorRef, ActorStopped
+from tritonactor.actors.loop import on_loop
 from tritonactor.actors.worker import WorkerThread
 from tritonactor.backends.base import (
     RESCHEDULE,
@@ -131,18 +126,18 @@ class InstanceActor(Actor[Execute]):
         error: TritonError | None = None,
     ) -> None:
         """Answer every request, then account for the batch (a failed execute has no compute
-        times: only its failures count) and close its spans. A deferred request counts as a
-        success of this execute, as a decoupled one does (its answer may come much later); a
-        rescheduled one counts when it finally runs to its end."""
-        _answer(message, results, self._answer_later)
+        times: only its failures count) and close its spans. A deferred request counts in this
+        batch, and as a success or failure when its answer comes; a rescheduled one counts when
+        it finally runs to its end."""
+        times = ExecutionTimes(
+            started,
+            started if backend_started is None else backend_started,
+            started if backend_finished is None else backend_finished,
+            started,
+        )
+        _answer(message, results, functools.partial(self._answer_later, times=times))
         if self._statistics is not None:
-            answered = perf_counter_ns()
-            times = ExecutionTimes(
-                started,
-                started if backend_started is None else backend_started,
-                started if backend_finished is None else backend_finished,
-                answered,
-            )
+            times.answered = perf_counter_ns()
             batch: list[Infer] = message.batch
             if RESCHEDULE in results:
                 kept = [(i, r) for i, r in zip(batch, results, strict=True) if r is not RESCHEDULE]
@@ -152,11 +147,17 @@ class InstanceActor(Actor[Execute]):
         if trace is not None:
             trace.end(backend_started, backend_finished, error)
 
-    def _answer_later(self, item: Infer, deferred: Deferred) -> None:
-        """Answer `item` when the backend resolves `deferred` (from any thread): replies belong to
-        the event loop, so the answer hops onto it."""
-        on_loop = _on_loop(lambda result: _answer_one(item, result))
-        deferred.on_resolved(on_loop)
+    def _answer_later(self, item: Infer, deferred: Deferred, times: ExecutionTimes) -> None:
+        """Answer `item` when the backend resolves `deferred` (from any thread), and count it
+        then: replies and statistics belong to the event loop, so the answer hops onto it."""
+        statistics = self._statistics
+
+        def answer(result: InferenceResponse | TritonError) -> None:
+            if statistics is not None:
+                statistics.record_outcome(item, result, times)
+            _answer_one(item, result)
+
+        deferred.on_resolved(on_loop(answer))
 
     def _batch_size(self, message: Execute) -> int:
         """The batch the model runs with: its requests' batch sizes summed (with batching)."""
@@ -197,30 +198,3 @@ def _answer_one(item: Infer, result: InferenceResponse | TritonError | None) -> 
         # the request's only, and final, response.
         sender.send(result, final=True)
     item.reply.set(result)  # type: ignore[arg-type]
-
-
-def _on_loop(function: Callable[[Any], None]) -> Callable[[Any], None]:
-    """`function`, made callable from any thread: it runs on this event loop (at once when
-    called on it). A loop that is gone drops the call: nobody waits any more."""
-    loop_thread = threading.get_ident()
-    if sniffio.current_async_library() == "asyncio":
-        loop = asyncio.get_running_loop()
-
-        def call(argument: Any) -> None:
-            if threading.get_ident() == loop_thread:
-                function(argument)
-            else:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(function, argument)
-
-        return call
-    token = anyio.lowlevel.current_token()
-
-    def call_generic(argument: Any) -> None:
-        if threading.get_ident() == loop_thread:
-            function(argument)
-        else:
-            with contextlib.suppress(RuntimeError):
-                anyio.from_thread.run_sync(function, argument, token=token)
-
-    return call_generic

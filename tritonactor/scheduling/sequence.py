@@ -387,7 +387,7 @@ class SequenceBatcher(Actor[SequenceMessage]):
         again next in its sequence's slot, as a continuation (START and END false); otherwise
         it fails."""
         if not self._iterative:
-            refuse_rescheduled(message)
+            refuse_rescheduled(message, self.name)
             return
         entry = self._in_flight.pop(id(message.item.request), None)
         if entry is None:

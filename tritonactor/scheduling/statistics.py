@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tritonactor.actors import ActorStopped
+from tritonactor.backends.base import Deferred
 from tritonactor.backends.batching import batch_size as request_batch_size
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
@@ -88,7 +89,7 @@ class FirstResponseHistogram:
             return HistogramSample(self.bounds_ms, tuple(self._counts), self._sum_ms)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ExecutionTimes:
     """When one execute went through its stages (`perf_counter_ns`)."""
 
@@ -96,6 +97,15 @@ class ExecutionTimes:
     backend_started: int
     backend_finished: int
     answered: int  # every request of the batch was answered
+
+    def compute(self) -> tuple[int, int, int]:
+        """compute_input, compute_infer, compute_output (ns) of the batch."""
+        return (
+            self.backend_started - self.started,
+            self.backend_finished - self.backend_started,
+            # A deferred answer may come while the batch is still being answered.
+            max(0, self.answered - self.backend_finished),
+        )
 
 
 class VersionStatistics:
@@ -107,7 +117,11 @@ class VersionStatistics:
     instance taking the batch to the backend starting on it, compute_infer the backend's execute,
     compute_output the time from the backend's return to every request being answered.
 
-    Per execution: an execute in which at least one request succeeded counts once in
+    A request the backend answers after its execute (a `Deferred` result) counts in its batch
+    at the execute, and as a success or a failure (BACKEND) when its answer comes.
+
+    Per execution: an execute in which at least one request succeeded (or was deferred) counts
+    once in
     execution_count and in `batch_stats` under its batch size (the requests' batch sizes summed),
     and adds that batch size to inference_count, as Triton does; last_inference is the wall
     clock (ms since the epoch) at the end of the latest such execute. The sequence batcher's
@@ -229,7 +243,7 @@ class VersionStatistics:
     ) -> None:
         """Account for one execute: `results[i]` answered `batch[i]` (a TritonError: failed)."""
         answered = times.answered
-        batch_size = succeeded = success_ns = queue_ns = failed = fail_ns = 0
+        batch_size = succeeded = success_ns = queue_ns = failed = fail_ns = later = 0
         batching = self.batching
         first_response = self.first_response
         # The instance checked that there is one result per request.
@@ -238,6 +252,9 @@ class VersionStatistics:
             if NULL_REQUEST in request.context:
                 continue
             batch_size += self.batch_size(item) if batching else 1
+            if isinstance(result, Deferred):
+                later += 1  # in this batch; it counts as answered when it is (record_outcome)
+                continue
             if not isinstance(result, TritonError):
                 result = request.context.get(STATE_ERROR, result)
             if isinstance(result, TritonError):
@@ -252,18 +269,37 @@ class VersionStatistics:
                     first_response.observe_ns(answered - item.arrival_ns)
         if failed:
             self.fail.add(fail_ns, failed)
-        if not succeeded:
+        if not succeeded and not later:
             return
-        self.success.add(success_ns, succeeded)
-        self.queue.add(queue_ns, succeeded)
         # Every successful request of the batch took the batch's whole compute time.
-        compute_input = times.backend_started - times.started
-        compute_infer = times.backend_finished - times.backend_started
-        compute_output = answered - times.backend_finished
-        self.compute_input.add(compute_input * succeeded, succeeded)
-        self.compute_infer.add(compute_infer * succeeded, succeeded)
-        self.compute_output.add(compute_output * succeeded, succeeded)
+        compute_input, compute_infer, compute_output = times.compute()
+        if succeeded:
+            self.success.add(success_ns, succeeded)
+            self.queue.add(queue_ns, succeeded)
+            self.compute_input.add(compute_input * succeeded, succeeded)
+            self.compute_infer.add(compute_infer * succeeded, succeeded)
+            self.compute_output.add(compute_output * succeeded, succeeded)
         self._record_batch(batch_size, compute_input, compute_infer, compute_output)
+
+    def record_outcome(self, item: Infer, result: object, times: ExecutionTimes) -> None:
+        """A request whose execute gave it a `Deferred` result has its answer (`result`): it
+        succeeds or fails now, with its batch's times (its batch was counted at execute)."""
+        request = item.request
+        took = time.perf_counter_ns() - item.arrival_ns
+        if not isinstance(result, TritonError):
+            result = request.context.get(STATE_ERROR, result)
+        if isinstance(result, TritonError):
+            self.fail.add(took, 1)
+            self._failed_in_execute[failure_reason(result)] += 1
+            return
+        compute_input, compute_infer, compute_output = times.compute()
+        self.success.add(took, 1)
+        self.queue.add(max(0, times.started - item.arrival_ns), 1)
+        self.compute_input.add(compute_input, 1)
+        self.compute_infer.add(compute_infer, 1)
+        self.compute_output.add(compute_output, 1)
+        if request.sender is None:
+            self.first_response.observe_ns(took)
 
     def _record_batch(
         self, batch_size: int, compute_input: int, compute_infer: int, compute_output: int

@@ -127,10 +127,6 @@ def error_code_name(code: int) -> str:
         return ErrorCode.INTERNAL.name
 
 
-def error_code_number(name: str) -> ErrorCode:
-    return ErrorCode.__members__.get(name, ErrorCode.INTERNAL)
-
-
 # ---------------------------------------------------------------------------------------------
 # Tensors
 

@@ -138,9 +138,6 @@ class PythonModel(BackendModel):
         self.decoupled = bool(policy is not None and policy.decoupled)
         # A request that names no outputs asks for all of these (the model sees their names).
         self.output_names = [output.name for output in config.output]
-        # Whether the model may release a request with RESCHEDULE.
-        sequence = config.sequence_batching
-        self.iterative = bool(sequence is not None and sequence.iterative_sequence)
 
     def create_instance(self, context: InstanceContext) -> PythonInstance:
         """Start a stub and initialize the model in it; may be called again for a new instance

@@ -9,8 +9,8 @@ server's event loop (`anyio.from_thread`, with the loop's token).
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -51,6 +51,10 @@ class ServedCalls:
         self._held = held
         self._token = token
         self._pool: ThreadPoolExecutor | None = None
+        # Once closed (the stub exited or is finalized) nothing more is written for it: what a
+        # call answers late would be left in shared memory, nobody to read it.
+        self._closed = False
+        self._writing = threading.Lock()
 
     def submit(self, message: dict[str, Any]) -> None:
         """From the reader thread: serve `message` (op bls or control) on the pool."""
@@ -60,12 +64,32 @@ class ServedCalls:
         self._pool.submit(serve, message)
 
     def close(self) -> None:
+        """No more answers for the stub; returns once none is being written."""
+        with self._writing:
+            self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _send(self, message: dict[str, Any]) -> None:
-        with contextlib.suppress(OSError):  # the stub is gone; the reader reports it
-            self._channel.send(message)
+    def _send(self, message: dict[str, Any], tensors: list[tuple[str, Any]] | None = None) -> bool:
+        """Send `message`, its `tensors` written to shared memory first (into
+        message["shm"] and message["response"]["descriptors"]). False when the stub is gone:
+        nothing is left behind."""
+        with self._writing:
+            if self._closed:
+                return False
+            shm = None
+            if tensors is not None:
+                shm, message["response"]["descriptors"] = ipc.write_tensors(
+                    self._shm_prefix, tensors
+                )
+                message["shm"] = shm
+            try:
+                self._channel.send(message)
+            except OSError:  # the stub is gone; the reader reports it
+                if shm is not None:
+                    ipc.remove_file(shm)
+                return False
+            return True
 
     # -- BLS ---------------------------------------------------------------------------------
 
@@ -136,19 +160,16 @@ class ServedCalls:
     ) -> None:
         """The one answer of a call (or, streamed, its only and final one)."""
         wire, tensors = response_to_wire(response, error)
-        try:
-            shm, wire["descriptors"] = ipc.write_tensors(self._shm_prefix, tensors)
-        except OSError as exc:
-            wire, shm = (
-                response_to_wire(None, internal(f"cannot pass the response: {exc}"))[0],
-                None,
-            )
         if streamed:
-            self._send(
-                {"op": "bls_stream", "call": call, "shm": shm, "response": wire, "final": True}
-            )
+            message = {"op": "bls_stream", "call": call, "shm": None, "response": wire}
+            message["final"] = True
         else:
-            self._send({"op": "bls_result", "call": call, "shm": shm, "response": wire})
+            message = {"op": "bls_result", "call": call, "shm": None, "response": wire}
+        try:
+            self._send(message, tensors)
+        except OSError as exc:  # the tensors could not be written
+            failed = response_to_wire(None, internal(f"cannot pass the response: {exc}"))[0]
+            self._send({**message, "shm": None, "response": failed})
 
     def _stream(self, call: int, request: InferenceRequest, token: Any) -> None:
         """A decoupled BLS call: every response the model sends goes to the stub as it comes,
@@ -161,22 +182,14 @@ class ServedCalls:
         def deliver(
             response: InferenceResponse | None, error: TritonError | None, final: bool
         ) -> None:
+            message = {"op": "bls_stream", "call": call, "shm": None, "final": final}
             if response is None and error is None:
-                self._send(
-                    {
-                        "op": "bls_stream",
-                        "call": call,
-                        "shm": None,
-                        "response": None,
-                        "final": final,
-                    }
-                )
-                return
-            wire, tensors = response_to_wire(response, error)
-            shm, wire["descriptors"] = ipc.write_tensors(self._shm_prefix, tensors)
-            self._send(
-                {"op": "bls_stream", "call": call, "shm": shm, "response": wire, "final": final}
-            )
+                sent = self._send({**message, "response": None})
+            else:
+                wire, tensors = response_to_wire(response, error)
+                sent = self._send({**message, "response": wire}, tensors)
+            if not sent and not final:
+                request.cancel()  # the caller is gone: the model may stop early
 
         sender = request.sender = ResponseSender(deliver)
 

@@ -13,19 +13,19 @@ with no event to hook), so nothing costs anything until a model asks.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-import sniffio
 
+from tritonactor.actors.loop import on_loop
 from tritonactor.backends.base import (
     RESCHEDULE,
     BackendInstance,
@@ -44,6 +44,8 @@ from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import InferenceRequest
 
 log = logging.getLogger(__name__)
+# How long finalize waits for the reader thread to deliver what the exited stub sent last.
+READER_DRAIN_TIMEOUT_S = 30.0
 
 _FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -66,7 +68,7 @@ class _Pending:
     """One execute waiting on the loop for its stub's answer."""
 
     event: anyio.Event
-    token: Any
+    wake: Callable[[], None]  # sets `event` from any thread
     keys: list[int]
     message: dict[str, Any] | None = None
     died: bool = False
@@ -88,7 +90,10 @@ class PythonInstance(BackendInstance):
         self._death: str | None = None
         self._finalizing = False
         self._closed = False
-        self._token: Any = None
+        # The server's event loop, which model control and BLS calls run on: known from here
+        # (the instance is created on a worker thread of that loop), so that `initialize` may
+        # already use them, as Triton's examples do (`pb_utils.load_model` in initialize).
+        self._token: Any = _creator_loop_token()
         self._stub = StubProcess(model.interpreter, context.name, model.settings)
         self._calls = ServedCalls(
             context, self._stub.channel, self._stub.parent_prefix, self._held, lambda: self._token
@@ -135,7 +140,8 @@ class PythonInstance(BackendInstance):
         for key, request in zip(keys, requests, strict=True):
             entries.append(request_entry(key, request, outputs))
             arrays.extend((tensor.name, tensor.data) for tensor in request.inputs)
-        pending = _Pending(anyio.Event(), _loop_token(), keys)
+        event = anyio.Event()
+        pending = _Pending(event, on_loop(event.set), keys)
         with self._lock:
             if self._death is not None:
                 raise InstanceDied(self._death)
@@ -202,8 +208,7 @@ class PythonInstance(BackendInstance):
         return results
 
     def _rescheduled(self, key: int) -> Result:
-        """The model released the request with RESCHEDULE: the scheduler runs it again, if the
-        model may ask for that."""
+        """The model released the request with RESCHEDULE: its scheduler runs it again."""
         request = self._held.release(key)
         if request is not None and request.sender is not None and request.sender.finished:
             log.warning(
@@ -211,12 +216,7 @@ class PythonInstance(BackendInstance):
                 self._model_name,
             )
             return None
-        if not self.model.iterative:
-            return internal(
-                "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the "
-                f"model '{self._model_name}' is not configured to handle such a flag "
-                "(sequence_batching { iterative_sequence: true })."
-            )
+        # The scheduler takes it back, or refuses it for a model without iterative sequences.
         return RESCHEDULE
 
     # -- the reader thread -------------------------------------------------------------------
@@ -244,7 +244,7 @@ class PythonInstance(BackendInstance):
                     ipc.read_tensors(shm, message.get("descriptors", []))
                 return
             pending.message = message
-            _wake(pending)
+            pending.wake()
         elif op == "send":
             self._deliver(message)
         elif op == "dropped":
@@ -298,10 +298,11 @@ class PythonInstance(BackendInstance):
         in_flight = {key for pending in pendings for key in pending.keys}
         for pending in pendings:
             pending.died = True
-            _wake(pending)
+            pending.wake()
         # Requests of earlier batches still answering (through their senders): they end here.
         self._held.fail_all(unavailable(reason), keep=in_flight)
         self._metrics.release_all()
+        self._calls.close()  # before the files go: no late BLS answer writes another
         ipc.remove_files(self._stub.shm_prefix)
 
     # -- finalize ----------------------------------------------------------------------------
@@ -311,9 +312,14 @@ class PythonInstance(BackendInstance):
             return
         self._closed = True
         self._finalizing = True
-        self._stub.stop(self.model.settings.start_timeout_s)
+        self._stub.finish(self.model.settings.start_timeout_s)
+        # The process is gone: the reader thread delivers what it sent last (answers from the
+        # model's finalize) and ends at the end of the channel; only then is the channel
+        # closed, its files removed, and what is still unanswered failed.
+        self._reader.join(READER_DRAIN_TIMEOUT_S)
+        self._calls.close()  # before the files go: no late BLS answer writes another
+        self._stub.close()
         self._inputs_arena.close()
-        self._calls.close()
         self._metrics.release_all()
         # Whatever the model never answered fails now, rather than its clients waiting forever.
         self._held.fail_all(
@@ -323,20 +329,9 @@ class PythonInstance(BackendInstance):
         )
 
 
-def _loop_token() -> Any:
-    """What `_wake` needs to reach this event loop from another thread."""
-    if sniffio.current_async_library() == "asyncio":
-        return asyncio.get_running_loop()
-    return anyio.lowlevel.current_token()
-
-
-def _wake(pending: _Pending) -> None:
+def _creator_loop_token() -> Any:
+    """The token of the event loop whose worker thread runs this (None elsewhere)."""
     try:
-        if isinstance(pending.token, asyncio.AbstractEventLoop):
-            # Schedules the wake-up without waiting for it (the generic path below blocks this
-            # thread until the loop has run it: ~100 us more per request).
-            pending.token.call_soon_threadsafe(pending.event.set)
-        else:
-            anyio.from_thread.run_sync(pending.event.set, token=pending.token)
-    except RuntimeError:  # the loop is gone: nobody waits any more
-        pass
+        return anyio.from_thread.run_sync(anyio.lowlevel.current_token)
+    except RuntimeError:
+        return None

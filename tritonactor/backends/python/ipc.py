@@ -38,11 +38,16 @@ __all__ = [
     "Channel",
     "TensorDescriptor",
     "read_tensors",
+    "remove_file",
     "remove_files",
     "write_tensors",
 ]
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+# An instance's shared-memory files are named `<instance prefix><side>-...`: what the server
+# writes for its stub, and what the stub writes for the server.
+SERVER_SIDE = "-p"
+STUB_SIDE = "-s"
 
 _HEADER = struct.Struct("<Q")
 _ALIGN = 64
@@ -266,6 +271,13 @@ def read_tensors(
                 array = array.copy()
         out.append((name, datatype, array))
     return out
+
+
+def remove_file(filename: str) -> None:
+    """Unlink one file `write_tensors` wrote (not an arena's) that will never be read."""
+    if not filename.startswith("@"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(SHM_DIR, filename))
 
 
 def remove_files(prefix: str) -> None:

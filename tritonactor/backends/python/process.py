@@ -118,7 +118,7 @@ class StubProcess:
             "--name",
             name,
             "--shm-prefix",
-            f"{self.shm_prefix}-s",
+            f"{self.shm_prefix}{ipc.STUB_SIDE}",
         ]
         if settings.shm_default_size:
             command += ["--shm-default-size", str(settings.shm_default_size)]
@@ -150,7 +150,7 @@ class StubProcess:
 
     @property
     def parent_prefix(self) -> str:
-        return f"{self.shm_prefix}-p"
+        return f"{self.shm_prefix}{ipc.SERVER_SIDE}"
 
     def arena(self) -> ipc.Arena:
         """A reused arena for what the server sends this stub, sized by the settings."""
@@ -225,10 +225,20 @@ class StubProcess:
             return self.process.wait()
 
     def stop(self, timeout: float) -> None:
-        """Ask the stub to finalize and exit; kill it if it takes longer than `timeout`."""
+        """Ask the stub to finalize and exit (killing it after `timeout`), then close."""
+        self.finish(timeout)
+        self.close()
+
+    def finish(self, timeout: float) -> None:
+        """Ask the stub to finalize and exit; kill it if it takes longer than `timeout`. What it
+        sent before exiting can still be read from the channel."""
         if self.process.poll() is None:
             with contextlib.suppress(OSError):
                 self.channel.send({"op": "finalize"})
             self.wait(timeout)
+
+    def close(self) -> None:
+        """Close the channel and remove what the stub left in shared memory: once everything
+        it sent has been read."""
         self.channel.close()
         ipc.remove_files(self.shm_prefix)

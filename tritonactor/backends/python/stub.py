@@ -77,7 +77,10 @@ class Stub:
         while True:
             message = self.channel.recv()
             if message is None:
-                # The server is gone: nobody is left to serve.
+                # The server is gone (killed, most likely): nobody is left to serve, or to clear
+                # the shared memory of this instance, its side's or ours.
+                self._results_arena.close()
+                ipc.remove_files(self.shm_prefix.removesuffix(ipc.STUB_SIDE))
                 os._exit(0)
             if message["op"] in (
                 "bls_result",

@@ -15,6 +15,7 @@ from itertools import count
 from typing import Any
 
 from tritonactor.backends.python import ipc
+from tritonactor.core.errors import ErrorCode
 
 # How long is_cancelled() waits for the server's answer before saying False: the server answers
 # from its reader thread at once, so this only bounds a model thread against a wedged server.
@@ -151,7 +152,7 @@ class ServerCalls:
         error = wire["error"]
         return pb.InferenceResponse(
             output_tensors=[pb.Tensor(name, array) for name, _, array in arrays],
-            error=None if error is None else pb.TritonError(error[1], _code(pb, error[0])),
+            error=None if error is None else pb.TritonError(error[1], ErrorCode.named(error[0])),
             parameters=wire.get("parameters") or None,
         )
 
@@ -250,10 +251,6 @@ class ServerCalls:
         if answer["error"] is not None:
             raise self._stub.pb.TritonModelException(answer["error"])
         return answer.get("value")
-
-
-def _code(pb: Any, name: str) -> Any:
-    return getattr(pb.TritonError, name, pb.TritonError.INTERNAL)
 
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:

@@ -58,7 +58,7 @@ def bls_parameters(message: dict[str, Any]) -> dict[str, Any]:
 
 def error_from_wire(error: tuple[str, str]) -> TritonError:
     code, text = error
-    return TritonError(ErrorCode.__members__.get(code, ErrorCode.INTERNAL), text)
+    return TritonError(ErrorCode.named(code), text)
 
 
 def response_from_wire(

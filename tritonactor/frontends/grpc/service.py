@@ -19,6 +19,7 @@ import grpclib.server
 
 from tritonactor._proto import inference as pb
 from tritonactor._proto.grpc.health import v1 as health
+from tritonactor.actors.loop import on_loop
 from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import ErrorCode, TritonError, internal, unavailable
 from tritonactor.core.types import ResponseSender
@@ -36,7 +37,6 @@ from tritonactor.frontends.grpc.stream import (
     decoupled_answer,
     decoupled_done,
     metadata_flag,
-    on_this_loop,
     stream_error,
     streamed_answer,
     text_metadata,
@@ -262,7 +262,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 trace.describe(request)
             if self._router.resolve(request.model_name, request.model_version).decoupled:
                 request.sender = ResponseSender(
-                    on_this_loop(functools.partial(decoupled_answer, request, pending))
+                    on_loop(functools.partial(decoupled_answer, request, pending))
                 )
                 reply = self._router.submit(request)
                 pending.requests[id(request)] = request

@@ -5,11 +5,8 @@ modes: a failed request's error as a message in the stream (the default), or, wi
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,23 +103,6 @@ class Pending:
     def _maybe_close(self) -> None:
         if self._input_done and self._running == 0:
             self._send.close()
-
-
-def on_this_loop(function: Callable[..., None]) -> Callable[..., None]:
-    """`function`, made callable from any thread: a backend may send a decoupled response from
-    a thread of its own, and the stream's state belongs to this event loop (grpclib runs on
-    asyncio)."""
-    loop = asyncio.get_running_loop()
-    loop_thread = threading.get_ident()
-
-    def call(*args: Any) -> None:
-        if threading.get_ident() == loop_thread:
-            function(*args)
-        else:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                loop.call_soon_threadsafe(function, *args)
-
-    return call
 
 
 def decoupled_answer(
