@@ -11,8 +11,9 @@ import logging
 import multiprocessing
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from starlette.applications import Starlette
 
@@ -58,9 +59,48 @@ def _exit_worker() -> None:
     os._exit(1)
 
 
+def hypercorn_bind(argv: Sequence[str]) -> tuple[str, int] | None:
+    """The (host, port) of the first TCP `--bind` of a hypercorn command line (hypercorn's own
+    default, 127.0.0.1:8000, when it gives none); None when `argv` is not hypercorn's or binds no
+    TCP address. So that a plain `hypercorn tritonactor.app:app` serves gRPC and metrics where it
+    serves HTTP (the app is not told where hypercorn binds)."""
+    if not argv or Path(argv[0]).name not in ("hypercorn", "__main__.py"):
+        return None
+    if Path(argv[0]).name == "__main__.py" and Path(argv[0]).parent.name != "hypercorn":
+        return None
+    binds: list[str] = []
+    for index, argument in enumerate(argv[1:], start=1):
+        if argument in ("-b", "--bind") and index + 1 < len(argv):
+            binds.append(argv[index + 1])
+        elif argument.startswith("--bind="):
+            binds.append(argument.removeprefix("--bind="))
+    for bind in binds or ["127.0.0.1:8000"]:
+        if bind.startswith(("unix:", "fd://")):
+            continue
+        host, _, port = bind.rpartition(":")
+        if not host:
+            host, port = bind, "8000"
+        if not port.isdigit():
+            continue
+        return host.removeprefix("[").removesuffix("]"), int(port)
+    return None
+
+
+def _bound_like_hypercorn(env: Mapping[str, str], argv: Sequence[str]) -> dict[str, str]:
+    """`env`, with the HTTP address and port hypercorn binds when the environment does not say
+    (`tritonactor serve` always says)."""
+    bound = dict(env)
+    bind = hypercorn_bind(argv)
+    if bind is not None and not env.get("TRITONACTOR_HTTP_HOST", "").strip():
+        bound["TRITONACTOR_HTTP_HOST"] = bind[0]
+        if not env.get("TRITONACTOR_HTTP_PORT", "").strip():
+            bound["TRITONACTOR_HTTP_PORT"] = str(bind[1])
+    return bound
+
+
 def _app_from_environment() -> Starlette:
     try:
-        return create_app()
+        return create_app(Settings.from_env(_bound_like_hypercorn(os.environ, sys.argv)))
     except SettingsError as error:
         print(f"tritonactor: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -354,3 +354,26 @@ def test_the_installed_command_runs(tmp_path: Path) -> None:
         True,
     )
     assert model["total_bytes"] == size(repo / "onnx_add_sub/1/model.onnx")
+
+
+def test_a_config_tensor_the_onnx_file_lacks_is_the_servers_refusal(
+    tmp_path: Path, registry: BackendRegistry
+) -> None:
+    # The server refuses to load it (the ONNX backend's check at load); inspect, which used to
+    # call it loadable, gives the same reason.
+    repo = tmp_path / "repo"
+    add_sub_model(repo / "wrong_input" / "1" / "model.onnx")
+    write(
+        repo / "wrong_input" / "config.pbtxt",
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "NOT_IN_FILE" data_type: TYPE_INT32 dims: [ 16 ] } ]\n',
+    )
+
+    report = inspect_repositories([repo], registry, strict=False, gpus=0)
+
+    model = by_name(report, "wrong_input")
+    assert not model.loads
+    (version,) = model.versions
+    assert version.error is not None
+    assert "config input 'NOT_IN_FILE' is not an input of the ONNX model" in version.error
+    assert not report.loads

@@ -767,3 +767,10 @@ def test_a_poll_interval_of_zero_is_triton_s_never_poll_again() -> None:
     assert Settings(repository_poll_secs="0").repository_poll_secs == 0
     with pytest.raises(SettingsError, match="expected seconds >= 0"):
         Settings(repository_poll_secs="-1")
+
+
+def test_grpc_binds_where_http_does_unless_told() -> None:
+    local = Settings(http_host="127.0.0.1")
+    assert (local.grpc_host, local.metrics_host) == ("127.0.0.1", "127.0.0.1")
+    assert Settings(http_host="127.0.0.1", grpc_host="0.0.0.0").grpc_host == "0.0.0.0"
+    assert Settings.from_env(local.to_env()) == local

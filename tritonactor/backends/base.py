@@ -219,6 +219,11 @@ class Backend(ABC):
         in `version_dir`. The default completes nothing."""
         return config
 
+    def check_model(self, context: ModelContext) -> None:  # noqa: B027 - optional hook
+        """Raise what `load_model` would refuse about the model's file against its config (a
+        config tensor the file lacks...), without serving it: `repository inspect` calls it.
+        The default checks nothing."""
+
     @abstractmethod
     def load_model(self, context: ModelContext) -> BackendModel:
         """Initialize one version of a model; raising (TritonError or any error) fails the load."""

@@ -489,6 +489,9 @@ class OnnxRuntimeBackend(Backend):
             )
         return _complete_backend_fields(completed)
 
+    def check_model(self, context: ModelContext) -> None:
+        _validate(context.config, context.name, _read_signature(_onnx_file(context.model_path)))
+
     def load_model(self, context: ModelContext) -> OnnxRuntimeModel:
         path = _onnx_file(context.model_path)
         signature = _read_signature(path)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tritonactor._proto.inference import ModelConfig
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.config.model_config import ConfigError
 from tritonactor.config.normalize import instance_specs
@@ -21,6 +22,7 @@ from tritonactor.control.prepare import (
     failure_reason,
     missing_model_file,
     missing_version_reason,
+    model_context,
     prepare_config,
     require_versions,
 )
@@ -205,9 +207,23 @@ def _outcome(source: ModelSource, registry: BackendRegistry, strict: bool, gpus:
     outcome.instances = len(instance_specs(config))
     for version in versions:
         reason = missing_model_file(source, config, version)
+        if reason is None:
+            reason = _model_file_refused(source, config, version, registry)
         if reason is not None:
             outcome.version_errors[version] = reason
     return outcome
+
+
+def _model_file_refused(
+    source: ModelSource, config: ModelConfig, version: int, registry: BackendRegistry
+) -> str | None:
+    """What the backend's load would refuse about the version's model file against its config
+    (a config input the file lacks...), or None."""
+    try:
+        registry.get(config.backend).check_model(model_context(source, config, version))
+    except Exception as error:  # whatever the backend raises, as the manager catches it
+        return failure_reason(error)
+    return None
 
 
 def _backend_name(source: ModelSource, registry: BackendRegistry) -> str | None:

@@ -22,7 +22,7 @@ import anyio
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import Actor, ActorRef, Reply
-from tritonactor.backends.base import Backend, ModelContext
+from tritonactor.backends.base import Backend
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.config.model_config import ConfigError, config_from_json
 from tritonactor.control import events as ev
@@ -34,6 +34,7 @@ from tritonactor.control.prepare import (
     failure_reason,
     missing_model_file,
     missing_version_reason,
+    model_context,
     prepare_config,
     require_versions,
 )
@@ -515,16 +516,7 @@ class ModelManager(Actor[Any]):
     async def _start_version(
         self, model: ModelSource, backend: Backend, config: ModelConfig, version: int
     ) -> _Serving:
-        directory = version_path(model, version)
-        filename = config.default_model_filename
-        context = ModelContext(
-            name=model.name,
-            version=version,
-            config=config,
-            model_dir=model.path,
-            version_dir=directory,
-            model_path=directory / filename,
-        )
+        context = model_context(model, config, version)
         missing = missing_model_file(model, config, version)
         if missing:
             raise ConfigError(missing)

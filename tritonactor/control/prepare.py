@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from tritonactor._proto.inference import ModelConfig
-from tritonactor.backends.base import Backend
+from tritonactor.backends.base import Backend, ModelContext
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.config.model_config import ConfigError
 from tritonactor.config.normalize import fill_defaults
@@ -69,6 +69,20 @@ def prepare_config(
     config.backend = config.backend or name
     config.default_model_filename = config.default_model_filename or backend.default_model_filename
     return backend, config
+
+
+def model_context(model: ModelSource, config: ModelConfig, version: int) -> ModelContext:
+    """What a backend is given to load (or check) `version` of `model` with its prepared
+    `config`."""
+    directory = version_path(model, version)
+    return ModelContext(
+        name=model.name,
+        version=version,
+        config=config,
+        model_dir=model.path,
+        version_dir=directory,
+        model_path=directory / config.default_model_filename,
+    )
 
 
 def missing_model_file(model: ModelSource, config: ModelConfig, version: int) -> str | None:

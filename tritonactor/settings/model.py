@@ -161,9 +161,11 @@ class Settings(ServedSettings, TritonOnlySettings):
 
     @model_validator(mode="after")
     def _check_together(self) -> Settings:
-        if self.metrics_host is None:
-            # Triton's default: the metrics listener binds where the HTTP endpoint does.
-            self.__dict__["metrics_host"] = self.http_host
+        # Unless told otherwise every endpoint binds where the HTTP one does (Triton's default
+        # for metrics; for gRPC ours: one address, however the server was started).
+        for name in ("grpc_host", "metrics_host"):
+            if getattr(self, name) is None:
+                self.__dict__[name] = self.http_host
         self._check_repositories()
         self._check_journal()
         self._check_port_clashes()

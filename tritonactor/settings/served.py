@@ -217,9 +217,17 @@ class ServedSettings(BaseSettings):
     grpc_enabled: Annotated[
         bool, honoured("serve gRPC", BOOL, GRPC, "--allow-grpc", variable="ALLOW_GRPC")
     ] = True
+    # None until validated: then the HTTP address, unless given (as the metrics address).
     grpc_host: Annotated[
-        str, honoured("the gRPC listener's address", HOST, GRPC, "--grpc-address")
-    ] = "0.0.0.0"
+        str | None,
+        honoured(
+            "the gRPC listener's address",
+            HOST,
+            GRPC,
+            "--grpc-address",
+            default="the HTTP address",
+        ),
+    ] = None
     grpc_port: Annotated[int, honoured("the gRPC port (0: any free port)", PORT, GRPC)] = 8001
     grpc_header_forward_pattern: Annotated[
         str,
