@@ -38,7 +38,7 @@ import onnxruntime as ort
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_REPOSITORY = REPO_ROOT / "tritonactor" / "examples" / "models"
 # CI and developer machines keep the shared tools beside the checkout, not inside it.
-INSTALLER = REPO_ROOT.parent / "shared" / "tools" / "install-perf-analyzer.sh"
+INSTALLER = REPO_ROOT / "deploy" / "install-perf-analyzer.sh"
 
 # The first windows of a run are what warms the server up; perf_analyzer's stability check
 # (the last 3 windows within +-STABILITY % of each other) discards them. On 2 shared cores a

@@ -13,24 +13,16 @@
 set -euo pipefail
 COMPOSE_PLUGIN_DIR=${COMPOSE_PLUGIN_DIR:-$HOME/.docker/cli-plugins}
 PROMTOOL_DIR=${PROMTOOL_DIR:-/usr/local/bin}
-ARCH=$(dpkg --print-architecture)
+# shellcheck source=deploy/trixie-download.sh
+. "$(dirname "$0")/trixie-download.sh"
 W=$(mktemp -d "${TMPDIR:-/tmp}/tritonactor-validators.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 
 works() { [ -x "$1" ] && "$1" --version >/dev/null 2>&1; }
 
 if ! works "$COMPOSE_PLUGIN_DIR/docker-compose"; then
-  A=$W/apt
-  mkdir -p "$A/lists/partial" "$A/cache/archives/partial" "$A/etc" "$W/compose"
-  URI=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [ -n "$URI" ] || URI=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list)
-  printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: %s\n' \
-    "$URI" /usr/share/keyrings/debian-archive-keyring.gpg >"$A/etc/trixie.sources"
-  O=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$A/etc"
-     -o Dir::State::Lists="$A/lists" -o Dir::Cache="$A/cache" -o Dir::State::status=/dev/null
-     -o APT::Architecture="$ARCH" -o APT::Sandbox::User=root)
-  apt-get -qq "${O[@]}" update >&2
-  (cd "$W" && apt-get -qq "${O[@]}" download docker-compose >&2)
+  mkdir -p "$W/compose"
+  trixie_download "$W" docker-compose
   dpkg-deb -x "$W"/docker-compose_*.deb "$W/compose"
   mkdir -p "$COMPOSE_PLUGIN_DIR"
   install -m 0755 "$W/compose/usr/libexec/docker/cli-plugins/docker-compose" "$COMPOSE_PLUGIN_DIR/"
