@@ -15,6 +15,7 @@ import anyio
 from tritonactor import __version__
 from tritonactor.actors import ActorRef, ActorSystem
 from tritonactor.backends.registry import BackendRegistry
+from tritonactor.cache import ResponseCache
 from tritonactor.control import events as ev
 from tritonactor.control.index import IndexEntry, index, ready
 from tritonactor.control.journal import Journal, JournalEntry, open_journal
@@ -103,7 +104,10 @@ class Server:
         self.registry = (
             registry if registry is not None else BackendRegistry(config=settings.backend_config)
         )
-        self.router = Router()
+        # The one response cache (--cache-config local,size=N), shared by every model that
+        # asks for it; None without the setting.
+        size = settings.response_cache_size()
+        self.router = Router(cache=ResponseCache(size) if size is not None else None)
         self.live = False
         self.journal: Journal | None = None
         self._manager: ActorRef[Any] | None = None

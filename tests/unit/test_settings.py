@@ -432,10 +432,10 @@ def test_describe_lists_every_honoured_variable_in_order(env: dict[str, str]) ->
 
 
 def test_describe_adds_the_ignored_settings_given(env: dict[str, str]) -> None:
-    env |= {"TRITONACTOR_HTTP_THREAD_COUNT": "4", "TRITONACTOR_CACHE_CONFIG": "local,size=1"}
+    env |= {"TRITONACTOR_HTTP_THREAD_COUNT": "4", "TRITONACTOR_CACHE_CONFIG": "local,size=1048576"}
     described = dict(Settings.from_env(env).describe())
     assert described["TRITONACTOR_HTTP_THREAD_COUNT"] == "4"
-    assert described["TRITONACTOR_CACHE_CONFIG"] == '["local,size=1"]'
+    assert described["TRITONACTOR_CACHE_CONFIG"] == '["local,size=1048576"]'
     assert "TRITONACTOR_GRPC_USE_SSL" not in described
 
 

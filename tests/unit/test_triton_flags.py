@@ -490,14 +490,17 @@ def test_restrictions_given_directly_are_checked(repo: Path, tmp_path: Path) -> 
 # -- the response cache ----------------------------------------------------------------------------
 
 
-def test_cache_config_is_kept_and_warned_about(base: dict[str, str]) -> None:
+def test_cache_config_is_honoured(base: dict[str, str]) -> None:
     settings = settings_from(base, "--cache-config=local,size=1048576")
     assert settings.cache_config == {"local": {"size": "1048576"}}
-    assert settings.warnings() == [
-        '--cache-config (TRITONACTOR_CACHE_CONFIG=["local,size=1048576"]): accepted, the '
-        "response cache is not implemented yet"
+    assert settings.response_cache_size() == 1048576
+    assert settings.warnings() == []
+    older = settings_from(base, "--response-cache-byte-size=4096")
+    assert older.response_cache_byte_size == 4096
+    assert older.warnings() == [
+        "--response-cache-byte-size (TRITONACTOR_RESPONSE_CACHE_BYTE_SIZE=4096) is deprecated, "
+        "as in Triton: it is --cache-config=local,size=4096"
     ]
-    assert settings_from(base, "--response-cache-byte-size=10").response_cache_byte_size == 10
 
 
 def test_cache_config_needs_a_cache_name(base: dict[str, str]) -> None:
@@ -505,7 +508,7 @@ def test_cache_config_needs_a_cache_name(base: dict[str, str]) -> None:
 
 
 def test_both_cache_flags_are_refused(base: dict[str, str]) -> None:
-    message = refusal(base, "--cache-config=local,size=1", "--response-cache-byte-size=1")
+    message = refusal(base, "--cache-config=local,size=1048576", "--response-cache-byte-size=1")
     assert "give one or the other" in message
 
 
@@ -606,7 +609,7 @@ def test_a_triton_command_line_survives_the_trip_to_the_workers(
         "--grpc-header-forward-pattern=y-.*",
         "--http-restricted-api=health,metadata:k=v",
         "--grpc-restricted-protocol=inference:k=v",
-        "--cache-config=local,size=1",
+        "--cache-config=local,size=1048576",
         "--allow-cpu-metrics=false",
         "--allow-gpu-metrics=false",
         "--http-thread-count=4",

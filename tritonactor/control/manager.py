@@ -24,6 +24,7 @@ from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import Actor, ActorRef, Reply
 from tritonactor.backends.base import Backend
 from tritonactor.backends.registry import BackendRegistry
+from tritonactor.cache import check_model_config
 from tritonactor.config.model_config import ConfigError, config_from_json
 from tritonactor.control import events as ev
 from tritonactor.control.budget import files_size, process_tree_rss
@@ -365,6 +366,12 @@ class ModelManager(Actor[Any]):
                 raise invalid_arg(f"load failed for model '{name}': {reason}")
             if source != ev.Source.POLL:
                 await self._load_steps(name, config, source, loading)
+        try:  # Triton's rule: no response cache for a decoupled or sequence model
+            check_model_config(config, self._router.step_configs(config))
+        except ConfigError as error:
+            reason = str(error)
+            self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
+            raise invalid_arg(f"load failed for model '{name}': {reason}") from None
         self._record(_load_requested(name, tuple(changed), source, digest, override))
         failures = await self._start_versions(
             model, backend, config, changed, digest, files, override_digest

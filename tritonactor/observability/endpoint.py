@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tritonactor.cache import caches_responses
 from tritonactor.observability.exposition import CONTENT_TYPE, render
 from tritonactor.observability.gpu import GpuMetrics
 from tritonactor.observability.metrics import MailboxSample, MetricsCollector, VersionSample
@@ -78,6 +79,7 @@ class ServerMetrics:
             self,
             cpu_metrics=settings.cpu_metrics_enabled,
             gpu_metrics=settings.gpu_metrics_enabled,
+            response_cache=cache.sample if (cache := server.router.cache) is not None else None,
         )
         self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)
@@ -101,7 +103,9 @@ class ServerMetrics:
 
     def versions(self) -> Iterable[VersionSample]:
         return [
-            handle.statistics.sample(handle.name, handle.version)
+            handle.statistics.sample(
+                handle.name, handle.version, response_cache=caches_responses(handle.config)
+            )
             for handle in self._server.router.handles()
         ]
 

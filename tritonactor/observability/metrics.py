@@ -8,15 +8,18 @@ under `tritonactor_`. docs/metrics.md lists every family."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.metrics_core import Metric
 
 from tritonactor.observability.custom import CUSTOM_METRICS
 from tritonactor.observability.gpu import GpuMetrics
 from tritonactor.observability.host import CpuUsage, read_memory
+
+if TYPE_CHECKING:
+    from tritonactor.cache import CacheSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,17 @@ class HistogramSample:
     bounds: tuple[float, ...]
     counts: tuple[int, ...]
     total: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounts:
+    """A version's use of the response cache: hits and misses, with their durations summed in
+    microseconds (a hit: its lookup; a miss: its lookup and the insertion of its answer)."""
+
+    hits: int
+    hit_us: int
+    misses: int
+    miss_us: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,9 @@ class VersionSample:
     compute_output_us: int
     batch_executions: Mapping[int, int]  # executes by batch size
     first_response_ms: HistogramSample
+    # Only for a version whose config asks for the response cache (as Triton, whether or not
+    # the server has one).
+    cache: CacheCounts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +107,11 @@ class MetricsCollector:
         *,
         cpu_metrics: bool = True,
         gpu_metrics: bool = True,
+        response_cache: Callable[[], CacheSample] | None = None,
     ) -> None:
         self._source = source
+        # The server's response cache, when it has one: its `sample`.
+        self._response_cache = response_cache
         self._cpu = cpu if cpu is not None else CpuUsage()
         # May be set after the collector is registered: NVML is slow to start.
         self.gpu = gpu
@@ -101,6 +121,8 @@ class MetricsCollector:
     def collect(self) -> Iterator[Metric]:
         yield from _version_families(list(self._source.versions()))
         yield from self._model_load_family()
+        if self._response_cache is not None:
+            yield from _cache_families(self._response_cache())
         if self.cpu_metrics:
             yield from self._host_families()
         if self.gpu is not None and self.gpu_metrics:
@@ -201,6 +223,7 @@ def _version_families(samples: list[VersionSample]) -> Iterator[Metric]:
         yield family
         if name == "nv_inference_request_success":
             yield _failure_family(samples)
+    yield from _version_cache_families(samples)
 
     pending = Metric(
         "nv_inference_pending_request_count",
@@ -230,6 +253,69 @@ def _version_families(samples: list[VersionSample]) -> Iterator[Metric]:
             labels = {**_labels(sample.model, sample.version), "batch_size": str(size)}
             batches.add_sample(batches.name, labels, count)
     yield batches
+
+
+# Triton's per-version response-cache counters: name, help, and the CacheCounts field.
+_CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Requests answered from the response cache", "hits"),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Cumulative response-cache lookup time of the requests it answered, in microseconds",
+        "hit_us",
+    ),
+    (
+        "nv_cache_num_misses_per_model",
+        "Requests the response cache missed, whose answers were then offered to it",
+        "misses",
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Cumulative response-cache lookup and insertion time of the requests it missed, "
+        "in microseconds",
+        "miss_us",
+    ),
+)
+
+
+def _version_cache_families(samples: list[VersionSample]) -> Iterator[Metric]:
+    cached = [sample for sample in samples if sample.cache is not None]
+    if not cached:
+        return  # as Triton: no family unless a version asks for the cache
+    for name, documentation, attribute in _CACHE_COUNTERS:
+        family = Metric(name, documentation, "counter")
+        for sample in cached:
+            value = getattr(sample.cache, attribute)
+            family.add_sample(name, _labels(sample.model, sample.version), value)
+        yield family
+
+
+def _cache_families(sample: CacheSample) -> Iterator[Metric]:
+    """The server's response cache as a whole: Triton's gauges, without labels."""
+    yield _single(
+        "nv_cache_util", "Response cache bytes in use over its size [0.0 - 1.0]", sample.utilization
+    )
+    for name, documentation, value in (
+        ("nv_cache_num_entries", "Responses held in the response cache", sample.entries),
+        ("nv_cache_num_hits", "Response cache lookups that found a response", sample.hits),
+        ("nv_cache_num_misses", "Response cache lookups that found nothing", sample.misses),
+        ("nv_cache_num_lookups", "Response cache lookups", sample.lookups),
+        (
+            "nv_cache_num_evictions",
+            "Responses the response cache evicted to make room",
+            sample.evictions,
+        ),
+        (
+            "nv_cache_lookup_duration",
+            "Cumulative response cache lookup time (hits and misses), in microseconds",
+            sample.lookup_ns // 1000,
+        ),
+        (
+            "nv_cache_insertion_duration",
+            "Cumulative response cache insertion time, in microseconds",
+            sample.insertion_ns // 1000,
+        ),
+    ):
+        yield _single(name, documentation, value)
 
 
 def _failure_family(samples: list[VersionSample]) -> Metric:

@@ -3,6 +3,8 @@ data plane the front ends talk to."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from anyio import WouldBlock, get_cancelled_exc_class
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.actors import ActorRef, ActorStopped, Reply
+from tritonactor.cache import Inserted, ResponseCache, caches_responses, freeze, request_key
 from tritonactor.core.errors import (
     ErrorCode,
     TritonError,
@@ -25,6 +28,8 @@ from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.signature import ModelSignature
 from tritonactor.scheduling.statistics import VersionStatistics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +53,14 @@ class ModelHandle:
 
 class Router:
     """Holds the table of ready versions. The control plane changes the table (`add`,
-    `remove`); the front ends only read it and send requests through it."""
+    `remove`); the front ends only read it and send requests through it.
 
-    def __init__(self) -> None:
+    With a response cache (`cache`), a request to a version whose config asks for it is looked
+    up after validation: a hit is answered at once, never reaching the scheduler; a miss goes on
+    and its successful answer is stored (docs/response-cache.md)."""
+
+    def __init__(self, cache: ResponseCache | None = None) -> None:
+        self.cache = cache
         self._models: dict[str, dict[int, ModelHandle]] = {}
         # Names the repository knows (ready or not), so an error can say "not ready" vs "unknown".
         self.known: set[str] = set()
@@ -59,19 +69,39 @@ class Router:
 
     def add(self, handle: ModelHandle) -> None:
         versions = dict(self._models.get(handle.name, {}))
+        replaced = versions.get(handle.version)
         versions[handle.version] = handle
         self._models[handle.name] = dict(sorted(versions.items()))
+        if replaced is not None and replaced is not handle and self.cache is not None:
+            # Another copy serves the version now: what the old one answered is not its answer.
+            self.cache.drop(handle.name, handle.version)
 
     def remove(self, name: str, version: int) -> None:
         versions = dict(self._models.get(name, {}))
-        versions.pop(version, None)
+        removed = versions.pop(version, None)
         if versions:
             self._models[name] = versions
         else:
             self._models.pop(name, None)
+        if removed is not None and self.cache is not None:
+            self.cache.drop(name, version)
 
     def resolve_exact(self, name: str, version: int) -> ModelHandle | None:
         return self._models.get(name, {}).get(version)
+
+    def step_configs(self, config: ModelConfig) -> list[ModelConfig]:
+        """The configs of the loaded versions an ensemble's steps would run now (none for a
+        model that is not an ensemble, nor for a step not loaded)."""
+        scheduling = config.ensemble_scheduling
+        if scheduling is None:
+            return []
+        configs = []
+        for step in scheduling.step:
+            try:
+                configs.append(self.resolve(step.model_name, _step_version(step.model_version)))
+            except TritonError:
+                continue
+        return [handle.config for handle in configs]
 
     def ready_versions(self, name: str) -> list[int]:
         return list(self._models.get(name, {}))
@@ -120,16 +150,21 @@ class Router:
             await self.loader(name)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        """Validate, queue (waiting while the scheduler's mailbox is full) and await the answer."""
+        """Validate, queue (waiting while the scheduler's mailbox is full) and await the answer
+        (a response-cache hit is answered at once)."""
         if self.loader is not None:
             await self.ensure_loaded(request.model_name)
-        handle, message = self._prepare(request)
+        handle, arrival = self._route(request)
         if handle.decoupled:
             error = unsupported(
                 f"model '{handle.name}' is decoupled: its responses can only be streamed"
             )
-            message.reply.fail(error)
+            self._admit(handle, request, arrival).reply.fail(error)
             raise error
+        miss, hit = self._look_up(handle, request, arrival)
+        if hit is not None:
+            return hit
+        message = self._admit(handle, request, arrival, miss)
         delivered = False
         try:
             await handle.scheduler.tell(message)
@@ -151,12 +186,18 @@ class Router:
         """Validate and queue the request now; its answer comes through the returned reply
         (for a decoupled model, through `request.sender`, which the caller must set; the reply
         then only says when execute is over, or fails). Requests submitted one after another
-        reach the scheduler in that order."""
-        handle, message = self._prepare(request)
+        reach the scheduler in that order. A response-cache hit comes back already answered."""
+        handle, arrival = self._route(request)
         if handle.decoupled and request.sender is None:
             error = unsupported(f"model '{handle.name}' is decoupled: a response sender is needed")
-            message.reply.fail(error)
+            self._admit(handle, request, arrival).reply.fail(error)
             raise error
+        miss, hit = self._look_up(handle, request, arrival)
+        if hit is not None:
+            answered: Reply[InferenceResponse] = Reply()
+            answered.set(hit)
+            return answered
+        message = self._admit(handle, request, arrival, miss)
         try:
             handle.scheduler.tell_nowait(message)
         except (ActorStopped, WouldBlock):
@@ -165,7 +206,9 @@ class Router:
             raise error from None
         return message.reply
 
-    def _prepare(self, request: InferenceRequest) -> tuple[ModelHandle, Infer]:
+    def _route(self, request: InferenceRequest) -> tuple[ModelHandle, int]:
+        """The handle that serves `request`, once the request is valid for it, and the time of
+        its arrival."""
         arrival = time.perf_counter_ns()
         trace = request.trace
         started = time.time_ns() if trace is not None else 0
@@ -179,9 +222,72 @@ class Router:
         request.resolved_version = handle.version
         if trace is not None:
             trace.routed(request, started)
+        return handle, arrival
+
+    def _admit(
+        self,
+        handle: ModelHandle,
+        request: InferenceRequest,
+        arrival: int,
+        miss: tuple[bytes, int] | None = None,
+    ) -> Infer:
+        """The message that takes `request` to the scheduler, counted in the version's
+        statistics; `miss`: the cache missed it (its key, the lookup's ns), so its answer is
+        to be stored."""
         reply: Reply[InferenceResponse] = Reply()
         handle.statistics.admit(request, reply, arrival)
-        return handle, Infer(request, reply, arrival)
+        if miss is not None:
+            reply.add_done_callback(functools.partial(self._store, handle, *miss))
+        return Infer(request, reply, arrival)
+
+    def _look_up(
+        self, handle: ModelHandle, request: InferenceRequest, arrival: int
+    ) -> tuple[tuple[bytes, int] | None, InferenceResponse | None]:
+        """((key, lookup ns), None) for a request the cache missed, (None, answer) for a hit,
+        (None, None) when the cache has no part in it (no cache, not asked for by the config,
+        decoupled, or an input that cannot be hashed: not in host memory, as in Triton)."""
+        cache = self.cache
+        if cache is None or handle.decoupled or not caches_responses(handle.config):
+            return None, None
+        key = request_key(handle.name, handle.version, request)
+        if key is None:
+            return None, None
+        started = time.perf_counter_ns()
+        entry = cache.lookup(key)
+        ended = time.perf_counter_ns()
+        if entry is None:
+            return (key, ended - started), None
+        response = entry.response(handle.name, str(handle.version), request.id)
+        handle.statistics.record_cache_hit(arrival, started, ended, time.perf_counter_ns())
+        return None, response
+
+    def _store(
+        self, handle: ModelHandle, key: bytes, lookup_ns: int, reply: Reply[InferenceResponse]
+    ) -> None:
+        """A request the cache missed has its answer: store it if it succeeded and the copy that
+        answered still serves its version. As in Triton, a request whose twin was stored while
+        it ran counts neither as a hit nor as a miss."""
+        cache = self.cache
+        if cache is None or reply.error is not None:
+            return  # errors are never cached
+        started = time.perf_counter_ns()
+        outcome = Inserted.REFUSED
+        if self.resolve_exact(handle.name, handle.version) is handle:
+            entry = freeze(reply.result())
+            if entry is not None:
+                outcome = cache.insert(key, (handle.name, handle.version), entry)
+                if outcome is Inserted.REFUSED:
+                    # Triton logs its failed insertions too ("Failed to insert key").
+                    log.warning(
+                        "Failed to insert key into response cache: a response of model '%s' "
+                        "version %d takes %d bytes, more than the %d-byte cache has room for",
+                        handle.name,
+                        handle.version,
+                        entry.byte_size,
+                        cache.size,
+                    )
+        if outcome is not Inserted.EXISTS:
+            handle.statistics.record_cache_miss(lookup_ns + time.perf_counter_ns() - started)
 
     @staticmethod
     def _stopped(handle: ModelHandle) -> TritonError:
@@ -208,3 +314,8 @@ def parse_version(version: str) -> int:
             "version should be an integral value > 0"
         )
     return number
+
+
+def _step_version(version: int) -> str:
+    # An ensemble step's model_version: -1 (or 0) is the highest ready one.
+    return str(version) if version > 0 else ""

@@ -23,7 +23,7 @@ from tritonactor.backends.base import Deferred
 from tritonactor.backends.batching import batch_size as request_batch_size
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
-from tritonactor.observability.metrics import HistogramSample, VersionSample
+from tritonactor.observability.metrics import CacheCounts, HistogramSample, VersionSample
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.sequence_rows import NULL_REQUEST, STATE_ERROR
 
@@ -164,7 +164,8 @@ class VersionStatistics:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
-        self.cache_hit = Duration()  # no response cache: always zero
+        # The response cache (`record_cache_hit`, `record_cache_miss`).
+        self.cache_hit = Duration()
         self.cache_miss = Duration()
         self._batches: dict[int, BatchStatistics] = {}
         self.first_response = FirstResponseHistogram()
@@ -221,6 +222,25 @@ class VersionStatistics:
         self.compute_output.add(compute_output)
         size = request_batch_size(request) if self.batching else 1
         self._record_batch(size, compute_input, compute_infer, compute_output)
+
+    def record_cache_hit(
+        self, arrival_ns: int, lookup_started: int, lookup_ended: int, answered: int
+    ) -> None:
+        """A request answered from the response cache, without a scheduler (never `admit`ted).
+        As Triton 2.51 counts one: a success, its queue time until the lookup began, its cache
+        hit the lookup's time; no compute, execution or inference."""
+        took = answered - arrival_ns
+        self.success.add(took)
+        self.queue.add(max(0, lookup_started - arrival_ns))
+        self.cache_hit.add(max(0, lookup_ended - lookup_started))
+        self.first_response.observe_ns(took)
+
+    def record_cache_miss(self, ns: int) -> None:
+        """A request the response cache missed was answered and its answer offered to the cache:
+        `ns` is the lookup's and the insertion's time, added to the request's duration too (it
+        was counted as a success when answered), as Triton 2.51 does."""
+        self.cache_miss.add(ns)
+        self.success.ns += ns
 
     def failures(self) -> dict[str, int]:
         """Failed requests by Triton's reason: BACKEND for those the execute failed, the others
@@ -330,8 +350,9 @@ class VersionStatistics:
         """One entry per executed batch size, smallest first."""
         return [self._batches[size] for size in sorted(self._batches)]
 
-    def sample(self, model: str, version: int) -> VersionSample:
-        """What the metrics collector reports for this version, read now."""
+    def sample(self, model: str, version: int, response_cache: bool = False) -> VersionSample:
+        """What the metrics collector reports for this version, read now (`response_cache`:
+        whether its config asks for the response cache, which adds the cache's families)."""
         return VersionSample(
             model=model,
             version=version,
@@ -347,6 +368,14 @@ class VersionStatistics:
             compute_output_us=self.compute_output.ns // 1000,
             batch_executions={b.batch_size: b.compute_infer.count for b in self.batch_stats},
             first_response_ms=self.first_response.sample(),
+            cache=CacheCounts(
+                self.cache_hit.count,
+                self.cache_hit.ns // 1000,
+                self.cache_miss.count,
+                self.cache_miss.ns // 1000,
+            )
+            if response_cache
+            else None,
         )
 
 

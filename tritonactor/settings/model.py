@@ -25,6 +25,10 @@ from tritonactor.settings.served import ServedSettings
 from tritonactor.settings.trace import TraceDefaults, trace_defaults
 from tritonactor.settings.triton_only import TritonOnlySettings
 
+# The smallest local response cache (bytes) Triton 2.51 starts with; the cache's own
+# `tritonactor.cache.store.MIN_SIZE`, repeated so that reading settings needs no numpy.
+LOCAL_CACHE_MIN_SIZE = 192
+
 # Settings whose restrictions' header values the log masks.
 SECRET_RESTRICTIONS = frozenset({"http_restricted_api", "grpc_restricted_protocol"})
 
@@ -122,7 +126,20 @@ class Settings(ServedSettings, TritonOnlySettings):
                 continue
             where = f"{option.flags_for(name)[0]} ({VARIABLES[name]}={self._shown(name)})"
             lines.append(f"{where}: {plain(option.notice)}")
+        if self.response_cache_byte_size is not None:
+            lines.append(
+                f"--response-cache-byte-size ({VARIABLES['response_cache_byte_size']}="
+                f"{self.response_cache_byte_size}) is deprecated, as in Triton: it is "
+                f"--cache-config=local,size={self.response_cache_byte_size}"
+            )
         return lines + list(self.trace_defaults().notes)
+
+    def response_cache_size(self) -> int | None:
+        """The size in bytes of the server's response cache (the `local` one), None for none."""
+        if self.response_cache_byte_size is not None:
+            return self.response_cache_byte_size
+        local = self.cache_config.get("local")
+        return None if local is None else int(local["size"])
 
     def trace_defaults(self) -> TraceDefaults:
         """The initial trace settings the trace flags ask for, and warnings for the rest."""
@@ -169,13 +186,7 @@ class Settings(ServedSettings, TritonOnlySettings):
         self._check_repositories()
         self._check_journal()
         self._check_port_clashes()
-        if self.response_cache_byte_size is not None and self.cache_config:
-            raise SettingsError(
-                f"{VARIABLES['response_cache_byte_size']} and {VARIABLES['cache_config']} are "
-                "both set: give one or the other (--response-cache-byte-size=N is "
-                "--cache-config=local,size=N)",
-                variable=VARIABLES["response_cache_byte_size"],
-            )
+        self._check_response_cache()
         return self
 
     def _check_repositories(self) -> None:
@@ -198,6 +209,45 @@ class Settings(ServedSettings, TritonOnlySettings):
                 "model_repositories",
                 self._text("model_repositories"),
                 "lists a directory twice: every model would be found twice",
+            )
+
+    def _check_response_cache(self) -> None:
+        if self.response_cache_byte_size is not None and self.cache_config:
+            raise SettingsError(
+                f"{VARIABLES['response_cache_byte_size']} and {VARIABLES['cache_config']} are "
+                "both set, incompatible flags: give one or the other "
+                "(--response-cache-byte-size=N is --cache-config=local,size=N)",
+                variable=VARIABLES["response_cache_byte_size"],
+            )
+        text = self._text("cache_config")
+        if len(self.cache_config) > 1:
+            raise _error(
+                "cache_config",
+                text,
+                "found multiple cache configurations, but only a single cache is currently "
+                "supported (Triton's words; the one cache here is 'local')",
+            )
+        for name, settings in self.cache_config.items():
+            if name != "local":
+                raise _error(
+                    "cache_config", text, f"names the cache {name!r}: the one cache is 'local'"
+                )
+            if set(settings) != {"size"}:
+                raise _error(
+                    "cache_config",
+                    text,
+                    "needs the local cache's one setting, its size in bytes: local,size=<bytes>",
+                )
+            if not settings["size"].isdigit():
+                raise _error("cache_config", text, "gives a size that is not a number of bytes")
+        size = self.response_cache_size()
+        if size is not None and size < LOCAL_CACHE_MIN_SIZE:
+            name = "cache_config" if self.cache_config else "response_cache_byte_size"
+            raise _error(
+                name,
+                self._text(name),
+                f"is too small: the local cache needs at least {LOCAL_CACHE_MIN_SIZE} bytes "
+                "(128 of them for its own bookkeeping), as in Triton",
             )
 
     def _check_journal(self) -> None:

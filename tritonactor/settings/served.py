@@ -29,7 +29,7 @@ from tritonactor.settings.kinds import (
     enum,
     in_range,
 )
-from tritonactor.settings.options import Switch, honoured, kept
+from tritonactor.settings.options import Switch, honoured
 from tritonactor.settings.pairs import (
     BACKEND_CONFIG,
     CACHE_CONFIG,
@@ -400,19 +400,21 @@ class ServedSettings(BaseSettings):
     ] = Field(default_factory=dict)
     cache_config: Annotated[
         dict[str, dict[str, str]],
-        kept(
-            "`<cache>,<setting>=<value>`: the response cache's configuration",
+        honoured(
+            "`<cache>,<setting>=<value>`: the response cache. The one cache is `local`, with "
+            "one setting, `size` (bytes, at least 192): `local,size=1048576`. Models ask for "
+            "it with `response_cache { enable: true }` "
+            "([response-cache.md](response-cache.md))",
             CACHE_CONFIG,
             BACKEND,
-            "the response cache is not implemented yet",
         ),
     ] = Field(default_factory=dict)
     response_cache_byte_size: Annotated[
         int | None,
-        kept(
-            "the older form of `--cache-config=local,size=…`; not with `--cache-config`",
+        honoured(
+            "the older form of `--cache-config=local,size=…` (warned about, as Triton does); "
+            "not with `--cache-config`",
             at_least(0, "BYTES"),
             BACKEND,
-            "the response cache is not implemented yet",
         ),
     ] = None

@@ -1,0 +1,339 @@
+"""The response cache in-process: the store's accounting (sizes measured on Triton 2.51's local
+cache), its LRU order, entries as immutable copies, what the key tells apart, the configs Triton
+refuses, and the settings that make one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tritonactor._proto.inference import ModelResponseCache, ModelTransactionPolicy
+from tritonactor.cache import CachedResponse, Inserted, ResponseCache, freeze, request_key
+from tritonactor.cache.config import caches_responses, check_model_config
+from tritonactor.cache.store import MIN_SIZE, SEGMENT_OVERHEAD, charge
+from tritonactor.config.model_config import ConfigError, parse_pbtxt
+from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from tritonactor.settings import Settings, SettingsError
+from tritonactor.settings.model import LOCAL_CACHE_MIN_SIZE
+
+
+def fp32_response(n: int, seed: float = 1.0) -> InferenceResponse:
+    """Like the probe model on Triton: OUTPUT0 and OUTPUT1 FP32 [n], CALLS INT64 [1]."""
+    a = np.full(n, seed, dtype=np.float32)
+    return InferenceResponse(
+        "m",
+        "1",
+        outputs=[
+            Tensor("OUTPUT0", "FP32", (n,), a + 1),
+            Tensor("OUTPUT1", "FP32", (n,), a - 1),
+            Tensor("CALLS", "INT64", (1,), np.array([1], dtype=np.int64)),
+        ],
+    )
+
+
+def entry(n: int, seed: float = 1.0) -> CachedResponse:
+    frozen = freeze(fp32_response(n, seed))
+    assert frozen is not None
+    return frozen
+
+
+# -- sizes, as Triton's local cache counts them ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "packed", "taken"), [(1, 160, 176), (4, 184, 192), (100, 952, 960)])
+def test_an_entry_takes_what_it_takes_in_tritons_local_cache(
+    n: int, packed: int, taken: int
+) -> None:
+    # Measured on Triton 2.51 (nv_cache_util before and after each insertion).
+    assert entry(n).byte_size == packed
+    assert charge(packed) == taken
+
+
+def test_the_smallest_block_is_48_bytes() -> None:
+    empty = freeze(InferenceResponse("m", "1"))
+    assert empty is not None and empty.byte_size == 4
+    assert charge(4) == 48
+
+
+def test_an_empty_cache_reports_its_own_bookkeeping() -> None:
+    cache = ResponseCache(1_048_576)
+    assert cache.sample().utilization == SEGMENT_OVERHEAD / 1_048_576  # Triton: 0.0001220703125
+
+
+def test_the_settings_and_the_store_agree_on_the_smallest_size() -> None:
+    assert LOCAL_CACHE_MIN_SIZE == MIN_SIZE == 192
+    with pytest.raises(ValueError, match="at least 192 bytes"):
+        ResponseCache(191)
+
+
+# -- least recently used out first ---------------------------------------------------------------
+
+
+def test_a_hit_makes_an_entry_the_most_recently_used() -> None:
+    # 1024 bytes hold three entries of 288 (as on Triton): A, B, C; A is hit; D evicts B.
+    cache = ResponseCache(1024)
+    for key in (b"A", b"B", b"C"):
+        assert cache.insert(key, ("m", 1), entry(16)) is Inserted.STORED
+    assert cache.lookup(b"A") is not None
+    assert cache.insert(b"D", ("m", 1), entry(16)) is Inserted.STORED
+    assert cache.lookup(b"B") is None
+    assert cache.lookup(b"A") is not None and cache.lookup(b"C") is not None
+    sample = cache.sample()
+    assert (sample.entries, sample.evictions, sample.used) == (3, 1, 3 * 288)
+    assert (sample.hits, sample.misses, sample.lookups) == (3, 1, 4)
+
+
+def test_an_entry_larger_than_the_cache_is_refused_and_evicts_nothing() -> None:
+    cache = ResponseCache(1024)
+    cache.insert(b"A", ("m", 1), entry(16))
+    assert entry(200).byte_size > 1024
+    assert cache.insert(b"huge", ("m", 1), entry(200)) is Inserted.REFUSED
+    assert len(cache) == 1 and cache.sample().evictions == 0
+
+
+def test_an_entry_that_fits_the_size_but_not_the_room_evicts_everything_first() -> None:
+    # 952 bytes <= 1024, but it takes 960 of the 896 left for entries: Triton evicts every entry
+    # and still fails ("Cache is empty, nothing to evict.").
+    cache = ResponseCache(1024)
+    for key in (b"A", b"B", b"C"):
+        cache.insert(key, ("m", 1), entry(16))
+    assert cache.insert(b"big", ("m", 1), entry(100)) is Inserted.REFUSED
+    sample = cache.sample()
+    assert (sample.entries, sample.evictions, sample.used) == (0, 3, 0)
+
+
+def test_a_key_stored_already_is_not_replaced() -> None:
+    cache = ResponseCache(4096)
+    first = entry(4, 1.0)
+    assert cache.insert(b"K", ("m", 1), first) is Inserted.STORED
+    assert cache.insert(b"K", ("m", 1), entry(4, 2.0)) is Inserted.EXISTS
+    assert cache.lookup(b"K") is first
+
+
+def test_dropping_a_version_forgets_only_its_entries() -> None:
+    cache = ResponseCache(4096)
+    cache.insert(b"1", ("m", 1), entry(4))
+    cache.insert(b"2", ("m", 2), entry(4))
+    cache.insert(b"3", ("other", 1), entry(4))
+    assert cache.drop("m", 1) == 1
+    assert cache.lookup(b"1") is None
+    assert cache.lookup(b"2") is not None and cache.lookup(b"3") is not None
+    sample = cache.sample()
+    assert sample.used == 2 * charge(entry(4).byte_size) and sample.evictions == 0
+
+
+# -- entries are copies ----------------------------------------------------------------------------
+
+
+def test_an_entry_is_a_copy_and_each_hit_gets_its_own_response() -> None:
+    response = fp32_response(4)
+    frozen = freeze(response)
+    assert frozen is not None
+    response.outputs[0].data[:] = -7  # the model's own array changes later: not the cache's
+    first = frozen.response("m", "1", "a")
+    second = frozen.response("m", "1", "b")
+    assert first.id == "a" and second.id == "b"
+    assert first.outputs is not second.outputs
+    np.testing.assert_array_equal(first.outputs[0].data, np.full(4, 2.0, np.float32))
+    with pytest.raises(ValueError, match="read-only"):
+        first.outputs[0].data[0] = 9
+
+
+def test_bytes_outputs_are_kept_in_their_wire_form() -> None:
+    data = np.array([b"ab", b"", "c\u00e9"], dtype=np.object_).reshape(3, 1)
+    frozen = freeze(InferenceResponse("m", "1", outputs=[Tensor("S", "BYTES", (3, 1), data)]))
+    assert frozen is not None
+    # 4 + (8 + 4+1 + 4+5 + 4+16 + 8 + 3*4+2+0+3)
+    assert frozen.byte_size == 4 + 8 + 5 + 9 + 20 + 8 + 17
+    out = frozen.response("m", "1", "").outputs[0]
+    assert out.shape == (3, 1) and out.data.tolist() == [[b"ab"], [b""], ["c\u00e9".encode()]]
+
+
+def test_an_output_outside_host_memory_is_not_cached() -> None:
+    class Device:  # stands for a GPU tensor
+        dtype = np.dtype(np.float32)
+
+    response = InferenceResponse("m", "1", outputs=[Tensor("X", "FP32", (1,), Device())])  # type: ignore[arg-type]
+    assert freeze(response) is None
+
+
+# -- the key ---------------------------------------------------------------------------------------
+
+
+def make_request(a: np.ndarray, b: np.ndarray | None = None, **fields: object) -> InferenceRequest:
+    b = a if b is None else b
+    return InferenceRequest(
+        "m",
+        inputs=[
+            Tensor("INPUT1", "FP32", b.shape, b),
+            Tensor("INPUT0", "FP32", a.shape, a),
+        ],
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+FOUR = np.arange(4, dtype=np.float32)
+
+
+def test_the_same_request_has_the_same_key_whatever_the_input_order() -> None:
+    first = make_request(FOUR)
+    second = make_request(FOUR.copy())
+    second.inputs.reverse()
+    assert request_key("m", 1, first) == request_key("m", 1, second)
+    assert len(request_key("m", 1, first) or b"") == 16
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param(make_request(FOUR.reshape(2, 2)), id="same bytes, another shape"),
+        pytest.param(make_request(FOUR.view(np.int32)), id="same bytes, another datatype"),
+        pytest.param(make_request(FOUR, outputs=[RequestedOutput("OUTPUT1")]), id="outputs"),
+        pytest.param(make_request(FOUR, parameters={"p": 1}), id="a parameter"),
+        pytest.param(make_request(FOUR, headers={"x-h": "1"}), id="a forwarded header"),
+        pytest.param(make_request(FOUR + 1), id="other data"),
+    ],
+)
+def test_what_the_model_would_answer_differently_has_another_key(
+    other: InferenceRequest,
+) -> None:
+    if other.inputs[0].datatype == "FP32" and other.inputs[0].data.dtype == np.int32:
+        for tensor in other.inputs:
+            tensor.datatype = "INT32"
+    assert request_key("m", 1, other) != request_key("m", 1, make_request(FOUR))
+
+
+def test_scheduling_parameters_model_and_version() -> None:
+    plain = request_key("m", 1, make_request(FOUR))
+    assert request_key("m", 1, make_request(FOUR, parameters={"priority": 2})) == plain
+    assert request_key("m", 1, make_request(FOUR, id="another id")) == plain
+    assert request_key("m", 2, make_request(FOUR)) != plain
+    assert request_key("n", 1, make_request(FOUR)) != plain
+
+
+def test_bytes_elements_are_told_apart_by_their_lengths() -> None:
+    def strings(*items: bytes) -> InferenceRequest:
+        data = np.array(items, dtype=np.object_)
+        return InferenceRequest("m", inputs=[Tensor("S", "BYTES", data.shape, data)])
+
+    assert request_key("m", 1, strings(b"ab", b"c")) != request_key("m", 1, strings(b"a", b"bc"))
+    assert request_key("m", 1, strings(b"ab", b"c")) == request_key("m", 1, strings(b"ab", b"c"))
+
+
+def test_an_input_outside_host_memory_has_no_key() -> None:
+    request = make_request(FOUR)
+    request.inputs[0].data = object()  # type: ignore[assignment]
+    assert request_key("m", 1, request) is None
+
+
+# -- model configs --------------------------------------------------------------------------------
+
+BASE = """
+name: "m"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+
+def test_a_config_asks_for_the_cache() -> None:
+    config = parse_pbtxt(BASE)
+    assert not caches_responses(config)
+    config.response_cache = ModelResponseCache(enable=False)
+    assert not caches_responses(config)
+    config.response_cache = ModelResponseCache(enable=True)
+    assert caches_responses(config)
+    check_model_config(config)  # allowed
+
+
+def test_the_configs_triton_refuses_with_its_words() -> None:
+    decoupled = parse_pbtxt(BASE + "response_cache { enable: true }")
+    decoupled.model_transaction_policy = ModelTransactionPolicy(decoupled=True)
+    with pytest.raises(ConfigError) as caught:
+        check_model_config(decoupled)
+    assert str(caught.value) == (
+        "Response Cache does not currently support model m with 'decoupled' transaction "
+        "policy. Please disable the response cache."
+    )
+    sequence = parse_pbtxt(
+        BASE + "max_batch_size: 2 sequence_batching { } response_cache { enable: true }"
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_model_config(sequence)
+    assert str(caught.value) == (
+        "Response Cache does not currently support model m with sequence batching scheduler. "
+        "Please disable the response cache."
+    )
+    # An ensemble with a decoupled step model is decoupled, as Triton makes it.
+    ensemble = parse_pbtxt(
+        'name: "e" platform: "ensemble" ensemble_scheduling { step [ { model_name: "d" '
+        'model_version: -1 input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" }'
+        " } ] } response_cache { enable: true }"
+    )
+    check_model_config(ensemble, [parse_pbtxt(BASE)])
+    with pytest.raises(ConfigError, match="model e with 'decoupled' transaction policy"):
+        check_model_config(ensemble, [parse_pbtxt(BASE), decoupled])
+    # Without the cache they are fine.
+    decoupled.response_cache = None
+    check_model_config(decoupled)
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> dict[str, object]:
+    (tmp_path / "models").mkdir()
+    return {"model_repositories": (tmp_path / "models",), "journal": tmp_path / "j.jsonl"}
+
+
+def test_the_cache_size_from_either_flag(repo: dict[str, object]) -> None:
+    assert Settings(**repo).response_cache_size() is None  # type: ignore[arg-type]
+    settings = Settings(**repo, cache_config='["local,size=1048576"]')  # type: ignore[arg-type]
+    assert settings.response_cache_size() == 1_048_576
+    assert settings.warnings() == []
+    older = Settings(**repo, response_cache_byte_size="4096")  # type: ignore[arg-type]
+    assert older.response_cache_size() == 4096
+    assert older.warnings() == [
+        "--response-cache-byte-size (TRITONACTOR_RESPONSE_CACHE_BYTE_SIZE=4096) is deprecated, "
+        "as in Triton: it is --cache-config=local,size=4096"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"cache_config": '["redis,size=10"]'},
+            "names the cache 'redis': the one cache is 'local'",
+        ),
+        ({"cache_config": '["local,bogus=1"]'}, "needs the local cache's one setting"),
+        (
+            {"cache_config": '["local,size=1048576", "local,bogus=1"]'},
+            "needs the local cache's one setting",
+        ),
+        ({"cache_config": '["local,size=abc"]'}, "gives a size that is not a number of bytes"),
+        ({"cache_config": '["local,size=-5"]'}, "gives a size that is not a number of bytes"),
+        (
+            {"cache_config": '["local,size=191"]'},
+            "is too small: the local cache needs at least 192",
+        ),
+        ({"response_cache_byte_size": "0"}, "is too small: the local cache needs at least 192"),
+        (
+            {"cache_config": '["local,size=4096"]', "response_cache_byte_size": "4096"},
+            "both set, incompatible flags: give one or the other",
+        ),
+        (
+            {"cache_config": '["local,size=4096", "redis,host=h"]'},
+            "found multiple cache configurations, but only a single cache is currently supported",
+        ),
+    ],
+)
+def test_bad_cache_settings_are_refused(
+    repo: dict[str, object], values: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SettingsError, match="TRITONACTOR_") as caught:
+        Settings(**repo, **values)  # type: ignore[arg-type]
+    assert message in str(caught.value)

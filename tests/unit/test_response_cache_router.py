@@ -1,0 +1,230 @@
+"""The router with a response cache, in-process over a real model-version actor (the echo model
+of test_scheduling): a hit never reaches the scheduler and counts as Triton 2.51 counts one;
+errors are never stored; a version's entries go with it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+
+import anyio
+import numpy as np
+import pytest
+
+from tests.unit.test_scheduling import EchoBackend, context, request
+from tritonactor._proto.inference import ModelResponseCache
+from tritonactor.actors import ActorSystem
+from tritonactor.cache import ResponseCache
+from tritonactor.core.errors import TritonError
+from tritonactor.core.types import InferenceResponse
+from tritonactor.scheduling.model import ModelVersionActor
+from tritonactor.scheduling.router import ModelHandle, Router
+from tritonactor.scheduling.signature import ModelSignature
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[ActorSystem]:
+    async with ActorSystem() as actors:
+        yield actors
+
+
+async def serve(
+    system: ActorSystem,
+    router: Router,
+    backend: EchoBackend,
+    cached: bool = True,
+    count: int = 1,
+) -> ModelHandle:
+    """Spawn a version of the echo model and add it to `router`."""
+    ctx = context(count)
+    if cached:
+        ctx.config.response_cache = ModelResponseCache(enable=True)
+    actor = ModelVersionActor(backend, ctx)
+    await system.spawn(actor)
+    assert actor.scheduler is not None
+    signature = ModelSignature.from_config(ctx.config)
+    handle = ModelHandle("echo", 1, ctx.config, signature, actor.scheduler, actor.statistics)
+    router.known.add("echo")
+    router.add(handle)
+    return handle
+
+
+def counts(handle: ModelHandle) -> dict[str, int]:
+    stats = handle.statistics
+    return {
+        "success": stats.success.count,
+        "fail": stats.fail.count,
+        "queue": stats.queue.count,
+        "compute_infer": stats.compute_infer.count,
+        "cache_hit": stats.cache_hit.count,
+        "cache_miss": stats.cache_miss.count,
+        "inference_count": stats.inference_count,
+        "execution_count": stats.execution_count,
+    }
+
+
+async def test_a_hit_is_answered_without_the_model_and_counted_as_triton_does(
+    system: ActorSystem,
+) -> None:
+    backend = EchoBackend()
+    router = Router(ResponseCache(1 << 20))
+    handle = await serve(system, router, backend)
+    first = await router.infer(request(3, "a"))
+    second = await router.infer(request(3, "b"))
+    assert len(backend.executed_by) == 1  # the second never reached an instance
+    assert second.id == "b" and second.model_name == "echo" and second.model_version == "1"
+    np.testing.assert_array_equal(second.outputs[0].data, first.outputs[0].data)
+    # Triton 2.51 after a miss and a hit: success 2, queue 2, compute 1, cache_hit 1,
+    # cache_miss 1, one inference in one execution.
+    assert counts(handle) == {
+        "success": 2,
+        "fail": 0,
+        "queue": 2,
+        "compute_infer": 1,
+        "cache_hit": 1,
+        "cache_miss": 1,
+        "inference_count": 1,
+        "execution_count": 1,
+    }
+    stats = handle.statistics
+    assert stats.cache_hit.ns > 0 and stats.cache_miss.ns > 0
+    assert stats.pending == 0
+    assert router.cache is not None and router.cache.sample().hits == 1
+
+
+async def test_submit_answers_a_hit_at_once(system: ActorSystem) -> None:
+    backend = EchoBackend()
+    router = Router(ResponseCache(1 << 20))
+    handle = await serve(system, router, backend)
+    await router.submit(request(5)).wait()
+    reply = router.submit(request(5, "again"))
+    assert reply.done
+    response = reply.result()
+    assert isinstance(response, InferenceResponse) and response.id == "again"
+    assert len(backend.executed_by) == 1
+    assert counts(handle)["cache_hit"] == 1
+
+
+async def test_errors_are_never_cached(system: ActorSystem) -> None:
+    backend = EchoBackend()
+    router = Router(ResponseCache(1 << 20))
+    handle = await serve(system, router, backend)
+    for _ in range(2):
+        with pytest.raises(TritonError, match="negative input"):
+            await router.infer(request(-1))
+    assert router.cache is not None and len(router.cache) == 0
+    assert counts(handle)["fail"] == 2
+    assert counts(handle)["cache_hit"] == counts(handle)["cache_miss"] == 0
+
+
+async def test_a_model_that_does_not_ask_for_the_cache_never_uses_it(system: ActorSystem) -> None:
+    backend = EchoBackend()
+    router = Router(ResponseCache(1 << 20))
+    handle = await serve(system, router, backend, cached=False)
+    await router.infer(request(1))
+    await router.infer(request(1))
+    assert len(backend.executed_by) == 2
+    assert router.cache is not None and router.cache.sample().lookups == 0
+    assert handle.statistics.sample("echo", 1).cache is None
+
+
+async def test_without_a_server_cache_a_model_asking_for_it_runs_every_request(
+    system: ActorSystem,
+) -> None:
+    backend = EchoBackend()
+    router = Router()
+    handle = await serve(system, router, backend)
+    await router.infer(request(1))
+    await router.infer(request(1))
+    assert len(backend.executed_by) == 2
+    assert counts(handle)["cache_miss"] == 0
+    # As Triton: the per-model cache families still exist for it (all zero).
+    sample = handle.statistics.sample("echo", 1, response_cache=True)
+    assert sample.cache is not None and sample.cache.hits == sample.cache.misses == 0
+
+
+async def test_twins_in_flight_both_run_and_the_second_counts_neither(
+    system: ActorSystem,
+) -> None:
+    # Two instances held at a barrier: both requests are executing at once, so both missed.
+    backend = EchoBackend(barrier=threading.Barrier(2))
+    router = Router(ResponseCache(1 << 20))
+    handle = await serve(system, router, backend, count=2)
+    results: list[InferenceResponse] = []
+
+    async def send(request_id: str) -> None:
+        results.append(await router.infer(request(7, request_id)))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(send, "x")
+        group.start_soon(send, "y")
+    assert len(backend.executed_by) == 2
+    # The first answer was stored (a miss); the second found it there: neither, as in Triton.
+    assert counts(handle)["cache_miss"] == 1 and counts(handle)["cache_hit"] == 0
+    assert counts(handle)["success"] == 2
+    assert router.cache is not None and len(router.cache) == 1
+
+
+async def test_a_version_leaving_or_replaced_takes_its_entries(system: ActorSystem) -> None:
+    backend = EchoBackend()
+    cache = ResponseCache(1 << 20)
+    router = Router(cache)
+    first = await serve(system, router, backend)
+    await router.infer(request(2))
+    assert len(cache) == 1
+    second = await serve(system, router, backend)  # a reload: another copy of version 1
+    assert len(cache) == 0
+    await router.infer(request(2))
+    assert len(backend.executed_by) == 2 and len(cache) == 1
+    router.remove("echo", 1)
+    assert len(cache) == 0
+    assert first is not second
+
+
+async def test_a_retired_copy_does_not_store_its_late_answers(system: ActorSystem) -> None:
+    gate = threading.Barrier(2)  # holds the old copy's execute until the test lets it go
+    cache = ResponseCache(1 << 20)
+    router = Router(cache)
+    old = await serve(system, router, EchoBackend(barrier=gate))
+    reply = router.submit(request(4))  # executing on the old copy, held at the gate
+    await serve(system, router, EchoBackend())  # replaced meanwhile
+    await anyio.to_thread.run_sync(gate.wait)
+    await reply.wait()
+    assert len(cache) == 0
+    # It did miss: counted on the copy that answered it.
+    assert counts(old)["cache_miss"] == 1
+
+
+async def test_an_unknown_model_or_a_bad_request_never_reaches_the_cache(
+    system: ActorSystem,
+) -> None:
+    router = Router(ResponseCache(1 << 20))
+    await serve(system, router, EchoBackend())
+    bad = request(1)
+    bad.inputs[0].datatype = "FP32"
+    with pytest.raises(TritonError):
+        await router.infer(bad)
+    assert router.cache is not None and router.cache.sample().lookups == 0
+
+
+async def test_an_answer_too_large_for_the_cache_is_a_logged_miss(
+    system: ActorSystem, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The smallest cache has 64 bytes for entries; the echo answer takes 80.
+    backend = EchoBackend()
+    router = Router(ResponseCache(192))
+    handle = await serve(system, router, backend)
+    for _ in range(2):
+        await router.infer(request(1))
+    assert len(backend.executed_by) == 2
+    assert counts(handle)["cache_miss"] == 2  # as Triton: a failed insertion is still a miss
+    assert router.cache is not None and len(router.cache) == 0
+    assert "Failed to insert key into response cache" in caplog.text
+    assert "model 'echo' version 1 takes 64 bytes" in caplog.text

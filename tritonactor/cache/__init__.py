@@ -1,0 +1,26 @@
+"""Triton's response cache (`--cache-config local,size=N`): answers a request whose twin was
+answered before without running the model.
+
+- `key.py`: what makes two requests the same request (`request_key`).
+- `entry.py`: a response as the cache keeps it, immutable bytes (`freeze`, `CachedResponse`).
+- `store.py`: the `local` cache itself, bounded in bytes, least recently used out first.
+- `config.py`: which models use it, and the configs Triton refuses with it.
+
+The router looks requests up and stores the answers of those it missed; the server owns the one
+cache of its process. docs/response-cache.md says what is cached and counted."""
+
+from tritonactor.cache.config import caches_responses, check_model_config
+from tritonactor.cache.entry import CachedResponse, freeze
+from tritonactor.cache.key import request_key
+from tritonactor.cache.store import CacheSample, Inserted, ResponseCache
+
+__all__ = [
+    "CacheSample",
+    "CachedResponse",
+    "Inserted",
+    "ResponseCache",
+    "caches_responses",
+    "check_model_config",
+    "freeze",
+    "request_key",
+]
