@@ -30,6 +30,7 @@ from tritonactor.control.overrides import (
 )
 from tritonactor.control.watcher import RepositoryWatcher, take_snapshot, tell_changes
 from tritonactor.core.errors import invalid_arg, unavailable
+from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.observability.trace_settings import OFF, SettingJson, TraceSettings
 from tritonactor.observability.tracing import (
     Tracing,
@@ -42,12 +43,18 @@ from tritonactor.settings import ControlMode, Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
-# The protocol extensions this server answers (GET /v2 and gRPC ServerMetadata list them).
-# "repository_events" is ours: GET /v2/repository/events, the journal's history.
+# The protocol extensions this server answers (GET /v2 and gRPC ServerMetadata list them):
+# Triton 2.51's, in its order, then ours: "repository_events" is GET /v2/repository/events, the
+# journal's history.
 EXTENSIONS = (
+    "classification",
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
+    "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -108,6 +115,8 @@ class Server:
         # asks for it; None without the setting.
         size = settings.response_cache_size()
         self.router = Router(cache=ResponseCache(size) if size is not None else None)
+        # The shared-memory regions clients registered (both front ends share them).
+        self.shared_memory = SharedMemoryRegistry()
         self.live = False
         self.journal: Journal | None = None
         self._manager: ActorRef[Any] | None = None
@@ -236,6 +245,7 @@ class Server:
         finally:
             journal.close()
             self.registry.finalize()
+            self.shared_memory.close()
             tracing, self.tracing = self.tracing, None
             if tracing is not None:
                 # Last, so that what stopping the models recorded is exported too.

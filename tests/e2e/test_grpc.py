@@ -5,7 +5,6 @@ against what Triton 2.51 answers (docs/reference/triton-2.51/grpc_none.md)."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import queue
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -454,45 +453,6 @@ def test_version_that_is_not_a_number(client: grpcclient.InferenceServerClient) 
             call()
         assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
         assert "'abc'" in caught.value.message()
-
-
-NOT_YET = {
-    "system-shm-status": (
-        lambda c: c.get_system_shared_memory_status(),
-        "system shared memory",
-    ),
-    "system-shm-register": (
-        lambda c: c.register_system_shared_memory("region", "/key", 64),
-        "system shared memory",
-    ),
-    "system-shm-unregister": (
-        lambda c: c.unregister_system_shared_memory("region"),
-        "system shared memory",
-    ),
-    "cuda-shm-status": (lambda c: c.get_cuda_shared_memory_status(), "CUDA shared memory"),
-    "cuda-shm-register": (
-        lambda c: c.register_cuda_shared_memory("region", base64.b64encode(b"handle"), 0, 64),
-        "CUDA shared memory",
-    ),
-    "cuda-shm-unregister": (
-        lambda c: c.unregister_cuda_shared_memory("region"),
-        "CUDA shared memory",
-    ),
-}
-
-
-@pytest.mark.parametrize(("call", "capability"), NOT_YET.values(), ids=NOT_YET)
-def test_capabilities_not_built_yet_are_unimplemented(
-    client: grpcclient.InferenceServerClient,
-    call: Callable[[grpcclient.InferenceServerClient], object],
-    capability: str,
-) -> None:
-    with pytest.raises(InferenceServerException) as caught:
-        call(client)
-    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert caught.value.message() == (
-        f"{capability} is not available in this version of tritonactor"
-    )
 
 
 @pytest.mark.parametrize(

@@ -399,9 +399,9 @@ CASES: list[Case] = [
         "classification",
         "POST",
         INFER,
-        501,
-        "classification of output 'OUTPUT0' of model 'simple' is not supported",
-        body=good(outputs=[{"name": "OUTPUT0", "parameters": {"classification": 2}}]),
+        400,
+        "invalid value for 'classification' parameter, expected >= 0",
+        body=good(outputs=[{"name": "OUTPUT0", "parameters": {"classification": -1}}]),
     ),
     # --- the JSON body -------------------------------------------------------------------------
     Case(

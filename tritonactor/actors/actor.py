@@ -214,6 +214,10 @@ class Actor(ABC, Generic[M]):
                         else:
                             await self.receive(message)
                         self._current = None
+                        # Drop the message before waiting for the next one: it may hold a
+                        # request's tensors (views of a client's shared memory, which must
+                        # not outlive the request).
+                        del message
                 finally:
                     # Helper tasks (timers) serve the mailbox, which is done: they end here.
                     for scope in list(self._helpers):

@@ -54,7 +54,7 @@ from tritonactor.observability.tracing import Tracing
 from tritonactor.scheduling.messages import VersionHealth
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
-from tritonactor.scheduling.signature import ModelSignature
+from tritonactor.scheduling.signature import ModelSignature, label_stamp
 
 log = logging.getLogger(__name__)
 
@@ -339,8 +339,11 @@ class ModelManager(Actor[Any]):
             raise _load_failed(name, [(version, reason) for version in versions]) from None
         digest = config_digest(config)
         override_digest = override.digest if override is not None else ""
+        # The label files are beside config.pbtxt: a change there changes every version.
+        labels = await anyio.to_thread.run_sync(label_stamp, config, model.path)
         files = {
             version: await anyio.to_thread.run_sync(folder_signature, version_path(model, version))
+            + labels
             for version in versions
         }
         changed = [
@@ -527,6 +530,10 @@ class ModelManager(Actor[Any]):
         missing = missing_model_file(model, config, version)
         if missing:
             raise ConfigError(missing)
+        # Before the actor: a label file that cannot be read fails the load, as in Triton.
+        signature = ModelSignature.from_config(  # an ensemble takes its steps' labels
+            config, model.path, lambda step, v: self._router.resolve(step, v).signature
+        )
         actor = ModelVersionActor(
             backend,
             context,
@@ -541,7 +548,7 @@ class ModelManager(Actor[Any]):
             model.name,
             version,
             config,
-            ModelSignature.from_config(config),
+            signature,
             actor.scheduler,
             actor.statistics,
         )

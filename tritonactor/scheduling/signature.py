@@ -3,12 +3,19 @@ every front end shares. Messages follow Triton's wording so clients see the same
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from tritonactor._proto.inference import ModelConfig, ModelInput, ModelOutput
 from tritonactor.core.datatypes import config_to_wire
-from tritonactor.core.errors import invalid_arg, unsupported
-from tritonactor.core.types import InferenceRequest
+from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.core.types import InferenceRequest, RequestedOutput
+
+# request.context key: {output name: Classification} for the outputs a request asks to have
+# classified; set by `ModelSignature.validate`, read where the response is encoded.
+CLASSIFICATION = "classification"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +30,29 @@ class TensorSpec:
         return [-1, *self.dims] if max_batch_size > 0 else list(self.dims)
 
 
-class ModelSignature:
-    """A model's inputs and outputs as clients see them."""
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """An output asked for as its top `count` classes: what the front end needs to answer
+    `value:index[:label]` strings in its place."""
 
-    __slots__ = ("_inputs", "_outputs", "_required", "inputs", "max_batch_size", "name", "outputs")
+    count: int
+    labels: tuple[bytes, ...]  # the output's label file, one label a line (empty: none)
+    batched: bool  # the model batches: the output's first dimension is the batch
+
+
+class ModelSignature:
+    """A model's inputs and outputs as clients see them, and its outputs' class labels."""
+
+    __slots__ = (
+        "_inputs",
+        "_labels",
+        "_outputs",
+        "_required",
+        "inputs",
+        "max_batch_size",
+        "name",
+        "outputs",
+    )
 
     def __init__(
         self,
@@ -34,6 +60,7 @@ class ModelSignature:
         max_batch_size: int,
         inputs: tuple[TensorSpec, ...],
         outputs: tuple[TensorSpec, ...],
+        labels: dict[str, tuple[bytes, ...]] | None = None,
     ) -> None:
         self.name = name
         self.max_batch_size = max_batch_size
@@ -42,20 +69,50 @@ class ModelSignature:
         self._inputs = {spec.name: spec for spec in inputs}
         self._outputs = {spec.name for spec in outputs}
         self._required = [spec.name for spec in inputs if not spec.optional]
+        self._labels = labels or {}
 
     @classmethod
-    def from_config(cls, config: ModelConfig) -> ModelSignature:
+    def from_config(
+        cls,
+        config: ModelConfig,
+        model_dir: Path | None = None,
+        steps: Callable[[str, str], ModelSignature] | None = None,
+    ) -> ModelSignature:
+        """The signature of `config`; with `model_dir`, the outputs' `label_filename` files
+        (relative to it) are read now, once: a file that cannot be read fails the load with
+        INTERNAL, as in Triton. For an ensemble, `steps` gives the signature of a step's model
+        (name, version; "" = the highest ready): an output with no label file of its own takes
+        the labels of the first step output mapped to it, as Triton does."""
+        labels = {}
+        if model_dir is not None:
+            labels = {
+                t.name: read_labels(label_path(model_dir, t.name, t.label_filename))
+                for t in config.output
+                if t.label_filename
+            }
+        if steps is not None and config.ensemble_scheduling is not None:
+            labels.update(_step_labels(config, set(labels), steps))
         return cls(
             name=config.name,
             max_batch_size=config.max_batch_size,
             inputs=tuple(_spec(t, t.optional) for t in config.input),
             outputs=tuple(_spec(t, False) for t in config.output),
+            labels=labels,
         )
 
+    def labels(self, output: str) -> tuple[bytes, ...]:
+        """The class labels of `output` (empty when its config names no label file)."""
+        return self._labels.get(output, ())
+
     def validate(self, request: InferenceRequest) -> None:
-        """Raise INVALID_ARG if the request does not fit the model (UNSUPPORTED if it asks for
-        what this server cannot do); change nothing."""
+        """Raise INVALID_ARG if the request does not fit the model; change nothing but, for a
+        request that asks for classification, `request.context[CLASSIFICATION]`."""
         prefix = f"[request id: {request.id or '<id_unknown>'}] "
+        # As in Triton, the front end reads the requested outputs' parameters before the core
+        # looks at the inputs: a bad class count is reported first.
+        counts: dict[str, int] = {}
+        for output in request.outputs:  # as Triton, the first of a repeated output counts
+            counts.setdefault(output.name, _class_count(output))
         inputs = self._inputs
         given = [tensor.name for tensor in request.inputs]
         missing = [name for name in self._required if name not in given]
@@ -91,12 +148,13 @@ class ModelSignature:
                 raise invalid_arg(
                     f"unexpected inference output '{output.name}' for model '{self.name}'"
                 )
-            if "classification" in output.parameters:
-                # Not implemented yet: answering the raw tensor instead would mislead the client.
-                raise unsupported(
-                    f"classification of output '{output.name}' of model '{self.name}' is not "
-                    "supported by this server"
-                )
+        classified = {
+            name: Classification(count, self.labels(name), self.max_batch_size > 0)
+            for name, count in counts.items()
+            if count
+        }
+        if classified:
+            request.context[CLASSIFICATION] = classified
 
     def _count_message(self, given: list[str], missing: list[str]) -> str:
         required = len(self._required)
@@ -141,6 +199,92 @@ _BATCH_NOTE = (
     "dim in your input dims config, try setting max_batch_size to zero. See the model "
     "configuration docs for more info on max_batch_size."
 )
+
+
+def _class_count(output: RequestedOutput) -> int:
+    """The number of classes `output` asks for (0: none). Triton's gRPC front end words the
+    errors; its HTTP one accepts 0 as "no classification", which both front ends do here."""
+    parameters = output.parameters
+    if "classification" not in parameters:
+        return 0
+    count = parameters["classification"]
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise invalid_arg("invalid value type for 'classification' parameter, expected int64_param")
+    if count < 0:
+        raise invalid_arg("invalid value for 'classification' parameter, expected >= 0")
+    if count and "shared_memory_region" in parameters:
+        raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
+    return count
+
+
+def label_path(model_dir: Path, output: str, filename: str) -> Path:
+    """Where an output's `label_filename` is: joined to the model folder as Triton joins it (a
+    leading `/` names a path inside the folder). Unlike Triton, a name that leaves the folder
+    (`..`) is refused: a config given through the load API must not read the server's files."""
+    relative = os.path.normpath(filename.lstrip("/"))
+    if relative == ".." or relative.startswith("../") or os.path.isabs(relative):
+        raise invalid_arg(
+            f"label_filename '{filename}' of output '{output}' is outside the model's folder"
+        )
+    return model_dir / filename.lstrip("/")
+
+
+def label_stamp(config: ModelConfig, model_dir: Path) -> str:
+    """Size and modification time of each of `config`'s label files: a change means the
+    labels must be read again (they are outside the version folders)."""
+    stamps = []
+    for t in config.output:
+        if t.label_filename:
+            try:
+                path = label_path(model_dir, t.name, t.label_filename)
+                info = path.stat()
+                stamps.append(f"{t.name}:{info.st_size}:{info.st_mtime_ns}")
+            except (OSError, TritonError):
+                stamps.append(f"{t.name}:-")
+    return " ".join(stamps)
+
+
+# A label file larger than this fails the load (it would be held in memory per version).
+LABEL_FILE_LIMIT = 64 * 1024 * 1024
+
+
+def read_labels(path: Path) -> tuple[bytes, ...]:
+    """A label file: one label a line, as bytes (a last line without a newline counts; a
+    trailing newline adds no empty label)."""
+    try:
+        with path.open("rb") as file:
+            text = file.read(LABEL_FILE_LIMIT + 1)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise internal(f"failed to open text file for read {path}: {reason}") from None
+    if len(text) > LABEL_FILE_LIMIT:
+        raise internal(f"label file {path} is larger than the limit of {LABEL_FILE_LIMIT} bytes")
+    lines = text.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return tuple(lines)
+
+
+def _step_labels(
+    config: ModelConfig, own: set[str], steps: Callable[[str, str], ModelSignature]
+) -> dict[str, tuple[bytes, ...]]:
+    """Labels for the ensemble outputs without a label file: the first step output mapped to
+    each (a step whose model is not loaded gives none)."""
+    wanted = {t.name for t in config.output} - own
+    found: dict[str, tuple[bytes, ...]] = {}
+    for step in config.ensemble_scheduling.step:
+        mapped = [(key, value) for key, value in step.output_map.items() if value in wanted]
+        if not mapped:
+            continue
+        version = str(step.model_version) if step.model_version > 0 else ""
+        try:
+            signature = steps(step.model_name, version)
+        except TritonError:
+            continue
+        for key, value in mapped:
+            if value not in found:
+                found[value] = signature.labels(key)
+    return found
 
 
 def _spec(tensor: ModelInput | ModelOutput, optional: bool) -> TensorSpec:

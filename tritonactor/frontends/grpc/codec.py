@@ -3,10 +3,16 @@
 Inputs arrive either all in `raw_input_contents` (one entry per input, in order) or each in its
 typed `contents`; FP16 and BF16 have no typed field and travel raw only. Outputs always go back
 in `raw_output_contents`: tritonclient's `as_numpy` reads nothing else.
+
+An input may instead name a shared-memory region (`shared_memory_region`, `_offset`,
+`_byte_size` parameters, typed as in Triton: string and int64); `raw_input_contents` then holds
+entries for the other inputs only, in order. An output may name a region to be written into; its
+entry in `raw_output_contents` is then empty.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import betterproto2
@@ -34,6 +40,8 @@ from tritonactor.core.types import (
     RequestedOutput,
     Tensor,
 )
+from tritonactor.frontends.classification import classify
+from tritonactor.memory.lease import Reader, Reserver
 
 # The typed `contents` field that carries each data type.
 CONTENTS_FIELD = {
@@ -82,11 +90,22 @@ def encode_parameters(parameters: Parameters) -> dict[str, InferParameter]:
     return encoded
 
 
-def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
+def decode_infer_request(
+    message: ModelInferRequest,
+    *,
+    shared_memory: Reader | None = None,
+    shared_memory_outputs: Reserver | None = None,
+) -> InferenceRequest:
+    """The request `message` carries. `shared_memory` reads inputs that name a shared-memory
+    region, `shared_memory_outputs` takes note of outputs to be written into one; without
+    them such tensors are refused."""
     context = RequestContext(message.model_name, message.id)
     prefix, model = context.prefix, context.model
     raw = message.raw_input_contents
     seen: set[str] = set()
+    # Input index -> its bytes: a shared-memory region's, or its raw_input_contents entry.
+    buffers: dict[int, bytes | memoryview] = {}
+    next_raw = 0
     for index, tensor in enumerate(message.inputs):
         if tensor.name in seen:
             raise invalid_arg(f"{prefix}input '{tensor.name}' already exists in request")
@@ -98,17 +117,32 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
                 f"{prefix}input '{tensor.name}' for model '{model}' has a negative dimension "
                 f"in shape {list(tensor.shape)}"
             )
-        if raw:
+        place = shared_memory_place(tensor.name, tensor.parameters)
+        if place is not None:
+            if _has_contents(tensor):
+                raise invalid_arg(
+                    f"unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{tensor.name}' for model '{model}'"
+                )
+            if shared_memory is None:
+                raise invalid_arg(
+                    f"input '{tensor.name}' uses shared memory, which this endpoint cannot read"
+                )
+            buffers[index] = shared_memory(*place)
+        elif raw:
             if _has_contents(tensor):
                 raise invalid_arg(
                     f"contents field must not be specified when using raw_input_contents for "
                     f"'{tensor.name}' for model '{model}'"
                 )
-            if index >= len(raw):
+            # As in Triton, raw_input_contents has entries for the inputs not in shared memory.
+            if next_raw >= len(raw):
                 raise invalid_arg(
                     f"unable to find data for input tensor '{tensor.name}' for model "
                     f"'{model}' in request."
                 )
+            buffers[index] = memoryview(raw[next_raw])
+            next_raw += 1
     if len(raw) > len(message.inputs):
         raise invalid_arg(
             f"{prefix}raw_input_contents holds {len(raw)} entries for {len(message.inputs)} "
@@ -120,16 +154,35 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
     for index in reversed(range(len(message.inputs))):
         tensor = message.inputs[index]
         shape = tuple(tensor.shape)
-        if raw:
+        buffer = buffers.get(index)
+        if buffer is not None:
             data = array_from_bytes(
-                context, tensor.name, tensor.datatype, shape, memoryview(raw[index])
+                context, tensor.name, tensor.datatype, shape, memoryview(buffer)
             )
         else:
             data = _array_from_contents(tensor, shape, prefix, model)
-        inputs.append(
-            Tensor(tensor.name, tensor.datatype, shape, data, decode_parameters(tensor.parameters))
-        )
+        parameters = decode_parameters(tensor.parameters)
+        for key in SHARED_MEMORY_KEYS:
+            parameters.pop(key, None)
+        inputs.append(Tensor(tensor.name, tensor.datatype, shape, data, parameters))
     inputs.reverse()
+    outputs = []
+    for output in message.outputs:
+        place = shared_memory_place(output.name, output.parameters)
+        parameters = decode_parameters(output.parameters)
+        if place is not None:
+            if "classification" in output.parameters:
+                raise invalid_arg(
+                    "output can't set both 'shared_memory_region' and 'classification'"
+                )
+            if shared_memory_outputs is None:
+                raise invalid_arg(
+                    f"output '{output.name}' uses shared memory, which this endpoint cannot write"
+                )
+            shared_memory_outputs(output.name, *place)
+            for key in SHARED_MEMORY_KEYS:
+                parameters.pop(key, None)
+        outputs.append(RequestedOutput(output.name, parameters))
     parameters = decode_parameters(message.parameters)
     reserved = [key for key in parameters if key.startswith(RESERVED_PARAMETER_PREFIX)]
     if any(key != ENABLE_EMPTY_FINAL for key in reserved):
@@ -143,15 +196,61 @@ def decode_infer_request(message: ModelInferRequest) -> InferenceRequest:
         model_version=message.model_version,
         id=message.id,
         inputs=inputs,
-        outputs=[
-            RequestedOutput(output.name, decode_parameters(output.parameters))
-            for output in message.outputs
-        ],
+        outputs=outputs,
         parameters=parameters,
     )
     if empty_final is True:
         request.context[ENABLE_EMPTY_FINAL] = True
     return request
+
+
+SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+
+def shared_memory_place(
+    name: str, parameters: dict[str, InferParameter]
+) -> tuple[str, int, int] | None:
+    """(region, offset, byte size) when tensor `name`'s parameters name a shared-memory region,
+    with Triton's checks and messages: the region a string_param, offset and byte size
+    int64_params (a negative one wraps around, out of bounds), the byte size required."""
+    region = parameters.get("shared_memory_region")
+    if region is not None:
+        field, value = betterproto2.which_one_of(region, "parameter_choice")
+        if field != "string_param":
+            raise invalid_arg(
+                f"invalid value type for 'shared_memory_region' parameter for tensor '{name}', "
+                "expected string_param."
+            )
+        region_name: str = value
+    offset = _int64_parameter(name, parameters, "shared_memory_offset", region is not None)
+    size = _int64_parameter(name, parameters, "shared_memory_byte_size", region is not None)
+    if region is None:
+        return None
+    if size is None:
+        raise invalid_arg(
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+            f"parameter for tensor '{name}'"
+        )
+    return region_name, offset or 0, size
+
+
+def _int64_parameter(
+    name: str, parameters: dict[str, InferParameter], key: str, has_region: bool
+) -> int | None:
+    parameter = parameters.get(key)
+    if parameter is None:
+        return None
+    if not has_region:
+        raise invalid_arg(
+            f"'{key}' can not be specified without 'shared_memory_region' parameter for tensor "
+            f"'{name}'"
+        )
+    field, value = betterproto2.which_one_of(parameter, "parameter_choice")
+    if field != "int64_param":
+        raise invalid_arg(
+            f"invalid value type for '{key}' parameter for tensor '{name}', expected int64_param."
+        )
+    return int(value)
 
 
 def _has_contents(tensor: ModelInferRequestInferInputTensor) -> bool:
@@ -207,7 +306,16 @@ def _typed_array(values: list[Any], dtype: np.dtype, shape: tuple[int, ...]) -> 
     return np.array(values, dtype=dtype).reshape(shape)
 
 
-def encode_infer_response(response: InferenceResponse) -> ModelInferResponse:
+def encode_infer_response(
+    response: InferenceResponse,
+    *,
+    request: InferenceRequest,
+    in_shared_memory: Collection[str] = (),
+) -> ModelInferResponse:
+    """The response message; the outputs named in `in_shared_memory` were written into the
+    client's shared memory: their `raw_output_contents` entries are empty, as in Triton.
+    `request` (the one answered) says which outputs to classify."""
+    response = classify(response, request)
     outputs: list[ModelInferResponseInferOutputTensor] = []
     raw: list[bytes] = []
     for tensor in response.outputs:
@@ -219,6 +327,9 @@ def encode_infer_response(response: InferenceResponse) -> ModelInferResponse:
                 parameters=encode_parameters(tensor.parameters),
             )
         )
+        if tensor.name in in_shared_memory:
+            raw.append(b"")
+            continue
         raw.append(bytes(tensor_to_bytes(tensor.datatype, np.asarray(tensor.data))))
     return ModelInferResponse(
         model_name=response.model_name,

@@ -22,7 +22,8 @@ from tritonactor._proto.grpc.health import v1 as health
 from tritonactor.actors.loop import on_loop
 from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import ErrorCode, TritonError, internal, unavailable
-from tritonactor.core.types import ResponseSender
+from tritonactor.core.types import InferenceRequest, ResponseSender
+from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.grpc.codec import (
     decode_infer_request,
     encode_infer_response,
@@ -43,6 +44,9 @@ from tritonactor.frontends.grpc.stream import (
     write_answers,
 )
 from tritonactor.frontends.headers import HeaderForwarder
+from tritonactor.memory import lease as shared_memory
+from tritonactor.memory.lease import Lease
+from tritonactor.memory.region import Kind
 from tritonactor.observability import logging as log_settings
 from tritonactor.observability.logging import request_logger
 from tritonactor.observability.trace_settings import from_grpc
@@ -79,13 +83,6 @@ def translate_errors(method: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def not_available(what: str) -> grpclib.GRPCError:
-    return grpclib.GRPCError(
-        grpclib.const.Status.UNIMPLEMENTED,
-        f"{what} is not available in this version of tritonactor",
-    )
 
 
 class InferenceService(pb.GrpcInferenceServiceBase):
@@ -197,22 +194,40 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         trace: RequestTrace | None = None,
         metadata: Any = None,
     ) -> pb.ModelInferResponse:
-        request = decode_infer_request(message)
-        if metadata is not None:
-            self._headers.forward(request, text_metadata(metadata))
-        if trace is not None:
-            request.trace = trace
-            trace.describe(request)
-        if self._router.loader is not None:
-            await self._router.ensure_loaded(request.model_name)
-        handle = self._router.resolve(request.model_name, request.model_version)
-        if handle.decoupled:
-            raise grpclib.GRPCError(
-                grpclib.const.Status.UNIMPLEMENTED,
-                f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
-                f"use ModelStreamInfer for model '{handle.name}'",
+        # The shared-memory regions the request reads and writes: held until it is answered.
+        lease = Lease(self._server.shared_memory)
+        try:
+            request = self._decode(message, lease)
+            if metadata is not None:
+                self._headers.forward(request, text_metadata(metadata))
+            if trace is not None:
+                request.trace = trace
+                trace.describe(request)
+            if self._router.loader is not None:
+                await self._router.ensure_loaded(request.model_name)
+            handle = self._router.resolve(request.model_name, request.model_version)
+            if handle.decoupled:
+                raise grpclib.GRPCError(
+                    grpclib.const.Status.UNIMPLEMENTED,
+                    f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
+                    f"use ModelStreamInfer for model '{handle.name}'",
+                )
+            response = await shared_memory.answer_holding(
+                lease, request, self._router.infer(request)
             )
-        return encode_infer_response(await self._router.infer(request))
+            written = await lease.write_off_loop(response)
+            return await encode_off_loop(  # a large ranking: off the loop
+                response,
+                request,
+                lambda: encode_infer_response(response, in_shared_memory=written, request=request),
+            )
+        finally:
+            lease.release()
+
+    def _decode(self, message: pb.ModelInferRequest, lease: Lease) -> InferenceRequest:
+        return decode_infer_request(
+            message, shared_memory=lease.read, shared_memory_outputs=lease.reserve
+        )
 
     async def _model_stream_infer(
         self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
@@ -253,8 +268,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             trace = tracing.start_request(
                 message.model_name, message.model_version, metadata, "GRPC"
             )
+        lease = Lease(self._server.shared_memory)
         try:
-            request = decode_infer_request(message)
+            request = self._decode(message, lease)
+            # Released once the request's last answer is written (stream.py).
+            shared_memory.attach(request, lease)
             if metadata is not None:
                 self._headers.forward(request, text_metadata(metadata))
             if trace is not None:
@@ -271,11 +289,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             reply = self._router.submit(request)
             pending.requests[id(request)] = request
         except TritonError as error:
+            lease.release()
             if trace is not None:
                 trace.end(error)
             pending.deliver(stream_error(message.id, error, from_model=False), finished=True)
             return
         except Exception as error:  # as in ModelInfer: INTERNAL, and the stream stays open
+            lease.release()
             if trace is not None:
                 trace.end(error)
             log.exception("streamed request for model '%s' failed", message.model_name)
@@ -333,23 +353,65 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 unavailable("explicit model load / unload is not allowed if polling is enabled")
             )
 
-    async def system_shared_memory_status(self, message: Any) -> Any:
-        raise not_available("system shared memory")
+    @translate_errors
+    async def system_shared_memory_status(
+        self, message: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        regions = self._server.shared_memory.status(Kind.SYSTEM, message.name)
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={
+                region.name: pb.SystemSharedMemoryStatusResponseRegionStatus(**region.status())
+                for region in regions
+            }
+        )
 
-    async def system_shared_memory_register(self, message: Any) -> Any:
-        raise not_available("system shared memory")
+    @translate_errors
+    async def system_shared_memory_register(
+        self, message: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._server.shared_memory.register_system(
+            message.name, message.key, message.offset, message.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
 
-    async def system_shared_memory_unregister(self, message: Any) -> Any:
-        raise not_available("system shared memory")
+    @translate_errors
+    async def system_shared_memory_unregister(
+        self, message: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._server.shared_memory.unregister(Kind.SYSTEM, message.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
-    async def cuda_shared_memory_status(self, message: Any) -> Any:
-        raise not_available("CUDA shared memory")
+    @translate_errors
+    async def cuda_shared_memory_status(
+        self, message: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        regions = self._server.shared_memory.status(Kind.CUDA, message.name)
+        return pb.CudaSharedMemoryStatusResponse(
+            regions={
+                region.name: pb.CudaSharedMemoryStatusResponseRegionStatus(**region.status())
+                for region in regions
+            }
+        )
 
-    async def cuda_shared_memory_register(self, message: Any) -> Any:
-        raise not_available("CUDA shared memory")
+    @translate_errors
+    async def cuda_shared_memory_register(
+        self, message: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        await anyio.to_thread.run_sync(  # loading the CUDA runtime takes seconds
+            self._server.shared_memory.register_cuda,
+            message.name,
+            message.raw_handle,
+            message.device_id,
+            message.byte_size,
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
 
-    async def cuda_shared_memory_unregister(self, message: Any) -> Any:
-        raise not_available("CUDA shared memory")
+    @translate_errors
+    async def cuda_shared_memory_unregister(
+        self, message: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._server.shared_memory.unregister(Kind.CUDA, message.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     @translate_errors
     async def trace_setting(self, message: pb.TraceSettingRequest) -> pb.TraceSettingResponse:

@@ -5,12 +5,15 @@ modes: a failed request's error as a message in the stream (the default), or, wi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import grpclib.server
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -24,6 +27,7 @@ from tritonactor.frontends.grpc.codec import (
     encode_parameters,
 )
 from tritonactor.frontends.grpc.status import grpc_error
+from tritonactor.memory import lease as shared_memory
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +127,12 @@ def decoupled_answer(
         elif response is not None:
             if flagged:
                 response.parameters[FINAL_RESPONSE] = final
-            answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
+            written = shared_memory.write_outputs(request, response)
+            answer = pb.ModelStreamInferResponse(
+                infer_response=encode_infer_response(
+                    response, in_shared_memory=written, request=request
+                )
+            )
         elif final and flagged:
             answer = pb.ModelStreamInferResponse(
                 infer_response=pb.ModelInferResponse(
@@ -132,11 +141,16 @@ def decoupled_answer(
                     parameters=encode_parameters({FINAL_RESPONSE: True}),
                 )
             )
+    except TritonError as writing:  # an output larger than its shared-memory region
+        answer = stream_error(request.id, writing)
+        failure = writing
     except Exception as encoding:
         log.exception("a response of model '%s' could not be encoded", request.model_name)
         text = f"internal error: {type(encoding).__name__}: {encoding}"
         answer = stream_error(request.id, internal(text))
         failure = encoding
+    if final:
+        shared_memory.release(request)
     if final and request.trace is not None:
         request.trace.end(failure)
     pending.deliver(answer, finished=final, request=request)
@@ -193,17 +207,63 @@ def metadata_flag(metadata: Any, key: str) -> bool:
     return isinstance(value, str) and value.strip().lower() == "true"
 
 
+# Tasks writing large outputs into shared memory (kept referenced until they are done).
+_writing: set[asyncio.Task[None]] = set()
+
+
 def streamed_answer(
     request: InferenceRequest, pending: Pending, reply: Reply[InferenceResponse]
 ) -> None:
     """Runs as a done callback inside the actor that answered: whatever happens here becomes
-    an answer on the stream, never an exception in that actor."""
+    an answer on the stream, never an exception in that actor. Large shared-memory outputs are
+    written on a worker thread (a task then sends the answer), not in that actor."""
+    lease = request.context.get(shared_memory.LEASE)
+    if reply.error is None and lease is not None and lease.large(reply.result()):
+        task = asyncio.get_running_loop().create_task(_answer_off_loop(request, pending, reply))
+        _writing.add(task)
+        task.add_done_callback(_writing.discard)
+        return
+    _answer(request, pending, reply, shared_memory.write_outputs)
+
+
+async def _answer_off_loop(
+    request: InferenceRequest, pending: Pending, reply: Reply[InferenceResponse]
+) -> None:
+    try:
+        written = await anyio.to_thread.run_sync(
+            shared_memory.write_outputs, request, reply.result()
+        )
+    except Exception as error:
+        failed = error
+
+        def write(request: InferenceRequest, response: InferenceResponse) -> frozenset[str]:
+            raise failed
+
+    else:
+
+        def write(request: InferenceRequest, response: InferenceResponse) -> frozenset[str]:
+            return written
+
+    _answer(request, pending, reply, write)
+
+
+def _answer(
+    request: InferenceRequest,
+    pending: Pending,
+    reply: Reply[InferenceResponse],
+    write: Callable[[InferenceRequest, InferenceResponse], frozenset[str]],
+) -> None:
     failure: BaseException | None = None
     try:
         response = reply.result()
         if request.context.get(ENABLE_EMPTY_FINAL) is True:
             response.parameters[FINAL_RESPONSE] = True
-        answer: Answer = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
+        written = write(request, response)
+        answer: Answer = pb.ModelStreamInferResponse(
+            infer_response=encode_infer_response(
+                response, in_shared_memory=written, request=request
+            )
+        )
     except TritonError as error:
         failure = error
         answer = stream_error(request.id, error)
@@ -216,6 +276,8 @@ def streamed_answer(
         log.exception("streamed request for model '%s' failed", request.model_name)
         text = f"internal error: {type(error).__name__}: {error}"
         answer = stream_error(request.id, internal(text))
+    finally:
+        shared_memory.release(request)
     if request.trace is not None:
         request.trace.end(failure)
     pending.deliver(answer, finished=True, request=request)

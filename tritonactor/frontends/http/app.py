@@ -18,10 +18,13 @@ from starlette.routing import Route
 from tritonactor.config.model_config import config_to_json
 from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsupported
+from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.frontends.http.codec import decode_infer_request, decode_json, encode_json
+from tritonactor.frontends.http.generate import GenerateRoutes
 from tritonactor.frontends.http.raw import decode_raw_request
 from tritonactor.frontends.http.responses import encode_infer_response
+from tritonactor.frontends.http.shared_memory import shared_memory_routes
 from tritonactor.frontends.restrictions import (
     HEALTH,
     INFERENCE,
@@ -29,11 +32,13 @@ from tritonactor.frontends.restrictions import (
     METADATA,
     MODEL_CONFIG,
     MODEL_REPOSITORY,
+    SHARED_MEMORY,
     STATISTICS,
     TRACE,
     Restrictions,
     http_message,
 )
+from tritonactor.memory.lease import Lease, answer_holding
 from tritonactor.observability import logging as log_settings
 from tritonactor.observability.endpoint import metrics_route
 from tritonactor.observability.logging import request_logger
@@ -92,6 +97,7 @@ def create_http_app(
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
 ) -> Starlette:
     routes = _Routes(server)
+    generate = GenerateRoutes(server.router)
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version:int}"
     both = (model, versioned)
@@ -118,6 +124,10 @@ def create_http_app(
             route("/v2/repository/events", routes.repository_events, MODEL_REPOSITORY, ["GET"]),
             route("/v2/trace/setting", routes.trace_setting, TRACE, ["GET", "POST"]),
             route("/v2/logging", routes.logging, LOGGING, ["GET", "POST"]),
+            *shared_memory_routes(
+                server.shared_memory,
+                lambda path, endpoint, methods: route(path, endpoint, SHARED_MEMORY, methods),
+            ),
             # Triton's metrics are on a port of their own, outside the restricted categories.
             metrics_route(server),
             route(f"{model}/trace/setting", routes.trace_setting, TRACE, ["GET", "POST"]),
@@ -128,6 +138,11 @@ def create_http_app(
             *(route(f"{b}/ready", routes.model_ready, HEALTH, ["GET"]) for b in both),
             *(route(f"{b}/config", routes.model_config, MODEL_CONFIG, ["GET"]) for b in both),
             *(route(f"{b}/infer", routes.infer, INFERENCE, ["POST"]) for b in both),
+            *(route(f"{b}/generate", generate.generate, INFERENCE, ["POST"]) for b in both),
+            *(
+                route(f"{b}/generate_stream", generate.generate_stream, INFERENCE, ["POST"])
+                for b in both
+            ),
         ],
         exception_handlers={
             TritonError: _triton_error,
@@ -362,16 +377,33 @@ class _Routes:
             raise unsupported(
                 "HTTP end point doesn't support models with decoupled transaction policy"
             )
-        if header_length == 0:
-            infer_request = self._raw_request(body, name, version)
-        else:
-            infer_request = decode_infer_request(body, header_length, name, version)
-        self.headers.forward(infer_request, request.headers.items())
-        if trace is not None:
-            infer_request.trace = trace
-            trace.describe(infer_request)
-        response = await self.router.infer(infer_request)
-        payload, json_length = encode_infer_response(response, infer_request)
+        # The shared-memory regions the request reads and writes: held until it is answered.
+        lease = Lease(self.server.shared_memory)
+        try:
+            if header_length == 0:
+                infer_request = self._raw_request(body, name, version)
+            else:
+                infer_request = decode_infer_request(
+                    body,
+                    header_length,
+                    name,
+                    version,
+                    shared_memory=lease.read,
+                    shared_memory_outputs=lease.reserve,
+                )
+            self.headers.forward(infer_request, request.headers.items())
+            if trace is not None:
+                infer_request.trace = trace
+                trace.describe(infer_request)
+            response = await answer_holding(lease, infer_request, self.router.infer(infer_request))
+            written = await lease.write_off_loop(response)
+            payload, json_length = await encode_off_loop(  # a large ranking: off the loop
+                response,
+                infer_request,
+                lambda: encode_infer_response(response, infer_request, in_shared_memory=written),
+            )
+        finally:
+            lease.release()
         if json_length is None:
             return Response(payload, media_type=JSON)
         return Response(

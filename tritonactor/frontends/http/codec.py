@@ -24,7 +24,6 @@ of the wire protocol alone would not guess:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +49,8 @@ from tritonactor.core.types import (
     RequestedOutput,
     Tensor,
 )
+from tritonactor.memory.lease import Reader, Reserver
 
-# (region name, offset, byte size) -> the bytes of a registered shared-memory region.
-SharedMemoryReader = Callable[[str, int, int], bytes | memoryview]
-
-_SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 # request.context key: the request's `binary_data_output` (the default for outputs that do not
 # say), read by `encode_infer_response`.
 BINARY_DATA_OUTPUT = "http.binary_data_output"
@@ -90,13 +86,15 @@ def decode_infer_request(
     model_name: str,
     model_version: str,
     *,
-    shared_memory: SharedMemoryReader | None = None,
+    shared_memory: Reader | None = None,
+    shared_memory_outputs: Reserver | None = None,
 ) -> InferenceRequest:
     """Decode an inference request body.
 
     `header_length` is the `Inference-Header-Content-Length` header: the body is that many bytes
     of JSON followed by the inputs' binary data. None means the whole body is JSON.
-    `shared_memory` reads inputs that name a shared-memory region; without it they are refused.
+    `shared_memory` reads inputs that name a shared-memory region, `shared_memory_outputs`
+    takes note of outputs to be written into one; without them such tensors are refused.
     """
     header, binary = _split_body(body, header_length)
     document = decode_json(header)
@@ -119,7 +117,7 @@ def decode_infer_request(
         model_version=model_version,
         id=request_id,
         inputs=inputs,
-        outputs=_decode_outputs(document.get("outputs")),
+        outputs=_decode_outputs(document.get("outputs"), shared_memory_outputs),
         parameters=parameters,
     )
     if binary_output:
@@ -200,7 +198,7 @@ def _require_bool(parameters: Parameters, key: str, owner: str) -> None:
         raise invalid_arg(f"parameter '{key}' of {owner} must be a bool")
 
 
-def _decode_outputs(value: Any) -> list[RequestedOutput]:
+def _decode_outputs(value: Any, shared_memory: Reserver | None) -> list[RequestedOutput]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -215,14 +213,29 @@ def _decode_outputs(value: Any) -> list[RequestedOutput]:
         owner = f"requested output '{name}'"
         parameters = _decode_parameters(item.get("parameters"), owner)
         _require_bool(parameters, "binary_data", owner)
+        if "shared_memory_region" in parameters:
+            _reserve_shared_memory(name, parameters, shared_memory)
         outputs.append(RequestedOutput(name, parameters))
     return outputs
+
+
+def _reserve_shared_memory(
+    name: str, parameters: Parameters, shared_memory: Reserver | None
+) -> None:
+    if "classification" in parameters:
+        raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
+    if parameters.get("binary_data") is True:
+        raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
+    region, offset, size = _shared_memory_place(parameters)
+    if shared_memory is None:
+        raise invalid_arg(f"output '{name}' uses shared memory, which this endpoint cannot write")
+    shared_memory(name, region, offset, size)
 
 
 def _decode_inputs(
     document: dict[str, Any],
     reader: _BinaryReader,
-    shared_memory: SharedMemoryReader | None,
+    shared_memory: Reader | None,
     context: RequestContext,
 ) -> list[Tensor]:
     if "inputs" not in document:
@@ -277,7 +290,7 @@ def _decode_input(
     index: int,
     item: Any,
     reader: _BinaryReader,
-    shared_memory: SharedMemoryReader | None,
+    shared_memory: Reader | None,
     context: RequestContext,
 ) -> Tensor | _BinaryInput:
     if not isinstance(item, dict):
@@ -339,20 +352,33 @@ def _non_negative_int(value: Any, what: str) -> int:
 
 
 def _read_shared_memory(
-    name: str, parameters: Parameters, shared_memory: SharedMemoryReader | None
+    name: str, parameters: Parameters, shared_memory: Reader | None
 ) -> bytes | memoryview:
-    region = parameters.pop("shared_memory_region")
-    size = parameters.pop("shared_memory_byte_size", None)
-    offset = parameters.pop("shared_memory_offset", 0)
-    if not isinstance(region, str):
-        raise invalid_arg(f"'shared_memory_region' of input '{name}' must be a string")
-    if size is None:
-        raise invalid_arg(f"input '{name}' names a shared memory region without a byte size")
-    size = _non_negative_int(size, f"'shared_memory_byte_size' of input '{name}'")
-    offset = _non_negative_int(offset, f"'shared_memory_offset' of input '{name}'")
+    region, offset, size = _shared_memory_place(parameters)
     if shared_memory is None:
         raise invalid_arg(f"input '{name}' uses shared memory, which this endpoint cannot read")
     return shared_memory(region, offset, size)
+
+
+def _shared_memory_place(parameters: Parameters) -> tuple[str, int, int]:
+    """(region, offset, byte size) taken out of a tensor's parameters, with Triton's wording
+    for values of the wrong type (INVALID_ARG here, where Triton answers 500). As in Triton,
+    a missing offset is 0, and so is a missing byte size (out of bounds)."""
+    region = parameters.pop("shared_memory_region")
+    offset = parameters.pop("shared_memory_offset", 0)
+    size = parameters.pop("shared_memory_byte_size", 0)
+    if not isinstance(region, str):
+        raise invalid_arg("Unable to parse 'shared_memory_region': expected a string")
+    offset = parse_unsigned(offset, "shared_memory_offset")
+    return region, offset, parse_unsigned(size, "shared_memory_byte_size")
+
+
+def parse_unsigned(value: Any, field: str) -> int:
+    """`value` as an unsigned 64-bit integer (an offset, a size), or INVALID_ARG naming
+    `field` (where Triton answers 500 with its JSON library's words)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+        raise invalid_arg(f"Unable to parse '{field}': expected a non-negative integer")
+    return value
 
 
 def _array_from_json(
@@ -457,8 +483,8 @@ def _json_type(value: Any) -> str:
 
 __all__ = [
     "BINARY_DATA_OUTPUT",
-    "SharedMemoryReader",
     "decode_infer_request",
     "decode_json",
     "encode_json",
+    "parse_unsigned",
 ]

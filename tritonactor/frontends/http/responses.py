@@ -12,6 +12,7 @@ protocol alone would not guess:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -20,19 +21,26 @@ from tritonactor.core.datatypes import BINARY_ONLY, is_datatype, num_elements, t
 from tritonactor.core.errors import internal
 from tritonactor.core.tensors import tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
+from tritonactor.frontends.classification import classify
 from tritonactor.frontends.http.codec import BINARY_DATA_OUTPUT, encode_json
 
 __all__ = ["encode_infer_response"]
 
 
 def encode_infer_response(
-    response: InferenceResponse, request: InferenceRequest
+    response: InferenceResponse,
+    request: InferenceRequest,
+    *,
+    in_shared_memory: Collection[str] = (),
 ) -> tuple[bytes, int | None]:
     """Encode a response as the request asked: (body, JSON header length or None).
 
     The header length is not None when some output travels as binary data after the JSON; the
-    front end then sends it as `Inference-Header-Content-Length`.
+    front end then sends it as `Inference-Header-Content-Length`. The outputs named in
+    `in_shared_memory` were written into the client's shared memory: their entries carry no
+    data, as in Triton.
     """
+    response = classify(response, request)
     binary_by_default = request.context.get(BINARY_DATA_OUTPUT) is True
     binary_requested = {
         output.name: output.parameters["binary_data"] is True
@@ -42,6 +50,9 @@ def encode_infer_response(
     outputs: list[dict[str, Any]] = []
     chunks: list[Any] = []
     for tensor in response.outputs:
+        if tensor.name in in_shared_memory:
+            outputs.append(_shared_memory_output(tensor))
+            continue
         wants_binary = binary_requested.get(tensor.name, binary_by_default)
         entry, chunk = _encode_output(tensor, wants_binary)
         outputs.append(entry)
@@ -62,6 +73,17 @@ def _response_header(response: InferenceResponse, outputs: list[dict[str, Any]])
         header["parameters"] = response.parameters
     header["outputs"] = outputs
     return header
+
+
+def _shared_memory_output(tensor: Tensor) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": tensor.name,
+        "datatype": tensor.datatype,
+        "shape": list(tensor.shape),
+    }
+    if tensor.parameters:
+        entry["parameters"] = tensor.parameters
+    return entry
 
 
 def _encode_output(tensor: Tensor, wants_binary: bool) -> tuple[dict[str, Any], Any]:

@@ -1,0 +1,175 @@
+"""The shared-memory regions one inference request holds: the inputs it reads from them, the
+outputs it is due to write into them. A held region cannot be unregistered; the front end
+releases the lease once the response is written (or the request failed), as Triton lets go of
+a region when the request's last buffer is released.
+
+The front end makes a lease per request (`SharedMemoryRegistry`, `Lease(registry)`), hands its
+`read` and `reserve` to the wire codec, attaches it to the request when it holds anything, and
+calls `write_outputs` before encoding the response and `release` after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio.to_thread
+import numpy as np
+
+from tritonactor.core.errors import internal
+from tritonactor.core.tensors import tensor_to_bytes
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.memory.region import Region
+from tritonactor.memory.registry import SharedMemoryRegistry
+
+T = TypeVar("T")
+
+# Outputs of more bytes than this are copied into their regions on a worker thread, not on the
+# event loop (a copy of 1 GiB takes most of a second).
+OFF_LOOP_BYTES = 1 << 20
+
+# request.context key of the request's lease.
+LEASE = "shared_memory.lease"
+
+# What the wire codecs are given (a lease's `read` and `reserve`):
+# (region name, offset, byte size) -> the bytes of a registered region;
+Reader = Callable[[str, int, int], bytes | memoryview]
+# (output name, region name, offset, byte size): the output is to be written there.
+Reserver = Callable[[str, str, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTarget:
+    """Where an output goes: `byte_size` bytes at `offset` of `region`."""
+
+    region: Region
+    offset: int
+    byte_size: int
+
+
+class Lease:
+    __slots__ = ("_held", "_registry", "outputs")
+
+    def __init__(self, registry: SharedMemoryRegistry) -> None:
+        self._registry = registry
+        self._held: list[Region] = []
+        # Output name -> where the client asked it to be written.
+        self.outputs: dict[str, OutputTarget] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def read(self, name: str, offset: int, byte_size: int) -> memoryview:
+        """The input bytes at [offset, offset + byte_size) of region `name`: for system shared
+        memory a read-only view of the mapping (no copy), for CUDA a host copy."""
+        region = self._hold(name, offset, byte_size)
+        return region.read(offset, byte_size)
+
+    def reserve(self, output: str, name: str, offset: int, byte_size: int) -> None:
+        """Output `output` is to be written at [offset, offset + byte_size) of region `name`."""
+        region = self._hold(name, offset, byte_size)
+        self.outputs[output] = OutputTarget(region, offset, byte_size)
+
+    def _hold(self, name: str, offset: int, byte_size: int) -> Region:
+        region = self._registry.acquire(name, offset, byte_size)
+        self._held.append(region)
+        return region
+
+    def write(self, response: InferenceResponse) -> frozenset[str]:
+        """Write the response's outputs that have a target into their regions; the names
+        written. An output larger than its target fails the request (Triton's INTERNAL)."""
+        if not self.outputs:
+            return frozenset()
+        written = []
+        for tensor in response.outputs:
+            target = self.outputs.get(tensor.name)
+            if target is None:
+                continue
+            data = tensor_to_bytes(tensor.datatype, np.asarray(tensor.data))
+            chunk = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
+            if chunk.size > target.byte_size:
+                raise internal(
+                    f"shared memory size specified with the request for output '{tensor.name}' "
+                    f"({target.byte_size} bytes) should be at least {chunk.size} bytes to hold "
+                    "the results"
+                )
+            target.region.write(target.offset, chunk)
+            written.append(tensor.name)
+        return frozenset(written)
+
+    def large(self, response: InferenceResponse) -> bool:
+        """Whether writing `response`'s outputs into their regions copies more than
+        OFF_LOOP_BYTES (then `write_off_loop` does it on a worker thread)."""
+        if not self.outputs:
+            return False
+        size = sum(
+            np.asarray(tensor.data).nbytes
+            for tensor in response.outputs
+            if tensor.name in self.outputs
+        )
+        return size > OFF_LOOP_BYTES
+
+    async def write_off_loop(self, response: InferenceResponse) -> frozenset[str]:
+        """`write`, on a worker thread when the copy is large; the regions stay held."""
+        if self.large(response):
+            return await anyio.to_thread.run_sync(self.write, response)
+        return self.write(response)
+
+    def release(self) -> None:
+        held, self._held = self._held, []
+        for region in held:
+            self._registry.release(region)
+
+    def hand_over(self) -> Lease:
+        """A lease that holds what this one held; this one is left holding nothing."""
+        other = Lease(self._registry)
+        other._held, self._held = self._held, []
+        other.outputs, self.outputs = self.outputs, {}
+        return other
+
+
+async def answer_holding(lease: Lease, request: InferenceRequest, answer: Awaitable[T]) -> T:
+    """Await `answer` (the server's answer to `request`, which reads and writes the regions
+    `lease` holds). When the caller is cancelled (the client gave up), the request is
+    cancelled, but it may still be running in a model: its regions stay held until it is
+    over, as in Triton, not only until the caller's `lease.release()`."""
+    running = asyncio.ensure_future(answer)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        if not running.done():
+            request.cancel()
+            running.add_done_callback(_release_when_over(lease.hand_over()))
+        raise
+
+
+def _release_when_over(lease: Lease) -> Callable[[asyncio.Future[object]], None]:
+    def over(running: asyncio.Future[object]) -> None:
+        lease.release()
+        if not running.cancelled():
+            running.exception()  # nobody waits for it any more: its error is retrieved here
+
+    return over
+
+
+def attach(request: InferenceRequest, lease: Lease) -> None:
+    """Keep `lease` with `request` when it holds a region (else there is nothing to release)."""
+    if lease:
+        request.context[LEASE] = lease
+
+
+def write_outputs(request: InferenceRequest, response: InferenceResponse) -> frozenset[str]:
+    """Write `response`'s shared-memory outputs as `request` asked; the names written."""
+    lease = request.context.get(LEASE)
+    if lease is None:
+        return frozenset()
+    return lease.write(response)
+
+
+def release(request: InferenceRequest) -> None:
+    """Let go of the regions `request` holds (idempotent)."""
+    lease = request.context.pop(LEASE, None)
+    if lease is not None:
+        lease.release()

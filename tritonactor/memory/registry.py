@@ -1,0 +1,166 @@
+"""The server's registered shared-memory regions, system and CUDA, by name: Triton's
+shared-memory extension (register, status, unregister) with its messages and codes.
+
+One name space for both kinds, as in Triton: a system region and a CUDA region cannot share a
+name. A region that an in-flight request holds (see `lease.Lease`) cannot be unregistered.
+Every method is safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from tritonactor.core.errors import ErrorCode, TritonError, internal, invalid_arg, not_found
+from tritonactor.memory.cuda import CudaRegion, CudaRuntime, CudaUnavailable, load_runtime
+from tritonactor.memory.region import Kind, Region
+from tritonactor.memory.system import SystemRegion
+
+log = logging.getLogger(__name__)
+
+_KIND_WORDS = {Kind.SYSTEM: "system", Kind.CUDA: "cuda"}
+_KIND_TITLES = {Kind.SYSTEM: "system shared memory", Kind.CUDA: "CUDA shared memory"}
+
+
+class SharedMemoryRegistry:
+    """Names -> registered regions. `cuda_runtime` loads the CUDA runtime on the first CUDA
+    registration (a fake one in the unit tests); without a GPU it raises `CudaUnavailable`."""
+
+    def __init__(self, cuda_runtime: Callable[[], CudaRuntime] = load_runtime) -> None:
+        self._regions: dict[str, Region] = {}
+        self._lock = threading.Lock()
+        self._load_cuda = cuda_runtime
+        self._cuda: CudaRuntime | CudaUnavailable | None = None
+        # Held while the CUDA runtime loads (seconds: call `register_cuda` off the event
+        # loop), apart from `_lock` so that requests and the other calls go on meanwhile.
+        self._cuda_lock = threading.Lock()
+
+    # --- register ------------------------------------------------------------------------------
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map [offset, offset + byte_size) of the shared-memory object `key` as `name`."""
+        with self._lock:
+            self._check_free(name)
+            self._regions[name] = SystemRegion.open(name, key, offset, byte_size)
+        log.info("registered system shared memory region '%s' (key '%s')", name, key)
+
+    def register_cuda(self, name: str, handle: bytes, device_id: int, byte_size: int) -> None:
+        """Open the CUDA IPC `handle` of `byte_size` bytes on `device_id` as `name`."""
+        runtime = self._cuda_runtime(name)
+        with self._lock:
+            self._check_free(name)
+            self._regions[name] = CudaRegion.open(runtime, name, handle, device_id, byte_size)
+        log.info("registered CUDA shared memory region '%s' (device %d)", name, device_id)
+
+    def _check_free(self, name: str) -> None:
+        if name in self._regions:
+            raise TritonError(
+                ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager"
+            )
+
+    def _cuda_runtime(self, name: str) -> CudaRuntime:
+        with self._cuda_lock:
+            if self._cuda is None:
+                try:
+                    self._cuda = self._load_cuda()
+                except CudaUnavailable as error:
+                    log.warning("CUDA shared memory is unavailable: %s", error)
+                    self._cuda = error
+            runtime = self._cuda
+        if isinstance(runtime, CudaUnavailable):
+            raise invalid_arg(
+                f"failed to register CUDA shared memory region: '{name}', GPUs not supported "
+                f"({runtime})"
+            )
+        return runtime
+
+    # --- status --------------------------------------------------------------------------------
+
+    def status(self, kind: Kind, name: str = "") -> list[Region]:
+        """Every region of `kind` (name ""), or the one called `name`."""
+        with self._lock:
+            if not name:
+                # In name order, as Triton lists them.
+                return [
+                    self._regions[n] for n in sorted(self._regions) if self._regions[n].kind is kind
+                ]
+            region = self._regions.get(name)
+        if region is None:
+            raise not_found(f"Unable to find {_KIND_WORDS[kind]} shared memory region: '{name}'")
+        if region.kind is not kind:
+            raise not_found(
+                f"The region named '{name}' is registered as {_KIND_TITLES[region.kind]}, not "
+                f"{_KIND_TITLES[kind]}"
+            )
+        return [region]
+
+    # --- unregister ----------------------------------------------------------------------------
+
+    def unregister(self, kind: Kind, name: str = "") -> None:
+        """Unregister the region `name` of `kind` (nothing when there is none, as in Triton),
+        or every region of `kind` (name ""): those in use stay, and the error names them."""
+        if name:
+            with self._lock:
+                region = self._take(kind, name)
+            if region is not None:
+                region.close()
+            return
+        closed: list[Region] = []
+        busy: list[str] = []
+        with self._lock:
+            for region_name in sorted(n for n, r in self._regions.items() if r.kind is kind):
+                try:
+                    region = self._take(kind, region_name)
+                except TritonError as error:
+                    log.info("%s", error.message)
+                    busy.append(region_name)
+                else:
+                    assert region is not None
+                    closed.append(region)
+        for region in closed:
+            region.close()
+        if busy:
+            listed = "".join(f"{region_name} ," for region_name in busy)
+            message = f"Failed to unregister the following {_KIND_WORDS[kind]} shared memory "
+            raise internal(f"{message}regions: {listed}")
+
+    def _take(self, kind: Kind, name: str) -> Region | None:
+        """Remove `name` from the registry, under the lock; None when it is not a `kind`."""
+        region = self._regions.get(name)
+        if region is None or region.kind is not kind:
+            return None
+        if region.users > 0:
+            raise internal(
+                f"Cannot unregister shared memory region '{name}', it is currently in use."
+            )
+        del self._regions[name]
+        log.info("unregistered %s region '%s'", _KIND_TITLES[kind], name)
+        return region
+
+    def close(self) -> None:
+        """Unregister every region, in use or not: the server is stopping."""
+        with self._lock:
+            regions = list(self._regions.values())
+            self._regions.clear()
+        for region in regions:
+            region.close()
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def acquire(self, name: str, offset: int, byte_size: int) -> Region:
+        """The region `name`, after checking that [offset, offset + byte_size) lies in it, held
+        for a request (`release` lets go): Triton's errors for an unknown region (NOT_FOUND)
+        and a place out of bounds (INVALID_ARG)."""
+        with self._lock:
+            region = self._regions.get(name)
+            if region is None:
+                raise not_found(f"Unable to find shared memory region: '{name}'")
+            region.check_bounds(offset, byte_size)
+            region.check_whole()
+            region.users += 1
+            return region
+
+    def release(self, region: Region) -> None:
+        with self._lock:
+            region.users -= 1
