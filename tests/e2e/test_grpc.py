@@ -225,10 +225,11 @@ def test_stream_empty_final_response_flag(client: grpcclient.InferenceServerClie
         assert response.parameters["triton_final_response"].bool_param is True
         check_simple(result)
 
+        # Without the flag too: Triton 2.51 marks every stream response final or not.
         client.async_stream_infer("simple", simple_inputs(), request_id="plain")
         result, error = answers.get(timeout=10)
         assert error is None
-        assert "triton_final_response" not in result.get_response().parameters
+        assert result.get_response().parameters["triton_final_response"].bool_param is True
     finally:
         client.stop_stream()
 

@@ -3,6 +3,7 @@ tests/python_models, plus an ONNX model for BLS to call."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import shutil
 import time
@@ -14,10 +15,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from grpclib.client import Channel
 from tritonclient.utils import InferenceServerException
 
 from tests.onnx_models import add_sub_model
 from tests.server_process import ServerProcess, start_server
+from tritonactor._proto import inference as pb
 
 pytestmark = pytest.mark.e2e
 
@@ -253,3 +256,43 @@ def test_killed_model_process_fails_its_request_then_recovers(
 def test_model_log_lines_reach_the_server_log(server: ServerProcess) -> None:
     log = server.log()
     assert "add_sub initialized as add_sub_0" in log
+
+
+def test_a_model_error_in_a_stream_carries_the_model_and_the_final_flag(
+    server: ServerProcess,
+) -> None:
+    """As Triton 2.51 answers a failed response in a stream (read with a grpclib client from our
+    protos, since tritonclient hands only the message to its callback): the request's id, model
+    name and version as given, and `triton_final_response`; a request refused before it ran
+    carries its id only. Every successful response is marked final or not."""
+
+    def request(request_id: str, value: int, model: str = "faulty") -> pb.ModelInferRequest:
+        return pb.ModelInferRequest(
+            model_name=model,
+            model_version="1",
+            id=request_id,
+            inputs=[
+                pb.ModelInferRequestInferInputTensor(name="INPUT0", datatype="INT32", shape=[1])
+            ],
+            raw_input_contents=[np.array([value], dtype="<i4").tobytes()],
+        )
+
+    async def run() -> dict[str, pb.ModelStreamInferResponse]:
+        channel = Channel("127.0.0.1", server.grpc_port)
+        try:
+            stub = pb.GrpcInferenceServiceStub(channel, timeout=60)
+            messages = [request("ok", 7), request("bad", 1), request("refused", 7, "nosuch")]
+            return {a.infer_response.id: a async for a in stub.model_stream_infer(messages)}
+        finally:
+            channel.close()
+
+    answers = asyncio.run(run())
+    ok, bad, refused = answers["ok"], answers["bad"], answers["refused"]
+    assert ok.error_message == ""
+    assert ok.infer_response.parameters["triton_final_response"].bool_param is True
+    assert bad.error_message == "one is not allowed"
+    assert (bad.infer_response.model_name, bad.infer_response.model_version) == ("faulty", "1")
+    assert bad.infer_response.parameters["triton_final_response"].bool_param is True
+    assert refused.error_message == "Request for unknown model: 'nosuch' is not found"
+    assert refused.infer_response.model_name == ""
+    assert "triton_final_response" not in refused.infer_response.parameters

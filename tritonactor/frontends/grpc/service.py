@@ -38,7 +38,7 @@ from tritonactor.frontends.grpc.stream import (
     decoupled_answer,
     decoupled_done,
     metadata_flag,
-    stream_error,
+    refusal,
     streamed_answer,
     text_metadata,
     write_answers,
@@ -255,7 +255,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         try:
             await self._router.ensure_loaded(message.model_name)
         except TritonError as error:
-            pending.deliver(stream_error(message.id, error, from_model=False), finished=True)
+            pending.deliver(refusal(message.id, error), finished=True)
             return False
         return True
 
@@ -292,7 +292,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             lease.release()
             if trace is not None:
                 trace.end(error)
-            pending.deliver(stream_error(message.id, error, from_model=False), finished=True)
+            pending.deliver(refusal(message.id, error), finished=True)
             return
         except Exception as error:  # as in ModelInfer: INTERNAL, and the stream stays open
             lease.release()
@@ -300,9 +300,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 trace.end(error)
             log.exception("streamed request for model '%s' failed", message.model_name)
             text = f"internal error: {type(error).__name__}: {error}"
-            pending.deliver(
-                stream_error(message.id, internal(text), from_model=False), finished=True
-            )
+            pending.deliver(refusal(message.id, internal(text)), finished=True)
             return
         reply.add_done_callback(functools.partial(streamed_answer, request, pending))
 

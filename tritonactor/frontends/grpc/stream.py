@@ -123,10 +123,10 @@ def decoupled_answer(
     failure: BaseException | None = error
     try:
         if error is not None:
-            answer = stream_error(request.id, error)
+            answer = model_error(request, error, final)
         elif response is not None:
-            if flagged:
-                response.parameters[FINAL_RESPONSE] = final
+            # Every response says whether it is the last, as in Triton.
+            response.parameters[FINAL_RESPONSE] = final
             written = shared_memory.write_outputs(request, response)
             answer = pb.ModelStreamInferResponse(
                 infer_response=encode_infer_response(
@@ -142,12 +142,12 @@ def decoupled_answer(
                 )
             )
     except TritonError as writing:  # an output larger than its shared-memory region
-        answer = stream_error(request.id, writing)
+        answer = model_error(request, writing, final)
         failure = writing
     except Exception as encoding:
         log.exception("a response of model '%s' could not be encoded", request.model_name)
         text = f"internal error: {type(encoding).__name__}: {encoding}"
-        answer = stream_error(request.id, internal(text))
+        answer = model_error(request, internal(text), final)
         failure = encoding
     if final:
         shared_memory.release(request)
@@ -168,7 +168,8 @@ def decoupled_done(
 @dataclass(frozen=True, slots=True)
 class StreamError:
     """A request of the stream failed: by default an error message in the stream (`response`),
-    in "triton_grpc_error" mode the status that ends the stream."""
+    in "triton_grpc_error" mode, if it reached its model (`from_model`), the status that ends
+    the stream."""
 
     error: TritonError
     response: pb.ModelStreamInferResponse
@@ -179,18 +180,35 @@ class StreamError:
 Answer = pb.ModelStreamInferResponse | StreamError
 
 
-def stream_error(request_id: str, error: TritonError, *, from_model: bool = True) -> StreamError:
-    """`error` as the failed answer of request `request_id`. `from_model`: the request reached
-    its model (its reply or sender failed); only such an error ends the stream in
-    "triton_grpc_error" mode, as in Triton 2.51 (a request refused before it ran is an error
-    message in the stream in both modes)."""
-    # As Triton does, the id rides along so that the client can tell which request failed.
+def refusal(request_id: str, error: TritonError) -> StreamError:
+    """`error` as the answer of request `request_id`, refused before it reached its model: an
+    error message in the stream in both modes, as in Triton 2.51, with the request's id (so that
+    the client can tell which request failed) and nothing else."""
     return StreamError(
         error,
         pb.ModelStreamInferResponse(
             error_message=error.message, infer_response=pb.ModelInferResponse(id=request_id)
         ),
-        from_model,
+        from_model=False,
+    )
+
+
+def model_error(request: InferenceRequest, error: TritonError, final: bool) -> StreamError:
+    """`error` as an answer of `request` once it reached its model: as Triton does for a failed
+    response, the request's id, model name and version (as the client gave them) and whether it
+    is the last answer ride along."""
+    return StreamError(
+        error,
+        pb.ModelStreamInferResponse(
+            error_message=error.message,
+            infer_response=pb.ModelInferResponse(
+                id=request.id,
+                model_name=request.model_name,
+                model_version=request.model_version,
+                parameters=encode_parameters({FINAL_RESPONSE: final}),
+            ),
+        ),
+        from_model=True,
     )
 
 
@@ -256,8 +274,7 @@ def _answer(
     failure: BaseException | None = None
     try:
         response = reply.result()
-        if request.context.get(ENABLE_EMPTY_FINAL) is True:
-            response.parameters[FINAL_RESPONSE] = True
+        response.parameters[FINAL_RESPONSE] = True  # the one response is the last, as in Triton
         written = write(request, response)
         answer: Answer = pb.ModelStreamInferResponse(
             infer_response=encode_infer_response(
@@ -266,16 +283,16 @@ def _answer(
         )
     except TritonError as error:
         failure = error
-        answer = stream_error(request.id, error)
+        answer = model_error(request, error, True)
     except ActorStopped as error:
         failure = error
         message = f"model '{request.model_name}' stopped before answering"
-        answer = stream_error(request.id, unavailable(message))
+        answer = model_error(request, unavailable(message), True)
     except Exception as error:
         failure = error
         log.exception("streamed request for model '%s' failed", request.model_name)
         text = f"internal error: {type(error).__name__}: {error}"
-        answer = stream_error(request.id, internal(text))
+        answer = model_error(request, internal(text), True)
     finally:
         shared_memory.release(request)
     if request.trace is not None:
