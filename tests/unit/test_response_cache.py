@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tritonactor._proto.inference import ModelResponseCache, ModelTransactionPolicy
-from tritonactor.cache import CachedResponse, Inserted, ResponseCache, freeze, request_key
+from tritonactor.cache import Inserted, ResponseCache, measure, pack, request_key, unpack
 from tritonactor.cache.config import caches_responses, check_model_config
-from tritonactor.cache.store import MIN_SIZE, SEGMENT_OVERHEAD, charge
+from tritonactor.cache.store import ENTRY_OVERHEAD, MIN_SIZE, SEGMENT_OVERHEAD, charge, cost
 from tritonactor.config.model_config import ConfigError, parse_pbtxt
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.settings import Settings, SettingsError
@@ -33,10 +33,12 @@ def fp32_response(n: int, seed: float = 1.0) -> InferenceResponse:
     )
 
 
-def entry(n: int, seed: float = 1.0) -> CachedResponse:
-    frozen = freeze(fp32_response(n, seed))
-    assert frozen is not None
-    return frozen
+def entry(n: int, seed: float = 1.0) -> bytes:
+    response = fp32_response(n, seed)
+    measured = measure(response)
+    blob = pack(response)
+    assert measured is not None and measured.size == len(blob)
+    return blob
 
 
 # -- sizes, as Triton's local cache counts them ----------------------------------------------------
@@ -46,14 +48,15 @@ def entry(n: int, seed: float = 1.0) -> CachedResponse:
 def test_an_entry_takes_what_it_takes_in_tritons_local_cache(
     n: int, packed: int, taken: int
 ) -> None:
-    # Measured on Triton 2.51 (nv_cache_util before and after each insertion).
-    assert entry(n).byte_size == packed
+    # Measured on Triton 2.51 (nv_cache_util before and after each insertion); here each entry
+    # also pays for its Python objects.
+    assert len(entry(n)) == packed
     assert charge(packed) == taken
+    assert cost(packed) == taken + ENTRY_OVERHEAD
 
 
 def test_the_smallest_block_is_48_bytes() -> None:
-    empty = freeze(InferenceResponse("m", "1"))
-    assert empty is not None and empty.byte_size == 4
+    assert len(pack(InferenceResponse("m", "1"))) == 4
     assert charge(4) == 48
 
 
@@ -68,12 +71,65 @@ def test_the_settings_and_the_store_agree_on_the_smallest_size() -> None:
         ResponseCache(191)
 
 
+# -- parameters are charged (review finding 1) -------------------------------------------------
+
+
+def test_parameters_are_kept_and_charged() -> None:
+    # A model answering a large parameter: it counts like output bytes (it was free before).
+    plain = fp32_response(4)
+    blob = "x" * 100_000
+    response = fp32_response(4)
+    response.parameters = {"blob": blob, "n": 3, "f": 1.0, "b": True}
+    response.outputs[0].parameters = {"o": "p"}
+    measured = measure(response)
+    assert measured is not None and measured.size > len(pack(plain)) + 100_000
+    packed = pack(response)
+    assert len(packed) == measured.size
+    answer = unpack(packed, "m", "1", "r")
+    assert answer.parameters == {"blob": blob, "n": 3, "f": 1.0, "b": True}
+    assert type(answer.parameters["f"]) is float and type(answer.parameters["n"]) is int
+    assert answer.outputs[0].parameters == {"o": "p"} and answer.outputs[1].parameters == {}
+    cache = ResponseCache(65_536)
+    assert cache.insert(b"K", ("m", 1), packed) is Inserted.REFUSED  # 100 kB > 64 KiB
+    assert len(cache) == 0
+
+
+# -- the size bounds the memory (review finding 3) ---------------------------------------------
+
+
+def test_an_entry_takes_no_more_memory_than_it_is_charged() -> None:
+    # How ENTRY_OVERHEAD was measured: many small entries, their memory by tracemalloc.
+    import tracemalloc
+
+    count = 50_000
+    cache = ResponseCache(1 << 40)
+    blobs = [
+        pack(InferenceResponse("m", "1", outputs=[Tensor("OUT", "INT64", (1,), np.array([i]))]))
+        for i in range(count)
+    ]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i, blob in enumerate(blobs):
+            cache.insert(i.to_bytes(16, "little"), ("m", 1), blob)
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    blob_bytes = sum(len(blob) for blob in blobs)  # counted in `taken` only as held already
+    assert taken + blob_bytes <= cache.sample().used
+    assert cache.sample().used == count * cost(len(blobs[0]))
+
+
 # -- least recently used out first ---------------------------------------------------------------
+
+# Entries of fp32_response(16): 280 bytes packed, 288 in Triton, 288 + ENTRY_OVERHEAD here; the
+# cache holds three of them.
+THREE = SEGMENT_OVERHEAD + 3 * cost(280)
 
 
 def test_a_hit_makes_an_entry_the_most_recently_used() -> None:
-    # 1024 bytes hold three entries of 288 (as on Triton): A, B, C; A is hit; D evicts B.
-    cache = ResponseCache(1024)
+    # Three entries: A, B, C; A is hit; D evicts B.
+    cache = ResponseCache(THREE)
     for key in (b"A", b"B", b"C"):
         assert cache.insert(key, ("m", 1), entry(16)) is Inserted.STORED
     assert cache.lookup(b"A") is not None
@@ -81,25 +137,26 @@ def test_a_hit_makes_an_entry_the_most_recently_used() -> None:
     assert cache.lookup(b"B") is None
     assert cache.lookup(b"A") is not None and cache.lookup(b"C") is not None
     sample = cache.sample()
-    assert (sample.entries, sample.evictions, sample.used) == (3, 1, 3 * 288)
+    assert (sample.entries, sample.evictions, sample.used) == (3, 1, 3 * cost(280))
     assert (sample.hits, sample.misses, sample.lookups) == (3, 1, 4)
 
 
 def test_an_entry_larger_than_the_cache_is_refused_and_evicts_nothing() -> None:
-    cache = ResponseCache(1024)
+    cache = ResponseCache(THREE)
     cache.insert(b"A", ("m", 1), entry(16))
-    assert entry(200).byte_size > 1024
-    assert cache.insert(b"huge", ("m", 1), entry(200)) is Inserted.REFUSED
+    assert cache.refuses(len(entry(300))) and not cache.refuses(len(entry(16)))
+    assert cache.insert(b"huge", ("m", 1), entry(300)) is Inserted.REFUSED
     assert len(cache) == 1 and cache.sample().evictions == 0
 
 
 def test_an_entry_that_fits_the_size_but_not_the_room_evicts_everything_first() -> None:
-    # 952 bytes <= 1024, but it takes 960 of the 896 left for entries: Triton evicts every entry
-    # and still fails ("Cache is empty, nothing to evict.").
-    cache = ResponseCache(1024)
+    # 1592 bytes <= the size, but it takes more than the room left for entries: as Triton
+    # ("Cache is empty, nothing to evict."), every entry is evicted and it still fails.
+    cache = ResponseCache(THREE)
     for key in (b"A", b"B", b"C"):
         cache.insert(key, ("m", 1), entry(16))
-    assert cache.insert(b"big", ("m", 1), entry(100)) is Inserted.REFUSED
+    assert len(entry(180)) == 1592 <= THREE
+    assert cache.insert(b"big", ("m", 1), entry(180)) is Inserted.REFUSED
     sample = cache.sample()
     assert (sample.entries, sample.evictions, sample.used) == (0, 3, 0)
 
@@ -118,10 +175,26 @@ def test_dropping_a_version_forgets_only_its_entries() -> None:
     cache.insert(b"2", ("m", 2), entry(4))
     cache.insert(b"3", ("other", 1), entry(4))
     assert cache.drop("m", 1) == 1
+    assert cache.drop("m", 1) == 0
     assert cache.lookup(b"1") is None
     assert cache.lookup(b"2") is not None and cache.lookup(b"3") is not None
     sample = cache.sample()
-    assert sample.used == 2 * charge(entry(4).byte_size) and sample.evictions == 0
+    assert sample.used == 2 * cost(len(entry(4))) and sample.evictions == 0
+    # An evicted entry leaves the by-version index too: dropping its version finds nothing.
+    small = ResponseCache(SEGMENT_OVERHEAD + cost(184))
+    small.insert(b"a", ("m", 1), entry(4))
+    small.insert(b"b", ("m", 2), entry(4))  # evicts a
+    assert small.drop("m", 1) == 0 and small.drop("m", 2) == 1 and small.sample().used == 0
+
+
+def test_lookups_are_counted_on_their_own() -> None:
+    cache = ResponseCache(4096)
+    cache.lookup(b"x")
+    cache.insert(b"x", ("m", 1), entry(1))
+    cache.lookup(b"x")
+    cache.lookup(b"x")
+    sample = cache.sample()
+    assert (sample.lookups, sample.hits, sample.misses) == (3, 2, 1)
 
 
 # -- entries are copies ----------------------------------------------------------------------------
@@ -129,25 +202,28 @@ def test_dropping_a_version_forgets_only_its_entries() -> None:
 
 def test_an_entry_is_a_copy_and_each_hit_gets_its_own_response() -> None:
     response = fp32_response(4)
-    frozen = freeze(response)
-    assert frozen is not None
+    blob = pack(response)
     response.outputs[0].data[:] = -7  # the model's own array changes later: not the cache's
-    first = frozen.response("m", "1", "a")
-    second = frozen.response("m", "1", "b")
+    first = unpack(blob, "m", "1", "a")
+    second = unpack(blob, "m", "1", "b")
     assert first.id == "a" and second.id == "b"
     assert first.outputs is not second.outputs
     np.testing.assert_array_equal(first.outputs[0].data, np.full(4, 2.0, np.float32))
+    assert [t.name for t in first.outputs] == ["OUTPUT0", "OUTPUT1", "CALLS"]
+    assert first.outputs[2].data.dtype == np.int64 and first.outputs[2].shape == (1,)
     with pytest.raises(ValueError, match="read-only"):
         first.outputs[0].data[0] = 9
 
 
 def test_bytes_outputs_are_kept_in_their_wire_form() -> None:
     data = np.array([b"ab", b"", "c\u00e9"], dtype=np.object_).reshape(3, 1)
-    frozen = freeze(InferenceResponse("m", "1", outputs=[Tensor("S", "BYTES", (3, 1), data)]))
-    assert frozen is not None
+    response = InferenceResponse("m", "1", outputs=[Tensor("S", "BYTES", (3, 1), data)])
     # 4 + (8 + 4+1 + 4+5 + 4+16 + 8 + 3*4+2+0+3)
-    assert frozen.byte_size == 4 + 8 + 5 + 9 + 20 + 8 + 17
-    out = frozen.response("m", "1", "").outputs[0]
+    measured = measure(response)
+    assert measured is not None and measured.size == 4 + 8 + 5 + 9 + 20 + 8 + 17
+    blob = pack(response)
+    assert len(blob) == measured.size
+    out = unpack(blob, "m", "1", "").outputs[0]
     assert out.shape == (3, 1) and out.data.tolist() == [[b"ab"], [b""], ["c\u00e9".encode()]]
 
 
@@ -156,7 +232,7 @@ def test_an_output_outside_host_memory_is_not_cached() -> None:
         dtype = np.dtype(np.float32)
 
     response = InferenceResponse("m", "1", outputs=[Tensor("X", "FP32", (1,), Device())])  # type: ignore[arg-type]
-    assert freeze(response) is None
+    assert measure(response) is None
 
 
 # -- the key ---------------------------------------------------------------------------------------
@@ -321,6 +397,14 @@ def test_the_cache_size_from_either_flag(repo: dict[str, object]) -> None:
             "is too small: the local cache needs at least 192",
         ),
         ({"response_cache_byte_size": "0"}, "is too small: the local cache needs at least 192"),
+        (
+            {"cache_config": '["local,size=10000000000000"]'},
+            "is larger than this machine's memory",
+        ),
+        (
+            {"response_cache_byte_size": "10000000000000"},
+            "Failed to initialize LocalCache: failed to allocate buffer",
+        ),
         (
             {"cache_config": '["local,size=4096"]', "response_cache_byte_size": "4096"},
             "both set, incompatible flags: give one or the other",

@@ -5,23 +5,38 @@ errors are never stored; a version's entries go with it."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import numpy as np
 import pytest
 
-from tests.unit.test_scheduling import EchoBackend, context, request
-from tritonactor._proto.inference import ModelResponseCache
+import tritonactor.scheduling.caching as caching_module
+from tests.unit.test_scheduling import CONFIG, EchoBackend, context, request
+from tritonactor._proto.inference import (
+    ModelConfig,
+    ModelEnsembling,
+    ModelEnsemblingStep,
+    ModelResponseCache,
+)
 from tritonactor.actors import ActorSystem
+from tritonactor.backends.base import ModelContext
 from tritonactor.cache import ResponseCache
+from tritonactor.cache.key import content_digest
+from tritonactor.config.model_config import parse_pbtxt
+from tritonactor.config.normalize import fill_defaults
+from tritonactor.core import offload
 from tritonactor.core.errors import TritonError
-from tritonactor.core.types import InferenceResponse
+from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -228,3 +243,120 @@ async def test_an_answer_too_large_for_the_cache_is_a_logged_miss(
     assert router.cache is not None and len(router.cache) == 0
     assert "Failed to insert key into response cache" in caplog.text
     assert "model 'echo' version 1 takes 64 bytes" in caplog.text
+
+
+# -- review findings: never copied when it cannot fit, ensembles, off the event loop -------------
+
+
+async def serve_wide(system: ActorSystem, router: Router) -> ModelHandle:
+    """The echo model with inputs of any length (dims [-1]), asking for the cache."""
+    config = fill_defaults(parse_pbtxt(CONFIG.replace("[ 2 ]", "[ -1 ]") % 1), gpus=0)
+    config.response_cache = ModelResponseCache(enable=True)
+    ctx = ModelContext("echo", 1, config, Path("."), Path("1"), Path("1/model"))
+    actor = ModelVersionActor(EchoBackend(), ctx)
+    await system.spawn(actor)
+    assert actor.scheduler is not None
+    signature = ModelSignature.from_config(config)
+    handle = ModelHandle("echo", 1, config, signature, actor.scheduler, actor.statistics)
+    router.known.add("echo")
+    router.add(handle)
+    return handle
+
+
+def wide(values: int, request_id: str = "") -> InferenceRequest:
+    data = np.arange(values, dtype=np.int32).reshape(1, values)
+    return InferenceRequest("echo", id=request_id, inputs=[Tensor("IN", "INT32", data.shape, data)])
+
+
+async def test_an_answer_larger_than_the_cache_is_never_copied(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packed: list[int] = []
+    real_pack = caching_module.pack
+
+    def counting(response: InferenceResponse) -> bytes:
+        blob = real_pack(response)
+        packed.append(len(blob))
+        return blob
+
+    monkeypatch.setattr(caching_module, "pack", counting)
+    router = Router(ResponseCache(1024))
+    handle = await serve_wide(system, router)
+    await router.infer(wide(1000))  # 4000 bytes of output: more than the whole cache
+    assert packed == [] and counts(handle)["cache_miss"] == 1
+    await router.infer(wide(4))  # one that fits is copied and stored
+    assert len(packed) == 1 and router.cache is not None and len(router.cache) == 1
+
+
+def ensemble(name: str, step: str) -> ModelHandle:
+    config = ModelConfig(
+        name=name,
+        platform="ensemble",
+        ensemble_scheduling=ModelEnsembling(step=[ModelEnsemblingStep(model_name=step)]),
+        response_cache=ModelResponseCache(enable=True),
+    )
+    return ModelHandle(name, 1, config, ModelSignature.from_config(config), None)  # type: ignore[arg-type]
+
+
+async def test_a_step_model_changing_drops_its_ensembles_entries(system: ActorSystem) -> None:
+    # inner runs echo; outer runs inner: a new copy or version of echo, or echo leaving, may
+    # change what both answer.
+    cache = ResponseCache(1 << 20)
+    router = Router(cache)
+    await serve(system, router, EchoBackend())
+    router.add(ensemble("inner", "echo"))
+    router.add(ensemble("outer", "inner"))
+    router.add(ensemble("other", "elsewhere"))
+
+    def fill() -> None:
+        blob = caching_module.pack(InferenceResponse("m", "1"))
+        for owner in ("echo", "inner", "outer", "other"):
+            cache.insert(owner.encode(), (owner, 1), blob)
+
+    fill()
+    await serve(system, router, EchoBackend())  # echo 1 reloaded
+    assert sorted(key.decode() for key in cache._entries) == ["other"]
+    fill()
+    router.remove("echo", 1)
+    assert sorted(key.decode() for key in cache._entries) == ["other"]
+    fill()
+    router.add(ensemble("inner", "echo"))  # an ensemble reloaded: its own and its dependents'
+    assert sorted(key.decode() for key in cache._entries) == ["echo", "other"]
+
+
+@pytest.mark.parametrize("off_loop", [True, False])
+async def test_the_cache_works_off_the_event_loop_when_it_is_large(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch, off_loop: bool
+) -> None:
+    # The key, the copy into the cache and the answer of a hit: on a worker thread for large
+    # requests (here every one, the threshold lowered to 1 byte), on the loop otherwise.
+    if off_loop:
+        monkeypatch.setattr(offload, "OFF_LOOP_BYTES", 1)
+    threads: dict[str, list[bool]] = {"key": [], "pack": [], "unpack": []}
+
+    def recording(name: str, work: Callable[..., T]) -> Callable[..., T]:
+        def run(*args: object) -> T:
+            threads[name].append(threading.current_thread() is not threading.main_thread())
+            return work(*args)
+
+        return run
+
+    monkeypatch.setattr(caching_module, "content_digest", recording("key", content_digest))
+    monkeypatch.setattr(caching_module, "pack", recording("pack", caching_module.pack))
+    monkeypatch.setattr(caching_module, "unpack", recording("unpack", caching_module.unpack))
+    router = Router(ResponseCache(1 << 20))
+    handle = await serve(system, router, EchoBackend())
+    first = await router.infer(request(6, "a"))
+    second = await router.infer(request(6, "b"))
+    third = request(6, "c")
+    await router.prepare(third)  # the gRPC stream's pre-step, then submit
+    streamed = await router.submit(third).wait()
+    assert counts(handle)["cache_hit"] == 2 and counts(handle)["cache_miss"] == 1
+    for answer in (second, streamed):
+        np.testing.assert_array_equal(answer.outputs[0].data, first.outputs[0].data)
+    assert (second.id, streamed.id) == ("b", "c")
+    if off_loop:
+        assert threads == {"key": [True, True, True], "pack": [True], "unpack": [True, True]}
+    else:
+        # Small: the key is worked out where it is needed (request_key), all on the loop.
+        assert threads == {"key": [], "pack": [False], "unpack": [False, False]}

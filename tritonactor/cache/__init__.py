@@ -2,7 +2,7 @@
 answered before without running the model.
 
 - `key.py`: what makes two requests the same request (`request_key`).
-- `entry.py`: a response as the cache keeps it, immutable bytes (`freeze`, `CachedResponse`).
+- `entry.py`: a response as the cache keeps it, one immutable blob (`measure`, `pack`, `unpack`).
 - `store.py`: the `local` cache itself, bounded in bytes, least recently used out first.
 - `config.py`: which models use it, and the configs Triton refuses with it.
 
@@ -10,17 +10,19 @@ The router looks requests up and stores the answers of those it missed; the serv
 cache of its process. docs/response-cache.md says what is cached and counted."""
 
 from tritonactor.cache.config import caches_responses, check_model_config
-from tritonactor.cache.entry import CachedResponse, freeze
+from tritonactor.cache.entry import Measure, measure, pack, unpack
 from tritonactor.cache.key import request_key
 from tritonactor.cache.store import CacheSample, Inserted, ResponseCache
 
 __all__ = [
     "CacheSample",
-    "CachedResponse",
     "Inserted",
+    "Measure",
     "ResponseCache",
     "caches_responses",
     "check_model_config",
-    "freeze",
+    "measure",
+    "pack",
     "request_key",
+    "unpack",
 ]

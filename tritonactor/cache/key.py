@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tritonactor.core import offload
 from tritonactor.core.datatypes import serialize_bytes
 from tritonactor.core.types import InferenceRequest, ParameterValue
 
@@ -39,41 +40,80 @@ DIGEST_BYTES = 16
 _Update = Callable[[bytes | memoryview], object]
 
 
+# request.context key of the request's content digest, once worked out (`content_digest`).
+CONTENT = "response_cache.content"
+
+
 def request_key(model: str, version: int, request: InferenceRequest) -> bytes | None:
     """The cache key of `request` to `version` of `model`, or None when an input is not a numpy
     array in host memory (Triton hashes only inputs in CPU memory): such a request is neither
-    looked up nor stored."""
+    looked up nor stored. Cheap once `content_digest` has run for the request."""
+    content = content_digest(request)
+    if content is None:
+        return None
+    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    _text(digest.update, model)
+    digest.update(_INTEGER.pack(version))
+    digest.update(content)
+    return digest.digest()
+
+
+def key_work(request: InferenceRequest) -> int:
+    """What working out `request`'s key costs, in `offload` bytes (BYTES inputs: a step an
+    element)."""
+    work = 0
+    for tensor in request.inputs:
+        data = tensor.data
+        if isinstance(data, np.ndarray):
+            hashed = data.size * offload.ELEMENT_BYTES if _is_bytes(tensor.datatype, data) else 0
+            work += hashed or data.nbytes
+    return work
+
+
+def content_digest(request: InferenceRequest) -> bytes | None:
+    """The digest of what the model sees of `request` besides its own name and version (see
+    the module's docstring), kept in `request.context` once worked out; None when an input is
+    not in host memory."""
+    if CONTENT in request.context:
+        known: bytes | None = request.context[CONTENT]
+        return known
     digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
     update = digest.update
-    _text(update, model)
-    update(_INTEGER.pack(version))
     inputs = sorted(request.inputs, key=lambda tensor: tensor.name)
     update(_COUNT.pack(len(inputs)))
+    result: bytes | None = None
     for tensor in inputs:
         data = tensor.data
         if not isinstance(data, np.ndarray):
-            return None
+            break
         _text(update, tensor.name)
         _text(update, tensor.datatype)
         update(_COUNT.pack(len(tensor.shape)))
         for dim in tensor.shape:
             update(_INTEGER.pack(dim))
-        if tensor.datatype == "BYTES" or data.dtype.hasobject:
+        if _is_bytes(tensor.datatype, data):
             payload: bytes | memoryview = serialize_bytes(data)
         else:
             payload = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         update(_COUNT.pack(len(payload)))
         update(payload)
-    outputs = sorted(request.requested_output_names)
-    update(_COUNT.pack(len(outputs)))
-    for name in outputs:
-        _text(update, name)
-    parameters = request.model_parameters
-    update(_COUNT.pack(len(parameters)))
-    for key in sorted(parameters):
-        _text(update, key)
-        _value(update, parameters[key])
-    return digest.digest()
+    else:
+        outputs = sorted(request.requested_output_names)
+        update(_COUNT.pack(len(outputs)))
+        for name in outputs:
+            _text(update, name)
+        parameters = request.model_parameters
+        update(_COUNT.pack(len(parameters)))
+        for key in sorted(parameters):
+            _text(update, key)
+            _value(update, parameters[key])
+        result = digest.digest()
+    request.context[CONTENT] = result
+    return result
+
+
+def _is_bytes(datatype: str, data: np.ndarray) -> bool:
+    return datatype == "BYTES" or data.dtype.hasobject
 
 
 def _text(update: _Update, text: str) -> None:

@@ -1,18 +1,23 @@
 """Triton's `local` response cache: one store of `size` bytes for the whole server, entries by
 key, the least recently used (stored or hit) evicted first when a new one needs room.
 
-The accounting follows Triton's local cache (a Boost managed buffer of `size` bytes) closely
-enough that what a given size holds can be worked out:
+The size bounds the memory the cache takes in this process. An entry of `byte_size` bytes (its
+blob, `entry.pack`: Triton's packed form, plus its parameters) is charged `cost(byte_size)`:
+
+- what it takes in Triton's local cache (a Boost managed buffer of `size` bytes), `charge`: its
+  size plus an 8-byte header, rounded up to 16 bytes, at least 48 (measured on Triton 2.51:
+  entries of 160, 184 and 952 bytes took 176, 192 and 960);
+- plus ENTRY_OVERHEAD, what the Python objects that hold it here take besides its bytes.
+
+So small entries fill the cache sooner than in Triton (a deviation, docs/response-cache.md);
+`nv_cache_util` reports the bytes charged. Further:
 
 - the buffer keeps `SEGMENT_OVERHEAD` (128) bytes for itself, so a cache of `size` bytes has
   `size - 128` for entries, and `utilization` starts at 128 / size as Triton's does;
-- an entry of `byte_size` bytes (`CachedResponse.byte_size`) takes `charge(byte_size)`: its size
-  plus an 8-byte header, rounded up to 16 bytes, at least 48 (measured on Triton 2.51: entries
-  of 160, 184 and 952 bytes took 176, 192 and 960);
-- an entry larger than `size` is refused at once; one that fits in `size` but not in the room
-  left once every other entry is gone evicts them all and is still refused (both as Triton);
-- Triton's allocator may also fragment; this store never does, so it may keep an entry or two
-  more than Triton would in the same size.
+- an entry larger than `size` is refused at once (`refuses`: the router asks before copying a
+  response); one that fits in `size` but not in the room left once every other entry is gone
+  evicts them all and is still refused (both as Triton);
+- Triton's allocator may also fragment; this store never does.
 
 Every method may be called from any thread (one lock)."""
 
@@ -24,20 +29,31 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
 
-from tritonactor.cache.entry import CachedResponse
-
 SEGMENT_OVERHEAD = 128
 MIN_BLOCK = 48
 ALIGNMENT = 16
 BLOCK_HEADER = 8
 # The smallest size Triton 2.51's local cache starts with (191 fails, 192 starts).
 MIN_SIZE = 192
+# The memory an entry takes here besides its blob's bytes: the blob's `bytes` header (33), its
+# 16-byte key (a 49-byte `bytes`), the ordered dict's slot and link for it, the (owner, blob)
+# tuple, and its key's place in the by-version index. Measured with tracemalloc on CPython 3.11:
+# 200,000 entries of one INT64 element (56-byte blobs) took 296 bytes each besides their blobs;
+# rounded up for dict growth. tests/unit/test_response_cache.py::
+# test_an_entry_takes_no_more_memory_than_it_is_charged checks the charge covers it.
+ENTRY_OVERHEAD = 320
 
 
 def charge(byte_size: int) -> int:
-    """The bytes an entry of `byte_size` takes out of the cache."""
+    """The bytes an entry of `byte_size` takes out of Triton's local cache."""
     blocks = -(-(byte_size + BLOCK_HEADER) // ALIGNMENT)
     return max(MIN_BLOCK, blocks * ALIGNMENT)
+
+
+def cost(byte_size: int) -> int:
+    """The bytes an entry of `byte_size` takes out of this cache: Triton's charge and the
+    memory of its Python objects."""
+    return charge(byte_size) + ENTRY_OVERHEAD
 
 
 class Inserted(Enum):
@@ -57,6 +73,7 @@ class CacheSample:
     size: int
     used: int  # charged to entries, without the segment's own bytes
     entries: int
+    lookups: int
     hits: int
     misses: int
     evictions: int
@@ -64,20 +81,12 @@ class CacheSample:
     insertion_ns: int
 
     @property
-    def lookups(self) -> int:
-        return self.hits + self.misses
-
-    @property
     def utilization(self) -> float:
         """Bytes in use over the size, 0.0 - 1.0, the segment's own bytes included."""
         return (SEGMENT_OVERHEAD + self.used) / self.size
 
 
-@dataclass(slots=True)
-class _Entry:
-    owner: tuple[str, int]  # model, version
-    response: CachedResponse
-    charge: int
+Owner = tuple[str, int]  # model, version
 
 
 class ResponseCache:
@@ -88,16 +97,23 @@ class ResponseCache:
             raise ValueError(f"a local response cache needs at least {MIN_SIZE} bytes, got {size}")
         self.size = size
         self._room = size - SEGMENT_OVERHEAD
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
+        # key -> (owner, blob), least recently used first.
+        self._entries: OrderedDict[bytes, tuple[Owner, bytes]] = OrderedDict()
+        self._by_owner: dict[Owner, dict[bytes, None]] = {}
         self._used = 0
-        self._hits = self._misses = self._evictions = 0
+        self._lookups = self._hits = self._misses = self._evictions = 0
         self._lookup_ns = self._insertion_ns = 0
         self._lock = threading.Lock()
 
-    def lookup(self, key: bytes) -> CachedResponse | None:
-        """The entry of `key` (now the most recently used), or None."""
+    def refuses(self, byte_size: int) -> bool:
+        """Whether an entry of `byte_size` bytes is refused whatever the cache holds."""
+        return byte_size > self.size
+
+    def lookup(self, key: bytes) -> bytes | None:
+        """The blob of `key` (now the most recently used), or None."""
         started = time.perf_counter_ns()
         with self._lock:
+            self._lookups += 1
             entry = self._entries.get(key)
             if entry is None:
                 self._misses += 1
@@ -105,43 +121,52 @@ class ResponseCache:
                 self._hits += 1
                 self._entries.move_to_end(key)
             self._lookup_ns += time.perf_counter_ns() - started
-        return entry.response if entry is not None else None
+        return entry[1] if entry is not None else None
 
-    def insert(self, key: bytes, owner: tuple[str, int], response: CachedResponse) -> Inserted:
-        """Store `response` under `key` for `owner` (model, version), evicting the least
-        recently used entries while it does not fit."""
+    def insert(self, key: bytes, owner: Owner, blob: bytes) -> Inserted:
+        """Store `blob` under `key` for `owner` (model, version), evicting the least recently
+        used entries while it does not fit."""
         started = time.perf_counter_ns()
         with self._lock:
             try:
-                return self._insert(key, owner, response)
+                return self._insert(key, owner, blob)
             finally:
                 self._insertion_ns += time.perf_counter_ns() - started
 
-    def _insert(self, key: bytes, owner: tuple[str, int], response: CachedResponse) -> Inserted:
+    def _insert(self, key: bytes, owner: Owner, blob: bytes) -> Inserted:
         if key in self._entries:
             return Inserted.EXISTS
-        size = response.byte_size
-        if size > self.size:
+        size = len(blob)
+        if self.refuses(size):
             return Inserted.REFUSED
-        cost = charge(size)
-        while self._entries and self._used + cost > self._room:
-            _, evicted = self._entries.popitem(last=False)
-            self._used -= evicted.charge
+        taken = cost(size)
+        while self._entries and self._used + taken > self._room:
+            self._forget(*self._entries.popitem(last=False))
             self._evictions += 1
-        if self._used + cost > self._room:
+        if self._used + taken > self._room:
             return Inserted.REFUSED
-        self._entries[key] = _Entry(owner, response, cost)
-        self._used += cost
+        self._entries[key] = (owner, blob)
+        self._by_owner.setdefault(owner, {})[key] = None
+        self._used += taken
         return Inserted.STORED
+
+    def _forget(self, key: bytes, entry: tuple[Owner, bytes]) -> None:
+        """Take back what an entry no longer in `_entries` was charged, and unindex it."""
+        owner, blob = entry
+        self._used -= cost(len(blob))
+        keys = self._by_owner[owner]
+        del keys[key]
+        if not keys:
+            del self._by_owner[owner]
 
     def drop(self, model: str, version: int) -> int:
         """Forget every entry of `version` of `model` (it left, or another copy serves it now);
         returns how many there were. Not evictions: the metrics do not count them."""
-        owner = (model, version)
         with self._lock:
-            keys = [key for key, entry in self._entries.items() if entry.owner == owner]
+            keys = self._by_owner.pop((model, version), {})
             for key in keys:
-                self._used -= self._entries.pop(key).charge
+                _, blob = self._entries.pop(key)
+                self._used -= cost(len(blob))
         return len(keys)
 
     def __len__(self) -> int:
@@ -153,6 +178,7 @@ class ResponseCache:
                 size=self.size,
                 used=self._used,
                 entries=len(self._entries),
+                lookups=self._lookups,
                 hits=self._hits,
                 misses=self._misses,
                 evictions=self._evictions,

@@ -20,9 +20,9 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-import anyio.to_thread
 import numpy as np
 
+from tritonactor.core import offload
 from tritonactor.core.datatypes import num_elements, to_numpy_dtype
 from tritonactor.core.errors import invalid_arg
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
@@ -34,8 +34,9 @@ __all__ = ["LARGE_OUTPUT", "classify", "classify_tensor", "encode_off_loop"]
 T = TypeVar("T")
 
 # Classified outputs of at least this many scores in all are ranked in a worker thread: ranking
-# ties follows the sort step by step in Python (a million equal scores take most of a second).
-LARGE_OUTPUT = 16384
+# ties follows the sort step by step in Python (a million equal scores take most of a second),
+# so a score counts as a Python-level step (`offload.ELEMENT_BYTES`).
+LARGE_OUTPUT = offload.OFF_LOOP_BYTES // offload.ELEMENT_BYTES
 
 _RANKED = frozenset(
     {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"}
@@ -61,11 +62,10 @@ async def encode_off_loop(
     """`encode()` (an encoder that classifies `response` for `request`), in a worker thread
     when the outputs to classify are large, so that the event loop goes on serving."""
     wanted = request.context.get(CLASSIFICATION)
+    scores = 0
     if wanted:
         scores = sum(num_elements(t.shape) for t in response.outputs if t.name in wanted)
-        if scores >= LARGE_OUTPUT:
-            return await anyio.to_thread.run_sync(encode)
-    return encode()
+    return await offload.off_loop(encode, scores * offload.ELEMENT_BYTES)
 
 
 def classify_tensor(tensor: Tensor, spec: Classification) -> Tensor:

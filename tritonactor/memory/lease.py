@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import anyio.to_thread
 import numpy as np
 
+from tritonactor.core import offload
 from tritonactor.core.errors import internal
 from tritonactor.core.tensors import tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse
@@ -26,9 +26,9 @@ from tritonactor.memory.registry import SharedMemoryRegistry
 
 T = TypeVar("T")
 
-# Outputs of more bytes than this are copied into their regions on a worker thread, not on the
-# event loop (a copy of 1 GiB takes most of a second).
-OFF_LOOP_BYTES = 1 << 20
+# Outputs of at least this many bytes are copied into their regions on a worker thread, not on
+# the event loop (tritonactor.core.offload: a copy of 1 GiB takes most of a second).
+OFF_LOOP_BYTES = offload.OFF_LOOP_BYTES
 
 # request.context key of the request's lease.
 LEASE = "shared_memory.lease"
@@ -99,23 +99,24 @@ class Lease:
             written.append(tensor.name)
         return frozenset(written)
 
-    def large(self, response: InferenceResponse) -> bool:
-        """Whether writing `response`'s outputs into their regions copies more than
-        OFF_LOOP_BYTES (then `write_off_loop` does it on a worker thread)."""
+    def copy_size(self, response: InferenceResponse) -> int:
+        """The bytes writing `response`'s outputs into their regions copies."""
         if not self.outputs:
-            return False
-        size = sum(
+            return 0
+        return sum(
             np.asarray(tensor.data).nbytes
             for tensor in response.outputs
             if tensor.name in self.outputs
         )
-        return size > OFF_LOOP_BYTES
+
+    def large(self, response: InferenceResponse) -> bool:
+        """Whether writing `response`'s outputs leaves the event loop (`offload.large`)."""
+        return offload.large(self.copy_size(response))
 
     async def write_off_loop(self, response: InferenceResponse) -> frozenset[str]:
-        """`write`, on a worker thread when the copy is large; the regions stay held."""
-        if self.large(response):
-            return await anyio.to_thread.run_sync(self.write, response)
-        return self.write(response)
+        """`write`, on a worker thread when the copy is large (`offload.off_loop`); the
+        regions stay held."""
+        return await offload.off_loop(lambda: self.write(response), self.copy_size(response))
 
     def release(self) -> None:
         held, self._held = self._held, []

@@ -3,18 +3,16 @@ data plane the front ends talk to."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from anyio import WouldBlock, get_cancelled_exc_class
 
 from tritonactor._proto.inference import ModelConfig
-from tritonactor.actors import ActorRef, ActorStopped, Reply
-from tritonactor.cache import Inserted, ResponseCache, caches_responses, freeze, request_key
+from tritonactor.actors import ActorStopped, Reply
+from tritonactor.cache import ResponseCache
 from tritonactor.core.errors import (
     ErrorCode,
     TritonError,
@@ -25,30 +23,11 @@ from tritonactor.core.errors import (
     unsupported,
 )
 from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.scheduling.caching import STORING, ResponseCaching
+from tritonactor.scheduling.handle import ModelHandle
 from tritonactor.scheduling.messages import Infer
-from tritonactor.scheduling.signature import ModelSignature
-from tritonactor.scheduling.statistics import VersionStatistics
 
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelHandle:
-    """A ready model version as the router serves it."""
-
-    name: str
-    version: int
-    config: ModelConfig
-    signature: ModelSignature
-    scheduler: ActorRef[Any]
-    # Shared with the version's instance actors, which record into it.
-    statistics: VersionStatistics = field(default_factory=lambda: VersionStatistics(False))
-
-    @property
-    def decoupled(self) -> bool:
-        """Whether the model may answer a request with any number of responses."""
-        policy = self.config.model_transaction_policy
-        return policy is not None and policy.decoupled
+__all__ = ["ModelHandle", "Router", "parse_version"]
 
 
 class Router:
@@ -60,7 +39,9 @@ class Router:
     and its successful answer is stored (docs/response-cache.md)."""
 
     def __init__(self, cache: ResponseCache | None = None) -> None:
+        # The response cache (None without one) and the work of looking up and storing.
         self.cache = cache
+        self.caching = ResponseCaching(cache, self.resolve_exact) if cache is not None else None
         self._models: dict[str, dict[int, ModelHandle]] = {}
         # Names the repository knows (ready or not), so an error can say "not ready" vs "unknown".
         self.known: set[str] = set()
@@ -75,6 +56,8 @@ class Router:
         if replaced is not None and replaced is not handle and self.cache is not None:
             # Another copy serves the version now: what the old one answered is not its answer.
             self.cache.drop(handle.name, handle.version)
+        if replaced is not handle:
+            self._drop_dependents(handle.name)
 
     def remove(self, name: str, version: int) -> None:
         versions = dict(self._models.get(name, {}))
@@ -85,6 +68,22 @@ class Router:
             self._models.pop(name, None)
         if removed is not None and self.cache is not None:
             self.cache.drop(name, version)
+            self._drop_dependents(name)
+
+    def _drop_dependents(self, name: str) -> None:
+        """A version of `name` came or went: what an ensemble running it (through any number
+        of ensembles) answered may not be what it answers now, so its entries go."""
+        if self.cache is None:
+            return
+        changed, frontier = {name}, [name]
+        while frontier:
+            step = frontier.pop()
+            for model, versions in self._models.items():
+                if model not in changed and any(_runs(h.config, step) for h in versions.values()):
+                    changed.add(model)
+                    frontier.append(model)
+                    for version in versions:
+                        self.cache.drop(model, version)
 
     def resolve_exact(self, name: str, version: int) -> ModelHandle | None:
         return self._models.get(name, {}).get(version)
@@ -161,15 +160,22 @@ class Router:
             )
             self._admit(handle, request, arrival).reply.fail(error)
             raise error
-        miss, hit = self._look_up(handle, request, arrival)
+        miss, hit = None, None
+        if self.caching is not None:
+            await self.caching.prepare(handle, request)
+            miss, hit = self.caching.look_up(handle, request, arrival)
         if hit is not None:
-            return hit
+            return await hit.wait()
         message = self._admit(handle, request, arrival, miss)
         delivered = False
         try:
             await handle.scheduler.tell(message)
             delivered = True
-            return await message.reply.wait()
+            response = await message.reply.wait()
+            storing: asyncio.Task[None] | None = request.context.get(STORING)
+            if storing is not None:
+                await asyncio.wait({storing})  # neither cancels it nor raises its error
+            return response
         except ActorStopped:
             error = self._stopped(handle)
             message.reply.fail(error)
@@ -186,17 +192,21 @@ class Router:
         """Validate and queue the request now; its answer comes through the returned reply
         (for a decoupled model, through `request.sender`, which the caller must set; the reply
         then only says when execute is over, or fails). Requests submitted one after another
-        reach the scheduler in that order. A response-cache hit comes back already answered."""
+        reach the scheduler in that order. A response-cache hit comes back answered, or
+        answered once a large one is read out of the cache off the event loop; `prepare`
+        first keeps a large request's key off the event loop too."""
         handle, arrival = self._route(request)
         if handle.decoupled and request.sender is None:
             error = unsupported(f"model '{handle.name}' is decoupled: a response sender is needed")
             self._admit(handle, request, arrival).reply.fail(error)
             raise error
-        miss, hit = self._look_up(handle, request, arrival)
+        miss, hit = (
+            self.caching.look_up(handle, request, arrival)
+            if self.caching is not None
+            else (None, None)
+        )
         if hit is not None:
-            answered: Reply[InferenceResponse] = Reply()
-            answered.set(hit)
-            return answered
+            return hit
         message = self._admit(handle, request, arrival, miss)
         try:
             handle.scheduler.tell_nowait(message)
@@ -205,6 +215,18 @@ class Router:
             message.reply.fail(error)
             raise error from None
         return message.reply
+
+    async def prepare(self, request: InferenceRequest) -> None:
+        """Before `submit`: work out the response-cache key of a large request to a model that
+        caches off the event loop (what `submit` would do on it). Never fails: a request that
+        cannot be routed is left to `submit` to refuse."""
+        if self.caching is None:
+            return
+        try:
+            handle = self.resolve(request.model_name, request.model_version)
+        except TritonError:
+            return
+        await self.caching.prepare(handle, request)
 
     def _route(self, request: InferenceRequest) -> tuple[ModelHandle, int]:
         """The handle that serves `request`, once the request is valid for it, and the time of
@@ -237,57 +259,9 @@ class Router:
         reply: Reply[InferenceResponse] = Reply()
         handle.statistics.admit(request, reply, arrival)
         if miss is not None:
-            reply.add_done_callback(functools.partial(self._store, handle, *miss))
+            assert self.caching is not None
+            reply.add_done_callback(functools.partial(self.caching.store, handle, request, *miss))
         return Infer(request, reply, arrival)
-
-    def _look_up(
-        self, handle: ModelHandle, request: InferenceRequest, arrival: int
-    ) -> tuple[tuple[bytes, int] | None, InferenceResponse | None]:
-        """((key, lookup ns), None) for a request the cache missed, (None, answer) for a hit,
-        (None, None) when the cache has no part in it (no cache, not asked for by the config,
-        decoupled, or an input that cannot be hashed: not in host memory, as in Triton)."""
-        cache = self.cache
-        if cache is None or handle.decoupled or not caches_responses(handle.config):
-            return None, None
-        key = request_key(handle.name, handle.version, request)
-        if key is None:
-            return None, None
-        started = time.perf_counter_ns()
-        entry = cache.lookup(key)
-        ended = time.perf_counter_ns()
-        if entry is None:
-            return (key, ended - started), None
-        response = entry.response(handle.name, str(handle.version), request.id)
-        handle.statistics.record_cache_hit(arrival, started, ended, time.perf_counter_ns())
-        return None, response
-
-    def _store(
-        self, handle: ModelHandle, key: bytes, lookup_ns: int, reply: Reply[InferenceResponse]
-    ) -> None:
-        """A request the cache missed has its answer: store it if it succeeded and the copy that
-        answered still serves its version. As in Triton, a request whose twin was stored while
-        it ran counts neither as a hit nor as a miss."""
-        cache = self.cache
-        if cache is None or reply.error is not None:
-            return  # errors are never cached
-        started = time.perf_counter_ns()
-        outcome = Inserted.REFUSED
-        if self.resolve_exact(handle.name, handle.version) is handle:
-            entry = freeze(reply.result())
-            if entry is not None:
-                outcome = cache.insert(key, (handle.name, handle.version), entry)
-                if outcome is Inserted.REFUSED:
-                    # Triton logs its failed insertions too ("Failed to insert key").
-                    log.warning(
-                        "Failed to insert key into response cache: a response of model '%s' "
-                        "version %d takes %d bytes, more than the %d-byte cache has room for",
-                        handle.name,
-                        handle.version,
-                        entry.byte_size,
-                        cache.size,
-                    )
-        if outcome is not Inserted.EXISTS:
-            handle.statistics.record_cache_miss(lookup_ns + time.perf_counter_ns() - started)
 
     @staticmethod
     def _stopped(handle: ModelHandle) -> TritonError:
@@ -314,6 +288,12 @@ def parse_version(version: str) -> int:
             "version should be an integral value > 0"
         )
     return number
+
+
+def _runs(config: ModelConfig, model: str) -> bool:
+    """Whether `config` is an ensemble with a step that runs `model`."""
+    scheduling = config.ensemble_scheduling
+    return scheduling is not None and any(step.model_name == model for step in scheduling.step)
 
 
 def _step_version(version: int) -> str:

@@ -249,6 +249,16 @@ class Settings(ServedSettings, TritonOnlySettings):
                 f"is too small: the local cache needs at least {LOCAL_CACHE_MIN_SIZE} bytes "
                 "(128 of them for its own bookkeeping), as in Triton",
             )
+        memory = physical_memory()
+        if size is not None and memory is not None and size > memory:
+            name = "cache_config" if self.cache_config else "response_cache_byte_size"
+            raise _error(
+                name,
+                self._text(name),
+                f"is larger than this machine's memory ({memory} bytes): the size bounds the "
+                "memory the cache takes (Triton: 'Internal: Failed to initialize LocalCache: "
+                "failed to allocate buffer')",
+            )
 
     def _check_journal(self) -> None:
         if self.journal.is_dir():
@@ -337,6 +347,14 @@ def _settings_error(error: ValidationError) -> SettingsError:
             raw = str(raw)
     rule = str(cause) if cause is not None else first["msg"]
     return _error(name, raw, rule)
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _error(name: str, value: object, rule: str) -> SettingsError:

@@ -241,7 +241,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 async for message in stream:
                     await pending.start()
                     if self._router.loader is None or await self._load_lazily(message, pending):
-                        self._submit_streamed(message, pending, stream.metadata)
+                        await self._submit_streamed(message, pending, stream.metadata)
                 pending.input_done()
         except* grpclib.GRPCError as ended:
             # The writer ended the stream with a status ("triton_grpc_error" mode): grpclib
@@ -259,7 +259,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             return False
         return True
 
-    def _submit_streamed(
+    async def _submit_streamed(
         self, message: pb.ModelInferRequest, pending: Pending, metadata: Any = None
     ) -> None:
         tracing = self._server.tracing
@@ -278,6 +278,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             if trace is not None:
                 request.trace = trace
                 trace.describe(request)
+            await self._router.prepare(request)  # a large request's cache key: off the loop
             if self._router.resolve(request.model_name, request.model_version).decoupled:
                 request.sender = ResponseSender(
                     on_loop(functools.partial(decoupled_answer, request, pending))
@@ -302,6 +303,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             text = f"internal error: {type(error).__name__}: {error}"
             pending.deliver(refusal(message.id, internal(text)), finished=True)
             return
+        except BaseException:  # the stream ended while its key was worked out
+            lease.release()
+            raise
         reply.add_done_callback(functools.partial(streamed_answer, request, pending))
 
     @translate_errors
