@@ -115,6 +115,7 @@ async def test_initialize_args_and_request_accessors(start: Started) -> None:
         "request_id": "abc",
         "correlation_id": 7,
         "parameters": {"flavour": "mint"},
+        "parameters_text": '{"flavour":"mint"}',
         "requested_output_names": ["ARGS", "DLPACK", "REQUEST"],
         "inputs": ["INPUT0"],
     }

@@ -279,7 +279,8 @@ class Stub:
                 request_id=entry["id"],
                 correlation_id=entry["correlation_id"],
                 flags=entry.get("flags", 0),
-                parameters=entry["parameters"],
+                # A client's parameters as Triton's server writes them: compact JSON.
+                parameters=json.dumps(entry["parameters"], separators=(",", ":")),
             )
             request._key = entry["key"]
             request._sender = pb.ResponseSender(

@@ -18,6 +18,7 @@ class TritonPythonModel:
                 "request_id": request.request_id(),
                 "correlation_id": request.correlation_id(),
                 "parameters": json.loads(request.parameters()),
+                "parameters_text": request.parameters(),
                 "requested_output_names": sorted(request.requested_output_names()),
                 "inputs": [tensor.name() for tensor in request.inputs()],
             }
