@@ -176,7 +176,7 @@ def test_an_error_mid_stream_is_one_more_event(http: httpx.Client) -> None:
     response = post(http, "generator", body, "generate_stream")
     assert response.status_code == 200  # the first response succeeded
     assert events(response) == [
-        generated(0, parameters='{"fail_after": 1}'),
+        generated(0, parameters='{"fail_after":1}'),
         {"error": "generator failed after 1 responses"},
     ]
 
