@@ -14,9 +14,8 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
@@ -25,28 +24,34 @@ from tritonactor.actors import Actor, ActorRef, Reply
 from tritonactor.backends.base import Backend
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.cache import check_model_config
-from tritonactor.config.model_config import ConfigError, config_from_json
+from tritonactor.config.model_config import ConfigError
 from tritonactor.control import events as ev
 from tritonactor.control.budget import files_size, process_tree_rss
+from tritonactor.control.load_plan import (
+    load_failed,
+    load_requested,
+    override_of,
+    step_cycle,
+    versions_to_load,
+    with_config,
+)
 from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
 from tritonactor.control.model_control import ManagerControl
 from tritonactor.control.operations import OperationTraces
 from tritonactor.control.prepare import (
     failure_reason,
     missing_model_file,
-    missing_version_reason,
     model_context,
     prepare_config,
-    require_versions,
 )
 from tritonactor.control.repository import (
     ModelSource,
     config_digest,
     folder_signature,
     scan_repositories,
-    select_versions,
     version_path,
 )
+from tritonactor.control.serving import EventLog, Serving, drain, over_budget
 from tritonactor.control.watcher import RepositoryChanged
 from tritonactor.core.devices import gpu_count
 from tritonactor.core.errors import TritonError, internal, invalid_arg
@@ -57,27 +62,6 @@ from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature, label_stamp
 
 log = logging.getLogger(__name__)
-
-# How long a retiring version may take to finish its requests before it is stopped anyway.
-DRAIN_TIMEOUT_SECONDS = 30.0
-
-
-class EventLog(Protocol):
-    """Where recorded events go besides memory: the durable journal."""
-
-    def append(self, event: ev.Event) -> None: ...
-
-
-@dataclass(eq=False, slots=True)
-class _Serving:
-    """A loaded version and what it was loaded from, to tell whether a load changes it."""
-
-    ref: ActorRef[Any]
-    handle: ModelHandle
-    config_digest: str
-    files: str  # folder_signature of the version folder
-    override: str  # the override's digest, "" without one
-    memory: int  # bytes charged against the memory budget
 
 
 class ModelManager(Actor[Any]):
@@ -106,7 +90,7 @@ class ModelManager(Actor[Any]):
         self._budget = memory_budget
         # The record itself is the journal's; only its fold is kept here.
         self.state: ev.State = ev.fold(history)
-        self._serving: dict[str, dict[int, _Serving]] = {}
+        self._serving: dict[str, dict[int, Serving]] = {}
         self._owners: dict[ActorRef[Any], tuple[str, int]] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._operations = OperationTraces(tracing)
@@ -244,7 +228,7 @@ class ModelManager(Actor[Any]):
             # the list says to load it, the journal how it was last loaded).
             for name, status in self.state.items():
                 if status.requested is not None:
-                    wanted[name] = _override(status.requested)
+                    wanted[name] = override_of(status.requested)
         async with anyio.create_task_group() as group:
             for name, override in wanted.items():
                 source = ev.Source.STARTUP
@@ -309,11 +293,11 @@ class ModelManager(Actor[Any]):
             return  # a lazily loaded model is loaded by its first request, not by the watcher
         serving = bool(current)
         if override is not None and override.config_json:
-            model = _with_config(model, override.config_json)
+            model = with_config(model, override.config_json)
         try:
             if model.error is not None or model.config is None:
                 raise ConfigError(str(model.error))
-            versions = _versions_to_load(model)
+            versions = versions_to_load(model)
         except ConfigError as error:
             reason = failure_reason(error)
             self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
@@ -336,7 +320,7 @@ class ModelManager(Actor[Any]):
                 self._record(
                     ev.LoadFailed(model=name, version=version, reason=reason, serving=serving)
                 )
-            raise _load_failed(name, [(version, reason) for version in versions]) from None
+            raise load_failed(name, [(version, reason) for version in versions]) from None
         digest = config_digest(config)
         override_digest = override.digest if override is not None else ""
         # The label files are beside config.pbtxt: a change there changes every version.
@@ -357,10 +341,10 @@ class ModelManager(Actor[Any]):
         if not changed and not leaving:
             if source == ev.Source.API and override is not None:
                 # Same request as the one in force: nothing to do, but keep it on record.
-                self._record(_load_requested(name, (), source, digest, override))
+                self._record(load_requested(name, (), source, digest, override))
             return
         if config.ensemble_scheduling is not None:
-            cycle = _step_cycle(name, config, found)
+            cycle = step_cycle(name, config, found)
             if cycle:
                 reason = f"ensemble '{name}' depends on itself: {' -> '.join(cycle)}"
                 self._record(
@@ -375,7 +359,7 @@ class ModelManager(Actor[Any]):
             reason = str(error)
             self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
             raise invalid_arg(f"load failed for model '{name}': {reason}") from None
-        self._record(_load_requested(name, tuple(changed), source, digest, override))
+        self._record(load_requested(name, tuple(changed), source, digest, override))
         failures = await self._start_versions(
             model, backend, config, changed, digest, files, override_digest
         )
@@ -390,7 +374,7 @@ class ModelManager(Actor[Any]):
             )
             await self._retire(name, version, "no longer selected by the version policy")
         if failures:
-            raise _load_failed(name, failures)
+            raise load_failed(name, failures)
 
     async def _load_steps(
         self, name: str, config: ModelConfig, source: ev.Source, loading: frozenset[str]
@@ -472,7 +456,7 @@ class ModelManager(Actor[Any]):
             if old is not None:
                 replaced[version] = old
 
-        replaced: dict[int, _Serving] = {}
+        replaced: dict[int, Serving] = {}
         async with anyio.create_task_group() as group:
             for version in versions:
                 group.start_soon(start, version)
@@ -494,7 +478,7 @@ class ModelManager(Actor[Any]):
             self._serving.pop(name, None)
         return failures
 
-    async def _undo(self, name: str, version: int, old: _Serving | None, reason: str) -> None:
+    async def _undo(self, name: str, version: int, old: Serving | None, reason: str) -> None:
         """Take back a version just loaded: the copy it replaced serves again, if there was one;
         else the version is unloaded."""
         if old is None:
@@ -508,24 +492,11 @@ class ModelManager(Actor[Any]):
         await self._drain_and_stop(new)
 
     def _over_budget(self, name: str, extra: int) -> str:
-        """Why loading `extra` more bytes breaks the memory budget, or "" when it does not.
-        Versions being replaced still count: old and new are loaded together for a while."""
-        if not self._budget:
-            return ""
-        used = sum(s.memory for versions in self._serving.values() for s in versions.values())
-        if used + extra <= self._budget:
-            return ""
-        return (
-            f"loading model '{name}' needs an estimated {extra} bytes (its files) while loaded "
-            f"models take {used}: that exceeds TRITONACTOR_MEMORY_BUDGET={self._budget} bytes"
-            if extra
-            else f"loaded models take {used} bytes, over TRITONACTOR_MEMORY_BUDGET="
-            f"{self._budget} bytes"
-        )
+        return over_budget(self._serving, self._budget, name, extra)
 
     async def _start_version(
         self, model: ModelSource, backend: Backend, config: ModelConfig, version: int
-    ) -> _Serving:
+    ) -> Serving:
         context = model_context(model, config, version)
         missing = missing_model_file(model, config, version)
         if missing:
@@ -552,7 +523,7 @@ class ModelManager(Actor[Any]):
             actor.scheduler,
             actor.statistics,
         )
-        return _Serving(ref, handle, config_digest="", files="", override="", memory=0)
+        return Serving(ref, handle, config_digest="", files="", override="", memory=0)
 
     # -- unload ----------------------------------------------------------------------------------
 
@@ -621,7 +592,7 @@ class ModelManager(Actor[Any]):
         """Take a version out of the router, let it finish its requests, stop it."""
         await self._stop_retired(name, version, self._take_out(name, version), reason)
 
-    def _take_out(self, name: str, version: int) -> _Serving | None:
+    def _take_out(self, name: str, version: int) -> Serving | None:
         """The version no longer serves: out of the table and the router (None: it did not)."""
         versions = self._serving.get(name, {})
         serving = versions.pop(version, None)
@@ -632,7 +603,7 @@ class ModelManager(Actor[Any]):
         return serving
 
     async def _stop_retired(
-        self, name: str, version: int, serving: _Serving | None, reason: str
+        self, name: str, version: int, serving: Serving | None, reason: str
     ) -> None:
         """Let a version taken out finish its requests, stop it, record it."""
         if serving is None:
@@ -640,7 +611,7 @@ class ModelManager(Actor[Any]):
         await self._drain_and_stop(serving)
         self._record(ev.ModelUnloaded(model=name, version=version, reason=reason))
 
-    async def _replace(self, old: _Serving) -> None:
+    async def _replace(self, old: Serving) -> None:
         started = time.perf_counter()
         await self._drain_and_stop(old)
         self._record(
@@ -651,19 +622,8 @@ class ModelManager(Actor[Any]):
             )
         )
 
-    async def _drain_and_stop(self, serving: _Serving) -> None:
-        statistics = serving.handle.statistics
-        with anyio.move_on_after(DRAIN_TIMEOUT_SECONDS) as scope:
-            while statistics.pending > 0:
-                await anyio.sleep(0.01)
-        if scope.cancelled_caught:
-            log.warning(
-                "model '%s' version %d still had %d requests after %.0fs; stopping it anyway",
-                serving.handle.name,
-                serving.handle.version,
-                statistics.pending,
-                DRAIN_TIMEOUT_SECONDS,
-            )
+    async def _drain_and_stop(self, serving: Serving) -> None:
+        await drain(serving)
         self._owners.pop(serving.ref, None)
         await self.stop_child(serving.ref)
 
@@ -683,78 +643,3 @@ class ModelManager(Actor[Any]):
         self._router.remove(name, version)
         reason = f"model version stopped serving: {failure_reason(error)}"
         self._record(ev.LoadFailed(model=name, version=version, reason=reason))
-
-
-def _step_cycle(name: str, config: ModelConfig, found: dict[str, ModelSource]) -> list[str]:
-    """A chain of ensemble steps from `name` back to itself ([] when there is none): loading its
-    steps first would wait on itself (two ensembles naming each other would deadlock)."""
-
-    def steps(model: str) -> list[str]:
-        scheduling = config.ensemble_scheduling
-        if model != name:
-            source = found.get(model)
-            scheduling = source.config.ensemble_scheduling if source and source.config else None
-        return [step.model_name for step in scheduling.step] if scheduling else []
-
-    stack, seen = [[name]], {name}
-    while stack:
-        path = stack.pop()
-        for step in steps(path[-1]):
-            if step == name:
-                return [*path, step]
-            if step not in seen:
-                seen.add(step)
-                stack.append([*path, step])
-    return []
-
-
-def _load_requested(
-    name: str,
-    versions: tuple[int, ...],
-    source: ev.Source,
-    digest: str,
-    override: Override | None,
-) -> ev.LoadRequested:
-    return ev.LoadRequested(
-        model=name,
-        versions=versions,
-        source=source,
-        config_digest=digest,
-        config_override=override.config_json if override is not None else "",
-        override_repository=str(override.repository or "") if override is not None else "",
-        options_digest=override.digest if override is not None else "",
-    )
-
-
-def _override(requested: ev.Requested) -> Override | None:
-    if not requested.config_override and not requested.override_repository:
-        return None
-    repository = Path(requested.override_repository) if requested.override_repository else None
-    return Override(requested.config_override, repository, requested.options_digest)
-
-
-def _with_config(model: ModelSource, config_json: str) -> ModelSource:
-    """The model with its config replaced by an override's (Triton ignores config.pbtxt then)."""
-    try:
-        config = config_from_json(config_json)
-    except ConfigError as error:
-        return replace(model, config=None, error=f"the config override is invalid: {error}")
-    if not config.name:
-        config.name = model.name
-    return replace(model, config=config, has_config_file=True, error=None)
-
-
-def _load_failed(name: str, failures: list[tuple[int, str]]) -> TritonError:
-    # Triton's wording, one clause per version.
-    detail = "".join(
-        f"version {version} is at UNAVAILABLE state: {reason};\n" for version, reason in failures
-    )
-    return invalid_arg(f"load failed for model '{name}': {detail}")
-
-
-def _versions_to_load(model: ModelSource) -> tuple[int, ...]:
-    assert model.config is not None
-    selection = select_versions(model.config, model.versions)
-    for missing in selection.missing:
-        log.warning("%s", missing_version_reason(model.name, missing))
-    return require_versions(model.name, selection)
