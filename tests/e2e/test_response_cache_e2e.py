@@ -389,6 +389,14 @@ def test_large_bytes_requests_hit_too(
         assert list(result.as_numpy("OUTPUT0")) == list(items)
     delta = changed(before, stats(server, "cached_strings"))
     assert (delta["cache_hit"], delta["cache_miss"], delta["execution_count"]) == (1, 1, 1)
+    if protocol != "http":
+        # The stream's mark on its answer (triton_final_response) is not the model's answer:
+        # a hit over HTTP does not carry it.
+        tensor = httpclient.InferInput("INPUT0", [len(items)], "BYTES")
+        tensor.set_data_from_numpy(items)
+        hit = http_client.infer("cached_strings", [tensor]).get_response()
+        assert "triton_final_response" not in hit.get("parameters", {})
+        assert changed(before, stats(server, "cached_strings"))["cache_hit"] == 2
 
 
 def test_a_model_that_does_not_ask_for_the_cache_runs_every_request(

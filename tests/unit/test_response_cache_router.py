@@ -360,3 +360,59 @@ async def test_the_cache_works_off_the_event_loop_when_it_is_large(
     else:
         # Small: the key is worked out where it is needed (request_key), all on the loop.
         assert threads == {"key": [], "pack": [False], "unpack": [False, False]}
+
+
+async def test_an_answer_looked_up_before_its_entries_were_dropped_is_not_stored(
+    system: ActorSystem,
+) -> None:
+    # A request in flight while its version's entries are dropped (an ensemble whose step
+    # changed meanwhile): its answer may be the old one, so it is not stored.
+    gate = threading.Barrier(2)  # holds the execute until the test lets it go
+    cache = ResponseCache(1 << 20)
+    router = Router(cache)
+    handle = await serve(system, router, EchoBackend(barrier=gate))
+    reply = router.submit(request(8))
+    assert cache.drop("echo", 1) == 0  # what a changed step does to its ensembles' versions
+    await anyio.to_thread.run_sync(gate.wait)
+    await reply.wait()
+    assert len(cache) == 0
+    assert counts(handle)["cache_miss"] == 1  # it did miss
+    again = router.submit(request(8))  # looked up after the drop: stored
+    await anyio.to_thread.run_sync(gate.wait)
+    await again.wait()
+    assert len(cache) == 1
+
+
+async def test_what_a_front_end_adds_to_a_large_answer_never_reaches_the_cache(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A large answer is packed on a worker thread after the reply's callbacks ran: a gRPC
+    # stream marking the response final then must not see its mark in later hits.
+    monkeypatch.setattr(offload, "OFF_LOOP_BYTES", 1)
+    router = Router(ResponseCache(1 << 20))
+    await serve(system, router, EchoBackend())
+    first = request(9, "a")
+    reply = router.submit(first)
+    reply.add_done_callback(lambda done: done.result().parameters.update(front_end_mark=True))
+    await reply.wait()
+    storing = first.context[caching_module.STORING]
+    await storing
+    hit = await router.infer(request(9, "b"))
+    assert "front_end_mark" not in hit.parameters
+
+
+async def test_prepare_never_hashes_a_request_that_is_not_valid(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(offload, "OFF_LOOP_BYTES", 1)
+    hashed: list[InferenceRequest] = []
+    monkeypatch.setattr(caching_module, "content_digest", hashed.append)
+    router = Router(ResponseCache(1 << 20))
+    await serve(system, router, EchoBackend())
+    bad = request(1)
+    bad.inputs[0].datatype = "FP32"
+    await router.prepare(bad)
+    assert hashed == []
+    good = request(1)
+    await router.prepare(good)
+    assert hashed == [good]

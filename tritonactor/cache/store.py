@@ -64,6 +64,9 @@ class Inserted(Enum):
     EXISTS = "exists"
     # Too large for the cache (or not in host memory): not stored.
     REFUSED = "refused"
+    # The owner's entries were dropped since the answer's lookup (its model, or a step of its
+    # ensemble, changed meanwhile): not stored, it may be the old copy's answer.
+    STALE = "stale"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,9 @@ class ResponseCache:
         # key -> (owner, blob), least recently used first.
         self._entries: OrderedDict[bytes, tuple[Owner, bytes]] = OrderedDict()
         self._by_owner: dict[Owner, dict[bytes, None]] = {}
+        # How many times each owner's entries were dropped: an answer looked up before a drop
+        # is not stored after it (`generation`, `insert`).
+        self._generations: dict[Owner, int] = {}
         self._used = 0
         self._lookups = self._hits = self._misses = self._evictions = 0
         self._lookup_ns = self._insertion_ns = 0
@@ -123,12 +129,21 @@ class ResponseCache:
             self._lookup_ns += time.perf_counter_ns() - started
         return entry[1] if entry is not None else None
 
-    def insert(self, key: bytes, owner: Owner, blob: bytes) -> Inserted:
+    def generation(self, owner: Owner) -> int:
+        """How many times `owner`'s entries were dropped so far (see `insert`)."""
+        return self._generations.get(owner, 0)
+
+    def insert(
+        self, key: bytes, owner: Owner, blob: bytes, generation: int | None = None
+    ) -> Inserted:
         """Store `blob` under `key` for `owner` (model, version), evicting the least recently
-        used entries while it does not fit."""
+        used entries while it does not fit; not when `owner`'s entries were dropped since
+        `generation` (what `generation(owner)` said when the request was looked up)."""
         started = time.perf_counter_ns()
         with self._lock:
             try:
+                if generation is not None and self.generation(owner) != generation:
+                    return Inserted.STALE
                 return self._insert(key, owner, blob)
             finally:
                 self._insertion_ns += time.perf_counter_ns() - started
@@ -163,7 +178,9 @@ class ResponseCache:
         """Forget every entry of `version` of `model` (it left, or another copy serves it now);
         returns how many there were. Not evictions: the metrics do not count them."""
         with self._lock:
-            keys = self._by_owner.pop((model, version), {})
+            owner = (model, version)
+            self._generations[owner] = self._generations.get(owner, 0) + 1
+            keys = self._by_owner.pop(owner, {})
             for key in keys:
                 _, blob = self._entries.pop(key)
                 self._used -= cost(len(blob))

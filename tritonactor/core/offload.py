@@ -9,7 +9,7 @@ about what copying that many bytes does not, but it is the scale that keeps a mi
 
 Used by shared-memory output writes (memory/lease.py), classification rankings
 (frontends/classification.py) and the response cache's keys, copies and hits
-(scheduling/router.py)."""
+(scheduling/caching.py)."""
 
 from __future__ import annotations
 

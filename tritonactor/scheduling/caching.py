@@ -7,6 +7,7 @@ are worked out off the event loop (`core/offload.py`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -63,21 +64,23 @@ class ResponseCaching:
 
     def look_up(
         self, handle: ModelHandle, request: InferenceRequest, arrival: int
-    ) -> tuple[tuple[bytes, int] | None, Reply[InferenceResponse] | None]:
-        """((key, lookup ns), None) for a request the cache missed, (None, answer) for a hit,
-        (None, None) when the cache has no part in it (no cache, not asked for by the config,
-        decoupled, or an input that cannot be hashed: not in host memory, as in Triton)."""
+    ) -> tuple[tuple[bytes, int, int] | None, Reply[InferenceResponse] | None]:
+        """((key, lookup ns, the owner's generation), None) for a request the cache missed,
+        (None, answer) for a hit, (None, None) when the cache has no part in it (not asked for
+        by the config, decoupled, or an input that cannot be hashed: not in host memory, as in
+        Triton)."""
         cache = self.cache
         if not self.caches(handle):
             return None, None
         key = request_key(handle.name, handle.version, request)
         if key is None:
             return None, None
+        generation = cache.generation((handle.name, handle.version))
         started = time.perf_counter_ns()
         blob = cache.lookup(key)
         ended = time.perf_counter_ns()
         if blob is None:
-            return (key, ended - started), None
+            return (key, ended - started, generation), None
         handle.statistics.record_cache_hit(arrival, started, ended, time.perf_counter_ns())
         answer = functools.partial(unpack, blob, handle.name, str(handle.version), request.id)
         answered: Reply[InferenceResponse] = Reply()
@@ -95,6 +98,7 @@ class ResponseCaching:
         request: InferenceRequest,
         key: bytes,
         lookup_ns: int,
+        generation: int,
         reply: Reply[InferenceResponse],
     ) -> None:
         """A request the cache missed has its answer: store it if it succeeded and the copy that
@@ -112,21 +116,26 @@ class ResponseCaching:
                 _log_refused(handle, measured.size, cache.size)
             handle.statistics.record_cache_miss(lookup_ns + time.perf_counter_ns() - started)
             return
+        stored = functools.partial(self._insert, handle, key, generation, lookup_ns, started)
         if offload.large(measured.work):
+            # Packed from a snapshot: whoever answers the request may add to the response's
+            # parameters meanwhile (a gRPC stream's final flag is not the model's answer).
             request.context[STORING] = self._start(
-                self._store_off_loop(handle, key, lookup_ns, started, response, measured.work)
+                self._store_off_loop(
+                    handle, lookup_ns, started, _snapshot(response), measured.work, stored
+                )
             )
             return
-        self._insert(handle, key, lookup_ns, started, pack(response))
+        stored(pack(response))
 
     async def _store_off_loop(
         self,
         handle: ModelHandle,
-        key: bytes,
         lookup_ns: int,
         started: int,
         response: InferenceResponse,
         work: int,
+        stored: Callable[[bytes], None],
     ) -> None:
         try:
             blob = await offload.off_loop(functools.partial(pack, response), work)
@@ -134,14 +143,21 @@ class ResponseCaching:
             log.exception("a response of model '%s' could not be cached", handle.name)
             handle.statistics.record_cache_miss(lookup_ns + time.perf_counter_ns() - started)
             return
-        self._insert(handle, key, lookup_ns, started, blob)
+        stored(blob)
 
     def _insert(
-        self, handle: ModelHandle, key: bytes, lookup_ns: int, started: int, blob: bytes
+        self,
+        handle: ModelHandle,
+        key: bytes,
+        generation: int,
+        lookup_ns: int,
+        started: int,
+        blob: bytes,
     ) -> None:
         outcome = Inserted.REFUSED
         if self._serves(handle):  # checked again: a large copy took a while
-            outcome = self.cache.insert(key, (handle.name, handle.version), blob)
+            owner = (handle.name, handle.version)
+            outcome = self.cache.insert(key, owner, blob, generation)
             if outcome is Inserted.REFUSED:
                 _log_refused(handle, len(blob), self.cache.size)
         if outcome is not Inserted.EXISTS:
@@ -155,6 +171,18 @@ class ResponseCaching:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _snapshot(response: InferenceResponse) -> InferenceResponse:
+    """What `pack` reads of `response`, apart from the arrays (never written once answered)."""
+    return dataclasses.replace(
+        response,
+        parameters=dict(response.parameters),
+        outputs=[
+            dataclasses.replace(tensor, parameters=dict(tensor.parameters))
+            for tensor in response.outputs
+        ],
+    )
 
 
 def _log_refused(handle: ModelHandle, size: int, cache_size: int) -> None:

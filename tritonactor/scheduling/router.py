@@ -219,11 +219,14 @@ class Router:
     async def prepare(self, request: InferenceRequest) -> None:
         """Before `submit`: work out the response-cache key of a large request to a model that
         caches off the event loop (what `submit` would do on it). Never fails: a request that
-        cannot be routed is left to `submit` to refuse."""
+        cannot be routed, or is not valid, is left to `submit` to refuse (and is never hashed)."""
         if self.caching is None:
             return
         try:
             handle = self.resolve(request.model_name, request.model_version)
+            if not self.caching.caches(handle):
+                return
+            handle.signature.validate(request)
         except TritonError:
             return
         await self.caching.prepare(handle, request)
@@ -251,11 +254,11 @@ class Router:
         handle: ModelHandle,
         request: InferenceRequest,
         arrival: int,
-        miss: tuple[bytes, int] | None = None,
+        miss: tuple[bytes, int, int] | None = None,
     ) -> Infer:
         """The message that takes `request` to the scheduler, counted in the version's
-        statistics; `miss`: the cache missed it (its key, the lookup's ns), so its answer is
-        to be stored."""
+        statistics; `miss`: the cache missed it (its key, the lookup's ns, the generation of
+        its version's entries), so its answer is to be stored."""
         reply: Reply[InferenceResponse] = Reply()
         handle.statistics.admit(request, reply, arrival)
         if miss is not None:

@@ -21,7 +21,7 @@ from tritonactor._proto import inference as pb
 from tritonactor._proto.grpc.health import v1 as health
 from tritonactor.actors.loop import on_loop
 from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
-from tritonactor.core.errors import ErrorCode, TritonError, internal, unavailable
+from tritonactor.core.errors import ErrorCode, TritonError, cancelled, internal, unavailable
 from tritonactor.core.types import InferenceRequest, ResponseSender
 from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.grpc.codec import (
@@ -305,6 +305,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             return
         except BaseException:  # the stream ended while its key was worked out
             lease.release()
+            if trace is not None:
+                trace.end(cancelled("the stream ended before the request was submitted"))
             raise
         reply.add_done_callback(functools.partial(streamed_answer, request, pending))
 

@@ -28,6 +28,7 @@ from tritonactor.frontends.grpc.codec import (
 )
 from tritonactor.frontends.grpc.status import grpc_error
 from tritonactor.memory import lease as shared_memory
+from tritonactor.scheduling.caching import STORING
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +126,11 @@ def decoupled_answer(
         if error is not None:
             answer = model_error(request, error, final)
         elif response is not None:
-            # Every response says whether it is the last, as in Triton.
-            response.parameters[FINAL_RESPONSE] = final
             written = shared_memory.write_outputs(request, response)
             answer = pb.ModelStreamInferResponse(
-                infer_response=encode_infer_response(
-                    response, in_shared_memory=written, request=request
+                infer_response=_marked(
+                    encode_infer_response(response, in_shared_memory=written, request=request),
+                    final,
                 )
             )
         elif final and flagged:
@@ -235,6 +235,12 @@ def streamed_answer(
     """Runs as a done callback inside the actor that answered: whatever happens here becomes
     an answer on the stream, never an exception in that actor. Large shared-memory outputs are
     written on a worker thread (a task then sends the answer), not in that actor."""
+    storing: asyncio.Task[None] | None = request.context.get(STORING)
+    if storing is not None and not storing.done():
+        # A large answer on its way into the response cache goes out once it is in, so that a
+        # twin sent when it arrives hits (as `Router.infer` waits for it).
+        storing.add_done_callback(lambda _: streamed_answer(request, pending, reply))
+        return
     lease = request.context.get(shared_memory.LEASE)
     if reply.error is None and lease is not None and lease.large(reply.result()):
         task = asyncio.get_running_loop().create_task(_answer_off_loop(request, pending, reply))
@@ -265,6 +271,13 @@ async def _answer_off_loop(
     _answer(request, pending, reply, write)
 
 
+def _marked(message: pb.ModelInferResponse, final: bool) -> pb.ModelInferResponse:
+    """`message` saying whether it is its request's last answer, as Triton marks every stream
+    answer (on the message: the response itself may be shared, e.g. by the response cache)."""
+    message.parameters[FINAL_RESPONSE] = pb.InferParameter(bool_param=final)
+    return message
+
+
 def _answer(
     request: InferenceRequest,
     pending: Pending,
@@ -274,11 +287,10 @@ def _answer(
     failure: BaseException | None = None
     try:
         response = reply.result()
-        response.parameters[FINAL_RESPONSE] = True  # the one response is the last, as in Triton
         written = write(request, response)
         answer: Answer = pb.ModelStreamInferResponse(
-            infer_response=encode_infer_response(
-                response, in_shared_memory=written, request=request
+            infer_response=_marked(  # the one response is the last
+                encode_infer_response(response, in_shared_memory=written, request=request), True
             )
         )
     except TritonError as error:
