@@ -4,16 +4,26 @@ refuses, and the settings that make one."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tritonactor._proto.inference import ModelResponseCache, ModelTransactionPolicy
-from tritonactor.cache import Inserted, ResponseCache, measure, pack, request_key, unpack
+from tritonactor.cache import (
+    Inserted,
+    ResponseCache,
+    measure,
+    pack,
+    request_key,
+    rough_work,
+    unpack,
+)
 from tritonactor.cache.config import caches_responses, check_model_config
 from tritonactor.cache.store import ENTRY_OVERHEAD, MIN_SIZE, SEGMENT_OVERHEAD, charge, cost
 from tritonactor.config.model_config import ConfigError, parse_pbtxt
+from tritonactor.core import offload
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.settings import Settings, SettingsError
 from tritonactor.settings.model import LOCAL_CACHE_MIN_SIZE
@@ -421,3 +431,28 @@ def test_bad_cache_settings_are_refused(
     with pytest.raises(SettingsError, match="TRITONACTOR_") as caught:
         Settings(**repo, **values)  # type: ignore[arg-type]
     assert message in str(caught.value)
+
+
+def test_the_work_of_packing_counts_bytes_lengths_and_parameters() -> None:
+    # One BYTES element of 300 MB is as much work as 300 MB of numbers, not one step.
+    element = b"x" * 300
+    response = InferenceResponse(
+        "m", "1", outputs=[Tensor("O", "BYTES", (1,), np.array([element], dtype=np.object_))]
+    )
+    assert measure(response).work == offload.ELEMENT_BYTES + 300
+    response.parameters["p"] = "y" * 1000
+    # The parameters travel as JSON in the blob: encoding them is work too.
+    encoded = json.dumps([{"p": "y" * 1000}, [{}]], separators=(",", ":")).encode()
+    assert measure(response).work == offload.ELEMENT_BYTES + 300 + len(encoded)
+
+
+def test_rough_work_never_looks_at_an_element() -> None:
+    # Whether a response is measured off the event loop is decided without walking its BYTES
+    # elements (these would fail to be read as bytes).
+    data = np.array([object() for _ in range(20_000)], dtype=np.object_)
+    response = InferenceResponse("m", "1", outputs=[Tensor("O", "BYTES", (20_000,), data)])
+    assert rough_work(response) == 20_000 * offload.ELEMENT_BYTES
+    numbers = InferenceResponse(
+        "m", "1", outputs=[Tensor("N", "FP32", (4,), np.zeros(4, dtype=np.float32))]
+    )
+    assert rough_work(numbers) == 16

@@ -10,7 +10,7 @@ The router looks requests up and stores the answers of those it missed; the serv
 cache of its process. docs/response-cache.md says what is cached and counted."""
 
 from tritonactor.cache.config import caches_responses, check_model_config
-from tritonactor.cache.entry import Measure, measure, pack, unpack
+from tritonactor.cache.entry import Measure, measure, pack, rough_work, unpack
 from tritonactor.cache.key import request_key
 from tritonactor.cache.store import CacheSample, Inserted, ResponseCache
 
@@ -24,5 +24,6 @@ __all__ = [
     "measure",
     "pack",
     "request_key",
+    "rough_work",
     "unpack",
 ]

@@ -63,12 +63,26 @@ def measure(response: InferenceResponse) -> Measure | None:
         size += header + 8 * len(tensor.shape)
         if _is_bytes(tensor):
             items = data.reshape(-1)
-            size += 4 * items.size + sum(len(_element(item)) for item in items)
-            work += items.size * offload.ELEMENT_BYTES
+            lengths = sum(len(_element(item)) for item in items)
+            size += 4 * items.size + lengths
+            work += items.size * offload.ELEMENT_BYTES + lengths
         else:
             size += data.nbytes
             work += data.nbytes
-    return Measure(size + len(_parameters(response)), work)
+    parameters = len(_parameters(response))
+    return Measure(size + parameters, work + parameters)
+
+
+def rough_work(response: InferenceResponse) -> int:
+    """What measuring and packing `response` costs at least, in `offload` bytes, worked out
+    without looking at any element (so that a response with many BYTES elements is measured
+    off the event loop too)."""
+    work = 0
+    for tensor in response.outputs:
+        data = tensor.data
+        if isinstance(data, np.ndarray):
+            work += data.size * offload.ELEMENT_BYTES if _is_bytes(tensor) else data.nbytes
+    return work
 
 
 def pack(response: InferenceResponse) -> bytes:

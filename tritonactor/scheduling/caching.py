@@ -22,6 +22,7 @@ from tritonactor.cache import (
     measure,
     pack,
     request_key,
+    rough_work,
     unpack,
 )
 from tritonactor.cache.key import content_digest, key_work
@@ -105,44 +106,49 @@ class ResponseCaching:
         answered still serves its version. A response that can never fit is not copied; a
         large one is copied off the event loop. As in Triton, a request whose twin was stored
         while it ran counts neither as a hit nor as a miss."""
-        cache = self.cache
         if reply.error is not None:
             return  # errors are never cached
         started = time.perf_counter_ns()
         response = reply.result()
-        measured = measure(response) if self._serves(handle) else None
-        if measured is None or cache.refuses(measured.size):
-            if measured is not None:
-                _log_refused(handle, measured.size, cache.size)
-            handle.statistics.record_cache_miss(lookup_ns + time.perf_counter_ns() - started)
-            return
         stored = functools.partial(self._insert, handle, key, generation, lookup_ns, started)
-        if offload.large(measured.work):
-            # Packed from a snapshot: whoever answers the request may add to the response's
-            # parameters meanwhile (a gRPC stream's final flag is not the model's answer).
+        if not self._serves(handle):
+            stored(None)
+            return
+        work = rough_work(response)
+        if offload.large(work):
+            # Measured and packed from a snapshot: whoever answers the request may add to the
+            # response's parameters meanwhile (a gRPC stream's final flag is not the model's).
             request.context[STORING] = self._start(
-                self._store_off_loop(
-                    handle, lookup_ns, started, _snapshot(response), measured.work, stored
-                )
+                self._store_off_loop(handle, _snapshot(response), work, stored)
             )
             return
-        stored(pack(response))
+        stored(self._pack_if_it_fits(handle, response))
+
+    def _pack_if_it_fits(self, handle: ModelHandle, response: InferenceResponse) -> bytes | None:
+        """`response`'s blob, or None when the cache cannot take it (too large: never copied,
+        and logged as Triton logs it; an output not in host memory)."""
+        measured = measure(response)
+        if measured is None:
+            return None
+        if self.cache.refuses(measured.size):
+            _log_refused(handle, measured.size, self.cache.size)
+            return None
+        return pack(response)
 
     async def _store_off_loop(
         self,
         handle: ModelHandle,
-        lookup_ns: int,
-        started: int,
         response: InferenceResponse,
         work: int,
-        stored: Callable[[bytes], None],
+        stored: Callable[[bytes | None], None],
     ) -> None:
         try:
-            blob = await offload.off_loop(functools.partial(pack, response), work)
+            blob = await offload.off_loop(
+                functools.partial(self._pack_if_it_fits, handle, response), work
+            )
         except Exception:  # the answer went out already: only the cache misses it
             log.exception("a response of model '%s' could not be cached", handle.name)
-            handle.statistics.record_cache_miss(lookup_ns + time.perf_counter_ns() - started)
-            return
+            blob = None
         stored(blob)
 
     def _insert(
@@ -152,10 +158,11 @@ class ResponseCaching:
         generation: int,
         lookup_ns: int,
         started: int,
-        blob: bytes,
+        blob: bytes | None,
     ) -> None:
+        """Store `blob` (None: a miss the cache could not take), and count the miss."""
         outcome = Inserted.REFUSED
-        if self._serves(handle):  # checked again: a large copy took a while
+        if blob is not None and self._serves(handle):  # again: a large copy took a while
             owner = (handle.name, handle.version)
             outcome = self.cache.insert(key, owner, blob, generation)
             if outcome is Inserted.REFUSED:
