@@ -208,7 +208,7 @@ def test_a_client_that_leaves_cancels_its_request(server: ServerProcess, tmp_pat
         assert (response.status_code, response.headers["content-type"]) == (200, EVENT_STREAM)
         first = next(line for line in response.iter_lines() if line)
         assert json.loads(first[len(b"data: ") :])["INDEX"] == 0
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a bound on a hang, not a timing
     while not marker.exists():
         assert time.monotonic() < deadline, "the model never saw its request cancelled"
         time.sleep(0.02)
