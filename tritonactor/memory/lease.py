@@ -116,6 +116,8 @@ class Lease:
     async def write_off_loop(self, response: InferenceResponse) -> frozenset[str]:
         """`write`, on a worker thread when the copy is large (`offload.off_loop`); the
         regions stay held."""
+        if not self.outputs:  # most requests: nothing to write
+            return frozenset()
         return await offload.off_loop(lambda: self.write(response), self.copy_size(response))
 
     def release(self) -> None:
@@ -135,7 +137,10 @@ async def answer_holding(lease: Lease, request: InferenceRequest, answer: Awaita
     """Await `answer` (the server's answer to `request`, which reads and writes the regions
     `lease` holds). When the caller is cancelled (the client gave up), the request is
     cancelled, but it may still be running in a model: its regions stay held until it is
-    over, as in Triton, not only until the caller's `lease.release()`."""
+    over, as in Triton, not only until the caller's `lease.release()`. A lease holding no
+    region (most requests) has nothing to keep: the answer is awaited as it is."""
+    if not lease:
+        return await answer
     running = asyncio.ensure_future(answer)
     try:
         return await asyncio.shield(running)
