@@ -1,14 +1,17 @@
 """What the python backend's process isolation costs: one identity model.py timed three ways.
 
     python bench/python_backend.py [--sizes 16,262144] [--seconds 1.5] [--levels 1,4]
+        [--batches 1,8]
 
 For each input size (an FP32 tensor of shape [1, N]) it times, in one run:
 
   (a) in-process: the model's `TritonPythonModel.execute`, imported into this process and called
       with `triton_python_backend_utils` requests built here, one request per call;
   (b) backend: `PythonBackend` -> `load_model` -> `create_instance`, then
-      `await instance.execute([request])` back to back on an asyncio loop: the stub process hop
-      and the /dev/shm transfer, with no HTTP, router or actors;
+      `await instance.execute(batch)` back to back on an asyncio loop, for each batch size of
+      --batches: the stub process hop and the /dev/shm transfer, with no HTTP, router or actors.
+      Its round-trip CPU is split into the server's share (this process) and the stub's, per
+      call (one batch) and per request, with the messages each call puts on the socket;
   (c) served: `perf_analyzer -i http` against one hypercorn worker serving the same model, at
       each concurrency level.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -109,13 +113,19 @@ class Timing:
     cpu_us_per_request: float | None
     other_cores: float | None  # CPU the rest of the machine used meanwhile
     loose: bool = False  # (c) only: settled only within the retry's looser stability band
+    # (b) only: the requests of one call, the round trip's CPU per call on each side, and the
+    # messages one call sent to the stub and got back.
+    batch: int = 1
+    server_cpu_us_per_call: float | None = None
+    stub_cpu_us_per_call: float | None = None
+    messages_per_call: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
 class SizeResult:
     elements: int
     in_process: Timing
-    backend: Timing
+    backend: list[Timing]
     served: dict[int, Timing | None]
 
 
@@ -225,27 +235,51 @@ def _timing(
     cpu: float,
     busy_before: float | None,
     busy_after: float | None,
+    batch: int = 1,
 ) -> Timing:
-    count = len(latencies)
+    count = len(latencies) * batch
     return Timing(
         us_per_request=wall * 1e6 / count,
         p50_us=float(np.percentile(np.asarray(latencies), 50)) / 1000,
         cpu_us_per_request=cpu * 1e6 / count,
         other_cores=_other_cores(busy_before, busy_after, cpu, wall),
+        batch=batch,
     )
 
 
 # -- (b) the backend without HTTP ---------------------------------------------------------------
 
 
-def time_backend(context: ModelContext, data: np.ndarray, seconds: float) -> Timing:
-    """One stub process; `await instance.execute([request])` back to back on asyncio (the loop
-    the server runs under hypercorn)."""
+def _process_cpu(pid: int) -> float:
+    """CPU (user + system) one process has used so far, from /proc."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_backend(context: ModelContext, data: np.ndarray, seconds: float, batch: int) -> Timing:
+    """One stub process; `await instance.execute(batch)` back to back on asyncio (the loop the
+    server runs under hypercorn)."""
     instance = (
         PythonBackend()
         .load_model(context)
         .create_instance(InstanceContext(f"{context.name}_0_0", "KIND_CPU", 0, 0))
     )
+    # Count what crosses the process boundary: messages to the stub, and back from it.
+    crossings = [0, 0]
+    channel, dispatch = instance._stub.channel, instance._dispatch
+    send = channel.send
+
+    def counted_send(message: dict) -> None:
+        crossings[0] += 1
+        send(message)
+
+    def counted_dispatch(message: dict) -> None:
+        crossings[1] += 1
+        dispatch(message)
+
+    channel.send = counted_send  # type: ignore[method-assign]
+    instance._dispatch = counted_dispatch  # type: ignore[method-assign]
 
     def request() -> InferenceRequest:
         return InferenceRequest(
@@ -256,10 +290,10 @@ def time_backend(context: ModelContext, data: np.ndarray, seconds: float) -> Tim
 
     async def loop() -> Timing:
         async def call() -> None:
-            [result] = await instance.execute([request()])
-            outputs = getattr(result, "outputs", None)
-            if not outputs or outputs[0].data.shape != data.shape:
-                raise RuntimeError(f"unexpected result from the stub: {result!r}")
+            for result in await instance.execute([request() for _ in range(batch)]):
+                outputs = getattr(result, "outputs", None)
+                if not outputs or outputs[0].data.shape != data.shape:
+                    raise RuntimeError(f"unexpected result from the stub: {result!r}")
 
         warm_until = time.perf_counter() + WARMUP_SECONDS
         for count in range(10**9):
@@ -269,6 +303,8 @@ def time_backend(context: ModelContext, data: np.ndarray, seconds: float) -> Tim
         latencies: list[int] = []
         clock = time.perf_counter_ns
         busy_before, cpu_before = machine_busy_seconds(), _cpu_now()
+        server_before, stub_before = self_cpu_seconds(), _process_cpu(instance.pid)
+        crossings[:] = [0, 0]
         began = clock()
         deadline = began + int(seconds * 1e9)
         end = began
@@ -278,8 +314,16 @@ def time_backend(context: ModelContext, data: np.ndarray, seconds: float) -> Tim
             end = clock()
             latencies.append(end - start)
         wall = (end - began) / 1e9
+        server, stub = self_cpu_seconds() - server_before, _process_cpu(instance.pid) - stub_before
         cpu = _cpu_now() - cpu_before
-        return _timing(latencies, wall, cpu, busy_before, machine_busy_seconds())
+        calls = len(latencies)
+        timing = _timing(latencies, wall, cpu, busy_before, machine_busy_seconds(), batch)
+        return dataclasses.replace(
+            timing,
+            server_cpu_us_per_call=server * 1e6 / calls,
+            stub_cpu_us_per_call=stub * 1e6 / calls,
+            messages_per_call=(crossings[0] / calls, crossings[1] / calls),
+        )
 
     try:
         return asyncio.run(loop())
@@ -342,10 +386,8 @@ def format_table(results: Sequence[SizeResult]) -> str:
     for result in results:
         size = f"[1,{result.elements}] FP32 ({_bytes(result.elements * 4)})"
         base = result.in_process.us_per_request
-        rows: list[tuple[str, Timing | None]] = [
-            ("(a) in-process execute", result.in_process),
-            ("(b) backend: stub + shm", result.backend),
-        ]
+        rows: list[tuple[str, Timing | None]] = [("(a) in-process execute", result.in_process)]
+        rows += [(f"(b) backend: stub + shm, batch {t.batch}", t) for t in result.backend]
         rows += [(f"(c) HTTP, perf_analyzer c={n}", t) for n, t in result.served.items()]
         for label, timing in rows:
             if timing is None:
@@ -361,6 +403,33 @@ def format_table(results: Sequence[SizeResult]) -> str:
                 _num(timing.cpu_us_per_request, digits),
                 f"{timing.us_per_request / base:,.1f}",
                 _num(timing.other_cores, 2),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_round_trips(results: Sequence[SizeResult]) -> str:
+    """(b)'s round trip: its CPU on each side of the process boundary, per call (one batch) and
+    per request, and the messages one call crosses it with (to the stub / back)."""
+    lines = [
+        "| input | batch | server CPU µs/call | stub CPU µs/call | round trip CPU µs/call "
+        "| µs/request | messages/call (out / back) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for result in results:
+        size = f"[1,{result.elements}] FP32 ({_bytes(result.elements * 4)})"
+        for t in result.backend:
+            server, stub = t.server_cpu_us_per_call, t.stub_cpu_us_per_call
+            total = None if server is None or stub is None else server + stub
+            out, back = t.messages_per_call or (0.0, 0.0)
+            cells = [
+                size,
+                str(t.batch),
+                _num(server),
+                _num(stub),
+                _num(total),
+                _num(None if total is None else total / t.batch),
+                f"{out:.2f} / {back:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -386,6 +455,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--seconds", type=float, default=1.5, help="timed loop of (a) and (b), per size"
     )
     parser.add_argument("--levels", default="1,4", help="perf_analyzer concurrencies")
+    parser.add_argument("--batches", default="1,8", help="requests per call of (b)")
     parser.add_argument(
         "--duration-ms", type=int, default=1500, help="perf_analyzer measurement window"
     )
@@ -400,8 +470,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     levels = [int(n) for n in args.levels.split(",") if n.strip()]
-    if not sizes or min(sizes) < 1 or (levels and min(levels) < 1):
-        sys.exit("--sizes and --levels need positive integers")
+    batches = [int(n) for n in args.batches.split(",") if n.strip()]
+    if not sizes or min(sizes) < 1 or (levels and min(levels) < 1) or not batches:
+        sys.exit("--sizes, --levels and --batches need positive integers")
+    if min(batches) < 1:
+        sys.exit("--sizes, --levels and --batches need positive integers")
     perf_analyzer = None if args.no_http else locate_perf_analyzer(args.perf_analyzer)
     if perf_analyzer is not None:
         facts = machine_facts(perf_analyzer)
@@ -421,14 +494,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(0)
 
     in_process: dict[int, Timing] = {}
-    backend: dict[int, Timing] = {}
+    backend: dict[int, list[Timing]] = {}
     # (a) and (b) run before the server starts, so nothing else competes for the cores.
     for elements in sizes:
         context = model_context(repository, model_name(elements))
         data = rng.random((1, elements), dtype=np.float32)
         print(f"[1,{elements}]: (a) in-process, (b) backend ...", flush=True)
         in_process[elements] = time_in_process(context, data, args.seconds)
-        backend[elements] = time_backend(context, data, args.seconds)
+        backend[elements] = [time_backend(context, data, args.seconds, n) for n in batches]
 
     served: dict[int, dict[int, Timing | None]] = {elements: {} for elements in sizes}
     floor_text = ""
@@ -461,10 +534,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     print()
     print(format_table(results))
+    print()
+    print(format_round_trips(results))
     print(
         "(a) TritonPythonModel.execute called in this process with a pb_utils request built per "
         "call; (b) PythonInstance.execute awaited back to back on asyncio (stub process + "
         "/dev/shm); (c) perf_analyzer -i http, one hypercorn worker, one model instance."
+    )
+    print(
+        "Round trip: server CPU = this process (the event loop, the instance's reader thread); "
+        "stub CPU = the stub process; per call = one execute of `batch` requests; messages/call "
+        "= messages sent to the stub / received from it per call."
     )
     print(
         "µs/request = wall time / requests (1e6 / infer/s); p50 = one call's latency (for (c), "

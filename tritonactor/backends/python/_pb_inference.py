@@ -231,6 +231,36 @@ class InferenceRequest:
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
 
+    @classmethod
+    def _received(
+        cls,
+        entry: dict[str, Any],
+        inputs: list[Tensor],
+        sender: ResponseSender,
+        trace: InferenceTrace,
+    ) -> InferenceRequest:
+        """A request execute() receives, from the server's entry for it (see
+        `backends.python.wire.request_entry`): the server built it, so nothing is checked."""
+        self = cls.__new__(cls)
+        self._model_name = entry["model_name"]
+        self._inputs = inputs
+        self._requested = entry["outputs"]
+        self._model_version = entry["model_version"]
+        self._request_id = entry["id"]
+        self._correlation_id = entry["correlation_id"]
+        self._flags = entry["flags"]
+        self._timeout = 0
+        self._preferred_memory = None
+        parameters = entry["parameters"]
+        # A client's parameters as Triton's server writes them: compact JSON.
+        self._parameters = json.dumps(parameters, separators=(",", ":")) if parameters else "{}"
+        self._sender = sender
+        self._key = entry["key"]
+        self._cancelled = False
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._trace = trace
+        return self
+
     def inputs(self) -> list[Tensor]:
         return self._inputs
 

@@ -96,7 +96,7 @@ class PythonInstance(BackendInstance):
         self._token: Any = _creator_loop_token()
         self._stub = StubProcess(model.interpreter, context.name, model.settings)
         self._calls = ServedCalls(
-            context, self._stub.channel, self._stub.parent_prefix, self._held, lambda: self._token
+            context, self._stub.answers, self._stub.parent_prefix, self._held, lambda: self._token
         )
         # One execute at a time: its tensors travel through reused arenas (see ipc.Arena).
         self._inputs_arena = self._stub.arena()
@@ -255,10 +255,10 @@ class PythonInstance(BackendInstance):
             answer = self._metrics.handle(message)
             if answer is not None:
                 with contextlib.suppress(OSError):  # the stub is gone; the reader reports it
-                    self._stub.channel.send(answer)
+                    self._stub.answers.send(answer)
         elif op == "is_cancelled":
             with contextlib.suppress(OSError):  # the stub is gone; the reader reports it
-                self._stub.channel.send(
+                self._stub.answers.send(
                     {
                         "op": "cancelled",
                         "call": message["call"],

@@ -104,6 +104,8 @@ class StubProcess:
         self.settings = settings
         self.shm_prefix = f"tritonactor-py-{os.getpid()}-{secrets.token_hex(4)}"
         parent_end, child_end = socket.socketpair()
+        # Only the server's answers to the model's own calls (see `stub`).
+        answers_end, answers_child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
@@ -115,6 +117,8 @@ class StubProcess:
             "tritonactor.backends.python.stub",
             "--fd",
             str(child_end.fileno()),
+            "--answers-fd",
+            str(answers_child.fileno()),
             "--name",
             name,
             "--shm-prefix",
@@ -127,7 +131,7 @@ class StubProcess:
         try:
             self.process = subprocess.Popen(
                 command,
-                pass_fds=(child_end.fileno(),),
+                pass_fds=(child_end.fileno(), answers_child.fileno()),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -135,12 +139,16 @@ class StubProcess:
             )
         except OSError as exc:
             parent_end.close()
+            answers_end.close()
             raise unavailable(
                 f"cannot start the python model process for '{name}': {exc}"
             ) from None
         finally:
             child_end.close()
+            answers_child.close()
         self.channel = ipc.Channel(parent_end)
+        # Answers to the model's BLS, cancellation, model-control and metric calls.
+        self.answers = ipc.Channel(answers_end)
         threading.Thread(target=self._log_output, name=f"{name}-output", daemon=True).start()
         try:
             self.wait_for("started", settings.start_timeout_s)
@@ -241,4 +249,5 @@ class StubProcess:
         """Close the channel and remove what the stub left in shared memory: once everything
         it sent has been read."""
         self.channel.close()
+        self.answers.close()
         ipc.remove_files(self.shm_prefix)

@@ -1,12 +1,15 @@
 """The stub: one process per python model instance, running the model's `TritonPythonModel`.
 
-    python -m tritonactor.backends.python.stub --fd N --name INSTANCE --shm-prefix P
-        [--shm-default-size B] [--shm-growth-size B]
+    python -m tritonactor.backends.python.stub --fd N --answers-fd M --name INSTANCE
+        --shm-prefix P [--shm-default-size B] [--shm-growth-size B]
 
-Fd N is this side of a socketpair with the server (see `ipc`). A reader thread takes every
-message: answers to the model's BLS calls, cancellation queries and model-control calls go to
-the waiting call (`stub_calls`), everything else to the main thread, which runs the model one
-message at a time. Coroutines (`async def execute`) run on an event loop of their own thread,
+Fds N and M are this side of two socketpairs with the server (see `ipc`). The main thread reads
+fd N itself (init, execute, finalize: one message at a time, no thread hand-off on the way to
+the model) and sends everything the stub says on it. Fd M carries only the server's answers to
+the model's own calls (BLS, cancellation queries, model control, metrics): a reader thread
+hands each to the waiting call (`stub_calls`), so a model blocked in such a call while the main
+thread runs it is still answered. What a `__del__` has to say is sent by a forwarding thread.
+Coroutines (`async def execute`) run on an event loop of their own thread,
 as in Triton: a non-decoupled execute is waited for; a decoupled one runs in the background
 while the main thread takes the next batch, its answers going through the response senders.
 stdout and stderr belong to the model (the server logs them); the protocol never uses them.
@@ -28,7 +31,7 @@ import threading
 import traceback
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tritonactor.backends.python import _pb_runtime, ipc
 from tritonactor.backends.python._pb_tensors import error_code_name
@@ -47,6 +50,7 @@ class Stub:
     def __init__(
         self,
         channel: ipc.Channel,
+        answers: ipc.Channel,
         name: str,
         shm_prefix: str,
         pb_utils: Any,
@@ -54,14 +58,16 @@ class Stub:
         shm_growth_size: int = 0,
     ) -> None:
         self.channel = channel
+        self.answers = answers
         self.name = name
         self.shm_prefix = shm_prefix
         self.pb = pb_utils
         self.model: Any = None
         self.decoupled = False
         self.calls = ServerCalls(self)
-        # SimpleQueue: a response sender's __del__ may put into it from any thread, any time.
-        self._inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        # What `__del__`s have to say, sent by the forwarding thread. SimpleQueue: a response
+        # sender's __del__ may put into it from any thread, any time.
+        self._forwards: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[Future[Any]] = set()
         # Execute messages come one at a time: their tensors travel through reused arenas.
@@ -71,45 +77,46 @@ class Stub:
         # releases the GIL, and without it a later send could overtake an earlier one.
         self._send_lock = threading.Lock()
 
-    # -- the reader thread -------------------------------------------------------------------
+    # -- the answers' reader thread and the forwarding thread --------------------------------
 
-    def read_forever(self) -> None:
+    def read_answers(self) -> None:
         while True:
-            message = self.channel.recv()
+            message = self.answers.recv()
             if message is None:
-                # The server is gone (killed, most likely): nobody is left to serve, or to clear
-                # the shared memory of this instance, its side's or ours.
-                self._results_arena.close()
-                ipc.remove_files(self.shm_prefix.removesuffix(ipc.STUB_SIDE))
-                os._exit(0)
-            if message["op"] in (
-                "bls_result",
-                "bls_stream",
-                "cancelled",
-                "control_result",
-                "metric_result",
-            ):
-                self.calls.answer(message)
-            else:
-                self._inbox.put(message)
+                self._server_gone()
+            self.calls.answer(message)
+
+    def forward_forever(self) -> None:
+        while True:
+            message = self._forwards.get()
+            try:
+                self.channel.send(message)
+            except OSError:
+                self._server_gone()
+
+    def _server_gone(self) -> NoReturn:
+        # The server is gone (killed, most likely): nobody is left to serve, or to clear the
+        # shared memory of this instance, its side's or ours.
+        self._results_arena.close()
+        ipc.remove_files(self.shm_prefix.removesuffix(ipc.STUB_SIDE))
+        os._exit(0)
 
     # -- the main thread ---------------------------------------------------------------------
 
     def serve(self) -> None:
         self.channel.send({"op": "started"})
         while True:
-            message = self._inbox.get()
+            message = self.channel.recv()
             if message is None:
-                return
+                self._server_gone()
             op = message["op"]
             if op == "init":
-                self._initialize(message)
+                if not self._initialize(message):
+                    return
             elif op == "auto_complete":
                 self._auto_complete(message)
             elif op == "execute":
                 self._execute(message)
-            elif op == "forward":  # from a __del__: see `forward`
-                self.channel.send(message["message"])
             elif op == "finalize":
                 self._finalize()
                 return
@@ -130,7 +137,7 @@ class Stub:
             raise ImportError(f"{path} defines no class TritonPythonModel")
         return model_class
 
-    def _initialize(self, message: dict[str, Any]) -> None:
+    def _initialize(self, message: dict[str, Any]) -> bool:
         try:
             self.decoupled = message["decoupled"]
             self.model = self._load_class(message["model_file"])()
@@ -143,9 +150,9 @@ class Stub:
         except BaseException as exc:
             traceback.print_exc()
             self.channel.send({"op": "failed", "error": _describe(exc)})
-            self._inbox.put(None)
-            return
+            return False
         self.channel.send({"op": "ready"})
+        return True
 
     def _auto_complete(self, message: dict[str, Any]) -> None:
         try:
@@ -269,25 +276,13 @@ class Stub:
         pb = self.pb
         arrays = iter(ipc.read_tensors(message["shm"], message["descriptors"], self._inputs_arena))
         requests = []
+        wrap = pb.Tensor._wrap
         for entry in message["requests"]:
-            inputs = [pb.Tensor(name, array) for name, _, array in _take(arrays, entry["inputs"])]
-            request = pb.InferenceRequest(
-                model_name=entry["model_name"],
-                inputs=inputs,
-                requested_output_names=entry["outputs"],
-                model_version=entry["model_version"],
-                request_id=entry["id"],
-                correlation_id=entry["correlation_id"],
-                flags=entry.get("flags", 0),
-                # A client's parameters as Triton's server writes them: compact JSON.
-                parameters=json.dumps(entry["parameters"], separators=(",", ":")),
-            )
-            request._key = entry["key"]
-            request._sender = pb.ResponseSender(
-                entry["key"], self.decoupled, frozenset(entry["outputs"])
-            )
-            request._trace = pb.InferenceTrace(entry.get("trace"), entry["key"])
-            requests.append(request)
+            key = entry["key"]
+            inputs = [wrap(name, array) for name, _, array in _take(arrays, entry["inputs"])]
+            sender = pb.ResponseSender(key, self.decoupled, frozenset(entry["outputs"]))
+            trace = pb.InferenceTrace(entry["trace"], key)
+            requests.append(pb.InferenceRequest._received(entry, inputs, sender, trace))
         return requests
 
     def _responses_to_wire(self, seq: int, requests: list[Any], returned: Any) -> dict[str, Any]:
@@ -350,10 +345,11 @@ class Stub:
             for t in response.output_tensors()
             if not requested or t.name() in requested
         ]
+        parameters = response.parameters()
         entry = {
             "outputs": len(arrays),
             "error": None if error is None else (error_code_name(error.code()), error.message()),
-            "parameters": json.loads(response.parameters()),
+            "parameters": json.loads(parameters) if parameters != "{}" else {},
         }
         return entry, arrays
 
@@ -393,10 +389,10 @@ class Stub:
         )
 
     def forward(self, message: dict[str, Any]) -> None:
-        """Send `message` to the server from the main thread: what a `__del__` has to say (it
-        may run on any thread, even one in the middle of a send, where only putting into a
+        """Send `message` to the server from the forwarding thread: what a `__del__` has to say
+        (it may run on any thread, even one in the middle of a send, where only putting into a
         SimpleQueue is safe)."""
-        self._inbox.put({"op": "forward", "message": message})
+        self._forwards.put(message)
 
     def sender_dropped(self, key: int) -> None:
         """A response sender nobody holds any more, its request unfinished."""
@@ -443,6 +439,7 @@ def _describe(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="tritonactor.backends.python.stub")
     parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--answers-fd", type=int, required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--shm-prefix", required=True)
     parser.add_argument("--shm-default-size", type=int, default=0)
@@ -451,8 +448,8 @@ def main(argv: list[str] | None = None) -> None:
     # The model's process, not ours: Triton's stub leaves it [""] (unittest.main() in a model
     # would otherwise parse our options).
     sys.argv = [""]
-    sock = socket.socket(fileno=options.fd)
-    channel = ipc.Channel(sock)
+    channel = ipc.Channel(socket.socket(fileno=options.fd))
+    answers = ipc.Channel(socket.socket(fileno=options.answers_fd))
     # Model code imports the helpers by their Triton name. An alias rather than this folder on
     # sys.path, so that our other modules here cannot shadow a model's own `ipc` or `stub`.
     from tritonactor.backends.python import triton_python_backend_utils as pb_utils
@@ -461,6 +458,7 @@ def main(argv: list[str] | None = None) -> None:
 
     stub = Stub(
         channel,
+        answers,
         options.name,
         options.shm_prefix,
         pb_utils,
@@ -468,7 +466,8 @@ def main(argv: list[str] | None = None) -> None:
         options.shm_growth_size,
     )
     _pb_runtime.stub = stub
-    threading.Thread(target=stub.read_forever, name="stub-reader", daemon=True).start()
+    threading.Thread(target=stub.read_answers, name="stub-answers", daemon=True).start()
+    threading.Thread(target=stub.forward_forever, name="stub-forwarder", daemon=True).start()
     stub.serve()
     sys.stdout.flush()
     sys.stderr.flush()

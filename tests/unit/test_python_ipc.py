@@ -1,0 +1,150 @@
+"""How a python instance talks with its stub process: what crosses the process boundary for a
+batch, how tensors come back (copied out of the reused arena, or views of a file of their own),
+and the stub's exit when the server's side of its sockets closes."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.python_backend_support import Started, outputs, request, tensor
+from tritonactor.backends.python import PythonBackend, PythonInstance, ipc
+from tritonactor.core.types import InferenceRequest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def start() -> Iterator[Started]:
+    started = Started(PythonBackend())
+    yield started
+    started.finalize_all()
+
+
+def add_sub(a: np.ndarray, b: np.ndarray) -> InferenceRequest:
+    return request("add_sub", tensor("INPUT0", a), tensor("INPUT1", b))
+
+
+def count_crossings(instance: PythonInstance) -> dict[str, list[str]]:
+    """Record the op of every message the server sends the stub and reads back from it."""
+    seen: dict[str, list[str]] = {"out": [], "back": []}
+    send, dispatch = instance._stub.channel.send, instance._dispatch
+
+    def counted_send(message: dict[str, Any]) -> None:
+        seen["out"].append(message["op"])
+        send(message)
+
+    def counted_dispatch(message: dict[str, Any]) -> None:
+        seen["back"].append(message["op"])
+        dispatch(message)
+
+    instance._stub.channel.send = counted_send  # type: ignore[method-assign]
+    instance._dispatch = counted_dispatch  # type: ignore[method-assign]
+    return seen
+
+
+def mapped(array: np.ndarray) -> bool:
+    """Whether `array` is a view of a shared-memory mapping (not a copy of it)."""
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, mmap.mmap)
+
+
+@pytest.mark.anyio
+async def test_a_batch_crosses_the_process_boundary_once(start: Started) -> None:
+    instance = start("add_sub")
+    seen = count_crossings(instance)
+    values = [np.full(4, i, dtype=np.float32) for i in range(6)]
+    results = await instance.execute([add_sub(v, v) for v in values])
+    # Six requests: one message to the stub, one back.
+    assert seen == {"out": ["execute"], "back": ["result"]}
+    for value, result in zip(values, results, strict=True):
+        assert outputs(result)["OUTPUT0"].tolist() == (value + value).tolist()
+        assert outputs(result)["OUTPUT1"].tolist() == [0.0] * 4
+
+
+@pytest.mark.anyio
+async def test_small_results_are_copied_out_of_the_arena_large_ones_are_views(
+    start: Started,
+) -> None:
+    instance = start("add_sub")
+    small = np.arange(4, dtype=np.float32)
+    [first] = await instance.execute([add_sub(small, small)])
+    [second] = await instance.execute([add_sub(small + 1, small)])
+    # The arena is reused from batch to batch: the first answer kept its own values.
+    assert outputs(first)["OUTPUT0"].tolist() == (small + small).tolist()
+    assert outputs(second)["OUTPUT0"].tolist() == (small + 1 + small).tolist()
+    assert not mapped(outputs(first)["OUTPUT0"])
+    big = np.arange(1 << 20, dtype=np.float32)  # 4 MiB per tensor: past the arena's limit
+    [result] = await instance.execute([add_sub(big, big)])
+    out = outputs(result)
+    assert mapped(out["OUTPUT0"]) and mapped(out["OUTPUT1"])
+    np.testing.assert_array_equal(out["OUTPUT0"], big + big)
+    np.testing.assert_array_equal(out["OUTPUT1"], np.zeros_like(big))
+
+
+@pytest.mark.anyio
+async def test_stub_exits_and_clears_its_files_when_the_server_side_closes(
+    start: Started,
+) -> None:
+    instance = start("add_sub")
+    ones = np.ones(4, dtype=np.float32)
+    await instance.execute([add_sub(ones, ones)])  # both arenas exist now
+    prefix = instance._stub.shm_prefix
+    assert [f for f in os.listdir(ipc.SHM_DIR) if f.startswith(prefix)]
+    # The stub's main thread is idle, reading its socket: it sees the end and exits.
+    instance._stub.channel.close()
+    instance._stub.answers.close()
+    assert instance._stub.process.wait(60) == 0
+    instance._reader.join(60)
+    assert not [f for f in os.listdir(ipc.SHM_DIR) if f.startswith(prefix)]
+
+
+def test_a_received_request_is_built_like_one_the_model_builds() -> None:
+    """The stub builds the requests execute() receives without the constructor's checks: they
+    must carry the same state as a constructed one, with the server's values."""
+    from tritonactor.backends.python import triton_python_backend_utils as pb_utils
+
+    inputs = [pb_utils.Tensor._wrap("INPUT0", np.arange(3, dtype=np.int32))]
+    entry = {
+        "key": 7,
+        "model_name": "m",
+        "model_version": 2,
+        "id": "r1",
+        "correlation_id": 5,
+        "flags": 1,
+        "parameters": {"a": 1, "b": "x"},
+        "outputs": ["OUT"],
+    }
+    sender = pb_utils.ResponseSender(7, False, frozenset(["OUT"]))
+    trace = pb_utils.InferenceTrace(None, 7)
+    received = pb_utils.InferenceRequest._received(entry, inputs, sender, trace)
+    built = pb_utils.InferenceRequest(
+        model_name="m",
+        inputs=inputs,
+        requested_output_names=["OUT"],
+        model_version=2,
+        request_id="r1",
+        correlation_id=5,
+        flags=1,
+        parameters='{"a":1,"b":"x"}',
+    )
+    assert vars(received).keys() == vars(built).keys()
+    for name in ("inputs", "request_id", "correlation_id", "flags", "timeout", "parameters"):
+        assert getattr(received, name)() == getattr(built, name)(), name
+    assert received.model_name() == "m" and received.model_version() == 2
+    assert received.requested_output_names() == {"OUT"}
+    assert received.get_response_sender() is sender and received.trace() is trace
+    assert received.inputs()[0].as_numpy().tolist() == [0, 1, 2]
+    # No parameters: "{}", as Triton's server writes them.
+    empty = pb_utils.InferenceRequest._received({**entry, "parameters": {}}, [], sender, trace)
+    assert empty.parameters() == "{}"
