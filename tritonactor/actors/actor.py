@@ -18,8 +18,8 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from tritonactor.actors.mailbox import Mailbox, MailboxClosed
 from tritonactor.actors.reply import Reply
 
 log = logging.getLogger(__name__)
@@ -43,32 +43,26 @@ class ChildFailed:
 class ActorRef(Generic[M]):
     """The only handle other code has on an actor: send it messages, ask it, stop it."""
 
-    __slots__ = ("_actor", "_send", "name")
+    __slots__ = ("_actor", "_mailbox", "name")
 
-    def __init__(self, actor: Actor[M], send: MemoryObjectSendStream[M]) -> None:
+    def __init__(self, actor: Actor[M], mailbox: Mailbox[M]) -> None:
         self._actor = actor
-        self._send = send
+        self._mailbox = mailbox
         self.name = actor.name
 
     async def tell(self, message: M) -> None:
         """Queue a message, waiting while the mailbox is full."""
         try:
-            # The common case, a mailbox with room, skips the checkpoint `send` always makes:
-            # on the request path that scheduling round trip is most of a hop's cost.
-            self._send.send_nowait(message)
-        except anyio.WouldBlock:
-            try:
-                await self._send.send(message)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                raise ActorStopped(f"actor '{self.name}' is not running") from None
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            # The common case, a mailbox with room, queues it without yielding to the loop.
+            await self._mailbox.put(message)
+        except MailboxClosed:
             raise ActorStopped(f"actor '{self.name}' is not running") from None
 
     def tell_nowait(self, message: M) -> None:
         """Queue a message now; `anyio.WouldBlock` when the mailbox is full."""
         try:
-            self._send.send_nowait(message)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._mailbox.put_nowait(message)
+        except MailboxClosed:
             raise ActorStopped(f"actor '{self.name}' is not running") from None
 
     async def ask(self, make: Callable[[Reply[R]], M]) -> R:
@@ -79,7 +73,7 @@ class ActorRef(Generic[M]):
 
     def stop(self) -> None:
         """Close the mailbox: the actor handles what is already queued, then stops."""
-        self._send.close()
+        self._mailbox.close()
 
     async def join(self) -> None:
         """Wait until the actor has stopped (its `stopped` hook done); at once if it never ran."""
@@ -89,7 +83,7 @@ class ActorRef(Generic[M]):
 
     @property
     def mailbox_depth(self) -> int:
-        return self._send.statistics().current_buffer_used
+        return len(self._mailbox)
 
     @property
     def running(self) -> bool:
@@ -111,9 +105,8 @@ class Actor(ABC, Generic[M]):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        send, receive = anyio.create_memory_object_stream[M](self.mailbox_size)
-        self._receive: MemoryObjectReceiveStream[M] = receive
-        self.ref: ActorRef[M] = ActorRef(self, send)
+        self._receive: Mailbox[M] = Mailbox(self.mailbox_size)
+        self.ref: ActorRef[M] = ActorRef(self, self._receive)
         self.parent: ActorRef[Any] | None = None
         self.running = False
         self._children: list[ActorRef[Any]] = []
@@ -238,10 +231,10 @@ class Actor(ABC, Generic[M]):
         self._current = None
         while True:
             try:
-                pending.append(self._receive.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                pending.append(self._receive.get_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
                 break
-        self._receive.close()
+        self._receive.leave()
         for message in pending:
             reply = getattr(message, "reply", None)
             if isinstance(reply, Reply):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Generic, TypeVar
-
-import anyio
 
 log = logging.getLogger(__name__)
 
@@ -16,10 +15,12 @@ T = TypeVar("T")
 class Reply(Generic[T]):
     """Set once, with a value or an error; awaited by whoever asked."""
 
-    __slots__ = ("_callbacks", "_done", "_error", "_event", "_value")
+    __slots__ = ("_callbacks", "_done", "_error", "_value", "_waiters")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        # One future per waiting task, made only when someone waits before the answer (a
+        # cancelled waiter cancels its own future, never another's).
+        self._waiters: list[asyncio.Future[None]] | None = None
         self._done = False
         self._value: T | None = None
         self._error: BaseException | None = None
@@ -63,7 +64,11 @@ class Reply(Generic[T]):
         return self._value  # type: ignore[return-value]
 
     def _finish(self) -> None:
-        self._event.set()
+        waiters, self._waiters = self._waiters, None
+        if waiters is not None:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             # A callback runs inside whichever actor answered: its failure is the caller's
@@ -74,7 +79,17 @@ class Reply(Generic[T]):
                 log.exception("a reply callback failed")
 
     async def wait(self) -> T:
-        await self._event.wait()
+        if not self._done:
+            waiter = asyncio.get_running_loop().create_future()
+            if self._waiters is None:
+                self._waiters = [waiter]
+            else:
+                self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if self._waiters is not None and waiter in self._waiters:
+                    self._waiters.remove(waiter)
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]

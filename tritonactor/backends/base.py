@@ -3,7 +3,8 @@
     backend init -> model init -> instance init -> execute(requests)... -> finalize
 
 A backend is found by name in the registry. Every method may block: the instance actor calls
-them off the event loop (a backend whose `execute` is `async def` is awaited on the loop instead).
+them off the event loop (a backend whose `execute` is `async def` is awaited on the loop instead,
+and one that sets `BackendInstance.may_run_on_loop` has its short executes run on the loop).
 """
 
 from __future__ import annotations
@@ -178,6 +179,12 @@ Result = InferenceResponse | TritonError | Reschedule | Deferred | None
 
 class BackendInstance(ABC):
     """One execution context (an ONNX session, a python process…). Executes one batch at a time."""
+
+    #: Whether a short `execute` may run on the event loop itself: one that only computes (it
+    #: never waits on another thread, process or request). The instance actor then runs a batch
+    #: there when the previous one took less than a hop to the worker thread costs, and a small
+    #: batch's inputs; else on the instance's worker thread.
+    may_run_on_loop: bool = False
 
     @abstractmethod
     def execute(self, requests: list[InferenceRequest]) -> list[Result]:

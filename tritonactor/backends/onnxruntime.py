@@ -573,6 +573,8 @@ class _OutputPlan:
 class OnnxRuntimeInstance(BackendInstance):
     """One onnxruntime session. The caller runs one `execute` at a time on it."""
 
+    may_run_on_loop = True  # a tiny graph runs in less than the thread hop costs
+
     def __init__(
         self, context: ModelContext, session: ort.InferenceSession, signature: _Signature
     ) -> None:

@@ -536,6 +536,8 @@ class PyTorchModel(BackendModel):
 class PyTorchInstance(BackendInstance):
     """One TorchScript module on one device. The caller runs one `execute` at a time on it."""
 
+    may_run_on_loop = True  # a tiny module runs in less than the thread hop costs
+
     def __init__(
         self,
         context: ModelContext,

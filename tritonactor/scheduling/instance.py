@@ -1,4 +1,6 @@
-"""The instance actor: one `instance_group` instance, executing one batch at a time off the loop.
+"""The instance actor: one `instance_group` instance, executing one batch at a time off the loop
+(on its worker thread; a backend that allows it runs a batch on the loop itself when its last
+execute was shorter than the hop to the thread, see ON_LOOP_NS).
 
 Most requests are answered when their execute returns. Two kinds are not: a request the model
 released with Triton's RESCHEDULE flag goes back to the scheduler (`Rescheduled`), and one whose
@@ -35,6 +37,14 @@ from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
 
 log = logging.getLogger(__name__)
 
+# A backend that may run on the event loop (`BackendInstance.may_run_on_loop`) runs a batch there
+# when its previous execute took less than ON_LOOP_NS and the batch's inputs are at most
+# ON_LOOP_BYTES, or twice those of the previous batch when it was larger: the hop to the worker
+# thread and back costs the loop about as much CPU (measured: 100-120 us, bench/request_path.py)
+# as such an execute. A batch that takes longer sends the next one back to the worker thread.
+ON_LOOP_NS = 100_000
+ON_LOOP_BYTES = 64 * 1024
+
 
 class InstanceActor(Actor[Execute]):
     mailbox_size = 4  # the scheduler sends a batch only to an idle instance
@@ -51,6 +61,11 @@ class InstanceActor(Actor[Execute]):
         self._scheduler = scheduler
         self._statistics = statistics
         self._is_async = inspect.iscoroutinefunction(backend.execute)
+        self._may_run_on_loop = backend.may_run_on_loop and not self._is_async
+        # The input bytes the next batch may have to run on the loop: those of the last execute
+        # when it was short enough (0: it was not); the first runs on the worker thread, and
+        # every one is timed again.
+        self._short_bytes = 0
         # One thread of its own: the backend runs one batch at a time, off the event loop.
         self._worker = WorkerThread(name)
 
@@ -71,9 +86,16 @@ class InstanceActor(Actor[Execute]):
                 results = await self._backend.execute(requests)  # type: ignore[misc]
                 backend_finished = perf_counter_ns()
             else:
-                results, backend_started, backend_finished = await self._worker.run(
-                    self._timed_execute, requests
-                )
+                size = _input_bytes(requests) if self._may_run_on_loop else 0
+                if size and size <= self._short_bytes:
+                    results, backend_started, backend_finished = self._timed_execute(requests)
+                else:
+                    results, backend_started, backend_finished = await self._worker.run(
+                        self._timed_execute, requests
+                    )
+                if self._may_run_on_loop:
+                    short = backend_finished - backend_started < ON_LOOP_NS
+                    self._short_bytes = max(ON_LOOP_BYTES, 2 * size) if short else 0
             if len(results) != len(requests):
                 raise internal(
                     f"instance '{self.name}' returned {len(results)} responses "
@@ -170,6 +192,15 @@ class InstanceActor(Actor[Execute]):
             await self._worker.run(self._backend.finalize)
         finally:
             self._worker.close()
+
+
+def _input_bytes(requests: list[InferenceRequest]) -> int:
+    """The bytes of the batch's inputs (at least 1)."""
+    size = 1
+    for request in requests:
+        for tensor in request.inputs:
+            size += getattr(tensor.data, "nbytes", ON_LOOP_BYTES)
+    return size
 
 
 def _answer(

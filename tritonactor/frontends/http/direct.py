@@ -1,0 +1,56 @@
+"""The direct route for inference: `POST /v2/models/{model}[/versions/{version}]/infer` is
+answered before starlette's middleware and routing, which cost a request a few hundred
+microseconds of matching, wrapping and building (bench/request_path.py). Everything else goes
+through starlette as before; the endpoint, its restrictions and its errors are the same as
+through the routes (the app sets `infer`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+# Answers one infer request: handles it and sends the response, errors included.
+Answer = Callable[[Request, Send], Awaitable[None]]
+
+
+class HttpApp(Starlette):
+    """The starlette app, with its infer route served directly once `infer` is set."""
+
+    infer: Answer | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        infer = self.infer
+        if (
+            infer is not None
+            and scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not self.user_middleware  # middleware added to the app sees every request
+        ):
+            params = infer_path(scope["path"]) if not scope.get("root_path") else None
+            if params is not None:
+                scope["app"] = self
+                scope["path_params"] = params
+                await infer(Request(scope, receive, send), send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def infer_path(path: str) -> dict[str, Any] | None:
+    """The path parameters of `/v2/models/{model}[/versions/{version:int}]/infer`, as starlette's
+    routes would give them; None for another path."""
+    if not path.startswith("/v2/models/") or not path.endswith("/infer"):
+        return None
+    parts = path[11:-6].split("/")
+    if len(parts) == 1 and parts[0]:
+        return {"model": parts[0]}
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and _DIGITS.fullmatch(parts[2]):
+        return {"model": parts[0], "version": int(parts[2])}
+    return None
+
+
+_DIGITS = re.compile("[0-9]+")
