@@ -8,6 +8,9 @@ An input may instead name a shared-memory region (`shared_memory_region`, `_offs
 `_byte_size` parameters, typed as in Triton: string and int64); `raw_input_contents` then holds
 entries for the other inputs only, in order. An output may name a region to be written into; its
 entry in `raw_output_contents` is then empty.
+
+The messages are protobuf's own (`tritonactor._proto_c`, upb), parsed and serialized in C, with
+the tensor data kept out of them (wire.py).
 """
 
 from __future__ import annotations
@@ -18,12 +21,9 @@ from typing import Any
 import betterproto2
 import numpy as np
 
-from tritonactor._proto.inference import (
-    InferParameter,
+from tritonactor._proto_c.grpc_service_pb2 import (
     ModelInferRequest,
-    ModelInferRequestInferInputTensor,
     ModelInferResponse,
-    ModelInferResponseInferOutputTensor,
 )
 from tritonactor.core.datatypes import (
     is_datatype,
@@ -41,6 +41,7 @@ from tritonactor.core.types import (
     Tensor,
 )
 from tritonactor.frontends.classification import classify
+from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.memory.lease import Reader, Reserver
 
 # The typed `contents` field that carries each data type.
@@ -64,34 +65,50 @@ _INT64_MAX = 2**63 - 1
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
-def decode_parameters(parameters: dict[str, InferParameter]) -> Parameters:
+# A map<string, InferParameter> field of a message.
+ParameterMap = Any
+
+
+def decode_parameters(parameters: ParameterMap) -> Parameters:
     decoded: Parameters = {}
     for key, parameter in parameters.items():
-        _, value = betterproto2.which_one_of(parameter, "parameter_choice")
-        if value is not None:
-            decoded[key] = value
+        field = parameter.WhichOneof("parameter_choice")
+        if field is not None:
+            decoded[key] = getattr(parameter, field)
     return decoded
 
 
-def encode_parameters(parameters: Parameters) -> dict[str, InferParameter]:
-    encoded: dict[str, InferParameter] = {}
+def encode_parameters(parameters: Parameters, into: ParameterMap) -> None:
+    """Write `parameters` into the map field `into` of a message."""
     for key, value in parameters.items():
+        entry = into[key]
         if isinstance(value, bool):
-            encoded[key] = InferParameter(bool_param=value)
+            entry.bool_param = value
         elif isinstance(value, int):
             if value > _INT64_MAX:
-                encoded[key] = InferParameter(uint64_param=value)
+                entry.uint64_param = value
             else:
-                encoded[key] = InferParameter(int64_param=value)
+                entry.int64_param = value
         elif isinstance(value, float):
-            encoded[key] = InferParameter(double_param=value)
+            entry.double_param = value
         else:
-            encoded[key] = InferParameter(string_param=str(value))
-    return encoded
+            entry.string_param = str(value)
+
+
+def request_message(message: Any) -> InferRequestMessage:
+    """`message` as the server reads a ModelInferRequest: as it comes from the wire, or from
+    protobuf's or betterproto2's `ModelInferRequest` (through its wire bytes)."""
+    if isinstance(message, InferRequestMessage):
+        return message
+    if isinstance(message, ModelInferRequest):
+        return InferRequestMessage(message, [memoryview(r) for r in message.raw_input_contents])
+    if isinstance(message, betterproto2.Message):
+        return InferRequestMessage.FromString(bytes(message))
+    raise TypeError(f"expected a ModelInferRequest, got {type(message).__name__}")
 
 
 def decode_infer_request(
-    message: ModelInferRequest,
+    message: InferRequestMessage | ModelInferRequest | betterproto2.Message,
     *,
     shared_memory: Reader | None = None,
     shared_memory_outputs: Reserver | None = None,
@@ -99,72 +116,78 @@ def decode_infer_request(
     """The request `message` carries. `shared_memory` reads inputs that name a shared-memory
     region, `shared_memory_outputs` takes note of outputs to be written into one; without
     them such tensors are refused."""
+    wire = request_message(message)
+    message = wire.message
     context = RequestContext(message.model_name, message.id)
     prefix, model = context.prefix, context.model
-    raw = message.raw_input_contents
+    raw = wire.raw
+    raw_count = len(raw)
+    tensors = message.inputs
     seen: set[str] = set()
-    # Input index -> its bytes: a shared-memory region's, or its raw_input_contents entry.
-    buffers: dict[int, bytes | memoryview] = {}
+    # Per input: its name, datatype, shape and bytes (a shared-memory region's, or its
+    # raw_input_contents entry; None when it comes in its typed contents).
+    found: list[tuple[str, str, tuple[int, ...], memoryview | None]] = []
     next_raw = 0
-    for index, tensor in enumerate(message.inputs):
-        if tensor.name in seen:
-            raise invalid_arg(f"{prefix}input '{tensor.name}' already exists in request")
-        seen.add(tensor.name)
-        if not is_datatype(tensor.datatype):
-            raise invalid_arg(f"invalid datatype for input {tensor.name}")
-        if any(dim < 0 for dim in tensor.shape):
+    for tensor in tensors:
+        name = tensor.name
+        datatype = tensor.datatype
+        shape = tuple(tensor.shape)
+        if name in seen:
+            raise invalid_arg(f"{prefix}input '{name}' already exists in request")
+        seen.add(name)
+        if not is_datatype(datatype):
+            raise invalid_arg(f"invalid datatype for input {name}")
+        if any(dim < 0 for dim in shape):
             raise invalid_arg(
-                f"{prefix}input '{tensor.name}' for model '{model}' has a negative dimension "
-                f"in shape {list(tensor.shape)}"
+                f"{prefix}input '{name}' for model '{model}' has a negative dimension "
+                f"in shape {list(shape)}"
             )
-        place = shared_memory_place(tensor.name, tensor.parameters)
+        place = shared_memory_place(name, tensor.parameters)
+        buffer: memoryview | None = None
         if place is not None:
             if _has_contents(tensor):
                 raise invalid_arg(
                     f"unexpected 'content' provided when using shared memory for input tensor "
-                    f"'{tensor.name}' for model '{model}'"
+                    f"'{name}' for model '{model}'"
                 )
             if shared_memory is None:
                 raise invalid_arg(
-                    f"input '{tensor.name}' uses shared memory, which this endpoint cannot read"
+                    f"input '{name}' uses shared memory, which this endpoint cannot read"
                 )
-            buffers[index] = shared_memory(*place)
-        elif raw:
+            buffer = memoryview(shared_memory(*place))
+        elif raw_count:
             if _has_contents(tensor):
                 raise invalid_arg(
                     f"contents field must not be specified when using raw_input_contents for "
-                    f"'{tensor.name}' for model '{model}'"
+                    f"'{name}' for model '{model}'"
                 )
             # As in Triton, raw_input_contents has entries for the inputs not in shared memory.
-            if next_raw >= len(raw):
+            if next_raw >= raw_count:
                 raise invalid_arg(
-                    f"unable to find data for input tensor '{tensor.name}' for model "
-                    f"'{model}' in request."
+                    f"unable to find data for input tensor '{name}' for model '{model}' in request."
                 )
-            buffers[index] = memoryview(raw[next_raw])
+            buffer = raw[next_raw]
             next_raw += 1
-    if len(raw) > len(message.inputs):
+        found.append((name, datatype, shape, buffer))
+    if raw_count > len(found):
         raise invalid_arg(
-            f"{prefix}raw_input_contents holds {len(raw)} entries for {len(message.inputs)} "
+            f"{prefix}raw_input_contents holds {raw_count} entries for {len(found)} "
             f"inputs of model '{model}'"
         )
     # As Triton does, the data are held against their shapes last input first: a request with
     # several bad inputs is told about its last.
     inputs: list[Tensor] = []
-    for index in reversed(range(len(message.inputs))):
-        tensor = message.inputs[index]
-        shape = tuple(tensor.shape)
-        buffer = buffers.get(index)
+    for index in reversed(range(len(found))):
+        name, datatype, shape, buffer = found[index]
+        tensor = tensors[index]
         if buffer is not None:
-            data = array_from_bytes(
-                context, tensor.name, tensor.datatype, shape, memoryview(buffer)
-            )
+            data = array_from_bytes(context, name, datatype, shape, buffer)
         else:
             data = _array_from_contents(tensor, shape, prefix, model)
         parameters = decode_parameters(tensor.parameters)
         for key in SHARED_MEMORY_KEYS:
             parameters.pop(key, None)
-        inputs.append(Tensor(tensor.name, tensor.datatype, shape, data, parameters))
+        inputs.append(Tensor(name, datatype, shape, data, parameters))
     inputs.reverse()
     outputs = []
     for output in message.outputs:
@@ -207,21 +230,18 @@ def decode_infer_request(
 SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 
 
-def shared_memory_place(
-    name: str, parameters: dict[str, InferParameter]
-) -> tuple[str, int, int] | None:
+def shared_memory_place(name: str, parameters: ParameterMap) -> tuple[str, int, int] | None:
     """(region, offset, byte size) when tensor `name`'s parameters name a shared-memory region,
     with Triton's checks and messages: the region a string_param, offset and byte size
     int64_params (a negative one wraps around, out of bounds), the byte size required."""
     region = parameters.get("shared_memory_region")
     if region is not None:
-        field, value = betterproto2.which_one_of(region, "parameter_choice")
-        if field != "string_param":
+        if region.WhichOneof("parameter_choice") != "string_param":
             raise invalid_arg(
                 f"invalid value type for 'shared_memory_region' parameter for tensor '{name}', "
                 "expected string_param."
             )
-        region_name: str = value
+        region_name: str = region.string_param
     offset = _int64_parameter(name, parameters, "shared_memory_offset", region is not None)
     size = _int64_parameter(name, parameters, "shared_memory_byte_size", region is not None)
     if region is None:
@@ -234,9 +254,7 @@ def shared_memory_place(
     return region_name, offset or 0, size
 
 
-def _int64_parameter(
-    name: str, parameters: dict[str, InferParameter], key: str, has_region: bool
-) -> int | None:
+def _int64_parameter(name: str, parameters: ParameterMap, key: str, has_region: bool) -> int | None:
     parameter = parameters.get(key)
     if parameter is None:
         return None
@@ -245,23 +263,25 @@ def _int64_parameter(
             f"'{key}' can not be specified without 'shared_memory_region' parameter for tensor "
             f"'{name}'"
         )
-    field, value = betterproto2.which_one_of(parameter, "parameter_choice")
-    if field != "int64_param":
+    if parameter.WhichOneof("parameter_choice") != "int64_param":
         raise invalid_arg(
             f"invalid value type for '{key}' parameter for tensor '{name}', expected int64_param."
         )
-    return int(value)
+    return int(parameter.int64_param)
 
 
-def _has_contents(tensor: ModelInferRequestInferInputTensor) -> bool:
+_CONTENTS_FIELDS = frozenset(CONTENTS_FIELD.values())
+
+
+def _has_contents(tensor: ModelInferRequest.InferInputTensor) -> bool:
+    if not tensor.HasField("contents"):
+        return False
     contents = tensor.contents
-    return contents is not None and any(
-        getattr(contents, field) for field in set(CONTENTS_FIELD.values())
-    )
+    return any(getattr(contents, field) for field in _CONTENTS_FIELDS)
 
 
 def _array_from_contents(
-    tensor: ModelInferRequestInferInputTensor, shape: tuple[int, ...], prefix: str, model: str
+    tensor: ModelInferRequest.InferInputTensor, shape: tuple[int, ...], prefix: str, model: str
 ) -> np.ndarray:
     field = CONTENTS_FIELD.get(tensor.datatype)
     if field is None:
@@ -269,7 +289,7 @@ def _array_from_contents(
             f"{prefix}input '{tensor.name}' for model '{model}': {tensor.datatype} data must be "
             "sent in raw_input_contents; the typed contents have no field for it"
         )
-    values: list[Any] = getattr(tensor.contents, field) if tensor.contents is not None else []
+    values: list[Any] = list(getattr(tensor.contents, field))
     count = num_elements(shape)
     if len(values) != count:
         if tensor.datatype == "BYTES":
@@ -295,7 +315,7 @@ def _array_from_contents(
         ) from None
 
 
-def _typed_array(values: list[Any], dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _typed_array(values: list[Any], dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
     if dtype.kind in "iu":
         # The wire fields are wider than INT8/INT16/UINT8/UINT16: values must fit the type.
         wide = np.array(values, dtype=np.int64 if dtype.kind == "i" else np.uint64)
@@ -311,31 +331,25 @@ def encode_infer_response(
     *,
     request: InferenceRequest,
     in_shared_memory: Collection[str] = (),
-) -> ModelInferResponse:
+) -> InferResponseMessage:
     """The response message; the outputs named in `in_shared_memory` were written into the
     client's shared memory: their `raw_output_contents` entries are empty, as in Triton.
     `request` (the one answered) says which outputs to classify."""
     response = classify(response, request)
-    outputs: list[ModelInferResponseInferOutputTensor] = []
-    raw: list[bytes] = []
+    message = ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    if response.parameters:
+        encode_parameters(response.parameters, message.parameters)
+    outputs = message.outputs
+    raw: list[Any] = []
     for tensor in response.outputs:
-        outputs.append(
-            ModelInferResponseInferOutputTensor(
-                name=tensor.name,
-                datatype=tensor.datatype,
-                shape=list(tensor.shape),
-                parameters=encode_parameters(tensor.parameters),
-            )
-        )
+        output = outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        if tensor.parameters:
+            encode_parameters(tensor.parameters, output.parameters)
         if tensor.name in in_shared_memory:
             raw.append(b"")
             continue
-        raw.append(bytes(tensor_to_bytes(tensor.datatype, np.asarray(tensor.data))))
-    return ModelInferResponse(
-        model_name=response.model_name,
-        model_version=response.model_version,
-        id=response.id,
-        parameters=encode_parameters(response.parameters),
-        outputs=outputs,
-        raw_output_contents=raw,
-    )
+        # A view of the data (bytes for BYTES): copied once, into the reply.
+        raw.append(tensor_to_bytes(tensor.datatype, np.asarray(tensor.data)))
+    return InferResponseMessage(message, raw)

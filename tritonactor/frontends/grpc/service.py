@@ -43,6 +43,11 @@ from tritonactor.frontends.grpc.stream import (
     text_metadata,
     write_answers,
 )
+from tritonactor.frontends.grpc.wire import (
+    InferRequestMessage,
+    InferResponseMessage,
+    StreamInferResponse,
+)
 from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.memory import lease as shared_memory
 from tritonactor.memory.lease import Lease
@@ -97,16 +102,16 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         mapping[MODEL_INFER] = grpclib.const.Handler(
             self._model_infer,
             grpclib.const.Cardinality.UNARY_UNARY,
-            pb.ModelInferRequest,
-            pb.ModelInferResponse,
+            InferRequestMessage,  # parsed and serialized by protobuf's C runtime (upb)
+            InferResponseMessage,
         )
         # Streaming is served by our own handler on the raw grpclib stream: it reads requests
         # and writes responses as they complete, without an async generator in between.
         mapping[STREAM_INFER] = grpclib.const.Handler(
             self._model_stream_infer,
             grpclib.const.Cardinality.STREAM_STREAM,
-            pb.ModelInferRequest,
-            pb.ModelStreamInferResponse,
+            InferRequestMessage,
+            StreamInferResponse,
         )
         return guard(mapping, self._server.settings.grpc_restricted_protocol)
 
@@ -163,7 +168,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         return pb.ModelConfigResponse(config=handle.config)
 
     async def _model_infer(
-        self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelInferResponse]
+        self, stream: grpclib.server.Stream[InferRequestMessage, InferResponseMessage]
     ) -> None:
         message = await stream.recv_message()
         assert message is not None
@@ -190,10 +195,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     @translate_errors
     async def model_infer(
         self,
-        message: pb.ModelInferRequest,
+        message: InferRequestMessage,
         trace: RequestTrace | None = None,
         metadata: Any = None,
-    ) -> pb.ModelInferResponse:
+    ) -> InferResponseMessage:
         # The shared-memory regions the request reads and writes: held until it is answered.
         lease = Lease(self._server.shared_memory)
         try:
@@ -224,13 +229,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         finally:
             lease.release()
 
-    def _decode(self, message: pb.ModelInferRequest, lease: Lease) -> InferenceRequest:
+    def _decode(self, message: InferRequestMessage, lease: Lease) -> InferenceRequest:
         return decode_infer_request(
             message, shared_memory=lease.read, shared_memory_outputs=lease.reserve
         )
 
     async def _model_stream_infer(
-        self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
+        self, stream: grpclib.server.Stream[InferRequestMessage, StreamInferResponse]
     ) -> None:
         send, receive = anyio.create_memory_object_stream[Answer](math.inf)
         pending = Pending(send, STREAM_WINDOW)
@@ -251,7 +256,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             # The stream is over: requests still in the server answer nobody any more.
             pending.cancel_all()
 
-    async def _load_lazily(self, message: pb.ModelInferRequest, pending: Pending) -> bool:
+    async def _load_lazily(self, message: InferRequestMessage, pending: Pending) -> bool:
         try:
             await self._router.ensure_loaded(message.model_name)
         except TritonError as error:
@@ -260,7 +265,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         return True
 
     async def _submit_streamed(
-        self, message: pb.ModelInferRequest, pending: Pending, metadata: Any = None
+        self, message: InferRequestMessage, pending: Pending, metadata: Any = None
     ) -> None:
         tracing = self._server.tracing
         trace = None
@@ -314,7 +319,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def model_statistics(
         self, message: pb.ModelStatisticsRequest
     ) -> pb.ModelStatisticsResponse:
-        handles = self._router.select(message.name, message.version)
+        handles = await self._server.statistics(message.name, message.version)
         return pb.ModelStatisticsResponse(model_stats=[_model_statistics(h) for h in handles])
 
     @translate_errors
@@ -373,7 +378,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def system_shared_memory_register(
         self, message: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self._server.shared_memory.register_system(
+        await self._server.register_system_memory(
             message.name, message.key, message.offset, message.byte_size
         )
         return pb.SystemSharedMemoryRegisterResponse()
@@ -382,7 +387,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def system_shared_memory_unregister(
         self, message: pb.SystemSharedMemoryUnregisterRequest
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self._server.shared_memory.unregister(Kind.SYSTEM, message.name)
+        await self._server.unregister_memory(Kind.SYSTEM, message.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @translate_errors
@@ -401,12 +406,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def cuda_shared_memory_register(
         self, message: pb.CudaSharedMemoryRegisterRequest
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        await anyio.to_thread.run_sync(  # loading the CUDA runtime takes seconds
-            self._server.shared_memory.register_cuda,
-            message.name,
-            message.raw_handle,
-            message.device_id,
-            message.byte_size,
+        await self._server.register_cuda_memory(
+            message.name, message.raw_handle, message.device_id, message.byte_size
         )
         return pb.CudaSharedMemoryRegisterResponse()
 
@@ -414,14 +415,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def cuda_shared_memory_unregister(
         self, message: pb.CudaSharedMemoryUnregisterRequest
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        self._server.shared_memory.unregister(Kind.CUDA, message.name)
+        await self._server.unregister_memory(Kind.CUDA, message.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     @translate_errors
     async def trace_setting(self, message: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         # As in Triton, the RPC always answers with the settings in force, after any change.
         changes = from_grpc({name: value.value for name, value in message.settings.items()})
-        settings = self._server.trace_setting(message.model_name, changes)
+        settings = await self._server.trace_extension(message.model_name, changes)
         return pb.TraceSettingResponse(
             settings={
                 name: pb.TraceSettingResponseSettingValue(
@@ -433,9 +434,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     @translate_errors
     async def log_settings(self, message: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
-        return log_settings.settings_to_grpc(
-            log_settings.update(log_settings.settings_from_grpc(message))
-        )
+        changes = log_settings.settings_from_grpc(message)
+        return log_settings.settings_to_grpc(await self._server.log_settings(changes))
 
 
 def _model_statistics(handle: ModelHandle) -> pb.ModelStatistics:

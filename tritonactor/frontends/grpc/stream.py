@@ -17,16 +17,13 @@ import anyio.to_thread
 import grpclib.server
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from tritonactor._proto import inference as pb
+from tritonactor._proto_c.grpc_service_pb2 import ModelInferResponse
 from tritonactor.actors import ActorStopped, Reply
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
-from tritonactor.frontends.grpc.codec import (
-    ENABLE_EMPTY_FINAL,
-    encode_infer_response,
-    encode_parameters,
-)
+from tritonactor.frontends.grpc.codec import ENABLE_EMPTY_FINAL, encode_infer_response
 from tritonactor.frontends.grpc.status import grpc_error
+from tritonactor.frontends.grpc.wire import InferResponseMessage, StreamInferResponse
 from tritonactor.memory import lease as shared_memory
 from tritonactor.scheduling.caching import STORING
 
@@ -39,7 +36,7 @@ GRPC_ERROR_MODE = "triton_grpc_error"
 
 
 async def write_answers(
-    stream: grpclib.server.Stream[Any, pb.ModelStreamInferResponse],
+    stream: grpclib.server.Stream[Any, StreamInferResponse],
     answers: MemoryObjectReceiveStream[Answer],
     error_ends_stream: bool,
 ) -> None:
@@ -127,20 +124,13 @@ def decoupled_answer(
             answer = model_error(request, error, final)
         elif response is not None:
             written = shared_memory.write_outputs(request, response)
-            answer = pb.ModelStreamInferResponse(
-                infer_response=_marked(
-                    encode_infer_response(response, in_shared_memory=written, request=request),
-                    final,
-                )
-            )
+            encoded = encode_infer_response(response, in_shared_memory=written, request=request)
+            _mark(encoded.message, final)
+            answer = StreamInferResponse(infer_response=encoded).freeze()
         elif final and flagged:
-            answer = pb.ModelStreamInferResponse(
-                infer_response=pb.ModelInferResponse(
-                    model_name=request.model_name,
-                    id=request.id,
-                    parameters=encode_parameters({FINAL_RESPONSE: True}),
-                )
-            )
+            message = ModelInferResponse(model_name=request.model_name, id=request.id)
+            _mark(message, True)
+            answer = StreamInferResponse(infer_response=InferResponseMessage(message, []))
     except TritonError as writing:  # an output larger than its shared-memory region
         answer = model_error(request, writing, final)
         failure = writing
@@ -172,44 +162,32 @@ class StreamError:
     the stream."""
 
     error: TritonError
-    response: pb.ModelStreamInferResponse
+    response: StreamInferResponse
     from_model: bool = True
 
 
 # What a stream's writer sends: a response, or a failure it turns into one (or into the end).
-Answer = pb.ModelStreamInferResponse | StreamError
+Answer = StreamInferResponse | StreamError
 
 
 def refusal(request_id: str, error: TritonError) -> StreamError:
     """`error` as the answer of request `request_id`, refused before it reached its model: an
     error message in the stream in both modes, as in Triton 2.51, with the request's id (so that
     the client can tell which request failed) and nothing else."""
-    return StreamError(
-        error,
-        pb.ModelStreamInferResponse(
-            error_message=error.message, infer_response=pb.ModelInferResponse(id=request_id)
-        ),
-        from_model=False,
-    )
+    message = InferResponseMessage(ModelInferResponse(id=request_id), [])
+    return StreamError(error, StreamInferResponse(error.message, message), from_model=False)
 
 
 def model_error(request: InferenceRequest, error: TritonError, final: bool) -> StreamError:
     """`error` as an answer of `request` once it reached its model: as Triton does for a failed
     response, the request's id, model name and version (as the client gave them) and whether it
     is the last answer ride along."""
-    return StreamError(
-        error,
-        pb.ModelStreamInferResponse(
-            error_message=error.message,
-            infer_response=pb.ModelInferResponse(
-                id=request.id,
-                model_name=request.model_name,
-                model_version=request.model_version,
-                parameters=encode_parameters({FINAL_RESPONSE: final}),
-            ),
-        ),
-        from_model=True,
+    message = ModelInferResponse(
+        id=request.id, model_name=request.model_name, model_version=request.model_version
     )
+    _mark(message, final)
+    answer = StreamInferResponse(error.message, InferResponseMessage(message, []))
+    return StreamError(error, answer, from_model=True)
 
 
 def text_metadata(metadata: Any) -> list[tuple[str, str]]:
@@ -271,11 +249,11 @@ async def _answer_off_loop(
     _answer(request, pending, reply, write)
 
 
-def _marked(message: pb.ModelInferResponse, final: bool) -> pb.ModelInferResponse:
-    """`message` saying whether it is its request's last answer, as Triton marks every stream
-    answer (on the message: the response itself may be shared, e.g. by the response cache)."""
-    message.parameters[FINAL_RESPONSE] = pb.InferParameter(bool_param=final)
-    return message
+def _mark(message: ModelInferResponse, final: bool) -> None:
+    """Mark `message` with whether it is its request's last answer, as Triton marks every
+    stream answer (on the message: the response itself may be shared, e.g. by the response
+    cache)."""
+    message.parameters[FINAL_RESPONSE].bool_param = final
 
 
 def _answer(
@@ -288,11 +266,9 @@ def _answer(
     try:
         response = reply.result()
         written = write(request, response)
-        answer: Answer = pb.ModelStreamInferResponse(
-            infer_response=_marked(  # the one response is the last
-                encode_infer_response(response, in_shared_memory=written, request=request), True
-            )
-        )
+        encoded = encode_infer_response(response, in_shared_memory=written, request=request)
+        _mark(encoded.message, True)  # the one response is the last
+        answer: Answer = StreamInferResponse(infer_response=encoded).freeze()
     except TritonError as error:
         failure = error
         answer = model_error(request, error, True)
