@@ -56,6 +56,7 @@ EXPOSE 8000 8001 8002
 # the settings give. A long start period: a large repository takes a while to load.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/v2/health/live' % os.environ.get('TRITONACTOR_HTTP_PORT', '8000'), timeout=2)"]
-# `serve` execs hypercorn, so hypercorn is PID 1's child under --init (or PID 1 without it) and
-# receives the runtime's SIGTERM directly.
+# `serve` starts the engine, then execs the ASGI server (uvicorn), which is PID 1's child under
+# --init (or PID 1 without it) and receives the runtime's SIGTERM directly; the engine is
+# told to stop when that process ends.
 ENTRYPOINT ["tritonactor", "serve"]

@@ -93,6 +93,10 @@ def start_server(
                 "tritonactor.app:app",
                 "--bind",
                 f"127.0.0.1:{http_port}",
+                # TA_TEST_WORKERS=2 runs every such test against front-end processes in front
+                # of one engine process (docs/architecture.md); the default is one process.
+                "--workers",
+                os.environ.get("TA_TEST_WORKERS", "1"),
             ],
             env=env,
             stdout=log_file,

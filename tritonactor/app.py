@@ -17,6 +17,8 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 
+from tritonactor.engine.launch import WORKERS, EngineFailed, engine_socket, ensure_engine
+from tritonactor.engine.remote import RemoteServer
 from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
 from tritonactor.observability.endpoint import metrics_listener
@@ -25,10 +27,15 @@ from tritonactor.server import Server, StartupFailed
 from tritonactor.settings import Settings, SettingsError
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, workers: int | None = None) -> Starlette:
     """The HTTP app of a server built from `settings` (default: the environment). The server's
-    actors start and its models load in the ASGI lifespan."""
+    actors start and its models load in the ASGI lifespan. With several front-end `workers`
+    (default: as the command line says) the app is a front end of the server's one engine."""
     server = Server(settings if settings is not None else Settings.from_env())
+    if workers is None:
+        workers = frontend_workers(os.environ, sys.argv)
+    if workers > 1:
+        return _front_end_app(server)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -44,6 +51,46 @@ def create_app(settings: Settings | None = None) -> Starlette:
     app = create_http_app(server, lifespan=lifespan)
     app.state.server = server
     return app
+
+
+def _front_end_app(server: Server) -> Starlette:
+    """One of several front-end processes: the engine (models, schedulers, journal, metrics)
+    runs in its own process, started by the first front end to need it (engine/launch.py)."""
+    front = RemoteServer(server, engine_socket(server.settings))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        configure_logging(server.settings)
+        try:
+            front.path = await ensure_engine(server.settings)
+            async with front.running(), grpc_listener(front):  # type: ignore[arg-type]
+                yield
+        except* EngineFailed:
+            _exit_worker()
+            raise
+
+    app = create_http_app(front, lifespan=lifespan)  # type: ignore[arg-type]
+    app.state.server = front
+    return app
+
+
+def frontend_workers(env: Mapping[str, str], argv: Sequence[str]) -> int:
+    """How many front-end processes serve this app: what `tritonactor serve` says, else
+    hypercorn's `--workers`/`-w` on its command line (hypercorn's default: 1)."""
+    given = env.get(WORKERS, "").strip()
+    if given.isdigit():
+        return int(given)
+    if hypercorn_bind(argv) is None:
+        return 1
+    for index, argument in enumerate(argv[1:], start=1):
+        value = None
+        if argument in ("-w", "--workers") and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif argument.startswith("--workers="):
+            value = argument.removeprefix("--workers=")
+        if value is not None and value.isdigit():
+            return int(value)
+    return 1
 
 
 def _exit_worker() -> None:
@@ -91,10 +138,13 @@ def _bound_like_hypercorn(env: Mapping[str, str], argv: Sequence[str]) -> dict[s
     (`tritonactor serve` always says)."""
     bound = dict(env)
     bind = hypercorn_bind(argv)
-    if bind is not None and not env.get("TRITONACTOR_HTTP_HOST", "").strip():
+    if bind is None:
+        return bound
+    if not env.get("TRITONACTOR_HTTP_HOST", "").strip():
         bound["TRITONACTOR_HTTP_HOST"] = bind[0]
-        if not env.get("TRITONACTOR_HTTP_PORT", "").strip():
-            bound["TRITONACTOR_HTTP_PORT"] = str(bind[1])
+    if not env.get("TRITONACTOR_HTTP_PORT", "").strip():
+        # The port the server listens on makes it this server (its engine is found by it).
+        bound["TRITONACTOR_HTTP_PORT"] = str(bind[1])
     return bound
 
 

@@ -1,4 +1,5 @@
-"""The ``tritonactor`` command: tritonserver's flag names, turned into settings for hypercorn."""
+"""The ``tritonactor`` command: tritonserver's flag names, turned into settings for the ASGI
+server (uvicorn by default, or hypercorn) that runs the app in one front-end process per core."""
 
 from __future__ import annotations
 
@@ -14,11 +15,15 @@ from typing import NoReturn
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.control.inspect import inspect_repositories, render_text, report_to_json
 from tritonactor.control.repository import RepositoryError
-from tritonactor.settings import OPTIONS, VARIABLES, ControlMode, Settings, SettingsError
+from tritonactor.engine.launch import SOCKET, WORKERS, EngineFailed, start_engine
+from tritonactor.settings import OPTIONS, VARIABLES, Settings, SettingsError
 from tritonactor.settings.docs import default_text
 from tritonactor.settings.options import Option, Support, plain
 
 APP = "tritonactor.app:app"
+# The ASGI servers `tritonactor serve` runs, the default first (docs/benchmarks.md measures them).
+ASGI_SERVERS = ("uvicorn", "hypercorn")
+
 # --help lists tritonactor's own settings first, tritonserver's ignored options last.
 _IGNORED_GROUP = "tritonserver options accepted and ignored"
 
@@ -61,9 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.add_argument(
         "--workers",
         type=_positive_int,
-        default=1,
+        default=os.cpu_count() or 1,
         metavar="N",
-        help="hypercorn worker processes (default: 1)",
+        help=(
+            "front-end processes (HTTP and gRPC) in front of the one engine that runs the "
+            "models (default: one per core, here %(default)s; 1: everything in one process)"
+        ),
+    )
+    serve_parser.add_argument(
+        "--asgi-server",
+        choices=ASGI_SERVERS,
+        default=ASGI_SERVERS[0],
+        help="the ASGI server that runs the front ends (default: %(default)s)",
     )
     serve_parser.set_defaults(handler=serve)
 
@@ -119,6 +133,32 @@ def bind_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def uvicorn_command(settings: Settings, workers: int = 1) -> list[str]:
+    """The command that serves the app with uvicorn (httptools, uvloop)."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        APP,
+        "--host",
+        settings.http_host,
+        "--port",
+        str(settings.http_port),
+        "--workers",
+        str(workers),
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+        "--no-access-log",
+        "--lifespan",
+        "on",
+        # How long in-flight requests may take to finish after SIGTERM (--exit-timeout-secs).
+        "--timeout-graceful-shutdown",
+        str(settings.exit_timeout_secs),
+    ]
+
+
 def hypercorn_command(settings: Settings, workers: int = 1) -> list[str]:
     """The command that serves the app; it reads its settings from the environment."""
     # `python -m hypercorn` with our own interpreter rather than a `hypercorn` script on PATH, which
@@ -144,21 +184,21 @@ def serve(args: argparse.Namespace) -> int:
     env = build_env(args)
     try:
         settings = Settings.from_env(env)
-        if settings.model_control_mode is ControlMode.EXPLICIT and args.workers > 1:
-            # Each worker process has its own models: a load through one would not reach the
-            # others, and requests would see the model come and go.
-            raise SettingsError(
-                "explicit model control needs one worker (--workers 1): a load or unload "
-                "request reaches only the worker that receives it",
-                variable=VARIABLES["model_control_mode"],
-            )
     except SettingsError as error:
         print(f"tritonactor serve: error: {_explain(error, args)}", file=sys.stderr)
         return 2
     # Hand the workers the checked settings, every one spelled out (absolute paths, the journal
     # default), so that they cannot read the environment differently from what was checked here.
     env.update(settings.to_env())
-    command = hypercorn_command(settings, args.workers)
+    env[WORKERS] = str(args.workers)
+    if args.workers > 1:
+        try:
+            env[SOCKET] = start_engine(settings)
+        except EngineFailed as error:
+            print(f"tritonactor serve: error: {error}", file=sys.stderr)
+            return 1
+    make_command = uvicorn_command if args.asgi_server == "uvicorn" else hypercorn_command
+    command = make_command(settings, args.workers)
     if settings.log_verbose:
         print(f"tritonactor serve: exec {' '.join(command)}", file=sys.stderr)
     _exec(command, env)

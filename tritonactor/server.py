@@ -3,6 +3,7 @@ mode) the repository watcher, in one actor system."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -30,7 +31,9 @@ from tritonactor.control.overrides import (
 )
 from tritonactor.control.watcher import RepositoryWatcher, take_snapshot, tell_changes
 from tritonactor.core.errors import invalid_arg, unavailable
+from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
+from tritonactor.observability import logging as log_settings
 from tritonactor.observability.trace_settings import OFF, SettingJson, TraceSettings
 from tritonactor.observability.tracing import (
     Tracing,
@@ -38,7 +41,7 @@ from tritonactor.observability.tracing import (
     start_tracing,
     tracing_config,
 )
-from tritonactor.scheduling.router import Router
+from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.settings import ControlMode, Settings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -97,6 +100,15 @@ def startup_failures(
     return failures
 
 
+def settle_heap() -> None:
+    """Once started: what startup made (modules, configs, models' Python objects) moves out of
+    the collector's generations, so a full collection no longer walks it. A full collection
+    of a started server took ~25 ms and came every ~0.6 s under load, which was the p99 of
+    dynamic batching (docs/benchmarks.md)."""
+    gc.collect()
+    gc.freeze()
+
+
 class Server:
     """What the front ends talk to: the router for inference, and the control plane."""
 
@@ -106,7 +118,12 @@ class Server:
     version = __version__
     extensions = EXTENSIONS
 
-    def __init__(self, settings: Settings, registry: BackendRegistry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: BackendRegistry | None = None,
+        router_class: type[Router] = Router,
+    ) -> None:
         self.settings = settings
         self.registry = (
             registry if registry is not None else BackendRegistry(config=settings.backend_config)
@@ -114,7 +131,7 @@ class Server:
         # The one response cache (--cache-config local,size=N), shared by every model that
         # asks for it; None without the setting.
         size = settings.response_cache_size()
-        self.router = Router(cache=ResponseCache(size) if size is not None else None)
+        self.router = router_class(cache=ResponseCache(size) if size is not None else None)
         # The shared-memory regions clients registered (both front ends share them).
         self.shared_memory = SharedMemoryRegistry()
         self.live = False
@@ -151,6 +168,12 @@ class Server:
             log_frequency=0 if asked.log_frequency is None else asked.log_frequency,
         )
 
+    def new_tracing(self) -> Tracing | None:
+        """A tracer for this process, exporting as configured (None without an exporter)."""
+        if self._tracing_config is None:
+            return None
+        return start_tracing(self._tracing_config, self.trace_settings)
+
     def startup_warnings(self) -> list[str]:
         """What the server warns about when it starts: each setting given that it does not act
         on (by flag and variable), and trace settings that cannot take effect."""
@@ -182,8 +205,7 @@ class Server:
         # What a crash in the middle of writing an override left behind.
         await anyio.to_thread.run_sync(remove_partial_folders, self._override_root)
         try:
-            if self._tracing_config is not None:
-                self.tracing = start_tracing(self._tracing_config, self.trace_settings)
+            self.tracing = self.new_tracing()
             async with ActorSystem(
                 on_failure=self._actor_failed, shutdown_timeout=settings.exit_timeout_secs
             ) as system:
@@ -235,6 +257,7 @@ class Server:
                             snapshot=snapshot,
                         )
                     )
+                settle_heap()
                 try:
                     yield self
                 finally:
@@ -327,6 +350,42 @@ class Server:
         if changes is None:
             return self.trace_settings.get(model)
         return self.trace_settings.update(changes, model)
+
+    async def trace_extension(
+        self, model: str = "", changes: Mapping[str, Any] | None = None
+    ) -> dict[str, SettingJson]:
+        """`trace_setting`, as every front end calls it (in a front-end process, the engine
+        answers)."""
+        return self.trace_setting(model, changes)
+
+    async def log_settings(self, changes: Mapping[str, object] | None = None) -> dict[str, object]:
+        """The logging extension: the log settings in force, after applying `changes`."""
+        if changes is None:
+            return log_settings.current()
+        return log_settings.update(changes)
+
+    async def statistics(self, name: str = "", version: str = "") -> list[ModelHandle]:
+        """The ready versions whose statistics were asked for (`Router.select`)."""
+        return self.router.select(name, version)
+
+    async def register_system_memory(
+        self, name: str, key: str, offset: int, byte_size: int
+    ) -> None:
+        self.shared_memory.register_system(name, key, offset, byte_size)
+
+    async def register_cuda_memory(
+        self, name: str, handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        # Off the event loop: the first one loads the CUDA runtime (seconds).
+        register = self.shared_memory.register_cuda
+        await anyio.to_thread.run_sync(register, name, handle, device_id, byte_size)
+
+    async def unregister_memory(
+        self, kind: Kind, name: str = "", busy: frozenset[str] = frozenset()
+    ) -> None:
+        """Unregister as the extension asks; `busy`: regions that requests of other processes
+        (front ends) hold, which stay."""
+        self.shared_memory.unregister(kind, name, busy)
 
     async def events(self, after: int = 0, limit: int = 100) -> list[JournalEntry]:
         """The journal's history, oldest first, `limit` entries whose seq is above `after`."""

@@ -169,6 +169,46 @@ def test_hypercorn_command(repo: Path, tmp_path: Path) -> None:
     ]
 
 
+def test_uvicorn_command(repo: Path, tmp_path: Path) -> None:
+    settings = Settings(
+        model_repositories=(repo,), journal=tmp_path / "j", http_host="::", http_port=9000
+    )
+    assert cli.uvicorn_command(settings, 4) == [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "tritonactor.app:app",
+        "--host",
+        "::",
+        "--port",
+        "9000",
+        "--workers",
+        "4",
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+        "--no-access-log",
+        "--lifespan",
+        "on",
+        "--timeout-graceful-shutdown",
+        "30",
+    ]
+
+
+@pytest.mark.usefixtures("clean_environ")
+def test_serve_execs_uvicorn_with_one_front_end_per_core(
+    repo: Path, execs: list[tuple[list[str], dict[str, str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 1)
+    monkeypatch.chdir(repo.parent)
+    cli.main(["serve", "--model-repository", repo.name, "--http-port=9100"])
+    [(command, env)] = execs
+    assert command[2] == "uvicorn"
+    assert command[command.index("--workers") + 1] == "1"
+    assert env["TA_FRONTEND_WORKERS"] == "1"
+
+
 @pytest.mark.usefixtures("clean_environ")
 def test_serve_execs_hypercorn_with_checked_settings(
     repo: Path, execs: list[tuple[list[str], dict[str, str]]], monkeypatch: pytest.MonkeyPatch
@@ -176,10 +216,21 @@ def test_serve_execs_hypercorn_with_checked_settings(
     monkeypatch.setenv("TRITONACTOR_LOG_VERBOSE", "0")
     monkeypatch.setenv("UNRELATED", "kept")
     monkeypatch.chdir(repo.parent)
-    cli.main(["serve", "--model-repository", repo.name, "--http-port=9100", "--workers=2"])
+    # One worker: no engine process to start first (the multi-process path is end to end).
+    cli.main(
+        [
+            "serve",
+            "--model-repository",
+            repo.name,
+            "--http-port=9100",
+            "--workers=1",
+            "--asgi-server=hypercorn",
+        ]
+    )
     [(command, env)] = execs
     assert command[command.index("--bind") + 1] == "0.0.0.0:9100"
-    assert command[command.index("--workers") + 1] == "2"
+    assert command[command.index("--workers") + 1] == "0"  # hypercorn's own process
+    assert env["TA_FRONTEND_WORKERS"] == "1"
     assert env["UNRELATED"] == "kept"
     # The child gets every setting spelled out: absolute paths, the default journal.
     assert env["TRITONACTOR_MODEL_REPOSITORY"] == str(repo)

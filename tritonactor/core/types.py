@@ -151,11 +151,16 @@ class InferenceRequest:
     # Set by the front end when the request is traced; crosses every mailbox with the request
     # (a child request, an ensemble step or a BLS call, gets its parent's `trace.child()`).
     trace: Trace | None = None
+    # Set by whoever must hear of a cancellation that happens here: a front end whose request
+    # runs in the engine process tells the engine.
+    on_cancel: Callable[[], None] | None = None
 
     def cancel(self) -> None:
         self.cancelled = True
         if self.sender is not None:
             self.sender.cancel()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     def input(self, name: str) -> Tensor | None:
         for tensor in self.inputs:

@@ -97,46 +97,54 @@ class SharedMemoryRegistry:
 
     # --- unregister ----------------------------------------------------------------------------
 
-    def unregister(self, kind: Kind, name: str = "") -> None:
+    def unregister(self, kind: Kind, name: str = "", busy: frozenset[str] = frozenset()) -> None:
         """Unregister the region `name` of `kind` (nothing when there is none, as in Triton),
-        or every region of `kind` (name ""): those in use stay, and the error names them."""
+        or every region of `kind` (name ""): those in use stay, and the error names them.
+        `busy`: regions in use elsewhere (by the requests of other processes)."""
         if name:
             with self._lock:
-                region = self._take(kind, name)
+                region = self._take(kind, name, busy)
             if region is not None:
                 region.close()
             return
         closed: list[Region] = []
-        busy: list[str] = []
+        held: list[str] = []
         with self._lock:
             for region_name in sorted(n for n, r in self._regions.items() if r.kind is kind):
                 try:
-                    region = self._take(kind, region_name)
+                    region = self._take(kind, region_name, busy)
                 except TritonError as error:
                     log.info("%s", error.message)
-                    busy.append(region_name)
+                    held.append(region_name)
                 else:
                     assert region is not None
                     closed.append(region)
         for region in closed:
             region.close()
-        if busy:
-            listed = "".join(f"{region_name} ," for region_name in busy)
+        if held:
+            listed = "".join(f"{region_name} ," for region_name in held)
             message = f"Failed to unregister the following {_KIND_WORDS[kind]} shared memory "
             raise internal(f"{message}regions: {listed}")
 
-    def _take(self, kind: Kind, name: str) -> Region | None:
+    def _take(self, kind: Kind, name: str, busy: frozenset[str]) -> Region | None:
         """Remove `name` from the registry, under the lock; None when it is not a `kind`."""
         region = self._regions.get(name)
         if region is None or region.kind is not kind:
             return None
-        if region.users > 0:
+        if region.users > 0 or name in busy:
             raise internal(
                 f"Cannot unregister shared memory region '{name}', it is currently in use."
             )
         del self._regions[name]
         log.info("unregistered %s region '%s'", _KIND_TITLES[kind], name)
         return region
+
+    def in_use(self, kind: Kind) -> frozenset[str]:
+        """The regions of `kind` that requests hold now."""
+        with self._lock:
+            return frozenset(
+                name for name, r in self._regions.items() if r.kind is kind and r.users > 0
+            )
 
     def close(self) -> None:
         """Unregister every region, in use or not: the server is stopping."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
@@ -139,13 +139,14 @@ class ServerMetrics:
 
 
 def metrics_route(server: Server) -> Route:
-    """`GET /metrics` for the HTTP app (404 when metrics are disabled, as the listener is)."""
-    metrics = ServerMetrics(server)
+    """`GET /metrics` for the HTTP app (404 when metrics are disabled, as the listener is); in
+    a front-end process (a server with `render_metrics`) the engine renders them."""
+    render = getattr(server, "render_metrics", None) or ServerMetrics(server).render
 
     async def endpoint(request: Request) -> Response:
         if not server.settings.metrics_enabled:
             raise HTTPException(404)
-        return Response(await metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await render(), media_type=CONTENT_TYPE)
 
     return Route("/metrics", endpoint, methods=["GET"])
 
@@ -165,7 +166,6 @@ async def metrics_listener(server: Server) -> AsyncIterator[int | None]:
     if not settings.metrics_enabled:
         yield None
         return
-    metrics = ServerMetrics(server)
     # reuse_port: as the gRPC listener, so that several hypercorn workers can each bind it.
     listener = await anyio.create_tcp_listener(
         local_host=settings.metrics_host, local_port=settings.metrics_port, reuse_port=True
@@ -174,7 +174,8 @@ async def metrics_listener(server: Server) -> AsyncIterator[int | None]:
     log.info("metrics listening on %s:%d", settings.metrics_host, port)
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(listener.serve, functools.partial(_answer, metrics))
+            render = ServerMetrics(server).render
+            group.start_soon(listener.serve, functools.partial(_answer, render))
             try:
                 yield port
             finally:
@@ -187,7 +188,7 @@ class _BadRequest(Exception):
     pass
 
 
-async def _answer(metrics: ServerMetrics, stream: ByteStream) -> None:
+async def _answer(render: Callable[[], Awaitable[bytes]], stream: ByteStream) -> None:
     """One connection, one request: HTTP/1.1 without keep-alive, which scrapers handle."""
     async with stream:
         try:
@@ -198,7 +199,7 @@ async def _answer(metrics: ServerMetrics, stream: ByteStream) -> None:
             elif method != "GET":
                 response = _response(405, b"Method Not Allowed\n", "text/plain; charset=utf-8")
             else:
-                response = _response(200, await metrics.render(), CONTENT_TYPE)
+                response = _response(200, await render(), CONTENT_TYPE)
         except _BadRequest:
             response = _response(400, b"Bad Request\n", "text/plain; charset=utf-8")
         except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):

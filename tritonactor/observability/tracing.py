@@ -191,6 +191,19 @@ class Tracing:
         self.provider.add_span_processor(processor)
         self._processors.append(processor)
 
+    def continued(self, carrier: Mapping[str, str]) -> RequestTrace | None:
+        """The trace of a request whose front end runs in another process and sent its span's
+        context (`RequestTrace.carrier`): the stages here nest under that span."""
+        remote = get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+        if not remote.is_valid:
+            return None
+        # A stand-in for the front end's span, never exported here: what the stages add to it
+        # (a batch's link) goes back with the answer (`links_back`).
+        stand_in = LiveSpan(REQUEST_SPAN, remote, None, SpanKind.SERVER, {}, [], 0)
+        trace = RequestTrace(self, remote, stand_in)
+        trace._ended = True
+        return trace
+
     def start_request(
         self,
         model: str,
@@ -392,6 +405,19 @@ class RequestTrace:
             carrier["tracestate"] = state
         return carrier
 
+    def links_back(self) -> list[tuple[int, int]]:
+        """The (trace id, span id) of each span the request's own span links to."""
+        span = self.span
+        if span is None:
+            return []
+        return [(link.context.trace_id, link.context.span_id) for link in span.links]
+
+    def link_to(self, links: Sequence[tuple[int, int]]) -> None:
+        """Link the request's span to these spans (`links_back` of its stages elsewhere)."""
+        if self.span is not None:
+            for trace_id, span_id in links:
+                self.span.links.append(Link(SpanContext(trace_id, span_id, True, _SAMPLED)))
+
     def describe(self, request: InferenceRequest) -> None:
         """Name the request on the front end's span once it is decoded."""
         if self.span is not None and request.id:
@@ -406,6 +432,10 @@ class RequestTrace:
         attributes = stage_attributes(request)
         self.tracing.emit(ROUTER_SPAN, self.span_context, started, now, attributes, error)
         self.queued_at = now
+        self.resolved(request)
+
+    def resolved(self, request: InferenceRequest) -> None:
+        """Name the version that serves the request on the front end's span (once routed)."""
         span = self.span
         if span is not None and MODEL_VERSION not in span.attributes and request.resolved_version:
             span.attributes[MODEL_VERSION] = str(request.resolved_version)

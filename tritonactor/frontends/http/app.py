@@ -3,6 +3,7 @@ wire format; every decision is the server's (router, control plane)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Send
 
 from tritonactor.config.model_config import config_to_json
 from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
@@ -21,6 +23,7 @@ from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsup
 from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.frontends.http.codec import decode_infer_request, decode_json, encode_json
+from tritonactor.frontends.http.direct import HttpApp
 from tritonactor.frontends.http.generate import GenerateRoutes
 from tritonactor.frontends.http.raw import decode_raw_request
 from tritonactor.frontends.http.responses import encode_infer_response
@@ -39,7 +42,6 @@ from tritonactor.frontends.restrictions import (
     http_message,
 )
 from tritonactor.memory.lease import Lease, answer_holding
-from tritonactor.observability import logging as log_settings
 from tritonactor.observability.endpoint import metrics_route
 from tritonactor.observability.logging import request_logger
 from tritonactor.observability.tracing import RequestTrace
@@ -106,7 +108,7 @@ def create_http_app(
     def route(path: str, endpoint: Handler, category: str, methods: list[str]) -> Route:
         return Route(path, _guarded(restrictions, category, endpoint), methods=methods)
 
-    app = Starlette(
+    app = HttpApp(
         routes=[
             route("/v2", routes.server_metadata, METADATA, ["GET"]),
             route("/v2/health/live", routes.live, HEALTH, ["GET"]),
@@ -125,7 +127,7 @@ def create_http_app(
             route("/v2/trace/setting", routes.trace_setting, TRACE, ["GET", "POST"]),
             route("/v2/logging", routes.logging, LOGGING, ["GET", "POST"]),
             *shared_memory_routes(
-                server.shared_memory,
+                server,
                 lambda path, endpoint, methods: route(path, endpoint, SHARED_MEMORY, methods),
             ),
             # Triton's metrics are on a port of their own, outside the restricted categories.
@@ -157,7 +159,24 @@ def create_http_app(
     for route in app.routes:
         if isinstance(route, Route) and route.methods is not None:
             route.methods.discard("HEAD")
+    app.infer = functools.partial(_answer, _guarded(restrictions, INFERENCE, routes.infer))
     return app
+
+
+async def _answer(endpoint: Handler, request: Request, send: Send) -> None:
+    """Run `endpoint` and send its response (the direct infer route); an error is answered as
+    the app's exception handlers answer it (an unexpected one is raised again once answered, as
+    starlette does)."""
+    try:
+        response = await endpoint(request)
+    except TritonError as error:
+        response = await _triton_error(request, error)
+    except HTTPException as error:
+        response = await _http_error(request, error)
+    except Exception as error:
+        await (await _internal_error(request, error))(request.scope, request.receive, send)
+        raise
+    await response(request.scope, request.receive, send)
 
 
 def _guarded(restrictions: Restrictions, category: str, endpoint: Handler) -> Handler:
@@ -319,7 +338,7 @@ class _Routes:
 
     async def model_statistics(self, request: Request) -> Response:
         name = request.path_params.get("model", "")
-        handles = self.router.select(name, _version(request))
+        handles = await self.server.statistics(name, _version(request))
         return json_response({"model_stats": [_model_statistics(h) for h in handles]})
 
     async def trace_setting(self, request: Request) -> Response:
@@ -332,12 +351,14 @@ class _Routes:
             changes = decode_json(body) if body.strip() else {}
             if not isinstance(changes, dict):
                 raise invalid_arg("the trace setting request must be a JSON object")
-        return json_response(self.server.trace_setting(model, changes))
+        return json_response(await self.server.trace_extension(model, changes))
 
     async def infer(self, request: Request) -> Response:
         name = request.path_params["model"]
         version = _version(request)
-        with request_logger("HTTP", "POST", request.url.path, model=name) as entry:
+        # request.url.path, without building the URL.
+        path = request.scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+        with request_logger("HTTP", "POST", path, model=name) as entry:
             tracing = self.server.tracing
             trace = None
             if tracing is not None:
@@ -358,12 +379,12 @@ class _Routes:
     async def logging(self, request: Request) -> Response:
         """The logging extension: GET the settings in force, POST changes to them."""
         if request.method == "GET":
-            return json_response(log_settings.current())
+            return json_response(await self.server.log_settings())
         body = await request.body()
         changes = decode_json(body) if body.strip() else {}
         if not isinstance(changes, dict):
             raise invalid_arg("the logging request must be a JSON object")
-        return json_response(log_settings.update(changes))
+        return json_response(await self.server.log_settings(changes))
 
     async def _infer(
         self, request: Request, name: str, version: str, trace: RequestTrace | None

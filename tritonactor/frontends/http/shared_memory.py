@@ -7,9 +7,8 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -18,7 +17,9 @@ from tritonactor.core.errors import invalid_arg
 from tritonactor.frontends.http.codec import decode_json, encode_json, parse_unsigned
 from tritonactor.memory.cuda import IPC_HANDLE_SIZE
 from tritonactor.memory.region import Kind
-from tritonactor.memory.registry import SharedMemoryRegistry
+
+if TYPE_CHECKING:
+    from tritonactor.server import Server
 
 Handler = Callable[[Request], Awaitable[Response]]
 MakeRoute = Callable[[str, Handler, list[str]], Route]
@@ -26,12 +27,12 @@ MakeRoute = Callable[[str, Handler, list[str]], Route]
 _PREFIXES = {Kind.SYSTEM: "/v2/systemsharedmemory", Kind.CUDA: "/v2/cudasharedmemory"}
 
 
-def shared_memory_routes(registry: SharedMemoryRegistry, route: MakeRoute) -> list[Route]:
+def shared_memory_routes(server: Server, route: MakeRoute) -> list[Route]:
     """The extension's routes; `route(path, endpoint, methods)` applies the restricted-API
     guard of the "shared-memory" category."""
     routes: list[Route] = []
     for kind, prefix in _PREFIXES.items():
-        endpoints = _Endpoints(registry, kind)
+        endpoints = _Endpoints(server, kind)
         for base in (prefix, f"{prefix}/region/{{region}}"):
             routes.append(route(f"{base}/status", endpoints.status, ["GET"]))
             routes.append(route(f"{base}/register", endpoints.register, ["POST"]))
@@ -44,8 +45,11 @@ def _empty() -> Response:
 
 
 class _Endpoints:
-    def __init__(self, registry: SharedMemoryRegistry, kind: Kind) -> None:
-        self._registry = registry
+    def __init__(self, server: Server, kind: Kind) -> None:
+        # Registering goes through the server (in a front-end process, its engine tells every
+        # front end); the status is read from this process's registry.
+        self._server = server
+        self._registry = server.shared_memory
         self._kind = kind
 
     async def status(self, request: Request) -> Response:
@@ -54,7 +58,7 @@ class _Endpoints:
         return Response(body, media_type="application/json")
 
     async def unregister(self, request: Request) -> Response:
-        self._registry.unregister(self._kind, request.path_params.get("region", ""))
+        await self._server.unregister_memory(self._kind, request.path_params.get("region", ""))
         return _empty()
 
     async def register(self, request: Request) -> Response:
@@ -72,14 +76,12 @@ class _Endpoints:
             key = key.split("\0", 1)[0]  # as Triton's JSON parser gives it: a C string
             offset = _unsigned(document, "offset", 0)
             byte_size = _unsigned(document, "byte_size")
-            self._registry.register_system(name, key, offset, byte_size)
+            await self._server.register_system_memory(name, key, offset, byte_size)
         else:
             handle = _raw_handle(_required(document, "raw_handle"))
             byte_size = _unsigned(document, "byte_size")
             device_id = _unsigned(document, "device_id")
-            # Off the event loop: the first one loads the CUDA runtime (seconds).
-            register = self._registry.register_cuda
-            await anyio.to_thread.run_sync(register, name, handle, device_id, byte_size)
+            await self._server.register_cuda_memory(name, handle, device_id, byte_size)
         return _empty()
 
 

@@ -1,0 +1,411 @@
+"""Several front-end processes in front of one engine, as `tritonactor serve --workers 2` (uvicorn)
+and `hypercorn tritonactor.app:app --workers 2` run them: one copy of each model, the same
+statistics and index from every front end, explicit loads seen by every front end, a front end
+that dies loses only its own connections, and an engine that goes away ends every request in
+flight with UNAVAILABLE (never a hang) and is started again.
+
+Which front end serves a connection is read from /proc: the process holding the server side of
+the client's TCP connection."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+
+from tests.server_process import free_port
+
+pytestmark = pytest.mark.e2e
+
+MODELS = Path(__file__).resolve().parent.parent / "python_models"
+INSTANCES = 2
+# A bound on the connections opened to reach both front ends (the kernel picks the accepting
+# process); reaching it is a failure, never an expected outcome.
+TRIES = 400
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of `pid` (a process started from a worker thread is that
+    thread's child)."""
+    children: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            children.extend(int(child) for child in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return children
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {key.decode(): value.decode(errors="replace") for key, value in pairs}
+
+
+def _all_pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log: Path
+    kind: str
+
+    def engine(self) -> int:
+        """The engine process of this server (its own session: found by its settings)."""
+        for pid in _all_pids():
+            if "tritonactor.engine" in _cmdline(pid) and _environ(pid).get(
+                "TRITONACTOR_HTTP_PORT"
+            ) == str(self.http_port):
+                return pid
+        raise AssertionError(f"no engine process for port {self.http_port}:\n{self.output()}")
+
+    def front_ends(self) -> list[int]:
+        """The worker processes of the ASGI server (the children it spawned)."""
+        return [
+            pid
+            for pid in _children(self.process.pid)
+            if "multiprocessing.spawn" in _cmdline(pid)  # not its resource tracker
+        ]
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def connection(self) -> http.client.HTTPConnection:
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
+        connection.connect()
+        return connection
+
+    def serving(self, connection: http.client.HTTPConnection) -> int:
+        """The front-end process on the server side of `connection` (after a first request)."""
+        client_port = connection.sock.getsockname()[1]
+        inodes = set()
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if (
+                int(local.split(":")[1], 16) == self.http_port
+                and int(remote.split(":")[1], 16) == client_port
+            ):
+                inodes.add(f"socket:[{inode}]")
+        for pid in self.front_ends():
+            try:
+                fds = list(Path(f"/proc/{pid}/fd").iterdir())
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(fd) in inodes:
+                        return pid
+                except OSError:
+                    continue
+        raise AssertionError("no front end holds the connection")
+
+    def per_front_end(self) -> dict[int, http.client.HTTPConnection]:
+        """A kept-alive connection to each front end."""
+        found: dict[int, http.client.HTTPConnection] = {}
+        wanted = len(self.front_ends())
+        for _ in range(TRIES):
+            connection = self.connection()
+            status, _ = get(connection, "/v2/health/live")
+            assert status == 200
+            pid = self.serving(connection)
+            if pid in found:
+                connection.close()
+            else:
+                found[pid] = connection
+            if len(found) == wanted:
+                return found
+        raise AssertionError(f"reached {len(found)} of {wanted} front ends in {TRIES} connections")
+
+
+def request(
+    connection: http.client.HTTPConnection, method: str, path: str, body: object = None
+) -> tuple[int, dict]:
+    payload = None if body is None else json.dumps(body)
+    connection.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    data = response.read()
+    return response.status, json.loads(data) if data else {}
+
+
+def get(connection: http.client.HTTPConnection, path: str) -> tuple[int, dict]:
+    return request(connection, "GET", path)
+
+
+def infer_body(value: float) -> dict:
+    data = [value] * 4
+    return {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": data},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": data},
+        ]
+    }
+
+
+def _repository(root: Path) -> Path:
+    repo = root / "repo"
+    shutil.copytree(MODELS / "add_sub", repo / "add_sub")
+    shutil.copytree(MODELS / "cancellable", repo / "cancellable")
+    config = repo / "add_sub" / "config.pbtxt"
+    config.write_text(
+        config.read_text().replace(
+            "instance_group [ { kind: KIND_CPU } ]",
+            f"instance_group [ {{ count: {INSTANCES} kind: KIND_CPU }} ]",
+        )
+    )
+    return repo
+
+
+def start(kind: str, root: Path, *extra: str, ready: bool = True) -> Served:
+    repo = _repository(root)
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "TA_"))}
+    env.update(
+        {
+            "TRITONACTOR_MODEL_REPOSITORY": str(repo),
+            "TRITONACTOR_JOURNAL": str(root / "journal.jsonl"),
+            "TRITONACTOR_HTTP_HOST": "127.0.0.1",
+            "TRITONACTOR_HTTP_PORT": str(http_port),
+            "TRITONACTOR_GRPC_HOST": "127.0.0.1",
+            "TRITONACTOR_GRPC_PORT": str(grpc_port),
+            "TRITONACTOR_METRICS_HOST": "127.0.0.1",
+            "TRITONACTOR_METRICS_PORT": str(metrics_port),
+        }
+    )
+    if kind == "serve":
+        command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", "2", *extra]
+    else:
+        command = [
+            sys.executable,
+            "-m",
+            "hypercorn",
+            "tritonactor.app:app",
+            "--bind",
+            f"127.0.0.1:{http_port}",
+            "--workers",
+            "2",
+        ]
+        for flag in extra:
+            name, _, value = flag.removeprefix("--").partition("=")
+            env["TRITONACTOR_" + name.upper().replace("-", "_")] = value
+    log = root / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    served = Served(process, http_port, grpc_port, metrics_port, log, kind)
+    deadline = time.monotonic() + 120
+    path = "/v2/health/ready" if ready else "/v2/health/live"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited {process.returncode}:\n{served.output()}")
+        try:
+            connection = served.connection()
+            status, _ = get(connection, path)
+            connection.close()
+            if status == 200 and len(served.front_ends()) == 2:
+                return served
+        except OSError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"server did not start:\n{served.output()}")
+
+
+def stop(served: Served) -> None:
+    engine = None
+    with contextlib.suppress(AssertionError):  # a test that killed it
+        engine = served.engine()
+    served.process.send_signal(signal.SIGTERM)
+    try:
+        served.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        served.process.kill()
+        served.process.wait()
+    if engine is not None:
+        # The engine stops once its last front end has gone.
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{engine}").exists() and time.monotonic() < deadline:
+            if "tritonactor.engine" not in _cmdline(engine):
+                break
+            time.sleep(0.1)
+        if "tritonactor.engine" in _cmdline(engine):
+            os.kill(engine, signal.SIGKILL)
+            raise AssertionError("the engine outlived its front ends")
+
+
+@pytest.fixture(params=["serve", "hypercorn"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    server = start(request.param, tmp_path)
+    try:
+        yield server
+    finally:
+        stop(server)
+
+
+def test_one_copy_of_each_model_whatever_the_front_ends(served: Served) -> None:
+    engine = served.engine()
+    stubs = [pid for pid in _children(engine) if "backends.python.stub" in _cmdline(pid)]
+    assert len(stubs) == INSTANCES + 1  # add_sub's, and cancellable's one
+    for front_end in served.front_ends():
+        assert not [c for c in _children(front_end) if "backends.python.stub" in _cmdline(c)]
+    assert engine not in served.front_ends()
+
+
+def test_statistics_index_and_metrics_are_the_same_from_every_front_end(served: Served) -> None:
+    connections = served.per_front_end()
+    assert len(connections) == 2
+    sent = 0
+    for connection in connections.values():
+        for value in (1.0, 2.0, 3.0):
+            status, body = request(
+                connection, "POST", "/v2/models/add_sub/infer", infer_body(value)
+            )
+            assert status == 200, body
+            assert body["outputs"][0]["data"] == [2 * value] * 4
+            sent += 1
+    answers = []
+    for connection in connections.values():
+        status, stats = get(connection, "/v2/models/add_sub/stats")
+        assert status == 200
+        answers.append(stats["model_stats"][0]["inference_count"])
+        status, index = request(connection, "POST", "/v2/repository/index")
+        assert status == 200
+        assert [(e["name"], e["state"]) for e in index] == [
+            ("add_sub", "READY"),
+            ("cancellable", "READY"),
+        ]
+    assert answers == [sent, sent]
+    metrics = http.client.HTTPConnection("127.0.0.1", served.metrics_port, timeout=60)
+    metrics.request("GET", "/metrics")
+    text = metrics.getresponse().read().decode()
+    assert f'nv_inference_count{{model="add_sub",version="1"}} {float(sent)}' in text
+
+
+def test_explicit_load_through_one_front_end_serves_on_every_one(tmp_path: Path) -> None:
+    served = start("serve", tmp_path, "--model-control-mode=explicit")
+    try:
+        (first, one), (second, other) = served.per_front_end().items()
+        assert first != second
+        status, body = request(other, "POST", "/v2/models/add_sub/infer", infer_body(1.0))
+        assert status == 404, body  # not loaded yet: Triton's unknown model
+        status, body = request(one, "POST", "/v2/repository/models/add_sub/load")
+        assert status == 200, body
+        status, body = request(other, "POST", "/v2/models/add_sub/infer", infer_body(1.0))
+        assert status == 200, body
+        status, body = request(other, "POST", "/v2/repository/models/add_sub/unload")
+        assert status == 200, body
+        status, body = request(one, "POST", "/v2/models/add_sub/infer", infer_body(1.0))
+        assert status == 404, body
+        assert "unknown model" in body["error"]
+    finally:
+        stop(served)
+
+
+def test_a_front_end_that_dies_loses_only_its_connections(tmp_path: Path) -> None:
+    # uvicorn's supervisor starts a dead worker again and leaves the others be; hypercorn's
+    # stops every worker when one exits with an error (its own policy: docs/decisions.md).
+    served = start("serve", tmp_path)
+    try:
+        _lose_one_front_end(served)
+    finally:
+        stop(served)
+
+
+def _lose_one_front_end(served: Served) -> None:
+    connections = served.per_front_end()
+    (doomed, lost), (survivor, kept) = connections.items()
+    os.kill(doomed, signal.SIGKILL)
+    with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+        request(lost, "POST", "/v2/models/add_sub/infer", infer_body(1.0))
+    status, body = request(kept, "POST", "/v2/models/add_sub/infer", infer_body(4.0))
+    assert status == 200, body
+    assert body["outputs"][0]["data"] == [8.0] * 4
+    assert served.engine() not in (doomed, survivor)
+    # uvicorn starts another front end, which joins the same engine: its new connections serve.
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, "no front end replaced the one that died"
+        if len(served.front_ends()) == 2 and doomed not in served.front_ends():
+            try:
+                replacement = served.per_front_end()  # once the new one accepts
+                break
+            except AssertionError:
+                pass
+        time.sleep(0.1)
+    for connection in replacement.values():
+        status, body = request(connection, "POST", "/v2/models/add_sub/infer", infer_body(1.0))
+        assert status == 200, body
+    status, stats = get(kept, "/v2/models/add_sub/stats")
+    assert stats["model_stats"][0]["inference_count"] == 1 + len(replacement)
+
+
+def test_an_engine_that_goes_away_ends_every_request_and_the_server_recovers(
+    served: Served, tmp_path: Path
+) -> None:
+    engine = served.engine()
+    # A decoupled model answering every 20 ms until cancelled: a stream in flight.
+    url = f"http://127.0.0.1:{served.http_port}/v2/models/cancellable/generate_stream"
+    body = {"INTERVAL_MS": 20, "marker": str(tmp_path / "ended"), "limit_s": 60}
+    with requests.post(url, json=body, stream=True, timeout=60) as response:
+        assert response.status_code == 200
+        lines = (line for line in response.iter_lines() if line)
+        assert json.loads(next(lines)[len(b"data: ") :])["INDEX"] == 0
+        os.kill(engine, signal.SIGKILL)
+        events = [json.loads(line[len(b"data: ") :]) for line in lines]
+    # The stream ended (no hang), its last event saying why.
+    assert "engine" in events[-1]["error"], events[-1]
+    # The front ends stop. hypercorn's supervisor then stops the server (its policy when a
+    # worker ends); uvicorn's starts them again, and a new engine serves.
+    if served.kind == "hypercorn":
+        served.process.wait(timeout=120)
+        return
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, f"the server did not recover:\n{served.output()}"
+        try:
+            connection = served.connection()
+            status, answer = request(
+                connection, "POST", "/v2/models/add_sub/infer", infer_body(1.0)
+            )
+            connection.close()
+            if status == 200:
+                break
+        except (OSError, http.client.HTTPException, ValueError):
+            pass
+        time.sleep(0.2)
+    assert answer["outputs"][0]["data"] == [2.0] * 4
+    assert served.engine() != engine
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
+    assert client.is_model_ready("add_sub")
+    client.close()

@@ -1,0 +1,125 @@
+"""The frames between a front-end process and the engine: what crosses, what stays behind."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from tritonactor.core.errors import ErrorCode, TritonError, not_found
+from tritonactor.core.types import (
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    ResponseSender,
+    Tensor,
+)
+from tritonactor.engine import messages as m
+from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CARRIER, FrameReader, encode
+from tritonactor.scheduling.statistics import FirstResponseHistogram
+
+
+def cross(message: object) -> object:
+    [received] = FrameReader().feed(b"".join(bytes(piece) for piece in encode(message)))
+    return received
+
+
+def request(*tensors: Tensor) -> InferenceRequest:
+    return InferenceRequest(
+        "m",
+        "2",
+        "id-1",
+        list(tensors),
+        [RequestedOutput("OUT", {"binary_data": True})],
+        {"priority": 1, "flag": True, "name": "x", "ratio": 0.5},
+        headers={"x-forwarded": "yes"},
+    )
+
+
+class _Trace:
+    def carrier(self) -> dict[str, str]:
+        return {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+
+
+def test_a_request_crosses_with_its_tensors_and_leaves_its_process_state_behind() -> None:
+    small = Tensor("A", "FP32", (1, 4), np.arange(4, dtype=np.float32).reshape(1, 4))
+    words = Tensor("B", "BYTES", (2,), np.array([b"ab", b"\x00c"], dtype=object))
+    half = Tensor("C", "BF16", (3,), np.zeros(3, dtype=small.data.dtype).astype("bfloat16"))
+    sent = request(small, words, half)
+    sent.context["lease"] = object()
+    sent.sender = ResponseSender(lambda *_: None)
+    sent.trace = _Trace()  # type: ignore[assignment]
+    received = cross(m.Submit(7, sent, streamed=True))
+    assert isinstance(received, m.Submit)
+    assert (received.id, received.streamed) == (7, True)
+    got = received.request
+    assert (got.model_name, got.model_version, got.id) == ("m", "2", "id-1")
+    assert got.parameters == sent.parameters and got.headers == sent.headers
+    assert [(o.name, o.parameters) for o in got.outputs] == [("OUT", {"binary_data": True})]
+    for before, after in zip(sent.inputs, got.inputs, strict=True):
+        assert (after.name, after.datatype, after.shape) == (
+            before.name,
+            before.datatype,
+            before.shape,
+        )
+        assert after.data.dtype == before.data.dtype
+        np.testing.assert_array_equal(after.data, before.data)
+    # What only means something in the front end's process stays there.
+    assert got.sender is None and got.trace is None
+    assert got.context == {TRACE_CARRIER: _Trace().carrier()}
+
+
+def test_a_large_tensor_travels_out_of_band_and_arrives_whole() -> None:
+    data = np.random.default_rng(0).random((2, OUT_OF_BAND // 4), dtype=np.float32)
+    response = InferenceResponse("m", "1", "", [Tensor("OUT", "FP32", data.shape, data)])
+    pieces = encode(m.Answer(3, response, ((1, 2),)))
+    assert len(pieces) == 4  # header + pickle, then the buffer's length and the buffer itself
+    assert sum(len(bytes(p)) for p in pieces[2:]) >= data.nbytes
+    received = cross(m.Answer(3, response, ((1, 2),)))
+    assert isinstance(received, m.Answer) and received.links == ((1, 2),)
+    np.testing.assert_array_equal(received.value.outputs[0].data, data)
+
+
+def test_a_strided_view_crosses_as_its_values() -> None:
+    base = np.arange(32, dtype=np.int32).reshape(4, 8)
+    view = base[:, ::2]
+    received = cross(
+        m.Answer(1, InferenceResponse("m", "1", outputs=[Tensor("O", "INT32", (4, 4), view)]))
+    )
+    np.testing.assert_array_equal(received.value.outputs[0].data, view)  # type: ignore[attr-defined]
+
+
+def test_errors_keep_their_code_and_message() -> None:
+    received = cross(m.Failed(5, not_found("no such model 'm'")))
+    assert isinstance(received, m.Failed)
+    assert (received.error.code, received.error.message) == (
+        ErrorCode.NOT_FOUND,
+        "no such model 'm'",
+    )
+    assert isinstance(received.error, TritonError)
+
+
+def test_statistics_cross_with_their_histogram() -> None:
+    histogram = FirstResponseHistogram()
+    histogram.observe_ns(3_000_000_000)
+    received = cross(m.Answer(1, histogram))
+    assert isinstance(received, m.Answer)
+    assert received.value._counts == histogram._counts
+
+
+def test_frames_split_anywhere_come_out_whole_and_in_order() -> None:
+    messages = [m.Call(i, "index", (True,)) for i in range(5)]
+    stream = b"".join(bytes(piece) for message in messages for piece in encode(message))
+    reader = FrameReader()
+    out: list[object] = []
+    for start in range(0, len(stream), 7):
+        out.extend(reader.feed(stream[start : start + 7]))
+    assert out == messages
+
+
+def test_a_frame_that_does_not_unpickle_raises() -> None:
+    garbage = b"\xff" * 5
+    frame = HEADER.pack(len(garbage), 0, 0) + garbage
+    with pytest.raises(pickle.UnpicklingError):  # the engine closes such a connection
+        FrameReader().feed(frame)

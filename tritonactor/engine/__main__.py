@@ -1,0 +1,86 @@
+"""The engine process: `python -m tritonactor.engine`, started by the first front end of a
+server with several front-end workers (engine/launch.py). It reads the same TRITONACTOR_*
+settings, runs the server's actors, models, journal and metrics listener, serves its front ends
+on a Unix socket, and stops once every front end has gone (or on SIGTERM/SIGINT)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+import anyio
+
+from tritonactor.engine.calls import EngineServer
+from tritonactor.engine.host import EngineHost, ObservedRouter, table
+from tritonactor.engine.launch import SOCKET, engine_socket, tell_ready
+from tritonactor.observability.endpoint import metrics_listener
+from tritonactor.observability.logging import configure_logging
+from tritonactor.server import Server, StartupFailed
+from tritonactor.settings import Settings, SettingsError
+
+log = logging.getLogger("tritonactor.engine")
+
+
+async def serve(server: Server, path: str) -> None:
+    engine = EngineServer(server)
+    host = EngineHost(engine, path)
+    engine.broadcast = host.broadcast
+    engine.ask_all = host.ask_all
+    router = server.router
+    assert isinstance(router, ObservedRouter)
+    router.changed = lambda: host.broadcast(table(router))
+    server.log_startup()
+    # Closed in the reverse order: the metrics port first, then the front ends' connections
+    # (the last front end to leave waits for that), then the models.
+    async with server.running(), host.serving(), metrics_listener(server):
+        log.info("engine serving its front ends on %s", path)
+        if server.tracing is not None:
+            host.continue_trace = server.tracing.continued
+        tell_ready("ready")
+        async with anyio.create_task_group() as tasks:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        tasks.cancel_scope.cancel()
+                        return
+
+            tasks.start_soon(stop_on_signal)
+            await host.deserted.wait()
+            tasks.cancel_scope.cancel()
+    log.info("engine stopped")
+
+
+def main() -> int:
+    try:
+        settings = Settings.from_env()
+    except SettingsError as error:
+        tell_ready(f"failed: {error}")
+        print(f"tritonactor engine: {error}", file=sys.stderr)
+        return 2
+    configure_logging(settings)
+    server = Server(settings, router_class=ObservedRouter)
+    path = os.environ.get(SOCKET) or engine_socket(settings)
+    failed: list[BaseException] = []
+    try:
+        anyio.run(serve, server, path, backend_options=_backend_options())
+    except* StartupFailed as group:
+        failed.extend(group.exceptions)
+    if failed:
+        tell_ready(f"failed: {failed[0]}")
+        return 1
+    return 0
+
+
+def _backend_options() -> dict[str, object]:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""The engine's side of the front-end connections: a Unix socket on which each front-end
+process holds one connection, carrying typed messages (`engine/messages.py`) both ways.
+
+Each connection is served by an asyncio protocol on the engine's event loop: an inference
+request goes straight to the server's router (`Router.submit`, with its reply's done callback
+writing the answer back), so a request costs no task of its own unless it must wait (a mailbox
+that is full, a lazy load). A call is a method of `EngineServer`, run as a task. Whenever the
+router's table or the shared-memory regions change, every connection is told before anything
+that follows the change is answered."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from tritonactor.actors import Reply
+from tritonactor.core.errors import TritonError, internal
+from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
+from tritonactor.engine import messages as m
+from tritonactor.engine.launch import same_user
+from tritonactor.engine.wire import PROTOCOL, TRACE_CARRIER, FrameReader, encode
+from tritonactor.scheduling.router import Router
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger(__name__)
+
+
+class ObservedRouter(Router):
+    """The engine's router: tells `changed` whenever its table of ready versions changes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.changed: Callable[[], None] = lambda: None
+
+    def add(self, handle: Any) -> None:
+        super().add(handle)
+        self.changed()
+
+    def remove(self, name: str, version: int) -> None:
+        super().remove(name, version)
+        self.changed()
+
+
+def table(router: Router) -> m.Table:
+    return m.Table(
+        tuple(
+            m.Version(handle.name, handle.version, handle.config, handle.signature)
+            for handle in router.handles()
+        ),
+        frozenset(router.known),
+    )
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, host: EngineHost) -> None:
+        self._host = host
+        self._reader = FrameReader()
+        self._transport: asyncio.Transport | None = None
+        # Requests in flight, by id: what a Cancel reaches.
+        self._requests: dict[int, InferenceRequest] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        # What the engine asked this front end, by id.
+        self._asked: dict[int, asyncio.Future[Any]] = {}
+        self._asks = itertools.count(1)
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        if not same_user(transport.get_extra_info("socket")):
+            log.error("a process of another user connected to the engine: closed")
+            transport.close()
+            return
+        self._host.open.add(self)
+        self.send(m.Hello(os.getpid(), self._host.server.settings.lazy_load, PROTOCOL))
+        self.send(table(self._host.server.router))
+        self.send(self._host.regions())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            received = self._reader.feed(data)
+        except Exception:
+            log.exception("a front end sent a frame that does not decode: closing it")
+            assert self._transport is not None
+            self._transport.close()
+            return
+        for message in received:
+            self._dispatch(message)
+
+    async def ask(self, method: str, *args: Any) -> Any:
+        """Ask the front end (None when it has gone meanwhile)."""
+        id = next(self._asks)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._asked[id] = future
+        self.send(m.Ask(id, method, args))
+        return await future
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        for future in self._asked.values():
+            if not future.done():
+                future.set_result(None)
+        self._asked.clear()
+        for request in self._requests.values():
+            request.cancel()
+        self._requests.clear()
+        for task in self._tasks.values():
+            task.cancel()
+        self._host.lost(self)
+
+    # --- messages ------------------------------------------------------------------------------
+
+    def send(self, message: object) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        pieces = encode(message)
+        if len(pieces) == 1:
+            transport.write(pieces[0])
+        else:
+            transport.writelines(pieces)
+
+    def _dispatch(self, message: object) -> None:
+        if type(message) is m.Submit:
+            self._submit(message)
+        elif type(message) is m.Cancel:
+            request = self._requests.get(message.id)
+            if request is not None:
+                request.cancel()
+            task = self._tasks.get(message.id)
+            if task is not None:
+                task.cancel()
+        elif type(message) is m.Call:
+            self._start(message.id, self._call(message))
+        elif type(message) is m.Join:
+            if message.protocol == PROTOCOL:
+                self._host.connections.add(self)
+        elif type(message) is m.Leave:
+            self._host.connections.discard(self)
+            if self._host.connections:
+                self.send(m.Answer(message.id, None))
+            else:
+                self._host.deserted.set()
+        elif type(message) is m.Answer:
+            asked = self._asked.pop(message.id, None)
+            if asked is not None and not asked.done():
+                asked.set_result(message.value)
+        else:
+            log.error("a front end sent an unknown message %r", type(message).__name__)
+
+    def _start(self, id: int, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks[id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(id, None))
+
+    async def _call(self, call: m.Call) -> None:
+        try:
+            value = await self._host.server.engine_call(call.method, call.args)
+        except TritonError as error:
+            self.send(m.Failed(call.id, error))
+        except Exception as error:
+            log.exception("engine call %s failed", call.method)
+            self.send(m.Failed(call.id, internal(f"{type(error).__name__}: {error}")))
+        else:
+            self.send(m.Answer(call.id, value))
+
+    def _submit(self, message: m.Submit) -> None:
+        request = message.request
+        host = self._host
+        carrier = request.context.pop(TRACE_CARRIER, None)
+        if carrier is not None and host.continue_trace is not None:
+            request.trace = host.continue_trace(carrier)
+        id = message.id
+        if message.streamed:
+            request.sender = ResponseSender(
+                lambda response, error, final: host.on_loop(
+                    self._part, m.Part(id, response, error, final)
+                )
+            )
+        router = host.server.router
+        if router.loader is not None and not router.ready_versions(request.model_name):
+            self._start(id, self._submit_waiting(id, request))
+            return
+        try:
+            reply = router.submit(request)
+        except TritonError as error:
+            self.send(m.Failed(id, error))
+            return
+        self._requests[id] = request
+        reply.add_done_callback(lambda done: self._answer(id, done))
+
+    async def _submit_waiting(self, id: int, request: InferenceRequest) -> None:
+        """A request that may wait: for a lazy load, or for room in a full mailbox."""
+        router = self._host.server.router
+        self._requests[id] = request
+        try:
+            if request.sender is None:
+                response = await router.infer(request)
+            else:
+                await router.ensure_loaded(request.model_name)
+                reply = router.submit(request)
+                await _settled(reply)
+                response = reply.result()
+        except TritonError as error:
+            self._requests.pop(id, None)
+            self.send(m.Failed(id, error))
+        else:
+            self._settle(id, request)
+            self.send(m.Answer(id, response))
+
+    def _part(self, part: m.Part) -> None:
+        if part.final:
+            self._requests.pop(part.id, None)
+        self.send(part)
+
+    def _settle(self, id: int, request: InferenceRequest) -> None:
+        """Its execute is over: a decoupled request may still be cancelled until its model
+        sent the final response."""
+        if request.sender is None or request.sender.finished:
+            self._requests.pop(id, None)
+
+    def _answer(self, id: int, reply: Reply[InferenceResponse]) -> None:
+        error = reply.error
+        request = self._requests.get(id)
+        if error is not None or request is None:
+            self._requests.pop(id, None)
+        else:
+            self._settle(id, request)
+        trace = request.trace if request is not None else None
+        if trace is not None and error is None:
+            # After what answered it has closed its spans (the execute ends once its replies
+            # are answered): the front end's span ends when the answer arrives.
+            answer = m.Answer(id, reply.result(), tuple(trace.links_back()))  # type: ignore[attr-defined]
+            self._host.loop.call_soon(self.send, answer)
+        elif error is None:
+            self.send(m.Answer(id, reply.result()))
+        elif isinstance(error, TritonError):
+            self.send(m.Failed(id, error))
+        else:
+            self.send(m.Failed(id, internal(f"{type(error).__name__}: {error}")))
+
+
+async def _settled(reply: Reply[Any]) -> None:
+    with contextlib.suppress(Exception):
+        await reply.wait()
+
+
+class EngineHost:
+    """Serves front-end connections on the Unix socket `path` for `server` (an EngineServer)."""
+
+    def __init__(self, server: Any, path: str) -> None:
+        self.server = server
+        self.path = path
+        # Every connection open, and those of them that joined as front ends.
+        self.open: set[_Connection] = set()
+        self.connections: set[_Connection] = set()
+        self.loop = asyncio.get_event_loop()
+        self.continue_trace: Callable[[dict[str, str]], Any] | None = None
+        # Set once a front end has connected and every one has gone since.
+        self.deserted = asyncio.Event()
+        self._thread = threading.get_ident()
+        self._seen = False
+
+    def on_loop(self, call: Callable[[object], None], message: object) -> None:
+        """`call(message)` now when on the engine's loop, else soon on it (a backend's
+        thread): the order of one request's parts is kept either way."""
+        if threading.get_ident() == self._thread:
+            call(message)
+        else:
+            self.loop.call_soon_threadsafe(call, message)
+
+    def regions(self) -> m.Regions:
+        return self.server.regions()
+
+    async def ask_all(self, method: str, *args: Any) -> list[Any]:
+        """Ask every front end; the answers of those that answered."""
+        answers = await asyncio.gather(*(c.ask(method, *args) for c in list(self.connections)))
+        return [answer for answer in answers if answer is not None]
+
+    def broadcast(self, message: object) -> None:
+        for connection in list(self.open):
+            connection.send(message)
+
+    def lost(self, connection: _Connection) -> None:
+        self.open.discard(connection)
+        if connection not in self.connections:
+            return  # never joined: a probe
+        self.connections.discard(connection)
+        if not self.connections:
+            self.deserted.set()
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[EngineHost]:
+        self.loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        listener = await self.loop.create_unix_server(lambda: _Connection(self), self.path)
+        os.chmod(self.path, 0o600)
+        try:
+            yield self
+        finally:
+            listener.close()
+            for connection in list(self.open):
+                if connection._transport is not None:
+                    connection._transport.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)

@@ -1,0 +1,174 @@
+"""Finding the engine of a server, or starting it: the first front-end process to arrive starts
+it; every other one (and one that restarts) connects to the one already running.
+
+The engine's socket and its lock file are named after what makes a server one server (its
+HTTP address and its journal), so that two servers on one machine never share an engine. The
+lock is held while an engine is being started, so two front ends never start two engines; the
+engine tells the one that started it, on a pipe, when its models are loaded (or that they
+failed to load and it stopped)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import hashlib
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+
+from tritonactor.settings import Settings
+
+
+class EngineFailed(RuntimeError):
+    """The engine stopped before it served: its models failed to load (--exit-on-error), or it
+    could not start. The message is the engine's."""
+
+
+# The engine reads the write end of its readiness pipe from this variable.
+READY_FD = "TA_ENGINE_READY_FD"
+SOCKET = "TA_ENGINE_SOCKET"
+# How many front-end processes the ASGI server runs: set by `tritonactor serve` (app.py reads
+# it; a plain hypercorn command line says it with --workers). Not a TRITONACTOR_* setting: it
+# describes the processes, and `tritonactor serve --workers` is how to choose it.
+WORKERS = "TA_FRONTEND_WORKERS"
+
+
+def engine_socket(settings: Settings) -> str:
+    """The engine's Unix socket for the server `settings` describe: named after what makes it
+    that server (its addresses, repositories and journal), in this user's private folder."""
+    identity = "\0".join(
+        [
+            settings.http_host,
+            str(settings.http_port),
+            settings.grpc_host,
+            str(settings.grpc_port),
+            str(settings.metrics_port),
+            str(settings.journal),
+            *map(str, settings.model_repositories),
+        ]
+    )
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
+    return str(private_folder() / f"{digest}.sock")
+
+
+def private_folder() -> Path:
+    """A folder only this user can enter, for engine sockets and locks (Unix socket paths are
+    limited to about 100 bytes: a short one in the temp folder). Anything else found under its
+    name (another owner, a link, a mode that lets others in) stops the server: another user
+    could otherwise answer in place of the engine."""
+    folder = Path(tempfile.gettempdir()) / f"tritonactor-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    found = os.lstat(folder)
+    if (
+        not stat.S_ISDIR(found.st_mode)
+        or found.st_uid != os.getuid()
+        or stat.S_IMODE(found.st_mode) & 0o077
+    ):
+        raise EngineFailed(
+            f"{folder} is not a folder of this user's that only it can enter; remove it"
+        )
+    return folder
+
+
+def same_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of the Unix socket `sock` runs as this user."""
+    credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", credentials)
+    return uid == os.getuid()
+
+
+def _answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+        return same_user(probe)
+
+
+def _die_with_parent() -> None:
+    # Linux: SIGTERM when the process that started the engine ends (see `start_engine`).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _start(settings: Settings, path: str, tied: bool = False) -> None:
+    """Under the lock: start the engine unless one answers on `path`; return once it serves
+    (raising EngineFailed when it stopped instead). `tied`: the engine
+    also stops when this process ends."""
+    if _answers(path):
+        return
+    read_end, write_end = os.pipe()
+    env = {**os.environ, **settings.to_env(), READY_FD: str(write_end), SOCKET: path}
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tritonactor.engine"],
+            env=env,
+            pass_fds=(write_end,),
+            stdin=subprocess.DEVNULL,
+            # Its own session: a signal for the front end's process group (a Ctrl-C, a worker
+            # restart) is not the engine's; it stops when its last front end has gone.
+            start_new_session=True,
+            preexec_fn=_die_with_parent if tied and sys.platform == "linux" else None,
+        )
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as ready:
+        said = ready.readline().decode(errors="replace").strip()
+    if said == "ready":
+        return
+    process.wait()
+    if said.startswith("failed:"):
+        raise EngineFailed(said.removeprefix("failed:").strip())
+    raise EngineFailed(f"the engine stopped before serving (exit status {process.returncode})")
+
+
+def _locked_start(settings: Settings, path: str, tied: bool = False) -> None:
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _start(settings, path, tied)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
+
+
+def start_engine(settings: Settings) -> str:
+    """For `tritonactor serve`, before it becomes the ASGI server (same process, by exec): the
+    engine starts first, so that models that fail to load stop the command with their error
+    (rather than a worker pool starting failing workers again), and it is tied to this
+    process: when the ASGI server ends, so does the engine. Returns its socket."""
+    path = engine_socket(settings)
+    _locked_start(settings, path, tied=True)
+    return path
+
+
+async def ensure_engine(settings: Settings) -> str:
+    """The socket of the server's engine, started now when none runs yet."""
+    path = os.environ.get(SOCKET) or engine_socket(settings)
+    await anyio.to_thread.run_sync(_locked_start, settings, path, abandon_on_cancel=True)
+    return path
+
+
+def tell_ready(message: str) -> None:
+    """In the engine: tell the front end that started it (once)."""
+    fd = os.environ.pop(READY_FD, None)
+    if fd is None:
+        return
+    with contextlib.suppress(OSError), os.fdopen(int(fd), "wb") as pipe:
+        pipe.write(message.encode() + b"\n")
