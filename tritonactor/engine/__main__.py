@@ -42,8 +42,15 @@ async def serve(server: Server, path: str) -> None:
         async with anyio.create_task_group() as tasks:
 
             async def stop_on_signal() -> None:
+                # The engine shares its process group with the front ends: a Ctrl-C or a
+                # process manager's SIGTERM reaches them all. The front ends then finish what
+                # they are answering and leave; the engine waits for that (up to the exit
+                # timeout) rather than failing their last requests.
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for _ in signals:
+                        if host.connections:
+                            with anyio.move_on_after(server.settings.exit_timeout_secs):
+                                await host.deserted.wait()
                         tasks.cancel_scope.cancel()
                         return
 

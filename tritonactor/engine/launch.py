@@ -119,9 +119,8 @@ def _start(settings: Settings, path: str, tied: bool = False) -> None:
             env=env,
             pass_fds=(write_end,),
             stdin=subprocess.DEVNULL,
-            # Its own session: a signal for the front end's process group (a Ctrl-C, a worker
-            # restart) is not the engine's; it stops when its last front end has gone.
-            start_new_session=True,
+            # In the front ends' process group, so that whoever stops the server by its group
+            # stops the engine too (it waits for the front ends to leave: engine/__main__.py).
             preexec_fn=_die_with_parent if tied and sys.platform == "linux" else None,
         )
     finally:

@@ -1,9 +1,11 @@
 """How messages cross between a front-end process and the engine: frames of pickle protocol 5.
 
-A frame is a 12-byte header (the pickle's length, the number of out-of-band buffers, the total
-bytes of those buffers), the pickle, then each buffer preceded by its 8-byte length. Tensors
-of at least `OUT_OF_BAND` bytes travel as out-of-band buffers, so neither side copies them into
-or out of the pickle; the receiver's arrays are views of the bytes read from the socket.
+A frame is a 20-byte header (the pickle's length, the number of out-of-band buffers, the total
+bytes of those buffers), the pickle, then each buffer preceded by its 8-byte length. A tensor of
+numbers crosses as its raw bytes (numpy's own pickling costs several times more); one of at
+least `OUT_OF_BAND` bytes as an out-of-band buffer, written to the socket from the tensor's own
+memory. The receiver copies each such buffer once out of what it read (so that the tensor
+outlives the read buffer) and the array is a read-only view of that copy.
 
 What a request carries that only makes sense in its own process is left behind when it is
 pickled: its `context` (a front end's shared-memory lease), its response sender (the engine

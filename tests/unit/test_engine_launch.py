@@ -1,0 +1,68 @@
+"""Where a server's engine is found, and who may answer there."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from tritonactor.engine import launch
+from tritonactor.settings import Settings
+
+
+@pytest.fixture
+def tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(launch.tempfile, "gettempdir", lambda: str(tmp_path))
+    return tmp_path
+
+
+def settings(tmp_path: Path, **changes: object) -> Settings:
+    (tmp_path / "models").mkdir(exist_ok=True)
+    (tmp_path / "other").mkdir(exist_ok=True)
+    base: dict[str, object] = {
+        "model_repositories": (tmp_path / "models",),
+        "journal": tmp_path / "journal.jsonl",
+        "http_port": 8000,
+    }
+    base.update(changes)
+    return Settings(**base)  # type: ignore[arg-type]
+
+
+def test_each_server_has_its_own_socket_in_a_folder_only_its_user_enters(tmp_dir: Path) -> None:
+    one = launch.engine_socket(settings(tmp_dir))
+    assert launch.engine_socket(settings(tmp_dir)) == one
+    assert launch.engine_socket(settings(tmp_dir, http_port=8100)) != one
+    assert launch.engine_socket(settings(tmp_dir, grpc_port=9001)) != one
+    other_repository = settings(tmp_dir, model_repositories=(tmp_dir / "other",))
+    assert launch.engine_socket(other_repository) != one
+    folder = Path(one).parent
+    assert folder == tmp_dir / f"tritonactor-{os.getuid()}"
+    assert oct(folder.stat().st_mode & 0o777) == oct(0o700)
+    assert len(Path(one).name) <= 32  # short: a Unix socket path holds about 100 bytes
+
+
+@pytest.mark.parametrize("kind", ["open folder", "link", "file"])
+def test_anything_else_under_the_folders_name_stops_the_server(tmp_dir: Path, kind: str) -> None:
+    folder = tmp_dir / f"tritonactor-{os.getuid()}"
+    if kind == "open folder":
+        folder.mkdir(mode=0o700)
+        folder.chmod(0o777)
+    elif kind == "link":
+        (tmp_dir / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(tmp_dir / "elsewhere")
+    else:
+        folder.write_text("")
+    with pytest.raises(launch.EngineFailed, match="only it can enter"):
+        launch.engine_socket(settings(tmp_dir))
+
+
+def test_a_socket_answered_by_this_user_is_trusted(tmp_dir: Path) -> None:
+    path = launch.engine_socket(settings(tmp_dir))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen()
+        assert launch._answers(path)
+    os.unlink(path)
+    assert not launch._answers(path)
