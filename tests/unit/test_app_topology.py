@@ -1,0 +1,36 @@
+"""How the app learns its topology from the command line that runs it: how many front ends, and
+where hypercorn binds (which names the server, and so its engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritonactor.app import _bound_like_hypercorn, frontend_workers
+
+HYPERCORN = "/venv/bin/hypercorn"
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "workers"),
+    [
+        ({}, [HYPERCORN, "tritonactor.app:app"], 1),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "3"], 3),
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2"], 2),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers=4"], 4),
+        ({"TA_FRONTEND_WORKERS": "2"}, ["/venv/bin/uvicorn", "tritonactor.app:app"], 2),
+        ({}, ["/venv/bin/uvicorn", "tritonactor.app:app", "--workers", "3"], 1),
+    ],
+)
+def test_front_ends_from_the_command_line(env: dict, argv: list[str], workers: int) -> None:
+    # uvicorn is only ever run with several workers by `tritonactor serve`, which says so.
+    assert frontend_workers(env, argv) == workers
+
+
+def test_hypercorns_port_names_the_server_whenever_the_port_is_not_set() -> None:
+    argv = [HYPERCORN, "tritonactor.app:app", "--bind", "127.0.0.1:19650"]
+    bound = _bound_like_hypercorn({"TRITONACTOR_HTTP_HOST": "0.0.0.0"}, argv)
+    assert bound["TRITONACTOR_HTTP_HOST"] == "0.0.0.0"
+    assert bound["TRITONACTOR_HTTP_PORT"] == "19650"
+    given = {"TRITONACTOR_HTTP_PORT": "8100"}
+    assert _bound_like_hypercorn(given, argv)["TRITONACTOR_HTTP_PORT"] == "8100"
+    assert _bound_like_hypercorn({}, ["python", "-m", "something"]) == {}
