@@ -123,3 +123,29 @@ def test_a_frame_that_does_not_unpickle_raises() -> None:
     frame = HEADER.pack(len(garbage), 0, 0) + garbage
     with pytest.raises(pickle.UnpicklingError):  # the engine closes such a connection
         FrameReader().feed(frame)
+
+
+def test_an_answer_that_does_not_encode_fails_its_request() -> None:
+    from tritonactor.engine.host import _Connection
+
+    class _Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            self.written.append(bytes(data))
+
+        def writelines(self, pieces: list[bytes]) -> None:
+            self.written.append(b"".join(bytes(p) for p in pieces))
+
+    connection = _Connection.__new__(_Connection)
+    transport = _Transport()
+    connection._transport = transport  # type: ignore[assignment]
+    unpicklable = InferenceResponse("m", "1", parameters={"x": lambda: None})  # type: ignore[dict-item]
+    connection.send(m.Answer(9, unpicklable))
+    [failed] = FrameReader().feed(b"".join(transport.written))
+    assert isinstance(failed, m.Failed) and failed.id == 9
+    assert failed.error.code is ErrorCode.INTERNAL

@@ -123,7 +123,16 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        pieces = encode(message)
+        try:
+            pieces = encode(message)
+        except Exception as error:
+            # An answer that does not pickle (a backend's odd output) fails its request rather
+            # than leaving the front end waiting for it.
+            id = getattr(message, "id", None)
+            log.exception("an answer for a front end could not be encoded")
+            if id is None or isinstance(message, m.Failed):
+                return
+            pieces = encode(m.Failed(id, internal(f"the answer could not be sent: {error}")))
         if len(pieces) == 1:
             transport.write(pieces[0])
         else:
