@@ -340,23 +340,17 @@ class Server:
     async def _load_lazily(self, name: str) -> None:
         await self._manager_ref().ask(lambda reply: Load(reply, name, None, ev.Source.REQUEST))
 
-    def trace_setting(
+    async def trace_extension(
         self, model: str = "", changes: Mapping[str, Any] | None = None
     ) -> dict[str, SettingJson]:
         """The trace extension: the settings in force for `model` ("" = global), after applying
-        `changes` when given. A model must be ready, as in Triton."""
+        `changes` when given. A model must be ready, as in Triton. (In a front-end process the
+        engine answers.)"""
         if model and not self.router.ready_versions(model):
             raise invalid_arg(f"Request for unknown model : {model}")
         if changes is None:
             return self.trace_settings.get(model)
         return self.trace_settings.update(changes, model)
-
-    async def trace_extension(
-        self, model: str = "", changes: Mapping[str, Any] | None = None
-    ) -> dict[str, SettingJson]:
-        """`trace_setting`, as every front end calls it (in a front-end process, the engine
-        answers)."""
-        return self.trace_setting(model, changes)
 
     async def log_settings(self, changes: Mapping[str, object] | None = None) -> dict[str, object]:
         """The logging extension: the log settings in force, after applying `changes`."""

@@ -69,14 +69,14 @@ class EngineServer:
 
     async def _register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await self.server.register_system_memory(name, key, offset, byte_size)
-        self._regions[name] = m.Region("system", name, key, b"", 0, offset, byte_size)
+        self._regions[name] = m.Region(Kind.SYSTEM, name, key, b"", 0, offset, byte_size)
         self.broadcast(self.regions())
 
     async def _register_cuda(
         self, name: str, handle: bytes, device_id: int, byte_size: int
     ) -> None:
         await self.server.register_cuda_memory(name, handle, device_id, byte_size)
-        self._regions[name] = m.Region("cuda", name, "", handle, device_id, 0, byte_size)
+        self._regions[name] = m.Region(Kind.CUDA, name, "", handle, device_id, 0, byte_size)
         self.broadcast(self.regions())
 
     async def _unregister(self, kind: Kind, name: str) -> None:
@@ -88,7 +88,7 @@ class EngineServer:
         finally:
             kept = {region.name for region in self.server.shared_memory.status(kind)}
             for region_name, region in list(self._regions.items()):
-                if region.kind == _KIND_NAMES[kind] and region_name not in kept:
+                if region.kind is kind and region_name not in kept:
                     del self._regions[region_name]
             self.broadcast(self.regions())
 
@@ -97,9 +97,6 @@ class EngineServer:
         if changes:
             self.broadcast(m.LogSettings(changes))
         return answer
-
-
-_KIND_NAMES = {Kind.SYSTEM: "system", Kind.CUDA: "cuda"}
 
 
 async def _nobody(method: str, *args: Any) -> list[Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.core.errors import TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.memory.region import Kind
 from tritonactor.scheduling.signature import ModelSignature
 
 
@@ -90,9 +91,9 @@ class Table:
 
 @dataclass(frozen=True, slots=True)
 class Region:
-    """A registered region as the registry was asked for it: `kind` "system" or "cuda"."""
+    """A registered region as the registry was asked for it."""
 
-    kind: str
+    kind: Kind
     name: str
     key: str
     handle: bytes

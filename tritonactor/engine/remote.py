@@ -38,7 +38,6 @@ from tritonactor.server import settle_heap
 log = logging.getLogger(__name__)
 
 ENGINE_GONE = "the server's engine is not running"
-_KINDS = {"system": Kind.SYSTEM, "cuda": Kind.CUDA}
 # How long a front end whose engine went away goes on answering before it stops.
 STOP_GRACE_S = 1.0
 
@@ -309,12 +308,12 @@ class RemoteServer:
             if wanted.get(name) != region:
                 del self._regions[name]
                 with contextlib.suppress(TritonError):
-                    registry.unregister(_KINDS[region.kind], name)
+                    registry.unregister(region.kind, name)
         for name, region in wanted.items():
             if name in self._regions:
                 continue
             try:
-                if region.kind == "system":
+                if region.kind is Kind.SYSTEM:
                     registry.register_system(name, region.key, region.offset, region.byte_size)
                 else:
                     registry.register_cuda(name, region.handle, region.device_id, region.byte_size)
