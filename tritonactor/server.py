@@ -20,14 +20,15 @@ from tritonactor.cache import ResponseCache
 from tritonactor.control import events as ev
 from tritonactor.control.index import IndexEntry, index, ready
 from tritonactor.control.journal import Journal, JournalEntry, open_journal
+from tritonactor.control.load_plan import restored_overrides
 from tritonactor.control.manager import ModelManager
 from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
+from tritonactor.control.override_folders import remove_stale_folders
 from tritonactor.control.overrides import (
     LoadOptions,
     UnloadOptions,
     materialize,
     options_digest,
-    remove_partial_folders,
 )
 from tritonactor.control.watcher import RepositoryWatcher, take_snapshot, tell_changes
 from tritonactor.core.errors import invalid_arg, unavailable
@@ -202,8 +203,11 @@ class Server:
         settings = self.settings
         journal, history = await anyio.to_thread.run_sync(open_journal, settings.journal)
         self.journal = journal
-        # What a crash in the middle of writing an override left behind.
-        await anyio.to_thread.run_sync(remove_partial_folders, self._override_root)
+        # What a crash left behind: half-written overrides, and override folders that no load
+        # in force uses.
+        await anyio.to_thread.run_sync(
+            remove_stale_folders, self._override_root, restored_overrides(ev.fold(history))
+        )
         try:
             self.tracing = self.new_tracing()
             async with ActorSystem(

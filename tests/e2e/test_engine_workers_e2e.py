@@ -26,6 +26,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
+from tests.processes import all_pids, children, cmdline, environ
 from tests.server_process import free_port
 
 pytestmark = pytest.mark.e2e
@@ -35,42 +36,6 @@ INSTANCES = 2
 # A bound on the connections opened to reach both front ends (the kernel picks the accepting
 # process); reaching it is a failure, never an expected outcome.
 TRIES = 400
-
-
-def _children(pid: int) -> list[int]:
-    """The children of every thread of `pid` (a process started from a worker thread is that
-    thread's child)."""
-    children: list[int] = []
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return []
-    for task in tasks:
-        try:
-            children.extend(int(child) for child in (task / "children").read_text().split())
-        except OSError:
-            continue
-    return children
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {key.decode(): value.decode(errors="replace") for key, value in pairs}
-
-
-def _all_pids() -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
 
 
 @dataclass
@@ -84,8 +49,8 @@ class Served:
 
     def engine(self) -> int:
         """The engine process of this server (its own session: found by its settings)."""
-        for pid in _all_pids():
-            if "tritonactor.engine" in _cmdline(pid) and _environ(pid).get(
+        for pid in all_pids():
+            if "tritonactor.engine" in cmdline(pid) and environ(pid).get(
                 "TRITONACTOR_HTTP_PORT"
             ) == str(self.http_port):
                 return pid
@@ -95,8 +60,8 @@ class Served:
         """The worker processes of the ASGI server (the children it spawned)."""
         return [
             pid
-            for pid in _children(self.process.pid)
-            if "multiprocessing.spawn" in _cmdline(pid)  # not its resource tracker
+            for pid in children(self.process.pid)
+            if "multiprocessing.spawn" in cmdline(pid)  # not its resource tracker
         ]
 
     def output(self) -> str:
@@ -256,10 +221,10 @@ def stop(served: Served) -> None:
         # The engine stops once its last front end has gone.
         deadline = time.monotonic() + 60
         while Path(f"/proc/{engine}").exists() and time.monotonic() < deadline:
-            if "tritonactor.engine" not in _cmdline(engine):
+            if "tritonactor.engine" not in cmdline(engine):
                 break
             time.sleep(0.1)
-        if "tritonactor.engine" in _cmdline(engine):
+        if "tritonactor.engine" in cmdline(engine):
             os.kill(engine, signal.SIGKILL)
             raise AssertionError("the engine outlived its front ends")
 
@@ -275,10 +240,10 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
 
 def test_one_copy_of_each_model_whatever_the_front_ends(served: Served) -> None:
     engine = served.engine()
-    stubs = [pid for pid in _children(engine) if "backends.python.stub" in _cmdline(pid)]
+    stubs = [pid for pid in children(engine) if "backends.python.stub" in cmdline(pid)]
     assert len(stubs) == INSTANCES + 1  # add_sub's, and cancellable's one
     for front_end in served.front_ends():
-        assert not [c for c in _children(front_end) if "backends.python.stub" in _cmdline(c)]
+        assert not [c for c in children(front_end) if "backends.python.stub" in cmdline(c)]
     assert engine not in served.front_ends()
 
 

@@ -237,7 +237,9 @@ def test_mode_none_refuses_load_and_unload(repo: Path, tmp_path: Path) -> None:
         server.stop()
 
 
-def test_a_corrupt_journal_is_set_aside_and_the_server_starts(repo: Path, tmp_path: Path) -> None:
+def test_a_journal_of_bad_lines_is_skipped_line_by_line_and_the_server_starts(
+    repo: Path, tmp_path: Path
+) -> None:
     journal = tmp_path / "state" / "journal.jsonl"
     journal.parent.mkdir()
     journal.write_text('{"v": 1, "type": "ServerStarted"}\nnot json at all\n{"v": 1}\n')
@@ -245,9 +247,11 @@ def test_a_corrupt_journal_is_set_aside_and_the_server_starts(repo: Path, tmp_pa
     server = start_server([repo], tmp_path, env)
     try:
         assert httpclient.InferenceServerClient(server.url).is_model_ready("simple")
-        aside = list(journal.parent.glob("journal.jsonl.corrupt-*"))
-        assert len(aside) == 1 and "not json at all" in aside[0].read_text()
-        assert next(e["type"] for e in events(server)) == "ServerStarted"
-        assert "corrupt" in server.log()
+        rejected = journal.with_name("journal.jsonl.rejected").read_text().splitlines()
+        assert [json.loads(line)["line"] for line in rejected] == [1, 2, 3]
+        assert "not json at all" in rejected[1]
+        kinds = [e["type"] for e in events(server)[:4]]
+        assert kinds == ["JournalLineSkipped"] * 3 + ["ServerStarted"]
+        assert "line 2 cannot be read" in server.log()
     finally:
         server.stop()

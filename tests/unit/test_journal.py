@@ -29,9 +29,6 @@ from tritonactor.control.journal import (
     open_journal,
 )
 
-ASIDE = re.compile(r"^journal\.jsonl\.corrupt-\d{8}T\d{6}Z$")
-
-
 SCALARS: dict[Any, tuple[Any, Any]] = {
     # A non-ASCII character, a JSON-hostile line separator and a lone surrogate (what an
     # undecodable file name becomes) must all survive.
@@ -228,61 +225,116 @@ def test_a_line_left_unfinished_after_open_is_dropped_by_the_next_append(path: P
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "reason"),
     [
-        b"{not json\n",
-        b"\n",
-        b'{"v":1,"type":"ModelExploded","fields":{"model":"m"}}\n',
-        b'{"v":9,"type":"InstanceRestarted","fields":{"model":"m","version":1}}\n',
+        (b"{not json\n", "not JSON"),
+        (b"\n", "not JSON"),
+        (b'{"v":1,"type":"ModelExploded","fields":{"model":"m"}}\n', "unknown event type"),
+        (
+            b'{"v":9,"type":"InstanceRestarted","fields":{"model":"m","version":1}}\n',
+            "unknown schema version",
+        ),
     ],
 )
-def test_a_corrupt_record_sets_the_file_aside_and_begins_a_new_journal(
-    path: Path, bad: bytes, caplog: pytest.LogCaptureFixture
+def test_a_bad_line_is_skipped_kept_aside_and_the_lines_around_it_still_count(
+    path: Path, bad: bytes, reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    before = ev.InstanceRestarted(model="a", version=1)
+    after = ev.InstanceRestarted(model="c", version=1)
     with Journal(path) as journal:
-        journal.append(ev.InstanceRestarted(model="a", version=1))
+        journal.append(before)
     with path.open("ab") as file:
         file.write(bad)
-    # A bad record at the end (not torn: it is whole JSON, or has good records after it).
+    # Not torn: it has a good record after it.
     with Journal(path) as journal:
-        journal.append(ev.InstanceRestarted(model="c", version=1))
+        journal.append(after)
     original = path.read_bytes()
-    with Journal(path) as reader, pytest.raises(JournalError, match=r"line 2"):
-        reader.read()
+    with Journal(path) as reader:
+        [first, skipped, last] = reader.read()
+    assert (first, last) == (before, after)
+    assert isinstance(skipped, ev.JournalLineSkipped)
+    assert skipped.line == 2 and reason in skipped.reason
 
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.WARNING):
         journal, replayed = open_journal(path)
     with journal:
-        assert replayed == []
-        aside = [p for p in path.parent.iterdir() if p != path]
-        assert len(aside) == 1 and ASIDE.match(aside[0].name), aside
-        assert aside[0].read_bytes() == original
-        assert path.read_bytes() == b""
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
-        assert str(aside[0]) in record.getMessage() and "line 2" in record.getMessage()
-        assert journal.append(ev.InstanceRestarted(model="d", version=1)) == 1
+        assert replayed == [before, skipped, after]
+        assert path.read_bytes() == original  # lines are never rewritten: seqs stay
+        kept = path.with_name("journal.jsonl.rejected")
+        [record] = [json.loads(line) for line in kept.read_text().splitlines()]
+        assert record["line"] == 2 and reason in record["reason"]
+        assert record["text"] == bad.rstrip(b"\n").decode()
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+        [warning] = [r for r in caplog.records if "cannot be read" in r.getMessage()]
+        assert warning.levelno == logging.WARNING
+        assert "line 2" in warning.getMessage() and str(kept) in warning.getMessage()
+        assert journal.append(ev.InstanceRestarted(model="d", version=1)) == 4
+        # Listed at its seq as what it replays as.
+        assert [(e.seq, type(e.event).__name__) for e in journal.page(0, 10)] == [
+            (1, "InstanceRestarted"),
+            (2, "JournalLineSkipped"),
+            (3, "InstanceRestarted"),
+            (4, "InstanceRestarted"),
+        ]
     journal, replayed = open_journal(path)
     journal.close()
-    assert [event.model for event in replayed] == ["d"]
+    assert [event.model for event in replayed] == ["a", skipped.model, "c", "d"]
 
 
-def test_a_second_corrupt_file_in_the_same_second_gets_its_own_name(path: Path) -> None:
-    for _ in range(2):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"garbage\n\n")
-        open_journal(path)[0].close()
-    names = [p.name for p in path.parent.iterdir() if p != path]
-    assert len(names) == 2
-    assert all(ASIDE.match(re.sub(r"-\d+$", "", name)) for name in names), names
+def test_what_a_bad_line_still_shows_is_kept(path: Path) -> None:
+    """The model names and the event type of a line that cannot be read, as far as they can be
+    read: the fold needs them to know which models it can no longer be sure of."""
+    good = encode(ev.LoadRequested(model="b", versions=(1,), source=ev.Source.API))
+    text = json.dumps(good, separators=(",", ":")).encode()
+    garbled = text.replace(b'"versions":[1]', b'"versions":[1\x00')
+    assert garbled != text
+    merged = b'{"v":1,"type":"LoadRequ{"v":1,"type":"UnloadRequested","fields":{"model":"x\\"y"'
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\n".join([garbled, b"\xff\xfe", merged, b"{}", b""]))
+    journal, replayed = open_journal(path)
+    journal.close()
+    assert [(e.line, e.models, e.kind) for e in replayed] == [  # type: ignore[attr-defined]
+        (1, ("b",), "LoadRequested"),
+        (2, (), ""),
+        (3, ('x"y',), "UnloadRequested"),
+        (4, (), ""),
+    ]
+    assert [e.model for e in replayed] == ["b", "", 'x"y', ""]
 
 
-def test_a_writer_follows_the_file_when_another_process_sets_it_aside(path: Path) -> None:
+def test_the_rejected_file_says_what_is_bad_now(path: Path) -> None:
+    good = json.dumps(encode(ev.ModelRemoved(model="a"))).encode() + b"\n"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"garbage\n" + good)
+    open_journal(path)[0].close()
+    kept = path.with_name("journal.jsonl.rejected")
+    assert [json.loads(line)["line"] for line in kept.read_text().splitlines()] == [1]
+    # Mended by hand: nothing is kept aside any more.
+    path.write_bytes(good)
+    open_journal(path)[0].close()
+    assert not kept.exists()
+
+
+def test_many_bad_lines_are_counted_past_the_first_ones(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"garbage\n" * 30 + b"{}\n")
+    with caplog.at_level(logging.WARNING):
+        journal, replayed = open_journal(path)
+    journal.close()
+    assert len(replayed) == 31
+    assert len([r for r in caplog.records if "cannot be read:" in r.getMessage()]) == 20
+    assert "11 more lines cannot be read" in caplog.text
+    kept = path.with_name("journal.jsonl.rejected")
+    assert len(kept.read_text().splitlines()) == 31
+
+
+def test_a_writer_follows_the_file_when_it_is_moved_away(path: Path) -> None:
     older, _ = open_journal(path)
     with older:
         older.append(ev.InstanceRestarted(model="before", version=1))
-        with path.open("ab") as file:
-            file.write(b"garbage\n\n")
+        os.rename(path, path.with_name("moved.jsonl"))
         newer, replayed = open_journal(path)
         with newer:
             assert replayed == []

@@ -11,6 +11,7 @@ import pytest
 
 from tritonactor._proto.inference import ModelRepositoryParameter
 from tritonactor.config.model_config import config_from_json
+from tritonactor.control.override_folders import remove_stale_folders
 from tritonactor.control.overrides import (
     LoadOptions,
     UnloadOptions,
@@ -19,7 +20,6 @@ from tritonactor.control.overrides import (
     override_model_folder,
     parse_load_parameters,
     parse_unload_parameters,
-    remove_partial_folders,
 )
 from tritonactor.control.repository import scan_repositories
 from tritonactor.core.errors import ErrorCode, TritonError
@@ -519,7 +519,7 @@ def test_partial_folders_of_an_interrupted_write_are_removed(tmp_path: Path) -> 
     (leftover / "dense" / "1").mkdir(parents=True)
     (leftover / "dense" / "1" / "model.onnx").write_bytes(b"half")
 
-    remove_partial_folders(root)
-    remove_partial_folders(tmp_path / "never-created")
+    remove_stale_folders(root, keep=[folder.parent])
+    remove_stale_folders(tmp_path / "never-created")
 
     assert [entry.name for entry in root.iterdir()] == [folder.parent.name]

@@ -149,7 +149,7 @@ def initial(body: str, name: str = 'name: "init"') -> str:
         ("-1", "dims: [ -1 ] zero_data: true", "has a variable dim"),
         ("2", "dims: [ 2, 1 ] zero_data: true", "has 2 dims but the state has 1"),
         ("2", 'dims: [ 2 ] data_file: "missing"', "cannot be read"),
-        ("2", 'dims: [ 2 ] data_file: "../escape"', "must name a file in"),
+        ("2", 'dims: [ 2 ] data_file: "../escape"', "is outside the model's initial_state folder"),
         ("2", 'dims: [ 2 ] data_file: "short"', "needs 8 bytes, but data_file"),
     ],
 )

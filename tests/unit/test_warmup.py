@@ -297,8 +297,8 @@ ZERO_F = 'inputs { key: "F" value: { data_type: TYPE_FP32 dims: [ 3 ] zero_data:
         (
             'inputs { key: "F" value: { data_type: TYPE_FP32 dims: [ 3 ] '
             'input_data_file: "../config.pbtxt" } }',
-            "warmup 'bad' of model 'm', input 'F': input_data_file '../config.pbtxt' must name "
-            "a file inside the model's warmup/ folder",
+            "warmup 'bad' of model 'm', input 'F': input_data_file '../config.pbtxt' is outside "
+            "the model's warmup folder",
         ),
     ],
 )

@@ -21,6 +21,7 @@ import numpy as np
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.core.errors import TritonError, internal
+from tritonactor.core.paths import inside
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
@@ -46,6 +47,18 @@ class ModelContext:
     model_dir: Path  # <repository>/<model>
     version_dir: Path  # <repository>/<model>/<version>
     model_path: Path  # version_dir / (default_model_filename or the backend's default name)
+
+
+def version_file(version_dir: Path, filename: str) -> Path:
+    """The model file `filename` of a version folder, joined as Triton joins it (a leading `/`
+    stays inside the folder); a name that climbs out of the model folder is refused. The load
+    has checked a caller's config for symlinks leaving the folder (docs/confinement.md)."""
+    return inside(
+        version_dir.parent,
+        f"{version_dir.name}/{filename.lstrip('/')}",
+        what=f"default_model_filename '{filename}'",
+        trust_links=True,
+    )
 
 
 # Runs a request on any loaded model through the server's router (what BLS calls).

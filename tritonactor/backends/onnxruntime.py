@@ -33,6 +33,7 @@ from tritonactor.backends.base import (
     ModelContext,
     Result,
     undo_reshape,
+    version_file,
 )
 from tritonactor.backends.checks import check_tensor
 from tritonactor.core.datatypes import config_to_wire, from_numpy_dtype
@@ -463,7 +464,8 @@ class OnnxRuntimeBackend(Backend):
         as Triton's onnxruntime backend does. Returns a new config; `config` is not changed."""
         completed = ModelConfig.parse(bytes(config))
         model = completed.name
-        path = _onnx_file(version_dir / (completed.default_model_filename or MODEL_FILENAME))
+        filename = completed.default_model_filename or MODEL_FILENAME
+        path = _onnx_file(version_file(version_dir, filename))
         signature = _read_signature(path)
 
         if signature.batchable():

@@ -36,6 +36,7 @@ from tritonactor.backends.base import (
     ModelContext,
     Result,
     undo_reshape,
+    version_file,
 )
 from tritonactor.backends.checks import check_tensor
 from tritonactor.core.datatypes import config_to_wire, to_numpy_dtype
@@ -385,7 +386,7 @@ class TensorRTBackend(Backend):
 
     def auto_complete_config(self, config: ModelConfig, version_dir: Path) -> ModelConfig:
         trt, torch = _gpu_runtime(config.name)
-        path = version_dir / (config.default_model_filename or MODEL_FILENAME)
+        path = version_file(version_dir, config.default_model_filename or MODEL_FILENAME)
         loaded = _load_engine(config.name, path, trt, torch, device=0)
         return complete_config(config, loaded.signature)
 

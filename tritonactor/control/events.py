@@ -120,6 +120,33 @@ class InstanceRestarted(Event):
     version: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalLineSkipped(Event):
+    """Never recorded: what a journal line that cannot be read replays as, at its place (see
+    `journal`). `models`: the model names the line still shows; `kind`: its event type, if
+    that can be read. What the line said of those models' API loads is lost, so a restart does
+    not know whether to restore them (`ModelStatus.unsure`). `model` is the first name, or ""."""
+
+    line: int
+    reason: str
+    models: tuple[str, ...] = ()
+    kind: str = ""
+
+
+# Events that say nothing of what the API asked for: a line of one of these types that cannot be
+# read leaves no doubt about what to restore.
+_NO_REQUEST_KINDS = frozenset(
+    {
+        "ModelDiscovered",
+        "ModelUnloaded",
+        "VersionReplaced",
+        "InstanceFailed",
+        "InstanceRestarted",
+        "JournalLineSkipped",
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
 class VersionStatus:
     state: VersionState
@@ -151,6 +178,10 @@ class ModelStatus:
     # An API load not yet loaded: it replaces `requested` once a version of it loads, and is
     # dropped when it fails (a failed reload leaves the request in force as it was).
     pending: Requested | None = None
+    # Why what the API asked of this model is not known for sure: a journal line about it could
+    # not be read (`JournalLineSkipped`). Kept across restarts until an API load or unload of
+    # the model settles it.
+    unsure: str = ""
 
 
 State = dict[str, ModelStatus]
@@ -160,10 +191,18 @@ def apply(state: State, event: Event) -> State:
     """The state after `event`: a pure function, `state` is not changed."""
     if isinstance(event, ServerStarted):
         return {
-            name: ModelStatus(requested=status.requested)
+            name: ModelStatus(requested=status.requested, unsure=status.unsure)
             for name, status in state.items()
-            if status.requested is not None
+            if status.requested is not None or status.unsure
         }
+    if isinstance(event, JournalLineSkipped):
+        if event.kind in _NO_REQUEST_KINDS:
+            return state
+        doubt = f"line {event.line} of the journal could not be read ({event.reason})"
+        changed = dict(state)
+        for name in event.models:
+            changed[name] = replace(state.get(name, ModelStatus()), unsure=doubt)
+        return changed
     if isinstance(event, ModelRemoved):
         return {name: status for name, status in state.items() if name != event.model}
     status = state.get(event.model, ModelStatus())
@@ -181,7 +220,11 @@ def apply(state: State, event: Event) -> State:
                 pending = Requested(
                     event.config_override, event.override_repository, event.options_digest
                 )
-            status = ModelStatus(versions, wanted=True, requested=status.requested, pending=pending)
+            # An API load settles what a line that could not be read left in doubt.
+            unsure = "" if source == Source.API else status.unsure
+            status = ModelStatus(
+                versions, wanted=True, requested=status.requested, pending=pending, unsure=unsure
+            )
         case ModelLoaded(version=version):
             versions[version] = VersionStatus(VersionState.READY)
             requested = status.requested if status.pending is None else status.pending
@@ -211,7 +254,7 @@ def apply(state: State, event: Event) -> State:
                     versions[version] = VersionStatus(VersionState.UNLOADING)
             status = replace(status, versions=versions)
             if source == Source.API:
-                status = replace(status, wanted=False, requested=None, pending=None)
+                status = replace(status, wanted=False, requested=None, pending=None, unsure="")
         case ModelUnloaded(version=version, reason=reason):
             versions[version] = VersionStatus(
                 VersionState.UNAVAILABLE, reason or "unloaded", unloaded=True

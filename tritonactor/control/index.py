@@ -3,6 +3,7 @@ functions of the fold (`events.State`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tritonactor.control import events as ev
@@ -44,3 +45,21 @@ def ready(state: ev.State) -> bool:
             if not version.unloaded and version.state != ev.VersionState.READY:
                 return False
     return True
+
+
+def unrestored(state: ev.State, loading: Iterable[str]) -> list[tuple[str, str]]:
+    """(model, reason) for each model a restart in explicit mode cannot restore for sure: a
+    journal line about it could not be read (`ModelStatus.unsure`), and the rest of the journal
+    does not say to load it (nor does the startup list: `loading`). The manager records each as
+    a failed load, so that the index shows it UNAVAILABLE with the reason and strict readiness
+    waits until an API load or unload settles it."""
+    skip = set(loading)
+    return [
+        (
+            name,
+            f"not restored: {status.unsure}; it may have been loaded through the API before "
+            "this start. Load or unload it to settle this",
+        )
+        for name, status in sorted(state.items())
+        if status.unsure and name not in skip
+    ]

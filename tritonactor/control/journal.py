@@ -2,225 +2,60 @@
 
 Every class in `events` that derives from `Event` is journaled by its dataclass fields, so a new
 event needs no change here. A record's sequence number (`seq`) is its line number, from 1; see
-docs/journal.md for the format and for what happens to torn and corrupt files.
+docs/journal.md for the format and for what happens to torn and corrupt files: a torn last line
+is dropped; a line that cannot be read elsewhere is skipped, replayed as `JournalLineSkipped`
+at its place, and copied to `<journal>.rejected` for inspection.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import fcntl
 import json
 import logging
 import os
 import threading
-import types
-import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tritonactor.control import events
+from tritonactor.control.records import (
+    EVENT_TYPES,
+    SCHEMA_VERSION,
+    JournalError,
+    decode,
+    encode,
+    encode_line,
+    parse_line,
+    read_line,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "Journal",
+    "JournalEntry",
+    "JournalError",
+    "JournalLocationError",
+    "decode",
+    "encode",
+    "open_journal",
+    "rejected_path",
+]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-
 _NEWLINE = b"\n"
 _READ_CHUNK = 1 << 16
-
-
-class JournalError(ValueError):
-    """A record that cannot be encoded or decoded: unknown type or version, a missing field, a
-    value of the wrong kind."""
+# How many unreadable lines are logged one by one at a start (the rest are counted; every one
+# is in the `.rejected` file).
+_LOGGED_LINES = 20
 
 
 class JournalLocationError(OSError):
     """The journal's path cannot be opened for writing at all (the message names the path)."""
-
-
-# --- records ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _FieldSpec:
-    name: str
-    hint: Any
-    required: bool
-
-
-def _field_specs(cls: type[events.Event]) -> tuple[_FieldSpec, ...]:
-    hints = typing.get_type_hints(cls)
-    specs = []
-    for field in dataclasses.fields(cls):
-        hint = hints[field.name]
-        _check_supported(hint, f"{cls.__name__}.{field.name}")
-        has_default = (
-            field.default is not dataclasses.MISSING
-            or field.default_factory is not dataclasses.MISSING
-        )
-        specs.append(_FieldSpec(field.name, hint, required=not has_default))
-    return tuple(specs)
-
-
-def _find_event_types() -> dict[str, tuple[type[events.Event], tuple[_FieldSpec, ...]]]:
-    found = {}
-    for value in vars(events).values():
-        # The base class is the shape every event shares, not a fact anyone records.
-        if (
-            isinstance(value, type)
-            and issubclass(value, events.Event)
-            and value is not events.Event
-            and value.__module__ == events.__name__
-        ):
-            found[value.__name__] = (value, _field_specs(value))
-    return found
-
-
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _is_union(hint: Any) -> bool:
-    return typing.get_origin(hint) in (typing.Union, types.UnionType)
-
-
-def _check_supported(hint: Any, where: str) -> None:
-    # Refusing at import beats writing records that cannot be read back.
-    if hint in _SCALARS or (isinstance(hint, type) and issubclass(hint, enum.Enum)):
-        return
-    if _is_union(hint) or typing.get_origin(hint) is tuple:
-        for arg in typing.get_args(hint):
-            if arg is not Ellipsis:
-                _check_supported(arg, where)
-        return
-    raise TypeError(f"the journal cannot store {where} of type {hint!r}")
-
-
-_FOUND = _find_event_types()
-# Every event class of `events`, by the name its records carry.
-EVENT_TYPES: Mapping[str, type[events.Event]] = types.MappingProxyType(
-    {name: cls for name, (cls, _) in _FOUND.items()}
-)
-_SPECS: Mapping[type[events.Event], tuple[_FieldSpec, ...]] = dict(_FOUND.values())
-
-
-def _kind_error(where: str, hint: Any, value: Any) -> JournalError:
-    name = hint.__name__ if isinstance(hint, type) else repr(hint)
-    return JournalError(f"{where}: expected {name}, got {value!r}")
-
-
-def _convert(hint: Any, value: Any, where: str, *, to_json: bool) -> Any:
-    """`value` as JSON (to_json) or back from JSON, checked against the field's type hint.
-
-    The same walk serves both directions, so whatever is written can be read back.
-    """
-    if _is_union(hint):
-        if value is None and type(None) in typing.get_args(hint):
-            return None
-        for arg in typing.get_args(hint):
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, where, to_json=to_json)
-            except JournalError:
-                continue
-        raise _kind_error(where, hint, value)
-    if typing.get_origin(hint) is tuple:
-        if not isinstance(value, list | tuple):
-            raise _kind_error(where, hint, value)
-        args = typing.get_args(hint)
-        kinds = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
-        if len(kinds) != len(value):
-            raise _kind_error(where, hint, value)
-        items = [
-            _convert(kind, item, f"{where}[{index}]", to_json=to_json)
-            for index, (kind, item) in enumerate(zip(kinds, value, strict=True))
-        ]
-        return items if to_json else tuple(items)
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            member = hint(value)
-        except (ValueError, TypeError):
-            raise _kind_error(where, hint, value) from None
-        return member.value if to_json else member
-    if hint is float:
-        # JSON has one number type: a float field may arrive as an integer.
-        if type(value) in (int, float):
-            return float(value)
-        raise _kind_error(where, hint, value)
-    if hint is str and isinstance(value, str):
-        # A StrEnum member in a plain str field is written, and read back, as its text.
-        return str.__str__(value)
-    # Exact types: a bool is not an int here, nor a numpy integer.
-    if type(value) is hint:
-        return value
-    raise _kind_error(where, hint, value)
-
-
-def encode(event: events.Event) -> dict[str, Any]:
-    """The JSON record for `event`: `{"v": 1, "type": <class name>, "fields": {...}}`."""
-    cls = type(event)
-    specs = _SPECS.get(cls)
-    if specs is None or EVENT_TYPES.get(cls.__name__) is not cls:
-        raise JournalError(f"{cls.__qualname__} is not an event of tritonactor.control.events")
-    values = {
-        spec.name: _convert(
-            spec.hint, getattr(event, spec.name), f"{cls.__name__}.{spec.name}", to_json=True
-        )
-        for spec in specs
-    }
-    return {"v": SCHEMA_VERSION, "type": cls.__name__, "fields": values}
-
-
-def decode(record: Any) -> events.Event:
-    """The event a record holds; fields it does not know are ignored, defaulted ones may be absent.
-
-    Raises `JournalError` for anything else: not an object, an unknown schema version or type,
-    a missing required field, a value of the wrong kind.
-    """
-    if not isinstance(record, dict):
-        raise JournalError(f"a record is a JSON object, not {type(record).__name__}")
-    version = record.get("v")
-    # `True == 1` in Python; a schema version is an integer, nothing else.
-    if type(version) is not int or version != SCHEMA_VERSION:
-        raise JournalError(
-            f"unknown schema version {version!r} (this server reads {SCHEMA_VERSION})"
-        )
-    name = record.get("type")
-    cls = EVENT_TYPES.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise JournalError(f"unknown event type {name!r}")
-    values = record.get("fields")
-    if not isinstance(values, dict):
-        raise JournalError(f"{name}: 'fields' is a JSON object, not {values!r}")
-    arguments = {}
-    for spec in _SPECS[cls]:
-        if spec.name not in values:
-            if spec.required:
-                raise JournalError(f"{name}: missing field {spec.name!r}")
-            continue
-        arguments[spec.name] = _convert(
-            spec.hint, values[spec.name], f"{name}.{spec.name}", to_json=False
-        )
-    return cls(**arguments)
-
-
-def _encode_line(event: events.Event) -> bytes:
-    # ASCII escapes keep any string (a lone surrogate from an undecodable path included)
-    # representable; allow_nan=False keeps every line standard JSON.
-    record = encode(event)
-    try:
-        text = json.dumps(record, separators=(",", ":"), allow_nan=False)
-    except ValueError as exc:
-        raise JournalError(f"{type(event).__name__}: {exc}") from None
-    return text.encode("ascii") + _NEWLINE
-
-
-def _parse_line(line: bytes) -> Any:
-    """The JSON value of a line; ValueError (JSON or UTF-8) when it is not JSON."""
-    return json.loads(line)
 
 
 # --- the file -----------------------------------------------------------------------------------
@@ -244,13 +79,6 @@ class JournalEntry:
             "model": fields.pop("model", None),
             "fields": fields,
         }
-
-
-class _Corrupt(Exception):
-    def __init__(self, line: int, reason: str) -> None:
-        super().__init__(f"line {line}: {reason}")
-        self.line = line
-        self.reason = reason
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -302,14 +130,36 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _aside_name(path: Path) -> Path:
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    candidate = path.with_name(f"{path.name}.corrupt-{stamp}")
-    counter = 1
-    while candidate.exists():
-        candidate = path.with_name(f"{path.name}.corrupt-{stamp}-{counter}")
-        counter += 1
-    return candidate
+def rejected_path(path: Path) -> Path:
+    """Where the lines of the journal at `path` that cannot be read are copied."""
+    return path.with_name(f"{path.name}.rejected")
+
+
+def _write_rejected(path: Path, skipped: list[tuple[events.JournalLineSkipped, bytes]]) -> None:
+    """Replace `<journal>.rejected` with the lines that cannot be read now (one JSON object
+    each: line, reason, text), or remove it when there are none."""
+    target = rejected_path(path)
+    if not skipped:
+        target.unlink(missing_ok=True)
+        return
+    lines = [
+        json.dumps(
+            {
+                "line": event.line,
+                "reason": event.reason,
+                "text": raw.decode("utf-8", "backslashreplace"),
+            }
+        )
+        for event, raw in skipped
+    ]
+    partial = target.with_name(f"{target.name}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, ("\n".join(lines) + "\n").encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(partial, target)
 
 
 class Journal:
@@ -351,7 +201,7 @@ class Journal:
         return self._fd
 
     def _still_at_path(self, fd: int) -> bool:
-        # Another process may have set the file aside (corrupt) and begun a new one.
+        # Another process may have moved the file away and begun a new one.
         try:
             at_path = os.stat(self._path)
         except FileNotFoundError:
@@ -379,9 +229,6 @@ class Journal:
                 yield fd
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
-                if fd != self._fd:
-                    # Replaced while held (`_set_aside`): this one is done with.
-                    os.close(fd)
 
     def _index_to_end(self, fd: int) -> int:
         """Extend the line index to the file's end; returns the file's size.
@@ -411,7 +258,7 @@ class Journal:
         Raises `JournalError` for an event that could not be read back, OSError when the write
         fails (the file is then left as it was).
         """
-        line = _encode_line(event)
+        line = encode_line(event)
         with self._locked(fcntl.LOCK_EX) as fd:
             size = self._index_to_end(fd)
             end = self._line_ends[-1] if self._line_ends else 0
@@ -438,45 +285,37 @@ class Journal:
             self._line_ends.append(end + len(line))
             return len(self._line_ends)
 
-    def _read_all(self, fd: int) -> tuple[list[events.Event], int | None]:
-        """Every event; the offset where a torn last line begins, or None.
-
-        Raises `_Corrupt` for a line before the last that is not JSON, or any bad record.
-        """
+    def _read_all(
+        self, fd: int
+    ) -> tuple[list[events.Event], list[tuple[events.JournalLineSkipped, bytes]], int | None]:
+        """Every event, a line that cannot be read as its `JournalLineSkipped`; those lines with
+        their bytes; the offset where a torn last line begins, or None."""
         data = _read_from(fd, 0)
         lines = data.split(_NEWLINE)
         # After the last newline: empty when the file ends cleanly, else an unfinished write.
         unfinished = lines.pop()
         torn_at = len(data) - len(unfinished) if unfinished else None
-        parsed: list[tuple[int, Any]] = []
-        offset = 0
+        if torn_at is None and lines:
+            try:
+                parse_line(lines[-1])
+            except ValueError:
+                # A whole last line that is not JSON: a write that never finished too.
+                torn_at = len(data) - len(lines[-1]) - 1
+                lines.pop()
+        found: list[events.Event] = []
+        skipped: list[tuple[events.JournalLineSkipped, bytes]] = []
         for number, line in enumerate(lines, start=1):
-            try:
-                parsed.append((number, _parse_line(line)))
-            except ValueError as exc:
-                if number == len(lines) and torn_at is None:
-                    torn_at = offset
-                    break
-                raise _Corrupt(number, f"not JSON ({exc})") from None
-            offset += len(line) + 1
-        found = []
-        for number, record in parsed:
-            try:
-                found.append(decode(record))
-            except JournalError as exc:
-                raise _Corrupt(number, str(exc)) from None
-        return found, torn_at
+            event = read_line(number, line)
+            if isinstance(event, events.JournalLineSkipped):
+                skipped.append((event, line))
+            found.append(event)
+        return found, skipped, torn_at
 
     def read(self) -> list[events.Event]:
-        """Every event in the file, oldest first; a torn last line is skipped with a warning.
-
-        Raises `JournalError` (naming the line) when a record before the last one is bad.
-        """
+        """Every event in the file, oldest first; a torn last line is skipped with a warning,
+        and a line that cannot be read elsewhere reads as `JournalLineSkipped`."""
         with self._locked(fcntl.LOCK_SH) as fd:
-            try:
-                found, torn_at = self._read_all(fd)
-            except _Corrupt as exc:
-                raise JournalError(f"{self._path}: {exc}") from None
+            found, _, torn_at = self._read_all(fd)
         if torn_at is not None:
             log.warning("control-plane journal %s: skipping a torn last line", self._path)
         return found
@@ -485,7 +324,7 @@ class Journal:
         """Up to `limit` entries with seq greater than `after`, oldest first.
 
         Start with `after=0` and pass the last seq returned to get the next page; an empty list
-        means there is nothing newer yet. Raises `JournalError` for a bad record in the page.
+        means there is nothing newer yet.
         """
         if after < 0:
             raise ValueError(f"'after' is a seq, 0 or more: {after}")
@@ -495,13 +334,8 @@ class Journal:
             self._index_to_end(fd)
             last = min(after + limit, len(self._line_ends))
             lines = [(seq, self._line(fd, seq)) for seq in range(after + 1, last + 1)]
-        entries = []
-        for seq, line in lines:
-            try:
-                entries.append(JournalEntry(seq, decode(_parse_line(line))))
-            except ValueError as exc:
-                raise JournalError(f"{self._path}: line {seq}: {exc}") from None
-        return entries
+        # A line that cannot be read is listed as what it replays as (`JournalLineSkipped`).
+        return [JournalEntry(seq, read_line(seq, line)) for seq, line in lines]
 
     @property
     def last_seq(self) -> int:
@@ -511,13 +345,10 @@ class Journal:
             return len(self._line_ends)
 
     def _recover(self) -> list[events.Event]:
-        """Replay the file for `open_journal`: drop a torn tail, set a corrupt file aside."""
+        """Replay the file for `open_journal`: drop a torn tail, skip (and keep aside) the lines
+        that cannot be read."""
         with self._locked(fcntl.LOCK_EX) as fd:
-            try:
-                found, torn_at = self._read_all(fd)
-            except _Corrupt as exc:
-                self._set_aside(fd, exc)
-                return []
+            found, skipped, torn_at = self._read_all(fd)
             if torn_at is not None:
                 log.warning(
                     "control-plane journal %s: dropping a torn last line (%d bytes) left by an "
@@ -529,29 +360,36 @@ class Journal:
                 os.fsync(fd)
             self._line_ends = []
             self._index_to_end(fd)
+            self._report(skipped)
             return found
 
-    def _set_aside(self, fd: int, corruption: _Corrupt) -> None:
-        # Called holding the lock on the old file: other processes waiting for it find the
-        # path now names a new file, and reopen it (see `_locked`).
-        aside = _aside_name(self._path)
+    def _report(self, skipped: list[tuple[events.JournalLineSkipped, bytes]]) -> None:
+        """Log each line that cannot be read and copy it to `<journal>.rejected`."""
+        kept = rejected_path(self._path)
         try:
-            os.rename(self._path, aside)
-            new_fd = _open_or_create(self._path)
+            _write_rejected(self._path, skipped)
         except OSError as exc:
-            raise JournalLocationError(
-                f"the control-plane journal {self._path} is corrupt ({corruption}) and cannot be "
-                f"set aside: {exc.strerror or exc}"
-            ) from exc
-        log.error(
-            "control-plane journal %s is corrupt at %s; moved it to %s and began a new, empty "
-            "journal (the models' history before this start is not replayed)",
-            self._path,
-            corruption,
-            aside,
-        )
-        self._fd = new_fd
-        self._line_ends = []
+            log.error("control-plane journal %s: cannot write %s: %s", self._path, kept, exc)
+        for event, _ in skipped[:_LOGGED_LINES]:
+            about = (
+                f" (about model(s) {', '.join(map(repr, event.models))})" if event.models else ""
+            )
+            log.warning(
+                "control-plane journal %s: line %d cannot be read: %s%s; it is skipped, the "
+                "events before and after it still count, and it is kept in %s",
+                self._path,
+                event.line,
+                event.reason,
+                about,
+                kept,
+            )
+        if len(skipped) > _LOGGED_LINES:
+            log.warning(
+                "control-plane journal %s: %d more lines cannot be read (all are in %s)",
+                self._path,
+                len(skipped) - _LOGGED_LINES,
+                kept,
+            )
 
     def close(self) -> None:
         with self._thread_lock:
@@ -569,9 +407,9 @@ class Journal:
 def open_journal(path: str | os.PathLike[str]) -> tuple[Journal, list[events.Event]]:
     """The journal at `path`, ready for appends, and the events it replays.
 
-    A torn last line is dropped (a warning); a corrupt file is moved to
-    `<name>.corrupt-<UTC timestamp>` and a new one begun (an error naming where it went). Raises
-    `JournalLocationError` only when the path cannot be written at all.
+    A torn last line is dropped (a warning); a line that cannot be read elsewhere is skipped (a
+    warning naming it), replayed as `JournalLineSkipped`, and copied to `<name>.rejected`.
+    Raises `JournalLocationError` only when the path cannot be written at all.
     """
     journal = Journal(path)
     try:

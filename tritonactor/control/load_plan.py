@@ -67,6 +67,16 @@ def override_of(requested: ev.Requested) -> Override | None:
     return Override(requested.config_override, repository, requested.options_digest)
 
 
+def restored_overrides(state: ev.State) -> list[Path]:
+    """The file-override folders a restart loads again (the journal's loads in force): what
+    `override_folders.remove_stale_folders` keeps at start."""
+    return [
+        Path(status.requested.override_repository)
+        for status in state.values()
+        if status.requested is not None and status.requested.override_repository
+    ]
+
+
 def with_config(model: ModelSource, config_json: str) -> ModelSource:
     """The model with its config replaced by an override's (Triton ignores config.pbtxt then)."""
     try:

@@ -27,6 +27,7 @@ from tritonactor.cache import check_model_config
 from tritonactor.config.model_config import ConfigError
 from tritonactor.control import events as ev
 from tritonactor.control.budget import files_size, process_tree_rss
+from tritonactor.control.index import unrestored
 from tritonactor.control.load_plan import (
     load_failed,
     load_requested,
@@ -38,6 +39,7 @@ from tritonactor.control.load_plan import (
 from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
 from tritonactor.control.model_control import ManagerControl
 from tritonactor.control.operations import OperationTraces
+from tritonactor.control.override_folders import hold, release
 from tritonactor.control.prepare import (
     failure_reason,
     missing_model_file,
@@ -229,6 +231,9 @@ class ModelManager(Actor[Any]):
             for name, status in self.state.items():
                 if status.requested is not None:
                     wanted[name] = override_of(status.requested)
+            # What an unreadable journal line leaves in doubt is said, not guessed.
+            for name, reason in unrestored(self.state, wanted):
+                self._record(ev.LoadFailed(model=name, version=None, reason=reason))
         async with anyio.create_task_group() as group:
             for name, override in wanted.items():
                 source = ev.Source.STARTUP
@@ -265,7 +270,11 @@ class ModelManager(Actor[Any]):
                 with self._operations.traced(
                     "reload" if name in self._serving else "load", name, source
                 ):
-                    await self._sync(name, override, source, loading | {name})
+                    try:
+                        await self._sync(name, override, source, loading | {name})
+                    finally:  # the API's load held its override folder until now
+                        if source == ev.Source.API and override is not None:
+                            await anyio.to_thread.run_sync(release, override.repository, name)
         finally:
             self._forget_lock(name)
 
@@ -312,6 +321,8 @@ class ModelManager(Actor[Any]):
                     strict=self._strict,
                     latest=versions[-1],
                     gpus=gpu_count(),
+                    # An API caller's config: its file names may not leave the folder at all.
+                    caller_config=override is not None and bool(override.config_json),
                 )
             )
         except Exception as error:
@@ -437,6 +448,7 @@ class ModelManager(Actor[Any]):
             serving.config_digest = digest
             serving.files = files[version]
             serving.override = override_digest
+            serving.folder = hold(model.repository, name)
             serving.memory = estimate // max(len(versions), 1)
             # Looked up again: the dict may have been replaced while the version loaded.
             serving_now = self._serving.setdefault(name, {})
@@ -609,11 +621,13 @@ class ModelManager(Actor[Any]):
         if serving is None:
             return
         await self._drain_and_stop(serving)
+        await anyio.to_thread.run_sync(release, serving.folder, name)
         self._record(ev.ModelUnloaded(model=name, version=version, reason=reason))
 
     async def _replace(self, old: Serving) -> None:
         started = time.perf_counter()
         await self._drain_and_stop(old)
+        await anyio.to_thread.run_sync(release, old.folder, old.handle.name)
         self._record(
             ev.VersionReplaced(
                 model=old.handle.name,

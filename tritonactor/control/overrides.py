@@ -6,7 +6,9 @@ writes nothing. A load with `file:` parameters is served from a folder of its ow
 server's state directory, `<root>/<model>-<digest>/<model>/`, so `<root>/<model>-<digest>` is a
 one-model repository that `scan_repositories` reads like any other. The digest covers the config
 and every file, so the same override always maps to the same folder and a restarted server finds
-it again from the digest its journal recorded.
+it again from the digest its journal recorded. The folder is held from here until the load
+that asked for it is done, and by each version loaded from it; it is removed once nothing holds
+it (`override_folders`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import stat
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -29,6 +30,12 @@ from google.protobuf import message_factory, text_format
 
 from tritonactor._proto.inference import ModelConfig, ModelRepositoryParameter
 from tritonactor.config.model_config import ConfigError, config_from_json, config_to_json
+from tritonactor.control.override_folders import (
+    PARTIAL_SUFFIX,
+    folder_lock,
+    hold,
+    remove_entry,
+)
 from tritonactor.control.repository import CONFIG_FILENAME
 from tritonactor.core.errors import TritonError, internal, invalid_arg
 
@@ -43,14 +50,12 @@ __all__ = [
     "override_model_folder",
     "parse_load_parameters",
     "parse_unload_parameters",
-    "remove_partial_folders",
 ]
 
 CONFIG_PARAMETER = "config"
 FILE_PREFIX = "file:"
 UNLOAD_DEPENDENTS_PARAMETER = "unload_dependents"
 
-_PARTIAL_SUFFIX = ".partial"
 _MAX_NAME_BYTES = 255  # NAME_MAX on the filesystems a server runs on
 # 128 bits: the folder is reused on a digest match, so a collision must be out of reach even
 # for a client who tries to make one (64 bits would fall to a birthday search).
@@ -368,6 +373,7 @@ def materialize(options: LoadOptions, model: str, root: Path) -> Path:
     config.pbtxt written from the config JSON beside the given files, and is reused when it
     already exists with the same content. No symlink is followed or created: a link found where
     the folder belongs is removed, never written through. Folders are 0700, files 0600.
+    The folder returned is held for the load (`override_folders.release` once it is done).
     """
     if not options.files:
         raise ValueError("only a load with file overrides needs a folder of its own")
@@ -390,17 +396,6 @@ def materialize(options: LoadOptions, model: str, root: Path) -> Path:
     return folder
 
 
-def remove_partial_folders(root: Path) -> None:
-    """Remove what an interrupted `materialize` left behind; call before any load starts."""
-    try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry.name.startswith(".") and entry.name.endswith(_PARTIAL_SUFFIX):
-            _remove_entry(Path(entry.path))
-
-
 def _config_pbtxt(config: ModelConfig, model: str) -> bytes:
     if not config.name:
         config.name = model
@@ -417,16 +412,21 @@ def _write_override(
     files: tuple[tuple[str, bytes], ...],
 ) -> None:
     root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-    if _is_intact(repository, model, pbtxt, files):
-        return
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", suffix=_PARTIAL_SUFFIX, dir=root))
+    # Checked and held under the folders' lock: a removal cannot slip in between.
+    with folder_lock():
+        if _is_intact(repository, model, pbtxt, files):
+            hold(repository, model)
+            return
+    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", suffix=PARTIAL_SUFFIX, dir=root))
     try:
         _write_tree(staging, model, pbtxt, files)
-        _move_into_place(staging, repository, model, pbtxt, files)
+        with folder_lock():
+            _move_into_place(staging, repository, model, pbtxt, files)
+            hold(repository, model)
         _fsync_directory(root)
     finally:
         if os.path.lexists(staging):
-            _remove_entry(staging)
+            remove_entry(staging)
 
 
 def _write_tree(
@@ -492,25 +492,8 @@ def _move_into_place(
     # foreign entry, a symlink included (remove the entry itself, never what it points to).
     if _is_intact(repository, model, pbtxt, files):
         return
-    _remove_entry(repository)
+    remove_entry(repository)
     os.rename(staging, repository)
-
-
-def _remove_entry(path: Path) -> None:
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(info.st_mode):
-        # A unique hidden name first, so the folder's name is free at once and a half-removed
-        # folder is never mistaken for a whole one.
-        doomed = Path(
-            tempfile.mkdtemp(prefix=".removing.", suffix=_PARTIAL_SUFFIX, dir=path.parent)
-        )
-        os.rename(path, doomed / "folder")
-        shutil.rmtree(doomed)  # fd-based on Linux: does not follow symlinks inside
-    else:
-        os.unlink(path)
 
 
 def _is_intact(

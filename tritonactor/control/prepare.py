@@ -2,22 +2,33 @@
 backend, auto-complete and Triton's defaults, and the model file each version must hold.
 
 Plain functions, so that the manager (which goes on to load) and `repository inspect` (which
-only reports) hit the same errors with the same reason texts.
+only reports) hit the same errors with the same reason texts. Every file a config names is
+checked here, before anything reads it: it must stay inside the model folder
+(`core.paths.inside`; `confine_config` lists the names, see docs/confinement.md).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Collection
+from pathlib import Path
 
 from tritonactor._proto.inference import ModelConfig
-from tritonactor.backends.base import Backend, ModelContext
+from tritonactor.backends.base import Backend, ModelContext, version_file
+from tritonactor.backends.python.backend import EXECUTION_ENV_PATH
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.config.model_config import ConfigError
 from tritonactor.config.normalize import fill_defaults
 from tritonactor.control.repository import ModelSource, VersionSelection, version_path
 from tritonactor.core.errors import TritonError
+from tritonactor.core.paths import inside, outside_error
+from tritonactor.scheduling.sequence_state import INITIAL_STATE_FOLDER
+from tritonactor.scheduling.signature import label_description
+from tritonactor.scheduling.warmup import WARMUP_FOLDER
 
 __all__ = [
+    "confine_config",
     "failure_reason",
     "missing_model_file",
     "missing_version_reason",
@@ -49,13 +60,18 @@ def prepare_config(
     latest: int,
     gpus: int,
     skip_auto_complete: Collection[str] = (),
+    caller_config: bool = False,
 ) -> tuple[Backend, ModelConfig]:
     """The backend and the complete config (auto-completed, Triton's defaults filled).
 
     `latest` is the version whose model file auto-complete reads. Backends named in
     `skip_auto_complete` keep the config as written, for callers that must not run what a
     backend's auto-complete runs (the python backend starts the model's own code).
+    `caller_config`: the config came from an API caller (a load's config override), so every
+    file it names must stay inside the model folder after resolving symlinks too. The names
+    are checked before auto-complete reads (or runs) the model file, and again after.
     """
+    confine_config(model, config, caller_config=caller_config)
     if strict and not model.has_config_file:
         raise ConfigError(
             f"model '{model.name}' has no config.pbtxt, and strict model configuration "
@@ -68,7 +84,116 @@ def prepare_config(
     config = fill_defaults(config, gpus)
     config.backend = config.backend or name
     config.default_model_filename = config.default_model_filename or backend.default_model_filename
+    confine_config(model, config, caller_config=caller_config)
     return backend, config
+
+
+_MODEL_DIRECTORY_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
+
+
+def confine_config(model: ModelSource, config: ModelConfig, *, caller_config: bool) -> None:
+    """Refuse (INVALID_ARG, one wording) a config that names a file outside the model folder:
+    the model file of each version (and `cc_model_filenames`), output label files, warmup
+    input files, initial sequence-state files; and, for a config an API caller supplied, the
+    python backend's EXECUTION_ENV_PATH and accelerator or session parameters that name files.
+    Names from the repository's own config.pbtxt may go through symlinks an operator placed
+    in the repository; a caller's names may not leave the folder even that way."""
+    folder = model.path
+    trust = not caller_config
+    filenames = [config.default_model_filename, *config.cc_model_filenames.values()]
+    for filename in filter(None, filenames):
+        for version in model.versions:
+            inside(
+                folder,
+                f"{version}/{filename.lstrip('/')}",
+                what=f"default_model_filename {_quoted(filename)}",
+                trust_links=trust,
+            )
+    for output in config.output:
+        if output.label_filename:
+            inside(
+                folder,
+                output.label_filename,
+                what=label_description(output.name, output.label_filename),
+                trust_links=trust,
+            )
+    for warmup in config.model_warmup:
+        for input_name, spec in warmup.inputs.items():
+            if spec.input_data_file:
+                inside(
+                    folder / WARMUP_FOLDER,
+                    spec.input_data_file,
+                    what=f"warmup {_quoted(warmup.name)}, input {_quoted(input_name)}: "
+                    f"input_data_file {_quoted(spec.input_data_file)}",
+                    where=f"the model's {WARMUP_FOLDER} folder",
+                    trust_links=trust,
+                )
+    sequence = config.sequence_batching
+    for state in sequence.state if sequence is not None else ():
+        for initial in state.initial_state:
+            if initial.data_file:
+                inside(
+                    folder / INITIAL_STATE_FOLDER,
+                    initial.data_file,
+                    what=f"state {_quoted(state.input_name)}: initial_state data_file "
+                    f"{_quoted(initial.data_file)}",
+                    where=f"the model's {INITIAL_STATE_FOLDER} folder",
+                    trust_links=trust,
+                )
+    if caller_config:
+        _confine_caller_parameters(folder, config)
+
+
+def _confine_caller_parameters(folder: Path, config: ModelConfig) -> None:
+    """What only a caller's config is held to: parameters a backend reads as a file or folder
+    (an operator's config.pbtxt may name shared environments and caches anywhere)."""
+    parameter = config.parameters.get(EXECUTION_ENV_PATH)
+    value = parameter.string_value.strip() if parameter is not None else ""
+    if value:
+        value = value.replace(_MODEL_DIRECTORY_VARIABLE, str(folder))
+        _absolute_inside(folder, value, f"{EXECUTION_ENV_PATH} {_quoted(value)}")
+    optimization = config.optimization
+    accelerators = optimization.execution_accelerators if optimization is not None else None
+    if accelerators is not None:
+        for accelerator in (
+            *accelerators.gpu_execution_accelerator,
+            *accelerators.cpu_execution_accelerator,
+        ):
+            for key, text in accelerator.parameters.items():
+                if key.endswith("table_name"):
+                    # A file name in the engine cache folder (trt_int8_calibration_table_name).
+                    if "/" in text or text in ("", ".", ".."):
+                        raise outside_error(f"accelerator parameter '{key}' {_quoted(text)}")
+                elif _names_a_file(key):
+                    what = f"accelerator parameter '{key}' {_quoted(text)}"
+                    _absolute_inside(folder, text, what)
+    for key, parameter in config.parameters.items():
+        if key.startswith("session.") and _names_a_file(key):
+            what = f"parameter '{key}' {_quoted(parameter.string_value)}"
+            _absolute_inside(folder, parameter.string_value, what)
+
+
+def _names_a_file(key: str) -> bool:
+    # onnxruntime's TensorRT options (trt_engine_cache_path, trt_timing_cache_path,
+    # trt_ep_context_file_path) and session entries such as
+    # session.optimized_model_external_initializers_file_name; `trt_profile_*` are shapes.
+    words = set(re.split(r"[_.]", key.lower()))
+    return bool(words & {"path", "file", "filename", "dir", "directory"})
+
+
+def _absolute_inside(folder: Path, value: str, what: str) -> None:
+    """A backend reads `value` as a path of its own (absolute, or relative to the server's
+    working directory): it must be an absolute path inside `folder`, links resolved."""
+    if not value or not os.path.isabs(value):
+        raise outside_error(what)
+    relative = os.path.relpath(os.path.normpath(value), os.path.normpath(folder))
+    if relative == ".." or relative.startswith("../"):
+        raise outside_error(what)
+    inside(folder, relative, what=what)
+
+
+def _quoted(text: str) -> str:
+    return f"'{text}'" if text.isprintable() else repr(text)
 
 
 def model_context(model: ModelSource, config: ModelConfig, version: int) -> ModelContext:
@@ -81,8 +206,13 @@ def model_context(model: ModelSource, config: ModelConfig, version: int) -> Mode
         config=config,
         model_dir=model.path,
         version_dir=directory,
-        model_path=directory / config.default_model_filename,
+        model_path=model_file(model, config.default_model_filename, version),
     )
+
+
+def model_file(model: ModelSource, filename: str, version: int) -> Path:
+    """Where `version`'s model file `filename` is (`backends.base.version_file`)."""
+    return version_file(version_path(model, version), filename)
 
 
 def missing_model_file(model: ModelSource, config: ModelConfig, version: int) -> str | None:
@@ -94,7 +224,7 @@ def missing_model_file(model: ModelSource, config: ModelConfig, version: int) ->
     filename = config.default_model_filename
     if not filename:
         return None
-    path = version_path(model, version) / filename
+    path = model_file(model, filename, version)
     if path.exists():
         return None
     return f"unable to find '{path}' for model '{model.name}'"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
@@ -35,6 +36,8 @@ class Serving:
     files: str  # folder_signature of the version folder
     override: str  # the override's digest, "" without one
     memory: int  # bytes charged against the memory budget
+    # The file override's folder it was loaded from, held while it runs (override_folders).
+    folder: Path | None = None
 
 
 def over_budget(serving: dict[str, dict[int, Serving]], budget: int, name: str, extra: int) -> str:

@@ -7,6 +7,11 @@ released with Triton's RESCHEDULE flag goes back to the scheduler (`Rescheduled`
 answer the backend gives later (`Deferred`, e.g. a python model answering through its response
 sender after execute returned) is answered when that answer comes, while the instance already
 runs its next batch.
+
+An instance that can die on its own (`backends.lifetime.WatchedInstance`: a python model's
+process) tells the actor when it dies, idle or not: the actor closes its mailbox at once (the
+scheduler then hands its next batch to another instance, or keeps it queued) and fails, so that
+its model-version actor replaces it without waiting for a request to meet the dead instance.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
+
+import anyio
 
 from tritonactor.actors import Actor, ActorRef, ActorStopped
 from tritonactor.actors.loop import on_loop
@@ -29,6 +37,7 @@ from tritonactor.backends.base import (
     InstanceDied,
     Result,
 )
+from tritonactor.backends.lifetime import BatchNotRun, WatchedInstance
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.observability.tracing import BatchTrace
@@ -46,7 +55,18 @@ ON_LOOP_NS = 100_000
 ON_LOOP_BYTES = 64 * 1024
 
 
-class InstanceActor(Actor[Execute]):
+@dataclass(frozen=True, slots=True)
+class _Died:
+    """The backend instance reported its death (from its own thread, hopped onto the loop)."""
+
+    reason: str
+
+
+class InstanceActor(Actor[Execute | _Died]):
+    """`requeue`: whether requests of a batch that never reached a dead instance may go back to
+    the scheduler as new requests (not for a sequence batcher, whose batches are rows of
+    sequences bound to this instance, nor for a batcher that preserves the order of answers)."""
+
     mailbox_size = 4  # the scheduler sends a batch only to an idle instance
 
     def __init__(
@@ -55,11 +75,14 @@ class InstanceActor(Actor[Execute]):
         backend: BackendInstance,
         scheduler: ActorRef[Any],
         statistics: VersionStatistics | None = None,
+        requeue: bool = False,
     ) -> None:
         super().__init__(name)
         self._backend = backend
         self._scheduler = scheduler
         self._statistics = statistics
+        self._requeue = requeue
+        self._released = False
         self._is_async = inspect.iscoroutinefunction(backend.execute)
         self._may_run_on_loop = backend.may_run_on_loop and not self._is_async
         # The input bytes the next batch may have to run on the loop: those of the last execute
@@ -70,9 +93,24 @@ class InstanceActor(Actor[Execute]):
         self._worker = WorkerThread(name)
 
     async def started(self) -> None:
+        if isinstance(self._backend, WatchedInstance):
+            self._backend.on_death(on_loop(self._died))
         await self._scheduler.tell(InstanceIdle(self.ref))
 
-    async def receive(self, message: Execute) -> None:
+    def _died(self, reason: str) -> None:
+        """On the loop, when the backend reports its death: a `_Died` for the actor to fail on,
+        and no batch after it (the scheduler's `tell_nowait` meets a closed mailbox and gives
+        the batch to another instance, or keeps it queued for the replacement). Also before the
+        actor's loop runs (it died while starting), and a no-op once the actor has stopped."""
+        with contextlib.suppress(ActorStopped, anyio.WouldBlock):
+            # A full mailbox holds a batch, which fails the actor as well.
+            self.ref.tell_nowait(_Died(reason))
+        self.ref.stop()
+
+    async def receive(self, message: Execute | _Died) -> None:
+        if isinstance(message, _Died):
+            await self._release_dead()
+            raise InstanceDied(message.reason)
         started = perf_counter_ns()
         requests = [item.request for item in message.batch]
         trace: BatchTrace | None = None
@@ -102,10 +140,19 @@ class InstanceActor(Actor[Execute]):
                     f"for {len(requests)} requests"
                 )
         except InstanceDied as death:
-            # The instance itself is gone: its batch fails with the reason, and so does this
-            # actor, so that the model-version actor can put a new instance in its place.
+            # The instance itself is gone: its batch fails with the reason (or, when the batch
+            # never reached it, goes back to the scheduler), and so does this actor, so that
+            # the model-version actor can put a new instance in its place.
             failure = unavailable(str(death))
-            self._finish(message, [failure] * len(requests), started, trace=trace, error=failure)
+            if isinstance(death, BatchNotRun) and self._requeue:
+                if trace is not None:
+                    trace.end(None, None, failure)
+                await self._send_back(message, failure)
+            else:
+                self._finish(
+                    message, [failure] * len(requests), started, trace=trace, error=failure
+                )
+            await self._release_dead()
             raise
         except Exception as error:  # a backend bug fails this batch, not the instance
             log.exception("instance '%s' failed to execute a batch", self.name)
@@ -130,6 +177,32 @@ class InstanceActor(Actor[Execute]):
                 item.reply.fail(
                     unavailable(f"model instance '{self.name}' stopped before rerunning a request")
                 )
+
+    async def _send_back(self, message: Execute, failure: TritonError) -> None:
+        """A batch the dead instance never ran: its requests queue again at the scheduler, which
+        runs them on another instance or the replacement (this one no longer says it is idle)."""
+        for item in message.batch:
+            try:
+                await self._scheduler.tell(item)
+            except ActorStopped:
+                item.reply.fail(failure)
+
+    async def _release(self) -> None:
+        """Finalize the backend instance and end the worker thread (once): at a stop, and when
+        it died (a failed actor's `stopped` hook does not run)."""
+        if self._released:
+            return
+        self._released = True
+        try:
+            await self._worker.run(self._backend.finalize)
+        finally:
+            self._worker.close()
+
+    async def _release_dead(self) -> None:
+        try:
+            await self._release()
+        except Exception:
+            log.exception("instance '%s' failed to finalize after it died", self.name)
 
     def _timed_execute(self, requests: list[InferenceRequest]) -> tuple[list[Result], int, int]:
         # On the worker thread: the backend's own time, without the hops to and from it.
@@ -188,10 +261,7 @@ class InstanceActor(Actor[Execute]):
         return sum(self._statistics.batch_size(item) for item in message.batch)
 
     async def stopped(self) -> None:
-        try:
-            await self._worker.run(self._backend.finalize)
-        finally:
-            self._worker.close()
+        await self._release()
 
 
 def _input_bytes(requests: list[InferenceRequest]) -> int:

@@ -35,8 +35,10 @@ class ModelVersionActor(Actor[Any]):
     reason the load failed (after releasing whatever was already created).
 
     An instance that dies is replaced: the owner hears `VersionHealth(ready=False)` at once and
-    `VersionHealth(ready=True)` when the replacement serves. Requests queued meanwhile wait in
-    the scheduler for it. After `RESTART_DELAYS` failed attempts the version fails as a whole."""
+    `VersionHealth(ready=True)` when the replacement serves. An instance that can die on its
+    own (a python model's process) reports its death when it happens, busy or idle
+    (`InstanceActor`). Requests queued meanwhile wait in the scheduler for the replacement.
+    After `RESTART_DELAYS` failed attempts the version fails as a whole."""
 
     RESTART_DELAYS = (0.0, 0.5, 2.0)
 
@@ -58,6 +60,12 @@ class ModelVersionActor(Actor[Any]):
         self._model: BackendModel | None = None
         self._instances: dict[ActorRef[Any], InstanceSpec] = {}
         self.scheduler: ActorRef[Any] | None = None
+        config = context.config
+        # Whether a batch that never reached a dead instance may queue again as new requests:
+        # not a sequence batcher's rows, nor where answers must keep the order of arrival.
+        self._requeue = config.sequence_batching is None and not (
+            config.dynamic_batching is not None and config.dynamic_batching.preserve_ordering
+        )
         self.statistics = VersionStatistics(
             batching=context.config.max_batch_size > 0,
             counted_when_answered=context.config.ensemble_scheduling is not None,
@@ -104,7 +112,10 @@ class ModelVersionActor(Actor[Any]):
 
     async def _start_instance(self, spec: InstanceSpec, instance: BackendInstance) -> None:
         assert self.scheduler is not None
-        ref = await self.spawn(InstanceActor(spec.name, instance, self.scheduler, self.statistics))
+        actor = InstanceActor(
+            spec.name, instance, self.scheduler, self.statistics, requeue=self._requeue
+        )
+        ref = await self.spawn(actor)
         self._instances[ref] = spec
 
     async def receive(self, message: Any) -> None:

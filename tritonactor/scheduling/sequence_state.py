@@ -24,6 +24,7 @@ from tritonactor.core.datatypes import (
     to_numpy_dtype,
 )
 from tritonactor.core.errors import internal, invalid_arg
+from tritonactor.core.paths import inside
 from tritonactor.core.types import InferenceResponse, RequestedOutput, Tensor
 
 __all__ = ["INITIAL_STATE_FOLDER", "StateSpec", "parse_states", "requested_outputs", "take_states"]
@@ -151,10 +152,15 @@ def _from_file(
     name = initial.data_file or ""
     if model_dir is None:
         raise invalid_arg(f"{where} data_file '{name}' cannot be read: no model directory")
-    folder = (model_dir / INITIAL_STATE_FOLDER).resolve()
-    path = (folder / name).resolve()
-    if not name or not path.is_relative_to(folder):
-        raise invalid_arg(f"{where} data_file '{name}' must name a file in {folder}")
+    # The load checked a caller's config for links leaving the folder already.
+    folder = model_dir / INITIAL_STATE_FOLDER
+    path = inside(
+        folder,
+        name,
+        what=f"{where} data_file '{name}'",
+        where=f"the model's {INITIAL_STATE_FOLDER} folder",
+        trust_links=True,
+    )
     try:
         data = path.read_bytes()
     except OSError as error:

@@ -3,7 +3,6 @@ every front end shares. Messages follow Triton's wording so clients see the same
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 from tritonactor._proto.inference import ModelConfig, ModelInput, ModelOutput
 from tritonactor.core.datatypes import config_to_wire
 from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.core.paths import inside
 from tritonactor.core.types import InferenceRequest, RequestedOutput
 
 # request.context key: {output name: Classification} for the outputs a request asks to have
@@ -219,14 +219,14 @@ def _class_count(output: RequestedOutput) -> int:
 
 def label_path(model_dir: Path, output: str, filename: str) -> Path:
     """Where an output's `label_filename` is: joined to the model folder as Triton joins it (a
-    leading `/` names a path inside the folder). Unlike Triton, a name that leaves the folder
-    (`..`) is refused: a config given through the load API must not read the server's files."""
-    relative = os.path.normpath(filename.lstrip("/"))
-    if relative == ".." or relative.startswith("../") or os.path.isabs(relative):
-        raise invalid_arg(
-            f"label_filename '{filename}' of output '{output}' is outside the model's folder"
-        )
-    return model_dir / filename.lstrip("/")
+    leading `/` names a path inside the folder). A name that leaves the folder (`..`) is
+    refused (`core.paths.inside`); the load checked a caller's config for links already."""
+    return inside(model_dir, filename, what=label_description(output, filename), trust_links=True)
+
+
+def label_description(output: str, filename: str) -> str:
+    """How a refused label file is named in the error."""
+    return f"label_filename '{filename}' of output '{output}'"
 
 
 def label_stamp(config: ModelConfig, model_dir: Path) -> str:

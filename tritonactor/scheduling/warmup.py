@@ -25,6 +25,7 @@ from tritonactor.core.datatypes import (
     to_numpy_dtype,
 )
 from tritonactor.core.errors import TritonError, invalid_arg
+from tritonactor.core.paths import inside
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender, Tensor
 
 log = logging.getLogger(__name__)
@@ -251,12 +252,17 @@ def _random_data(datatype: str, count: int, rng: np.random.Generator) -> np.ndar
 
 
 def _file_data(where: str, folder: Path, file_name: str, datatype: str, count: int) -> np.ndarray:
-    path = folder / file_name
-    if not path.resolve().is_relative_to(folder.resolve()):
-        raise ConfigError(
-            f"{where}: input_data_file '{file_name}' must name a file inside the model's "
-            f"{WARMUP_FOLDER}/ folder"
+    # The load checked a caller's config for links leaving the folder already.
+    try:
+        path = inside(
+            folder,
+            file_name,
+            what=f"{where}: input_data_file '{file_name}'",
+            where=f"the model's {WARMUP_FOLDER} folder",
+            trust_links=True,
         )
+    except TritonError as error:
+        raise ConfigError(error.message) from None
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

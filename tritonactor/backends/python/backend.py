@@ -19,6 +19,7 @@ from tritonactor.backends.base import (
     BackendModel,
     InstanceContext,
     ModelContext,
+    version_file,
 )
 from tritonactor.backends.python.instance import PythonInstance
 from tritonactor.backends.python.process import StubProcess, StubSettings, exit_description
@@ -77,7 +78,7 @@ class PythonBackend(Backend):
         self.settings  # noqa: B018 - a malformed setting fails the backend at once
 
     def auto_complete_config(self, config: ModelConfig, version_dir: Path) -> ModelConfig:
-        path = version_dir / (config.default_model_filename or MODEL_FILENAME)
+        path = version_file(version_dir, config.default_model_filename or MODEL_FILENAME)
         try:
             source = path.read_text(encoding="utf-8", errors="replace")
         except OSError:

@@ -4,7 +4,9 @@
 on the instance's socket and awaits the answer on the event loop. A reader thread per instance
 takes everything the stub sends — results, responses sent through response senders (which may
 come after execute returned), BLS calls, cancellation queries, log lines — and notices at once
-when the process dies.
+when the process dies: it fails what the process was running and tells whoever watches the
+instance (`on_death`, the instance actor), so that a replacement starts at once, not when the
+next request meets the dead process.
 
 Cancellation is asked for, not pushed: the model's `is_cancelled()` sends the request's key and
 the reader thread answers from `InferenceRequest.cancelled` (the server sets it from any thread,
@@ -34,6 +36,7 @@ from tritonactor.backends.base import (
     ModelContext,
     Result,
 )
+from tritonactor.backends.lifetime import BatchNotRun
 from tritonactor.backends.python import ipc
 from tritonactor.backends.python.calls import ServedCalls
 from tritonactor.backends.python.held import HeldRequests
@@ -88,6 +91,7 @@ class PythonInstance(BackendInstance):
         self._held = HeldRequests(self._model_name)
         self._metrics = InstanceMetrics()
         self._death: str | None = None
+        self._death_watchers: list[Callable[[str], None]] = []
         self._finalizing = False
         self._closed = False
         # The server's event loop, which model control and BLS calls run on: known from here
@@ -128,6 +132,16 @@ class PythonInstance(BackendInstance):
     def pid(self) -> int:
         return self._stub.process.pid
 
+    def on_death(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(reason)` (from the reader thread) when the process dies; at once if
+        it already has. A process ended by `finalize` is not a death."""
+        with self._lock:
+            death = self._death
+            if death is None:
+                self._death_watchers.append(callback)
+        if death is not None:
+            callback(death)
+
     # -- execute (on the event loop) ---------------------------------------------------------
 
     async def execute(self, requests: list[InferenceRequest]) -> list[Result]:
@@ -144,11 +158,12 @@ class PythonInstance(BackendInstance):
         pending = _Pending(event, on_loop(event.set), keys)
         with self._lock:
             if self._death is not None:
-                raise InstanceDied(self._death)
+                raise BatchNotRun(self._death)
             self._pending[seq] = pending
         for key, request in zip(keys, requests, strict=True):
             self._held.hold(key, request)
         completed = False
+        sent = False
         try:
             shm, descriptors = ipc.write_tensors(
                 self._stub.parent_prefix, arrays, self._inputs_arena
@@ -163,6 +178,7 @@ class PythonInstance(BackendInstance):
                         "requests": entries,
                     }
                 )
+                sent = True
             await pending.event.wait()
             completed = True
         finally:
@@ -176,7 +192,8 @@ class PythonInstance(BackendInstance):
         if pending.died:
             for key in keys:
                 self._held.release(key)
-            raise InstanceDied(self._death)
+            # Not sent: the process was gone before the batch reached it.
+            raise InstanceDied(self._death) if sent else BatchNotRun(self._death)
         assert pending.message is not None
         return self._results(requests, keys, pending.message)
 
@@ -295,6 +312,7 @@ class PythonInstance(BackendInstance):
         with self._lock:
             self._death = reason
             pendings = list(self._pending.values())
+            watchers, self._death_watchers = self._death_watchers, []
         in_flight = {key for pending in pendings for key in pending.keys}
         for pending in pendings:
             pending.died = True
@@ -304,6 +322,11 @@ class PythonInstance(BackendInstance):
         self._metrics.release_all()
         self._calls.close()  # before the files go: no late BLS answer writes another
         ipc.remove_files(self._stub.shm_prefix)
+        for watcher in watchers:  # last: the replacement starts with this one cleaned up
+            try:
+                watcher(reason)
+            except Exception:
+                log.exception("instance '%s': a watcher of its death failed", self.name)
 
     # -- finalize ----------------------------------------------------------------------------
 

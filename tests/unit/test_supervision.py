@@ -1,0 +1,216 @@
+"""An instance that reports its own death (`backends.lifetime.WatchedInstance`) is replaced when
+it dies, with no request sent; a batch handed to it in the instant before its death was
+reported (`BatchNotRun`) runs on the replacement, except where the scheduler cannot take it
+back. The python backend's real process is killed in tests/e2e/test_supervision_e2e.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from tritonactor.actors import Actor, ActorSystem
+from tritonactor.backends.base import (
+    Backend,
+    BackendInstance,
+    BackendModel,
+    InstanceContext,
+    ModelContext,
+    Result,
+)
+from tritonactor.backends.lifetime import BatchNotRun, WatchedInstance
+from tritonactor.config.model_config import parse_pbtxt
+from tritonactor.config.normalize import fill_defaults
+from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
+from tritonactor.scheduling.messages import VersionHealth
+from tritonactor.scheduling.model import ModelVersionActor
+from tritonactor.scheduling.router import ModelHandle, Router
+from tritonactor.scheduling.signature import ModelSignature
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = """
+name: "m"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+ORDERED = """
+name: "m"
+max_batch_size: 2
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+dynamic_batching { preserve_ordering: true }
+"""
+
+
+class Mortal(BackendInstance):
+    """Dies when told to: reporting it (as a process's reader thread does) or not yet."""
+
+    def __init__(self, backend: MortalBackend, generation: int) -> None:
+        self.backend = backend
+        self.generation = generation
+        self.death: str | None = None
+        self.watchers: list[Callable[[str], None]] = []
+
+    def on_death(self, callback: Callable[[str], None]) -> None:
+        if self.death is not None:
+            callback(self.death)
+        else:
+            self.watchers.append(callback)
+
+    def die(self, reason: str, report: bool = True) -> None:
+        self.death = reason
+        if report:  # from another thread, as the python backend's reader does
+            thread = threading.Thread(target=lambda: [w(reason) for w in self.watchers])
+            thread.start()
+            thread.join()
+
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        if self.death is not None:
+            raise BatchNotRun(self.death)
+        self.backend.executed.append(self.generation)
+        return [InferenceResponse(r.model_name, str(self.generation)) for r in requests]
+
+    def finalize(self) -> None:
+        self.backend.finalized.append(self.generation)
+
+
+class MortalModel(BackendModel):
+    def __init__(self, backend: MortalBackend) -> None:
+        self.backend = backend
+
+    def create_instance(self, context: InstanceContext) -> BackendInstance:
+        instance = Mortal(self.backend, len(self.backend.instances) + 1)
+        self.backend.instances.append(instance)
+        self.backend.created.set()
+        return instance
+
+
+class MortalBackend(Backend):
+    name = "mortal"
+
+    def __init__(self) -> None:
+        self.instances: list[Mortal] = []
+        self.executed: list[int] = []
+        self.finalized: list[int] = []
+        self.created = anyio.Event()
+
+    def load_model(self, context: ModelContext) -> BackendModel:
+        return MortalModel(self)
+
+
+class Owner(Actor[Any]):
+    """The model-version actor's parent, as the manager is: hears its `VersionHealth`."""
+
+    def __init__(self) -> None:
+        super().__init__("owner")
+        self.health: list[tuple[bool, str]] = []
+        self.heard = anyio.Event()
+
+    async def receive(self, message: Any) -> None:
+        if isinstance(message, VersionHealth):
+            self.health.append((message.ready, message.reason))
+            self.heard.set()
+            self.heard = anyio.Event()
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[ActorSystem]:
+    async with ActorSystem() as actors:
+        yield actors
+
+
+async def serve(
+    system: ActorSystem, config: str, tmp_path: Path
+) -> tuple[MortalBackend, Owner, Router]:
+    parsed = fill_defaults(parse_pbtxt(config), gpus=0)
+    context = ModelContext("m", 1, parsed, tmp_path, tmp_path / "1", tmp_path / "1" / "m")
+    backend = MortalBackend()
+    owner = Owner()
+    await system.spawn(owner)
+    version = ModelVersionActor(backend, context)
+    owner_actor: Actor[Any] = owner
+    await owner_actor.spawn(version)
+    assert version.scheduler is not None
+    router = Router()
+    router.known.add("m")
+    signature = ModelSignature.from_config(parsed)
+    router.add(ModelHandle("m", 1, parsed, signature, version.scheduler))
+    return backend, owner, router
+
+
+def request(config: str) -> InferenceRequest:
+    shape = (1, 1) if "max_batch_size: 2" in config else (1,)
+    data = np.ones(shape, np.float32)
+    return InferenceRequest("m", inputs=[Tensor("X", "FP32", shape, data)])
+
+
+async def wait_health(owner: Owner, count: int) -> None:
+    with anyio.fail_after(10):
+        while len(owner.health) < count:
+            await owner.heard.wait()
+
+
+def test_the_python_instance_is_watched() -> None:
+    from tritonactor.backends.python.instance import PythonInstance
+
+    assert issubclass(PythonInstance, WatchedInstance)
+    assert not issubclass(BackendInstance, WatchedInstance)
+
+
+async def test_an_idle_instance_that_dies_is_replaced_with_no_request(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    backend, owner, router = await serve(system, CONFIG, tmp_path)
+    [first] = backend.instances
+    first.die("the process exited with signal SIGKILL")
+    await wait_health(owner, 2)
+    assert owner.health == [
+        (False, "instance 'm_0_0' failed: the process exited with signal SIGKILL"),
+        (True, ""),
+    ]
+    assert len(backend.instances) == 2
+    assert backend.finalized == [1]  # the dead one's resources went at once
+    assert backend.executed == []  # nothing had to meet the dead instance
+    with anyio.fail_after(10):
+        response = await router.infer(request(CONFIG))
+    assert response.model_version == "2"
+
+
+async def test_a_batch_the_dead_instance_never_ran_runs_on_the_replacement(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    backend, owner, router = await serve(system, CONFIG, tmp_path)
+    # Dead, but not reported yet: the scheduler still hands it the next batch.
+    backend.instances[0].die("the process exited with code 1", report=False)
+    with anyio.fail_after(10):
+        response = await router.infer(request(CONFIG))
+    assert response.model_version == "2"
+    assert backend.executed == [2]
+    await wait_health(owner, 2)
+    assert [ready for ready, _ in owner.health] == [False, True]
+
+
+async def test_where_the_scheduler_cannot_take_it_back_it_fails_with_the_reason(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    backend, owner, router = await serve(system, ORDERED, tmp_path)
+    backend.instances[0].die("the process exited with code 1", report=False)
+    with anyio.fail_after(10), pytest.raises(TritonError) as caught:
+        await router.infer(request(ORDERED))
+    assert caught.value.code == ErrorCode.UNAVAILABLE
+    assert caught.value.message == "the process exited with code 1"
+    await wait_health(owner, 2)
+    with anyio.fail_after(10):
+        response = await router.infer(request(ORDERED))
+    assert response.model_version == "2"
