@@ -18,9 +18,15 @@ from pathlib import Path
 from starlette.applications import Starlette
 
 from tritonactor.engine.launch import WORKERS, EngineFailed, engine_socket, ensure_engine
+from tritonactor.engine.listeners import shared_grpc_socket
 from tritonactor.engine.remote import RemoteServer
+from tritonactor.frontends.drain import Drain
 from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
+from tritonactor.frontends.http.direct import HttpApp
+from tritonactor.frontends.listen import ListenFailed, refuse_shared
+from tritonactor.frontends.signals import held_signals
+from tritonactor.frontends.tls import check_hand_started_http
 from tritonactor.observability.endpoint import metrics_listener
 from tritonactor.observability.logging import configure_logging
 from tritonactor.server import Server, StartupFailed
@@ -36,41 +42,65 @@ def create_app(settings: Settings | None = None, workers: int | None = None) -> 
         workers = frontend_workers(os.environ, sys.argv)
     if workers > 1:
         return _front_end_app(server)
+    drain = Drain(server.settings.exit_timeout_secs)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         configure_logging(server.settings)
         server.log_startup()
+        drain.open()
         try:
-            async with server.running(), grpc_listener(server), metrics_listener(server):
-                yield
-        except* StartupFailed:
+            async with (
+                server.running(),
+                grpc_listener(server, drain=drain),
+                metrics_listener(server),
+            ):
+                # Every admitted request is answered before the models stop (docs/shutdown.md).
+                with held_signals(drain):
+                    yield
+                await drain.wait()
+        except* (StartupFailed, ListenFailed, SettingsError):
             _exit_worker()
             raise
 
-    app = create_http_app(server, lifespan=lifespan)
-    app.state.server = server
-    return app
+    return _gated(create_http_app(server, lifespan=lifespan), server, drain)
 
 
 def _front_end_app(server: Server) -> Starlette:
     """One of several front-end processes: the engine (models, schedulers, journal, metrics)
     runs in its own process, started by the first front end to need it (engine/launch.py)."""
     front = RemoteServer(server, engine_socket(server.settings))
+    drain = Drain(server.settings.exit_timeout_secs)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         configure_logging(server.settings)
+        drain.open()
         try:
+            if hypercorn_bind(sys.argv) is not None:  # a plain `hypercorn --workers N`
+                settings = server.settings
+                refuse_shared("HTTP", settings.http_host, settings.http_port)
             front.path = await ensure_engine(server.settings)
-            async with front.running(), grpc_listener(front):  # type: ignore[arg-type]
-                yield
-        except* EngineFailed:
+            # The gRPC socket is the engine's, bound once; every front end accepts on it.
+            grpc_socket = await shared_grpc_socket(front.path)
+            async with front.running(), grpc_listener(front, grpc_socket, drain=drain):  # type: ignore[arg-type]
+                # This front end leaves the engine once it has answered what it admitted.
+                with held_signals(drain):
+                    yield
+                await drain.wait()
+        except* (EngineFailed, ListenFailed, SettingsError):
             _exit_worker()
             raise
 
-    app = create_http_app(front, lifespan=lifespan)  # type: ignore[arg-type]
-    app.state.server = front
+    return _gated(create_http_app(front, lifespan=lifespan), front, drain)  # type: ignore[arg-type]
+
+
+def _gated(app: Starlette, server: Server | RemoteServer, drain: Drain) -> Starlette:
+    """`app`, each HTTP request passing `drain` first."""
+    assert isinstance(app, HttpApp)
+    app.gate = drain.http
+    app.state.server = server
+    app.state.drain = drain
     return app
 
 
@@ -150,7 +180,10 @@ def _bound_like_hypercorn(env: Mapping[str, str], argv: Sequence[str]) -> dict[s
 
 def _app_from_environment() -> Starlette:
     try:
-        return create_app(Settings.from_env(_bound_like_hypercorn(os.environ, sys.argv)))
+        settings = Settings.from_env(_bound_like_hypercorn(os.environ, sys.argv))
+        if WORKERS not in os.environ:  # started by hand, not by `tritonactor serve`
+            check_hand_started_http(settings, sys.argv)
+        return create_app(settings)
     except SettingsError as error:
         print(f"tritonactor: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
+import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
@@ -16,6 +18,8 @@ from tritonactor.backends.registry import BackendRegistry
 from tritonactor.control.inspect import inspect_repositories, render_text, report_to_json
 from tritonactor.control.repository import RepositoryError
 from tritonactor.engine.launch import SOCKET, WORKERS, EngineFailed, start_engine
+from tritonactor.frontends.listen import ListenFailed, check_free, listening_socket
+from tritonactor.frontends.tls import check_tls, tls_files
 from tritonactor.settings import OPTIONS, VARIABLES, Settings, SettingsError
 from tritonactor.settings.docs import default_text
 from tritonactor.settings.options import Option, Support, plain
@@ -156,11 +160,15 @@ def uvicorn_command(settings: Settings, workers: int = 1) -> list[str]:
         # How long in-flight requests may take to finish after SIGTERM (--exit-timeout-secs).
         "--timeout-graceful-shutdown",
         str(settings.exit_timeout_secs),
+        *uvicorn_tls_arguments(settings),
     ]
 
 
-def hypercorn_command(settings: Settings, workers: int = 1) -> list[str]:
-    """The command that serves the app; it reads its settings from the environment."""
+def hypercorn_command(
+    settings: Settings, workers: int = 1, http_fd: int | None = None
+) -> list[str]:
+    """The command that serves the app; it reads its settings from the environment. `http_fd`:
+    the HTTP socket, bound already (hypercorn's own bind would share it with SO_REUSEPORT)."""
     # `python -m hypercorn` with our own interpreter rather than a `hypercorn` script on PATH, which
     # might belong to another environment.
     return [
@@ -169,7 +177,9 @@ def hypercorn_command(settings: Settings, workers: int = 1) -> list[str]:
         "hypercorn",
         APP,
         "--bind",
-        bind_address(settings.http_host, settings.http_port),
+        f"fd://{http_fd}"
+        if http_fd is not None
+        else bind_address(settings.http_host, settings.http_port),
         "--workers",
         # One worker runs in hypercorn's own process (`--workers 0`): a worker process that fails
         # to start (a bad setting) would otherwise leave hypercorn exiting 0.
@@ -177,16 +187,66 @@ def hypercorn_command(settings: Settings, workers: int = 1) -> list[str]:
         # How long in-flight requests may take to finish after SIGTERM (--exit-timeout-secs).
         "--graceful-timeout",
         str(settings.exit_timeout_secs),
+        *hypercorn_tls_arguments(settings),
     ]
+
+
+def uvicorn_tls_arguments(settings: Settings) -> list[str]:
+    """uvicorn's flags for the HTTP TLS settings (docs/tls.md); none for plain text."""
+    files = tls_files(settings, "http")
+    if files is None:
+        return []
+    arguments = ["--ssl-certfile", str(files.certificate), "--ssl-keyfile", str(files.key)]
+    if files.client_roots is not None:
+        arguments += ["--ssl-ca-certs", str(files.client_roots)]
+        arguments += ["--ssl-cert-reqs", str(int(ssl.CERT_REQUIRED))]
+    return arguments
+
+
+def hypercorn_tls_arguments(settings: Settings) -> list[str]:
+    """hypercorn's flags for the HTTP TLS settings (docs/tls.md); none for plain text."""
+    files = tls_files(settings, "http")
+    if files is None:
+        return []
+    arguments = ["--certfile", str(files.certificate), "--keyfile", str(files.key)]
+    if files.client_roots is not None:
+        arguments += ["--ca-certs", str(files.client_roots), "--verify-mode", "CERT_REQUIRED"]
+    return arguments
+
+
+def claim_addresses(settings: Settings, bind_http: bool = False) -> socket.socket | None:
+    """Check that the server's addresses are free (raising ListenFailed, which names the one
+    that is not), before anything starts. `bind_http`: bind the HTTP socket here and return
+    it, inheritable, for an ASGI server that would otherwise share it (hypercorn sets
+    SO_REUSEPORT with several workers); otherwise the ASGI server binds it (uvicorn never
+    shares it) and this is only an early look, as for gRPC and metrics, whose sockets the
+    server binds later, once (docs/operations.md, "Ports")."""
+    if settings.grpc_enabled:
+        check_free("gRPC", settings.grpc_host, settings.grpc_port)
+    if settings.metrics_enabled:
+        check_free("metrics", settings.metrics_host, settings.metrics_port)
+    if not bind_http:
+        check_free("HTTP", settings.http_host, settings.http_port)
+        return None
+    http = listening_socket("HTTP", settings.http_host, settings.http_port)
+    http.set_inheritable(True)
+    return http
 
 
 def serve(args: argparse.Namespace) -> int:
     env = build_env(args)
     try:
         settings = Settings.from_env(env)
+        check_tls(settings)
     except SettingsError as error:
         print(f"tritonactor serve: error: {_explain(error, args)}", file=sys.stderr)
         return 2
+    try:
+        # Before the engine loads models: an address another process holds stops the start.
+        http_socket = claim_addresses(settings, bind_http=args.asgi_server == "hypercorn")
+    except ListenFailed as error:
+        print(f"tritonactor serve: error: {error}", file=sys.stderr)
+        return 1
     # Hand the workers the checked settings, every one spelled out (absolute paths, the journal
     # default), so that they cannot read the environment differently from what was checked here.
     env.update(settings.to_env())
@@ -197,8 +257,11 @@ def serve(args: argparse.Namespace) -> int:
         except EngineFailed as error:
             print(f"tritonactor serve: error: {error}", file=sys.stderr)
             return 1
-    make_command = uvicorn_command if args.asgi_server == "uvicorn" else hypercorn_command
-    command = make_command(settings, args.workers)
+    if args.asgi_server == "uvicorn":
+        command = uvicorn_command(settings, args.workers)
+    else:
+        http_fd = None if http_socket is None else http_socket.fileno()
+        command = hypercorn_command(settings, args.workers, http_fd)
     if settings.log_verbose:
         print(f"tritonactor serve: exec {' '.join(command)}", file=sys.stderr)
     _exec(command, env)

@@ -146,7 +146,7 @@ def infer_simple(served: Served) -> None:
 # Flags a Triton deployment passes that tritonactor accepts and ignores, each with its variable.
 IGNORED = {
     "--http-thread-count=4": "TRITONACTOR_HTTP_THREAD_COUNT",
-    "--grpc-use-ssl=false": "TRITONACTOR_GRPC_USE_SSL",
+    "--reuse-grpc-port=false": "TRITONACTOR_REUSE_GRPC_PORT",
     "--grpc-infer-allocation-pool-size=16": "TRITONACTOR_GRPC_INFER_ALLOCATION_POOL_SIZE",
     "--id=triton-a": "TRITONACTOR_ID",
     "--model-load-thread-count=2": "TRITONACTOR_MODEL_LOAD_THREAD_COUNT",

@@ -38,6 +38,8 @@ def execs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, st
         calls.append((command, env))
 
     monkeypatch.setattr(cli, "_exec", record)
+    # Nor bind the server's ports (tests/unit/test_tls_cli.py checks that it does).
+    monkeypatch.setattr(cli, "claim_addresses", lambda settings, bind_http=False: None)
     return calls
 
 

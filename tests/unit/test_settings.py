@@ -436,7 +436,7 @@ def test_describe_adds_the_ignored_settings_given(env: dict[str, str]) -> None:
     described = dict(Settings.from_env(env).describe())
     assert described["TRITONACTOR_HTTP_THREAD_COUNT"] == "4"
     assert described["TRITONACTOR_CACHE_CONFIG"] == '["local,size=1048576"]'
-    assert "TRITONACTOR_GRPC_USE_SSL" not in described
+    assert "TRITONACTOR_REUSE_GRPC_PORT" not in described
 
 
 def test_direct_construction_is_checked(repo: Path, tmp_path: Path) -> None:

@@ -77,6 +77,8 @@ def base(repo: Path, tmp_path: Path) -> dict[str, str]:
 def execs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, str]]]:
     calls: list[tuple[list[str], dict[str, str]]] = []
     monkeypatch.setattr(cli, "_exec", lambda command, env: calls.append((command, env)))
+    # Nor bind the server's ports (tests/unit/test_tls_cli.py checks that it does).
+    monkeypatch.setattr(cli, "claim_addresses", lambda settings, bind_http=False: None)
     return calls
 
 
@@ -519,7 +521,7 @@ def test_ignored_options_are_kept_and_named_in_warnings(base: dict[str, str]) ->
     settings = settings_from(
         base,
         "--http-thread-count=4",
-        "--grpc-use-ssl=false",
+        "--reuse-grpc-port=false",
         "--id",
         "mine",
         "--rate-limit-resource=R1:10:0",
@@ -529,7 +531,7 @@ def test_ignored_options_are_kept_and_named_in_warnings(base: dict[str, str]) ->
         "--grpc-infer-response-compression-level=High",
     )
     assert settings.http_thread_count == 4
-    assert settings.grpc_use_ssl is False
+    assert settings.reuse_grpc_port is False
     assert settings.grpc_infer_response_compression_level == "high"
     warnings = settings.warnings()
     assert len(warnings) == 8
@@ -538,7 +540,7 @@ def test_ignored_options_are_kept_and_named_in_warnings(base: dict[str, str]) ->
         "server triton"
     )
     named = " ".join(warnings)
-    for flag in ("--http-thread-count", "--grpc-use-ssl", "--rate-limit-resource"):
+    for flag in ("--http-thread-count", "--reuse-grpc-port", "--rate-limit-resource"):
         assert f"{flag} (TRITONACTOR_" in named
 
 
@@ -546,7 +548,7 @@ def test_ignored_options_are_kept_and_named_in_warnings(base: dict[str, str]) ->
     ("argv", "fragment"),
     [
         (["--http-thread-count=abc"], "TRITONACTOR_HTTP_THREAD_COUNT='abc' is not an integer"),
-        (["--grpc-use-ssl=maybe"], "is not a boolean"),
+        (["--reuse-grpc-port=maybe"], "is not a boolean"),
         (["--grpc-infer-response-compression-level=huge"], "is not one of: none, low"),
         (["--rate-limit-resource=R1"], "expected '<resource_name>:<count>:<device>'"),
         (["--cuda-memory-pool-byte-size=0"], "expected '<device id>:<bytes>'"),
@@ -567,7 +569,7 @@ def test_an_ignored_option_of_the_wrong_kind_is_refused(
 def test_the_server_logs_a_warning_naming_each_ignored_flag(
     base: dict[str, str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = Server(settings_from(base, "--http-thread-count=4", "--grpc-use-ssl=false"))
+    server = Server(settings_from(base, "--http-thread-count=4", "--reuse-grpc-port=false"))
     # Once logging is configured the tree keeps its records from the root, where caplog is.
     monkeypatch.setattr(logging.getLogger("tritonactor"), "propagate", True)
     with caplog.at_level(logging.INFO, logger="tritonactor"):
@@ -576,8 +578,8 @@ def test_the_server_logs_a_warning_naming_each_ignored_flag(
     assert warnings == [
         "--http-thread-count (TRITONACTOR_HTTP_THREAD_COUNT=4): accepted, ignored: HTTP is "
         "served by an event loop; --workers N runs N processes",
-        "--grpc-use-ssl (TRITONACTOR_GRPC_USE_SSL=false): accepted, ignored: gRPC is served "
-        "without TLS; terminate TLS in front of the server",
+        "--reuse-grpc-port (TRITONACTOR_REUSE_GRPC_PORT=false): accepted, ignored: the gRPC "
+        "port is bound once and shared by this server's front ends only (operations.md)",
     ]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert "TRITONACTOR_HTTP_THREAD_COUNT=4" in infos
@@ -638,7 +640,7 @@ def test_serve_hands_the_workers_every_new_setting(
     assert env["TRITONACTOR_BACKEND_CONFIG"] == '["python,shm-default-byte-size=1048576"]'
     assert env["TRITONACTOR_HTTP_THREAD_COUNT"] == "4"
     assert env["TRITONACTOR_EXIT_ON_ERROR"] == "false"
-    assert env["TRITONACTOR_GRPC_USE_SSL"] == ""  # not given: empty, which is unset
+    assert env["TRITONACTOR_REUSE_GRPC_PORT"] == ""  # not given: empty, which is unset
     assert Settings.from_env(env).backend_config == {"python": {"shm-default-byte-size": "1048576"}}
 
 

@@ -15,12 +15,17 @@ import anyio
 from tritonactor.engine.calls import EngineServer
 from tritonactor.engine.host import EngineHost, ObservedRouter, table
 from tritonactor.engine.launch import SOCKET, engine_socket, tell_ready
+from tritonactor.engine.listeners import handing_out
+from tritonactor.frontends.listen import ListenFailed
 from tritonactor.observability.endpoint import metrics_listener
 from tritonactor.observability.logging import configure_logging
 from tritonactor.server import Server, StartupFailed
 from tritonactor.settings import Settings, SettingsError
 
 log = logging.getLogger("tritonactor.engine")
+# How long past the exit timeout the engine waits for its front ends, which fail their own
+# requests at the exit timeout, to answer them and leave.
+LEAVE_GRACE = 10.0
 
 
 async def serve(server: Server, path: str) -> None:
@@ -34,7 +39,14 @@ async def serve(server: Server, path: str) -> None:
     server.log_startup()
     # Closed in the reverse order: the metrics port first, then the front ends' connections
     # (the last front end to leave waits for that), then the models.
-    async with server.running(), host.serving(), metrics_listener(server):
+    # The gRPC socket the front ends share is bound first: a taken address fails the start
+    # before any model loads (engine/listeners.py).
+    async with (
+        handing_out(server.settings, path) as listeners,
+        server.running(),
+        host.serving(),
+        metrics_listener(server),
+    ):
         log.info("engine serving its front ends on %s", path)
         if server.tracing is not None:
             host.continue_trace = server.tracing.continued
@@ -43,13 +55,18 @@ async def serve(server: Server, path: str) -> None:
 
             async def stop_on_signal() -> None:
                 # The engine shares its process group with the front ends: a Ctrl-C or a
-                # process manager's SIGTERM reaches them all. The front ends then finish what
-                # they are answering and leave; the engine waits for that (up to the exit
-                # timeout) rather than failing their last requests.
+                # process manager's SIGTERM reaches them all. The front ends then drain: each
+                # answers what it admitted (its requests still run here), failing what is left
+                # at the exit timeout, and leaves (docs/shutdown.md). The engine waits for that
+                # rather than failing their last requests; LEAVE_GRACE past the exit timeout
+                # bounds the wait should a front end never leave.
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for _ in signals:
+                        log.info("shutting down once the front ends have left")
+                        listeners.close()  # new gRPC connections are refused, not queued
                         if host.connections:
-                            with anyio.move_on_after(server.settings.exit_timeout_secs):
+                            patience = server.settings.exit_timeout_secs + LEAVE_GRACE
+                            with anyio.move_on_after(patience):
                                 await host.deserted.wait()
                         tasks.cancel_scope.cancel()
                         return
@@ -73,7 +90,7 @@ def main() -> int:
     failed: list[BaseException] = []
     try:
         anyio.run(serve, server, path, backend_options=_backend_options())
-    except* StartupFailed as group:
+    except* (StartupFailed, ListenFailed) as group:
         failed.extend(group.exceptions)
     if failed:
         tell_ready(f"failed: {failed[0]}")

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.abc import ByteStream, SocketAttribute
+from anyio.abc import ByteStream, SocketAttribute, SocketListener
 from prometheus_client import CollectorRegistry, ProcessCollector
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tritonactor.cache import caches_responses
+from tritonactor.frontends.listen import ListenFailed, address_text, listening_socket
 from tritonactor.observability.exposition import CONTENT_TYPE, render
 from tritonactor.observability.gpu import GpuMetrics
 from tritonactor.observability.metrics import MailboxSample, MetricsCollector, VersionSample
@@ -166,12 +167,16 @@ async def metrics_listener(server: Server) -> AsyncIterator[int | None]:
     if not settings.metrics_enabled:
         yield None
         return
-    # reuse_port: as the gRPC listener, so that several hypercorn workers can each bind it.
-    listener = await anyio.create_tcp_listener(
-        local_host=settings.metrics_host, local_port=settings.metrics_port, reuse_port=True
-    )
+    # One process serves metrics (the engine, or the one process): bound once, never shared
+    # with another process (frontends/listen.py). Plain HTTP, as Triton's; docs/tls.md.
+    try:
+        sock = listening_socket("metrics", settings.metrics_host, settings.metrics_port)
+    except ListenFailed as error:
+        log.error("%s", error)
+        raise
+    listener = await SocketListener.from_socket(sock)
     port = listener.extra(SocketAttribute.local_port)
-    log.info("metrics listening on %s:%d", settings.metrics_host, port)
+    log.info("metrics listening on %s", address_text(settings.metrics_host, port))
     try:
         async with anyio.create_task_group() as group:
             render = ServerMetrics(server).render

@@ -183,8 +183,9 @@ class ServedSettings(BaseSettings):
     exit_timeout_secs: Annotated[
         int,
         honoured(
-            "at shutdown, how long in-flight requests may take to finish (hypercorn's "
-            "`--graceful-timeout`), and then the models to stop",
+            "at shutdown (SIGTERM, SIGINT), how long the requests already admitted may take "
+            "to finish while new ones are answered 503 / UNAVAILABLE, and then the models to "
+            "stop (shutdown.md)",
             at_least(0, "SECONDS"),
             SERVER,
         ),
@@ -213,6 +214,74 @@ class ServedSettings(BaseSettings):
             HTTP,
         ),
     ] = ()
+    # Bounds on a request's body ([limits.md](limits.md)); Triton's defaults.
+    http_max_input_size: Annotated[
+        int,
+        honoured(
+            "the largest request body, in bytes: a larger one is answered 400 before it is read",
+            at_least(1, "BYTES"),
+            HTTP,
+            default="`67108864` (64 MiB, Triton's)",
+        ),
+    ] = 64 * 1024 * 1024
+    http_body_timeout_secs: Annotated[
+        int,
+        honoured(
+            "how long a request's body may take to arrive, from its headers: past it, 408 and "
+            "the connection is closed",
+            at_least(1, "SECONDS"),
+            HTTP,
+        ),
+    ] = 30
+    http_max_json_depth: Annotated[
+        int,
+        honoured(
+            "how deep a request's JSON may nest arrays and objects: deeper is answered 400 "
+            "before it is parsed",
+            in_range(1, 500),
+            HTTP,
+            default="`100` (Triton's)",
+        ),
+    ] = 100
+    # TLS ([tls.md](tls.md)): Triton has no HTTP TLS; the gRPC family's rules, with HTTP names.
+    http_use_ssl: Annotated[
+        bool,
+        honoured(
+            "serve HTTP over TLS with `--http-server-cert` and `--http-server-key` "
+            "(`tritonactor serve` hands them to the ASGI server; [tls.md](tls.md))",
+            BOOL,
+            HTTP,
+        ),
+    ] = False
+    http_use_ssl_mutual: Annotated[
+        bool,
+        honoured(
+            "HTTP over TLS, and every client must show a certificate that chains to "
+            "`--http-root-cert` (implies `--http-use-ssl`)",
+            BOOL,
+            HTTP,
+        ),
+    ] = False
+    http_server_cert: Annotated[
+        Path | None,
+        honoured("PEM file: the HTTP server's certificate (chain)", PATH, HTTP, default="unset"),
+    ] = None
+    http_server_key: Annotated[
+        Path | None,
+        honoured(
+            "PEM file: the HTTP server certificate's private key", PATH, HTTP, default="unset"
+        ),
+    ] = None
+    http_root_cert: Annotated[
+        Path | None,
+        honoured(
+            "PEM file: the root certificate(s) client certificates must chain to; used with "
+            "`--http-use-ssl-mutual`",
+            PATH,
+            HTTP,
+            default="unset",
+        ),
+    ] = None
 
     grpc_enabled: Annotated[
         bool, honoured("serve gRPC", BOOL, GRPC, "--allow-grpc", variable="ALLOW_GRPC")
@@ -248,6 +317,55 @@ class ServedSettings(BaseSettings):
             GRPC,
         ),
     ] = ()
+    grpc_max_message_size: Annotated[
+        int,
+        honoured(
+            "the largest request message, in bytes: a larger one is answered RESOURCE_EXHAUSTED "
+            "from its length, before it is read",
+            in_range(1, INT32_MAX, "BYTES"),
+            GRPC,
+            default="`2147483647` (Triton's)",
+        ),
+    ] = INT32_MAX
+    # TLS as Triton's flags ([tls.md](tls.md)).
+    grpc_use_ssl: Annotated[
+        bool,
+        honoured(
+            "serve gRPC over TLS with `--grpc-server-cert` and `--grpc-server-key` "
+            "([tls.md](tls.md))",
+            BOOL,
+            GRPC,
+        ),
+    ] = False
+    grpc_use_ssl_mutual: Annotated[
+        bool,
+        honoured(
+            "gRPC over TLS, and every client must show a certificate that chains to "
+            "`--grpc-root-cert` (implies `--grpc-use-ssl`)",
+            BOOL,
+            GRPC,
+        ),
+    ] = False
+    grpc_server_cert: Annotated[
+        Path | None,
+        honoured("PEM file: the gRPC server's certificate (chain)", PATH, GRPC, default="unset"),
+    ] = None
+    grpc_server_key: Annotated[
+        Path | None,
+        honoured(
+            "PEM file: the gRPC server certificate's private key", PATH, GRPC, default="unset"
+        ),
+    ] = None
+    grpc_root_cert: Annotated[
+        Path | None,
+        honoured(
+            "PEM file: the root certificate(s) client certificates must chain to; used with "
+            "`--grpc-use-ssl-mutual`",
+            PATH,
+            GRPC,
+            default="unset",
+        ),
+    ] = None
 
     metrics_enabled: Annotated[
         bool,

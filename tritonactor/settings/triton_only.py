@@ -19,7 +19,6 @@ from tritonactor.settings.pairs import (
     RATE_LIMIT_RESOURCE,
 )
 
-_NO_TLS = "gRPC is served without TLS; terminate TLS in front of the server"
 _HTTP2 = "grpclib's HTTP/2 connection defaults apply"
 _NO_SAGEMAKER = "there is no SageMaker endpoint"
 _NO_VERTEX = "there is no Vertex AI endpoint"
@@ -55,7 +54,12 @@ class TritonOnlySettings(BaseSettings):
         bool | None, ignored(BOOL, "HTTP is always served (the server is hypercorn's app)")
     ] = None
     reuse_http_port: Annotated[
-        bool | None, ignored(BOOL, "hypercorn binds the HTTP port; `--workers N` shares it")
+        bool | None,
+        ignored(
+            BOOL,
+            "the HTTP port is bound once and shared by this server's front ends only "
+            "([operations.md](operations.md#ports))",
+        ),
     ] = None
     http_thread_count: Annotated[
         int | None,
@@ -63,16 +67,16 @@ class TritonOnlySettings(BaseSettings):
     ] = None
 
     reuse_grpc_port: Annotated[
-        bool | None, ignored(BOOL, "the gRPC port is bound by one process")
+        bool | None,
+        ignored(
+            BOOL,
+            "the gRPC port is bound once and shared by this server's front ends only "
+            "([operations.md](operations.md#ports))",
+        ),
     ] = None
     grpc_infer_allocation_pool_size: Annotated[
         int | None, ignored(INT, "no pool of request objects is kept")
     ] = None
-    grpc_use_ssl: Annotated[bool | None, ignored(BOOL, _NO_TLS)] = None
-    grpc_use_ssl_mutual: Annotated[bool | None, ignored(BOOL, _NO_TLS)] = None
-    grpc_server_cert: Annotated[str | None, ignored(STRING, _NO_TLS)] = None
-    grpc_server_key: Annotated[str | None, ignored(STRING, _NO_TLS)] = None
-    grpc_root_cert: Annotated[str | None, ignored(STRING, _NO_TLS)] = None
     grpc_infer_response_compression_level: Annotated[
         str | None,
         ignored(choice("none", "low", "medium", "high"), "responses are not compressed"),

@@ -1,8 +1,11 @@
-"""The gRPC listener, started and stopped with the ASGI app's lifespan."""
+"""The gRPC listener, started and stopped with the ASGI app's lifespan. With a `Drain`, every
+call passes it, and the listener closes only once the drain has answered every admitted call
+(docs/shutdown.md)."""
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -10,7 +13,11 @@ from typing import TYPE_CHECKING
 from grpclib.config import Configuration
 from grpclib.server import Server as GrpcServer
 
+from tritonactor.frontends.drain import Drain
 from tritonactor.frontends.grpc.service import HealthService, InferenceService
+from tritonactor.frontends.listen import BACKLOG, ListenFailed, address_text, listening_socket
+from tritonactor.frontends.tls import describe, server_context
+from tritonactor.settings import SettingsError
 
 if TYPE_CHECKING:
     from tritonactor.server import Server
@@ -23,20 +30,37 @@ WINDOW = 64 * 1024 * 1024
 
 
 @asynccontextmanager
-async def grpc_listener(server: Server) -> AsyncIterator[GrpcServer | None]:
+async def grpc_listener(
+    server: Server, sock: socket.socket | None = None, drain: Drain | None = None
+) -> AsyncIterator[GrpcServer | None]:
+    """Serve gRPC while the block runs: on `sock` (a front end's share of the socket the engine
+    bound), else on a socket bound here (frontends/listen.py). Raises ListenFailed, or
+    SettingsError for TLS files that cannot be used."""
     settings = server.settings
     if not settings.grpc_enabled:
         yield None
         return
+    try:
+        context = server_context(settings, "grpc")
+        if sock is None:
+            sock = listening_socket("gRPC", settings.grpc_host, settings.grpc_port)
+    except (ListenFailed, SettingsError) as error:
+        log.error("%s", error)
+        raise
     listener = GrpcServer(
-        [InferenceService(server), HealthService(server)],
+        [InferenceService(server, drain), HealthService(server)],
         config=Configuration(http2_connection_window_size=WINDOW, http2_stream_window_size=WINDOW),
     )
-    # reuse_port: every hypercorn worker binds the same port, and the kernel spreads connections.
-    await listener.start(settings.grpc_host, settings.grpc_port, reuse_port=True)
-    log.info("gRPC listening on %s:%d", settings.grpc_host, settings.grpc_port)
+    if drain is not None:
+        drain.watch_grpc(listener)
+    # One socket, bound once: never SO_REUSEPORT, which would let another process share it.
+    await listener.start(sock=sock, ssl=context, backlog=BACKLOG)
+    port = sock.getsockname()[1]
+    log.info("gRPC listening on %s%s", address_text(settings.grpc_host, port), describe(context))
     try:
         yield listener
     finally:
+        if drain is not None:
+            await drain.wait()
         listener.close()
         await listener.wait_closed()

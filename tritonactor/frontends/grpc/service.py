@@ -10,6 +10,7 @@ import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -24,11 +25,13 @@ from tritonactor.control.overrides import parse_load_parameters, parse_unload_pa
 from tritonactor.core.errors import ErrorCode, TritonError, cancelled, internal, unavailable
 from tritonactor.core.types import InferenceRequest, ResponseSender
 from tritonactor.frontends.classification import encode_off_loop
+from tritonactor.frontends.drain import SHUTTING_DOWN, Drain
 from tritonactor.frontends.grpc.codec import (
     decode_infer_request,
     encode_infer_response,
 )
 from tritonactor.frontends.grpc.guard import guard
+from tritonactor.frontends.grpc.limits import bounded
 from tritonactor.frontends.grpc.status import grpc_error
 from tritonactor.frontends.grpc.stream import (
     GRPC_ERROR_MODE,
@@ -91,8 +94,9 @@ def translate_errors(method: F) -> F:
 
 
 class InferenceService(pb.GrpcInferenceServiceBase):
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, drain: Drain | None = None) -> None:
         self._server = server
+        self._drain = drain
         self._router = server.router
         self._headers = HeaderForwarder(server.settings.grpc_header_forward_pattern)
 
@@ -113,7 +117,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             InferRequestMessage,
             StreamInferResponse,
         )
-        return guard(mapping, self._server.settings.grpc_restricted_protocol)
+        settings = self._server.settings
+        return bounded(
+            guard(mapping, settings.grpc_restricted_protocol), settings.grpc_max_message_size
+        )
 
     @translate_errors
     async def server_live(self, message: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
@@ -240,14 +247,23 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         send, receive = anyio.create_memory_object_stream[Answer](math.inf)
         pending = Pending(send, STREAM_WINDOW)
         error_ends_stream = metadata_flag(stream.metadata, GRPC_ERROR_MODE)
+        draining = self._drain.stream(pending) if self._drain is not None else nullcontext()
         try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(write_answers, stream, receive, error_ends_stream)
-                async for message in stream:
-                    await pending.start()
-                    if self._router.loader is None or await self._load_lazily(message, pending):
-                        await self._submit_streamed(message, pending, stream.metadata)
-                pending.input_done()
+            with draining:
+                async with anyio.create_task_group() as group:
+                    reading = group.cancel_scope
+                    group.start_soon(
+                        write_answers, stream, receive, error_ends_stream, pending, reading
+                    )
+                    async for message in stream:
+                        await pending.start()
+                        if pending.draining:  # shutting down: the stream takes no new requests
+                            pending.deliver(refusal(message.id, unavailable(SHUTTING_DOWN)), True)
+                        elif self._router.loader is None or await self._load_lazily(
+                            message, pending
+                        ):
+                            await self._submit_streamed(message, pending, stream.metadata)
+                    pending.input_done()
         except* grpclib.GRPCError as ended:
             # The writer ended the stream with a status ("triton_grpc_error" mode): grpclib
             # answers a GRPCError, not the task group's exception group.
@@ -255,6 +271,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         finally:
             # The stream is over: requests still in the server answer nobody any more.
             pending.cancel_all()
+        if pending.ended_by_drain:
+            # Every request it had admitted is answered; the client learns why the stream ends.
+            raise grpclib.GRPCError(grpclib.const.Status.UNAVAILABLE, SHUTTING_DOWN)
 
     async def _load_lazily(self, message: InferRequestMessage, pending: Pending) -> bool:
         try:
@@ -472,7 +491,11 @@ class HealthService(health.HealthBase):
         self._server = server
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return guard(super().__mapping__(), self._server.settings.grpc_restricted_protocol)
+        settings = self._server.settings
+        return bounded(
+            guard(super().__mapping__(), settings.grpc_restricted_protocol),
+            settings.grpc_max_message_size,
+        )
 
     async def check(self, message: health.HealthCheckRequest) -> health.HealthCheckResponse:
         ready = await self._server.ready()

@@ -39,9 +39,12 @@ async def write_answers(
     stream: grpclib.server.Stream[Any, StreamInferResponse],
     answers: MemoryObjectReceiveStream[Answer],
     error_ends_stream: bool,
+    pending: Pending | None = None,
+    reading: anyio.CancelScope | None = None,
 ) -> None:
     """Send each answer as it comes; in "triton_grpc_error" mode the first error of a model
-    ends the stream with its status (raised as a GRPCError)."""
+    ends the stream with its status (raised as a GRPCError). When the answers end because the
+    server drains (`pending`), the `reading` of further requests stops too."""
     async with answers:
         async for answer in answers:
             if isinstance(answer, StreamError):
@@ -49,6 +52,8 @@ async def write_answers(
                     raise grpc_error(answer.error)
                 answer = answer.response
             await stream.send_message(answer)
+    if pending is not None and reading is not None and pending.ended_by_drain:
+        reading.cancel()
 
 
 class Pending:
@@ -62,6 +67,7 @@ class Pending:
         self._slots = anyio.Semaphore(window)
         self._running = 0
         self._input_done = False
+        self.draining = False
         # The stream's requests submitted and not yet finished, by id().
         self.requests: dict[int, InferenceRequest] = {}
 
@@ -102,8 +108,19 @@ class Pending:
         self._input_done = True
         self._maybe_close()
 
+    def drain(self) -> None:
+        """The server is shutting down (frontends/drain.py): requests read from now on are
+        refused, and the answers end once the running ones are delivered."""
+        self.draining = True
+        self._maybe_close()
+
+    @property
+    def ended_by_drain(self) -> bool:
+        """The answers ended because the server drains, not because the client finished."""
+        return self.draining and not self._input_done
+
     def _maybe_close(self) -> None:
-        if self._input_done and self._running == 0:
+        if (self._input_done or self.draining) and self._running == 0:
             self._send.close()
 
 

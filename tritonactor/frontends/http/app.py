@@ -25,6 +25,8 @@ from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.frontends.http.codec import decode_infer_request, decode_json, encode_json
 from tritonactor.frontends.http.direct import HttpApp
 from tritonactor.frontends.http.generate import GenerateRoutes
+from tritonactor.frontends.http.limits import BodyLimitError, BodyLimits
+from tritonactor.frontends.http.openapi import serve_openapi
 from tritonactor.frontends.http.raw import decode_raw_request
 from tritonactor.frontends.http.responses import encode_infer_response
 from tritonactor.frontends.http.shared_memory import shared_memory_routes
@@ -58,10 +60,10 @@ JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-async def _parameters(request: Request) -> dict[str, Any]:
+async def _parameters(request: Request, max_depth: int) -> dict[str, Any]:
     """The `parameters` object of a repository request body (empty body: none)."""
     body = await request.body()
-    data = decode_json(body) if body.strip() else {}
+    data = decode_json(body, max_depth) if body.strip() else {}
     if not isinstance(data, dict):
         raise invalid_arg("the request body must be a JSON object")
     parameters = data.get("parameters", {})
@@ -99,7 +101,7 @@ def create_http_app(
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
 ) -> Starlette:
     routes = _Routes(server)
-    generate = GenerateRoutes(server.router)
+    generate = GenerateRoutes(server.router, server.settings.http_max_json_depth)
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version:int}"
     both = (model, versioned)
@@ -111,6 +113,7 @@ def create_http_app(
     app = HttpApp(
         routes=[
             route("/v2", routes.server_metadata, METADATA, ["GET"]),
+            route("/v2/openapi.json", serve_openapi, METADATA, ["GET"]),
             route("/v2/health/live", routes.live, HEALTH, ["GET"]),
             route("/v2/health/ready", routes.ready, HEALTH, ["GET"]),
             route("/v2/repository/index", routes.repository_index, MODEL_REPOSITORY, ["POST"]),
@@ -160,6 +163,7 @@ def create_http_app(
         if isinstance(route, Route) and route.methods is not None:
             route.methods.discard("HEAD")
     app.infer = functools.partial(_answer, _guarded(restrictions, INFERENCE, routes.infer))
+    app.limits = BodyLimits.of(server.settings)
     return app
 
 
@@ -198,6 +202,8 @@ def _guarded(restrictions: Restrictions, category: str, endpoint: Handler) -> Ha
 async def _triton_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, TritonError)
     await _drain(request)
+    if isinstance(error, BodyLimitError):  # 408 for a body that did not arrive in time
+        return error_response(error.message, error.http_status)
     return error_response(error.message, error.code.http_status)
 
 
@@ -223,7 +229,9 @@ async def _drain(request: Request) -> None:
         try:
             async for _ in request.stream():
                 pass
-        except (RuntimeError, ClientDisconnect):  # already read, or the client is gone
+        # Already read, the client is gone, or the body breaks a limit (limits.py: the
+        # connection is closed after the answer).
+        except (RuntimeError, ClientDisconnect, BodyLimitError):
             pass
 
 
@@ -240,6 +248,7 @@ class _Routes:
         self.server = server
         self.router = server.router
         self.headers = HeaderForwarder(server.settings.http_header_forward_pattern)
+        self.max_depth = server.settings.http_max_json_depth
 
     async def server_metadata(self, request: Request) -> Response:
         server = self.server
@@ -255,7 +264,7 @@ class _Routes:
 
     async def repository_index(self, request: Request) -> Response:
         body = await request.body()
-        options = decode_json(body) if body.strip() else {}
+        options = decode_json(body, self.max_depth) if body.strip() else {}
         if not isinstance(options, dict):
             raise invalid_arg("the repository index request must be a JSON object")
         ready = options.get("ready", False)
@@ -278,20 +287,22 @@ class _Routes:
     async def load_model(self, request: Request) -> Response:
         self._check_explicit()
         name = request.path_params["model"]
-        options = parse_load_parameters(await _parameters(request), name, base64_files=True)
+        options = parse_load_parameters(
+            await _parameters(request, self.max_depth), name, base64_files=True
+        )
         await self.server.load(name, options)
         return Response(status_code=200, media_type=JSON)
 
     async def unload_model(self, request: Request) -> Response:
         self._check_explicit()
         name = request.path_params["model"]
-        options = parse_unload_parameters(await _parameters(request), model=name)
+        options = parse_unload_parameters(await _parameters(request, self.max_depth), model=name)
         await self.server.unload(name, options)
         return Response(status_code=200, media_type=JSON)
 
     async def repository_events(self, request: Request) -> Response:
         """The journal's history (a tritonactor extension): ?after=<seq>&limit=<n>."""
-        after = _query_int(request, "after", 0, minimum=0)
+        after = _query_int(request, "after", 0, minimum=0, maximum=2**63 - 1)
         limit = _query_int(request, "limit", 100, minimum=1, maximum=1000)
         entries = await self.server.events(after, limit)
         return json_response(
@@ -348,7 +359,7 @@ class _Routes:
         changes = None
         if request.method == "POST":
             body = await request.body()
-            changes = decode_json(body) if body.strip() else {}
+            changes = decode_json(body, self.max_depth) if body.strip() else {}
             if not isinstance(changes, dict):
                 raise invalid_arg("the trace setting request must be a JSON object")
         return json_response(await self.server.trace_extension(model, changes))
@@ -381,7 +392,7 @@ class _Routes:
         if request.method == "GET":
             return json_response(await self.server.log_settings())
         body = await request.body()
-        changes = decode_json(body) if body.strip() else {}
+        changes = decode_json(body, self.max_depth) if body.strip() else {}
         if not isinstance(changes, dict):
             raise invalid_arg("the logging request must be a JSON object")
         return json_response(await self.server.log_settings(changes))
@@ -411,6 +422,7 @@ class _Routes:
                     version,
                     shared_memory=lease.read,
                     shared_memory_outputs=lease.reserve,
+                    max_depth=self.max_depth,
                 )
             self.headers.forward(infer_request, request.headers.items())
             if trace is not None:

@@ -49,6 +49,7 @@ from tritonactor.core.types import (
     RequestedOutput,
     Tensor,
 )
+from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH, check_json_depth
 from tritonactor.memory.lease import Reader, Reserver
 
 # request.context key: the request's `binary_data_output` (the default for outputs that do not
@@ -61,8 +62,12 @@ _FLOAT_KINDS = "iuf"
 # --- JSON --------------------------------------------------------------------------------------
 
 
-def decode_json(body: bytes | bytearray | memoryview | str) -> Any:
-    """Parse a JSON request body; malformed JSON is the client's error (INVALID_ARG)."""
+def decode_json(
+    body: bytes | bytearray | memoryview | str, max_depth: int = DEFAULT_JSON_DEPTH
+) -> Any:
+    """Parse a JSON request body; malformed JSON, or JSON nested deeper than `max_depth`, is
+    the client's error (INVALID_ARG)."""
+    check_json_depth(body, max_depth)
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -88,6 +93,7 @@ def decode_infer_request(
     *,
     shared_memory: Reader | None = None,
     shared_memory_outputs: Reserver | None = None,
+    max_depth: int = DEFAULT_JSON_DEPTH,
 ) -> InferenceRequest:
     """Decode an inference request body.
 
@@ -95,9 +101,11 @@ def decode_infer_request(
     of JSON followed by the inputs' binary data. None means the whole body is JSON.
     `shared_memory` reads inputs that name a shared-memory region, `shared_memory_outputs`
     takes note of outputs to be written into one; without them such tensors are refused.
+    `max_depth`: how deep the JSON may nest.
     """
     header, binary = _split_body(body, header_length)
-    document = decode_json(header)
+    # The whole body when it is all JSON: its depth is checked without a copy.
+    document = decode_json(body if header_length is None else header, max_depth)
     if not isinstance(document, dict):
         raise invalid_arg("the inference request must be a JSON object")
     request_id = _decode_id(document.get("id"))

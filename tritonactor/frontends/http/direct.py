@@ -2,7 +2,8 @@
 answered before starlette's middleware and routing, which cost a request a few hundred
 microseconds of matching, wrapping and building (bench/request_path.py). Everything else goes
 through starlette as before; the endpoint, its restrictions and its errors are the same as
-through the routes (the app sets `infer`)."""
+through the routes (the app sets `infer`). Every HTTP request's body is held to the app's
+`limits` first, whichever way it goes (limits.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,38 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from tritonactor.frontends.http.limits import BodyLimits, answer
+
 # Answers one infer request: handles it and sends the response, errors included.
 Answer = Callable[[Request, Send], Awaitable[None]]
+# Sees every HTTP request first, and passes it on (or not): the graceful drain (drain.py).
+Gate = Callable[
+    [Scope, Receive, Send, Callable[[Scope, Receive, Send], Awaitable[None]]], Awaitable[None]
+]
 
 
 class HttpApp(Starlette):
-    """The starlette app, with its infer route served directly once `infer` is set."""
+    """The starlette app, with its infer route served directly once `infer` is set, and every
+    request's body held to `limits`."""
 
     infer: Answer | None = None
+    limits: BodyLimits | None = None
+    gate: Gate | None = None  # set by tritonactor/app.py
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gate = self.gate
+        if gate is not None and scope["type"] == "http":
+            await gate(scope, receive, send, self._serve)
+            return
+        await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limits = self.limits
+        if limits is not None and scope["type"] == "http":
+            receive, send, refused = limits.bound(scope, receive, send)
+            if refused is not None:  # a declared length past the limit: nothing is read
+                await answer(refused, send)
+                return
         infer = self.infer
         if (
             infer is not None

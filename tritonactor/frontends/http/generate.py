@@ -49,6 +49,7 @@ from tritonactor.core.types import (
     Tensor,
 )
 from tritonactor.frontends.http.codec import encode_json
+from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH, check_json_depth
 from tritonactor.scheduling.router import Router
 from tritonactor.scheduling.signature import ModelSignature, TensorSpec
 
@@ -69,8 +70,9 @@ T = TypeVar("T")
 class GenerateRoutes:
     """The two endpoints, over the server's router."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, max_depth: int = DEFAULT_JSON_DEPTH) -> None:
         self.router = router
+        self.max_depth = max_depth  # how deep a request's JSON may nest
 
     async def generate(self, request: Request) -> Response:
         events, infer_request = await self._start(request)
@@ -131,7 +133,9 @@ class GenerateRoutes:
         if encoding not in ("", "identity"):
             raise invalid_arg("Unsupported content-encoding, only 'identity' is supported.")
         body = await request.body()
-        infer_request = decode_generate_request(body, handle.signature, name, version)
+        infer_request = decode_generate_request(
+            body, handle.signature, name, version, self.max_depth
+        )
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
 
         def deliver(
@@ -267,10 +271,16 @@ def _output_value(tensor: Tensor) -> Any:
 
 
 def decode_generate_request(
-    body: bytes, signature: ModelSignature, model_name: str, model_version: str
+    body: bytes,
+    signature: ModelSignature,
+    model_name: str,
+    model_version: str,
+    max_depth: int = DEFAULT_JSON_DEPTH,
 ) -> InferenceRequest:
     """The inference request a generate body asks for: its keys in order, each an input of the
-    model or a parameter (Triton's messages and codes)."""
+    model or a parameter (Triton's messages and codes); JSON nested deeper than `max_depth` is
+    refused before it is parsed."""
+    check_json_depth(body, max_depth)
     try:
         document = json.loads(body, object_pairs_hook=_Pairs)
     except (ValueError, UnicodeDecodeError) as error:

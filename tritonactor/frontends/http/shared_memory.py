@@ -66,7 +66,7 @@ class _Endpoints:
         if not name:
             what = "system" if self._kind is Kind.SYSTEM else "cuda"
             raise invalid_arg(f"'region name' is necessary to register {what} shared memory region")
-        document = decode_json(await request.body())
+        document = decode_json(await request.body(), self._server.settings.http_max_json_depth)
         if not isinstance(document, dict):
             raise invalid_arg("the shared memory register request must be a JSON object")
         if self._kind is Kind.SYSTEM:

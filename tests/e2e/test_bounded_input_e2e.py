@@ -1,0 +1,390 @@
+"""Bounded input on the real server (docs/limits.md): a body past the size limit, a body that
+does not arrive in time, JSON nested too deep, gRPC messages past the size limit or that do not
+parse. Each gets its status and a message naming the limit, the server keeps serving, and its
+log has no traceback.
+
+Both topologies: `tritonactor serve --workers 2` (uvicorn front ends before one engine) and
+`hypercorn tritonactor.app:app` in one process; the limits are the front ends'.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import orjson
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.server_process import free_port
+
+pytestmark = pytest.mark.e2e
+
+MAX_INPUT = 1024 * 1024
+MAX_MESSAGE = 1024 * 1024
+BODY_TIMEOUT = 2
+INFER = "/v2/models/simple/infer"
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def connect(self) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.http_port), timeout=60)
+        return sock
+
+
+def _start(kind: str, root: Path) -> Served:
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "TA_"))}
+    env.update(
+        {
+            "TRITONACTOR_JOURNAL": str(root / "journal.jsonl"),
+            "TRITONACTOR_HTTP_HOST": "127.0.0.1",
+            "TRITONACTOR_HTTP_PORT": str(http_port),
+            "TRITONACTOR_GRPC_HOST": "127.0.0.1",
+            "TRITONACTOR_GRPC_PORT": str(grpc_port),
+            "TRITONACTOR_METRICS_HOST": "127.0.0.1",
+            "TRITONACTOR_METRICS_PORT": str(metrics_port),
+            "TRITONACTOR_HTTP_MAX_INPUT_SIZE": str(MAX_INPUT),
+            "TRITONACTOR_HTTP_BODY_TIMEOUT_SECS": str(BODY_TIMEOUT),
+            "TRITONACTOR_GRPC_MAX_MESSAGE_SIZE": str(MAX_MESSAGE),
+            # Explicit, so that the load route reads its body.
+            "TRITONACTOR_MODEL_CONTROL_MODE": "explicit",
+            "TRITONACTOR_LOAD_MODEL": "simple",
+        }
+    )
+    if kind == "serve":
+        command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", "2"]
+    else:
+        command = [
+            sys.executable,
+            "-m",
+            "hypercorn",
+            "tritonactor.app:app",
+            "--bind",
+            f"127.0.0.1:{http_port}",
+        ]
+    log = root / f"server-{kind}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    served = Served(process, http_port, grpc_port, log)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited {process.returncode}:\n{served.output()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready").status_code == 200:
+                return served
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    _stop(served)
+    raise AssertionError(f"server did not start:\n{served.output()}")
+
+
+def _stop(served: Served) -> None:
+    # Its own session: the signal reaches the front ends and the engine it started.
+    os.killpg(served.process.pid, signal.SIGTERM)
+    try:
+        served.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(served.process.pid, signal.SIGKILL)
+        served.process.wait()
+
+
+@pytest.fixture(scope="module", params=["serve", "hypercorn"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    server = _start(request.param, tmp_path_factory.mktemp(f"bounded-{request.param}"))
+    try:
+        yield server
+    finally:
+        _stop(server)
+
+
+def _infer_body() -> bytes:
+    data = list(range(16))
+    return orjson.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": data},
+                {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": data},
+            ]
+        }
+    )
+
+
+def _still_serves(served: Served) -> None:
+    """An inference over HTTP and one over gRPC succeed, and the log has no traceback."""
+    answer = httpx.post(f"http://127.0.0.1:{served.http_port}{INFER}", content=_infer_body())
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [2 * i for i in range(16)]
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = grpcclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+        inputs.append(tensor)
+    result = client.infer("simple", inputs)
+    assert result.as_numpy("OUTPUT0").tolist() == [[2 * i for i in range(16)]]
+    client.close()
+    assert "Traceback" not in served.output(), served.output()
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length, read from `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {
+        k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])
+    }
+    length = int(headers["content-length"])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside the response"
+        body += chunk
+    return status, headers, body
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed the connection (it sends nothing more)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_declared_length_past_the_limit_is_answered_before_the_body(served: Served) -> None:
+    with served.connect() as sock:
+        sock.sendall(
+            f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {1024**3}\r\n\r\n".encode()
+            + b"{" * 100
+        )
+        # The answer comes while 1 GiB is still to send: nothing waits for the body.
+        status, headers, body = _read_response(sock)
+        assert status == 400
+        assert headers["connection"].lower() == "close"
+        assert orjson.loads(body)["error"] == (
+            f"request body size of {1024**3} bytes exceeds the maximum allowed input size of "
+            f"{MAX_INPUT} bytes. Use --http-max-input-size to increase the limit."
+        )
+        assert _closed(sock)
+    _still_serves(served)
+
+
+def test_a_chunked_body_past_the_limit_is_refused_as_it_arrives(served: Served) -> None:
+    piece = b" " * 65536
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(MAX_INPUT // len(piece) + 2):
+            yield piece
+
+    answer = httpx.post(f"http://127.0.0.1:{served.http_port}{INFER}", content=chunks())
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["error"]
+    assert f"exceeds the maximum allowed input size of {MAX_INPUT} bytes" in message
+    assert "--http-max-input-size" in message
+    # At the limit it is read, and then it is the JSON that is wrong.
+    answer = httpx.post(
+        f"http://127.0.0.1:{served.http_port}{INFER}", content=iter([b" " * MAX_INPUT])
+    )
+    assert answer.status_code == 400
+    assert "failed to parse the request JSON buffer" in answer.json()["error"]
+    _still_serves(served)
+
+
+def test_a_body_past_the_limit_on_a_route_that_reads_no_body(served: Served) -> None:
+    with served.connect() as sock:
+        sock.sendall(
+            f"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_INPUT + 1}"
+            "\r\n\r\n".encode()
+        )
+        status, _, body = _read_response(sock)
+    assert status == 400
+    assert "--http-max-input-size" in orjson.loads(body)["error"]
+
+
+def test_slow_bodies_get_408_and_their_connections_close(served: Served) -> None:
+    slow = []
+    for _ in range(5):
+        sock = served.connect()
+        sock.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{".encode())
+        slow.append(sock)
+    # They hold nothing the server needs: others are served while they dawdle.
+    _still_serves(served)
+    for sock in slow:
+        with sock:
+            status, headers, body = _read_response(sock)
+            assert status == 408
+            assert headers["connection"].lower() == "close"
+            assert orjson.loads(body)["error"] == (
+                f"the request body did not arrive within {BODY_TIMEOUT} seconds. Use "
+                "--http-body-timeout-secs to increase the limit."
+            )
+            assert _closed(sock)
+    _still_serves(served)
+
+
+def test_a_keep_alive_connection_serves_on_after_a_refused_body(served: Served) -> None:
+    """A body that was read whole and refused (too deep) leaves its connection usable."""
+    deep = b"[" * 1000 + b"1" + b"]" * 1000
+    with httpx.Client(base_url=f"http://127.0.0.1:{served.http_port}") as client:
+        answer = client.post(INFER, content=b'{"inputs":[{"name":"INPUT0","data":' + deep + b"}]}")
+        assert answer.status_code == 400
+        assert answer.json()["error"] == (
+            "JSON nesting depth exceeds maximum allowed limit (100). Use --http-max-json-depth "
+            "to increase the limit."
+        )
+        assert client.post(INFER, content=_infer_body()).status_code == 200
+    _still_serves(served)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v2/repository/index",
+        "/v2/repository/models/simple/load",
+        "/v2/logging",
+        "/v2/trace/setting",
+        "/v2/systemsharedmemory/region/r/register",
+        "/v2/models/simple/generate",
+    ],
+)
+def test_json_nested_too_deep_is_refused_on_every_route(served: Served, path: str) -> None:
+    deep = b'{"parameters":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    answer = httpx.post(f"http://127.0.0.1:{served.http_port}{path}", content=deep)
+    assert answer.status_code == 400, answer.text
+    assert "JSON nesting depth exceeds maximum allowed limit (100)" in answer.json()["error"]
+
+
+def test_tritonclient_json_and_binary_requests_pass_the_limits(served: Served) -> None:
+    """What a client sends every day is within the limits: JSON data nested as its shape, and
+    binary data."""
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{served.http_port}")
+    data = np.arange(16, dtype=np.int32).reshape(1, 16)
+    for binary in (False, True):
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            tensor = httpclient.InferInput(name, [1, 16], "INT32")
+            tensor.set_data_from_numpy(data, binary_data=binary)
+            inputs.append(tensor)
+        result = client.infer("simple", inputs)
+        assert result.as_numpy("OUTPUT0").tolist() == (2 * data).tolist()
+    client.close()
+
+
+def _grpc_call(served: Served, method: str, body: bytes) -> grpc.RpcError | bytes:
+    options = [("grpc.max_send_message_length", -1)]
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}", options=options) as channel:
+        call = channel.unary_unary(
+            f"/inference.GRPCInferenceService/{method}",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        try:
+            return call(body, timeout=60)
+        except grpc.RpcError as error:
+            return error
+
+
+@pytest.mark.parametrize(
+    ("method", "body"),
+    [
+        ("ModelInfer", b"\x0a\x02\xff\xfe"),  # model_name: 2 bytes that are not UTF-8
+        ("ModelInfer", b"\xff\xff\xff"),  # no message at all
+        ("ModelMetadata", b"\x0a\x02\xff\xfe"),
+        ("ModelConfig", b"\x0a\x02\xff\xfe"),
+    ],
+)
+def test_grpc_bytes_that_do_not_parse_are_invalid_argument(
+    served: Served, method: str, body: bytes
+) -> None:
+    error = _grpc_call(served, method, body)
+    assert isinstance(error, grpc.RpcError)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("Unable to parse request")
+    _still_serves(served)
+
+
+def test_grpc_stream_bytes_that_do_not_parse_end_it_invalid_argument(served: Served) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+        call = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            list(call(iter([b"\x0a\x02\xff\xfe"]), timeout=60))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details().startswith("Unable to parse request")
+    _still_serves(served)
+
+
+def test_grpc_message_past_the_limit_is_resource_exhausted(served: Served) -> None:
+    big = b"\x0a\x06simple" + b"\x3a\x80\x80\x40" + b"x" * MAX_MESSAGE  # raw_input_contents
+    error = _grpc_call(served, "ModelInfer", big)
+    assert isinstance(error, grpc.RpcError)
+    assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.details() == (
+        f"Received message larger than max ({len(big)} vs. {MAX_MESSAGE}). Use "
+        "--grpc-max-message-size to increase the limit."
+    )
+    # Refused messages give their flow-control window back: more of them on one connection
+    # than its window (64 MiB) holds, and it still serves.
+    huge = b"\x0a\x06simple" + b"\x3a\x80\x80\x80\x05" + b"x" * (10 * 1024 * 1024)
+    options = [("grpc.max_send_message_length", -1)]
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}", options=options) as channel:
+        call = channel.unary_unary(GRPC_INFER, request_serializer=None, response_deserializer=None)
+        for _ in range(8):
+            with pytest.raises(grpc.RpcError) as raised:
+                call(huge, timeout=60)
+            assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as raised:
+            call(b"\x0a\x06simple", timeout=60)
+        assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # read: no inputs
+    # At the limit it is read: then the request is wrong for the model, not too large.
+    fits = b"\x0a\x06simple" + b"\x3a" + _varint(MAX_MESSAGE - 32) + b"x" * (MAX_MESSAGE - 32)
+    assert len(fits) <= MAX_MESSAGE
+    error = _grpc_call(served, "ModelInfer", fits)
+    assert isinstance(error, grpc.RpcError)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    _still_serves(served)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -1,0 +1,160 @@
+"""How gRPC handlers receive their messages (tritonactor/frontends/grpc/limits.py), on grpclib's
+own server and client through its in-memory channel: the length prefix is checked before the
+message is read, and bytes that do not parse are INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpclib.const
+import grpclib.server
+import pytest
+from grpclib import GRPCError
+from grpclib.client import Channel
+from grpclib.const import Cardinality, Status
+from grpclib.testing import ChannelFor
+
+from tritonactor._proto import inference as pb
+from tritonactor._proto_c.grpc_service_pb2 import ModelInferResponse
+from tritonactor.frontends.grpc.limits import bounded
+from tritonactor.frontends.grpc.wire import InferRequestMessage
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 1000
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Raw:
+    """Bytes sent as they are (the client's side)."""
+
+    def __init__(self, data: bytes = b"") -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:
+        return self.data
+
+    @classmethod
+    def FromString(cls, data: bytes) -> Raw:
+        return cls(data)
+
+
+class Echo:
+    """Answers each request with its model name: unary (upb), a stream, and betterproto."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return bounded(
+            {
+                "/t.Echo/Unary": grpclib.const.Handler(
+                    self.unary, Cardinality.UNARY_UNARY, InferRequestMessage, ModelInferResponse
+                ),
+                "/t.Echo/Stream": grpclib.const.Handler(
+                    self.stream, Cardinality.STREAM_STREAM, InferRequestMessage, ModelInferResponse
+                ),
+                "/t.Echo/Betterproto": grpclib.const.Handler(
+                    self.betterproto,
+                    Cardinality.UNARY_UNARY,
+                    pb.ModelMetadataRequest,
+                    ModelInferResponse,
+                ),
+            },
+            LIMIT,
+        )
+
+    async def unary(self, stream: grpclib.server.Stream[Any, Any]) -> None:
+        message = await stream.recv_message()
+        self.received.append(message.model_name)
+        await stream.send_message(ModelInferResponse(model_name=message.model_name))
+
+    async def stream(self, stream: grpclib.server.Stream[Any, Any]) -> None:
+        async for message in stream:
+            self.received.append(message.model_name)
+            await stream.send_message(ModelInferResponse(model_name=message.model_name))
+
+    async def betterproto(self, stream: grpclib.server.Stream[Any, Any]) -> None:
+        message = await stream.recv_message()
+        await stream.send_message(ModelInferResponse(model_name=message.name))
+
+
+async def unary(channel: Channel, path: str, data: bytes) -> bytes:
+    async with channel.request(path, Cardinality.UNARY_UNARY, Raw, Raw) as call:
+        await call.send_message(Raw(data), end=True)
+        reply = await call.recv_message()
+        assert reply is not None
+        return reply.data
+
+
+def name(text: str) -> bytes:
+    return b"\x0a" + bytes([len(text)]) + text.encode()
+
+
+async def test_messages_within_the_limit_are_received() -> None:
+    echo = Echo()
+    async with ChannelFor([echo]) as channel:
+        assert await unary(channel, "/t.Echo/Unary", name("m")) == name("m")
+        padded = name("m") + b"\x1a" + bytes([120]) + b"x" * 120  # id, to fill it up
+        assert await unary(channel, "/t.Echo/Unary", padded) == name("m")
+        async with channel.request("/t.Echo/Stream", Cardinality.STREAM_STREAM, Raw, Raw) as call:
+            for text in ("a", "b"):
+                await call.send_message(Raw(name(text)))
+                reply = await call.recv_message()
+                assert reply is not None and reply.data == name(text)
+            await call.end()
+    assert echo.received == ["m", "m", "a", "b"]
+
+
+async def test_a_message_past_the_limit_is_refused_from_its_length() -> None:
+    echo = Echo()
+    async with ChannelFor([echo]) as channel:
+        big = name("m") + b"\x1a\xf0\x07" + b"x" * 1008  # 1015 bytes
+        with pytest.raises(GRPCError) as raised:
+            await unary(channel, "/t.Echo/Unary", big)
+        assert raised.value.status is Status.RESOURCE_EXHAUSTED
+        assert raised.value.message == (
+            f"Received message larger than max ({len(big)} vs. {LIMIT}). Use "
+            "--grpc-max-message-size to increase the limit."
+        )
+        assert await unary(channel, "/t.Echo/Unary", name("after")) == name("after")
+    assert echo.received == ["after"]
+
+
+@pytest.mark.parametrize(
+    ("path", "data"),
+    [
+        ("/t.Echo/Unary", b"\x0a\x02\xff\xfe"),  # a model name that is not UTF-8
+        ("/t.Echo/Unary", b"\xff\xff\xff"),
+        ("/t.Echo/Unary", b"\x0a\x10ab"),  # cut short
+        ("/t.Echo/Betterproto", b"\x0a\x02\xff\xfe"),
+    ],
+)
+async def test_bytes_that_do_not_parse_are_invalid_argument(path: str, data: bytes) -> None:
+    echo = Echo()
+    async with ChannelFor([echo]) as channel:
+        with pytest.raises(GRPCError) as raised:
+            await unary(channel, path, data)
+        assert raised.value.status is Status.INVALID_ARGUMENT
+        assert raised.value.message is not None
+        assert raised.value.message.startswith("Unable to parse request: ")
+    assert echo.received == []
+
+
+async def test_a_stream_ends_invalid_argument_at_its_first_bad_message() -> None:
+    echo = Echo()
+    async with ChannelFor([echo]) as channel:
+        call = channel.request("/t.Echo/Stream", Cardinality.STREAM_STREAM, Raw, Raw)
+        with pytest.raises(GRPCError) as raised:
+            async with call:
+                await call.send_message(Raw(name("ok")))
+                reply = await call.recv_message()
+                assert reply is not None
+                await call.send_message(Raw(b"\x0a\x02\xff\xfe"))
+                await call.recv_message()
+    assert raised.value.status is Status.INVALID_ARGUMENT
+    assert echo.received == ["ok"]

@@ -1,0 +1,97 @@
+"""How a gRPC method receives its request messages: the size each message declares (its
+length prefix) is checked before a byte of it is read, and a message that does not parse is
+the client's error, never a traceback.
+
+grpclib (0.4.9) has no limit on a message's size: its `Stream.recv_message` reads whatever
+length the prefix announces, acknowledging each piece as it comes, so a client could make it
+buffer up to 4 GiB. `bounded` gives every handler a stream whose `recv_message` is `receive`
+here: the same steps as grpclib's, with the check in between.
+
+- A message longer than the limit: RESOURCE_EXHAUSTED, "Received message larger than max
+  (N vs. M)" (gRPC's own words for it), and the stream ends without reading it.
+- Bytes that are not the method's message (protobuf's DecodeError, a string that is not
+  UTF-8): INVALID_ARGUMENT, "Unable to parse request: ..." (Triton answers INTERNAL with those
+  words).
+- A compressed message (no compression is offered): UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpclib.const
+import grpclib.server
+from grpclib import GRPCError
+from grpclib.const import Status
+
+Handler = Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]
+
+
+def bounded(
+    mapping: dict[str, grpclib.const.Handler], max_size: int
+) -> dict[str, grpclib.const.Handler]:
+    """`mapping` with each handler receiving its messages through `receive`, at most
+    `max_size` bytes each."""
+    return {
+        method: handler._replace(func=_bounded(handler.func, max_size))
+        for method, handler in mapping.items()
+    }
+
+
+def _bounded(func: Handler, max_size: int) -> Handler:
+    async def call(stream: grpclib.server.Stream[Any, Any]) -> None:
+        # An instance attribute: `recv_message()` and `async for message in stream` use it.
+        stream.recv_message = functools.partial(receive, stream, max_size)  # type: ignore[method-assign]
+        await func(stream)
+
+    return call
+
+
+async def receive(stream: grpclib.server.Stream[Any, Any], max_size: int) -> Any:
+    """The next message of `stream` (None at its end), as grpclib's `Stream.recv_message`
+    reads it, once its length is known to be at most `max_size`."""
+    raw = stream._stream
+    prefix = await raw.recv_data(5)
+    if not prefix:
+        return None
+    if len(prefix) < 5:
+        raise GRPCError(Status.INVALID_ARGUMENT, "Unable to parse request: truncated message")
+    if prefix[0]:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    length = int.from_bytes(prefix[1:5], "big")
+    if length > max_size:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"Received message larger than max ({length} vs. {max_size}). Use "
+            "--grpc-max-message-size to increase the limit.",
+        )
+    try:
+        data = await raw.recv_data(length)
+    except AssertionError:  # grpclib's word for a stream that ended inside the message
+        raise GRPCError(
+            Status.INVALID_ARGUMENT, "Unable to parse request: truncated message"
+        ) from None
+    if len(data) != length:
+        raise GRPCError(Status.INVALID_ARGUMENT, "Unable to parse request: truncated message")
+    try:
+        message = stream._codec.decode(data, stream._recv_type)
+    except Exception as error:  # whatever the message's parser raises: the bytes are wrong
+        raise GRPCError(
+            Status.INVALID_ARGUMENT, f"Unable to parse request: {_reason(error)}"
+        ) from None
+    (message,) = await stream._dispatch.recv_message(message)
+    stream._messages_received += 1
+    raw.connection.messages_received += 1
+    return message
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, UnicodeDecodeError):
+        return "a string field is not valid UTF-8"
+    text = str(error)
+    return text if text else type(error).__name__
+
+
+__all__ = ["bounded", "receive"]
