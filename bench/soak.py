@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -299,6 +300,22 @@ def sample_memory(server: Server, samples: list[dict[str, Any]], started: float)
     samples.append({"t": time.monotonic() - started, "kib": dict(by_role), "count": dict(count)})
 
 
+# A drain's line when its exit timeout ends requests it had admitted (frontends/drain.py).
+_CUT = re.compile(rb"exit timeout \([^)]*\): (\d+) request\(s\) still in flight")
+
+
+def read_server_logs(folder: Path) -> dict[str, int]:
+    """What the servers' own logs say: requests they had admitted and cut at a drain's exit
+    timeout (a lost request the server admitted shows here; a connection reset before the app
+    admitted anything does not), and tracebacks."""
+    cut = tracebacks = 0
+    for log in sorted(folder.glob("server-*.log")):
+        text = log.read_bytes()
+        cut += sum(int(n) for n in _CUT.findall(text))
+        tracebacks += text.count(b"Traceback (most recent call last)")
+    return {"admitted_cut_by_drain": cut, "tracebacks": tracebacks}
+
+
 def report(ledger: Ledger, samples: list[dict[str, Any]], faults: Faults) -> dict[str, Any]:
     rows: dict[str, Counter[str]] = {}
     examples: dict[str, Counter[str]] = {}
@@ -421,6 +438,11 @@ def main() -> int:
         code = server.stop()
         print(f"server stopped, exit code {code}", flush=True)
     summary = report(ledger, samples, faults)
+    summary.update(read_server_logs(folder))
+    print(
+        f"server logs: {summary['admitted_cut_by_drain']} admitted request(s) cut at a drain's "
+        f"exit timeout, {summary['tracebacks']} traceback(s)"
+    )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
     if args.keep:

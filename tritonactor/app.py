@@ -13,7 +13,6 @@ import os
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from starlette.applications import Starlette
 
@@ -24,6 +23,7 @@ from tritonactor.frontends.drain import Drain
 from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
 from tritonactor.frontends.http.direct import HttpApp
+from tritonactor.frontends.hypercorn_command import hypercorn_config
 from tritonactor.frontends.listen import ListenFailed, refuse_shared
 from tritonactor.frontends.signals import held_signals
 from tritonactor.frontends.tls import check_hand_started_http
@@ -55,10 +55,12 @@ def create_app(settings: Settings | None = None, workers: int | None = None) -> 
                 grpc_listener(server, drain=drain),
                 metrics_listener(server),
             ):
-                # Every admitted request is answered before the models stop (docs/shutdown.md).
+                # Every admitted request is answered before the models stop (docs/shutdown.md),
+                # the signals held until then: the ASGI server may end its HTTP side first (a
+                # hypercorn worker), and a signal must not end the gRPC calls still running.
                 with held_signals(drain):
                     yield
-                await drain.wait()
+                    await drain.wait()
         except* (StartupFailed, ListenFailed, SettingsError):
             _exit_worker()
             raise
@@ -87,7 +89,7 @@ def _front_end_app(server: Server) -> Starlette:
                 # This front end leaves the engine once it has answered what it admitted.
                 with held_signals(drain):
                     yield
-                await drain.wait()
+                    await drain.wait()
         except* (EngineFailed, ListenFailed, SettingsError):
             _exit_worker()
             raise
@@ -106,28 +108,23 @@ def _gated(app: Starlette, server: Server | RemoteServer, drain: Drain) -> Starl
 
 def frontend_workers(env: Mapping[str, str], argv: Sequence[str]) -> int:
     """How many front-end processes serve this app: what `tritonactor serve` says, else
-    hypercorn's `--workers`/`-w` on its command line (hypercorn's default: 1)."""
+    hypercorn's `--workers`/`-w` as hypercorn reads its command line (its default: 1; 0 runs
+    the app in hypercorn's own process, one front end too)."""
     given = env.get(WORKERS, "").strip()
     if given.isdigit():
         return int(given)
-    if hypercorn_bind(argv) is None:
+    config = hypercorn_config(argv)
+    if config is None:
         return 1
-    for index, argument in enumerate(argv[1:], start=1):
-        value = None
-        if argument in ("-w", "--workers") and index + 1 < len(argv):
-            value = argv[index + 1]
-        elif argument.startswith("--workers="):
-            value = argument.removeprefix("--workers=")
-        if value is not None and value.isdigit():
-            return int(value)
-    return 1
+    return max(int(config.workers), 1)
 
 
 def _exit_worker() -> None:
     """In a worker process of hypercorn (`--workers N`), end the process with status 1, so
     that hypercorn's parent stops the other workers instead of starting this one again. (With
-    one worker hypercorn runs the app in its own process and exits 1 itself; with several,
-    hypercorn 0.18's parent exits with the status of the last worker it stopped, 0.)"""
+    `--workers 0` hypercorn runs the app in its own process and exits 1 itself; with worker
+    processes, hypercorn 0.18's parent exits with the status of the last worker it saw stop,
+    most often 0: docs/operations.md, "Ports".)"""
     if multiprocessing.parent_process() is None:
         return
     logging.shutdown()
@@ -141,16 +138,10 @@ def hypercorn_bind(argv: Sequence[str]) -> tuple[str, int] | None:
     default, 127.0.0.1:8000, when it gives none); None when `argv` is not hypercorn's or binds no
     TCP address. So that a plain `hypercorn tritonactor.app:app` serves gRPC and metrics where it
     serves HTTP (the app is not told where hypercorn binds)."""
-    if not argv or Path(argv[0]).name not in ("hypercorn", "__main__.py"):
+    config = hypercorn_config(argv)
+    if config is None:
         return None
-    if Path(argv[0]).name == "__main__.py" and Path(argv[0]).parent.name != "hypercorn":
-        return None
-    binds: list[str] = []
-    for index, argument in enumerate(argv[1:], start=1):
-        if argument in ("-b", "--bind") and index + 1 < len(argv):
-            binds.append(argv[index + 1])
-        elif argument.startswith("--bind="):
-            binds.append(argument.removeprefix("--bind="))
+    binds: list[str] = list(config.bind)
     for bind in binds or ["127.0.0.1:8000"]:
         if bind.startswith(("unix:", "fd://")):
             continue

@@ -23,7 +23,7 @@ from tritonactor.control.journal import Journal, JournalEntry, open_journal
 from tritonactor.control.load_plan import restored_overrides
 from tritonactor.control.manager import ModelManager
 from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
-from tritonactor.control.override_folders import remove_stale_folders
+from tritonactor.control.override_folders import claim_root, override_root
 from tritonactor.control.overrides import (
     LoadOptions,
     UnloadOptions,
@@ -194,8 +194,9 @@ class Server:
 
     @property
     def _override_root(self) -> Path:
-        """Where explicit loads' override files live: beside the journal that refers to them."""
-        return self.settings.journal.parent / "overrides"
+        """Where explicit loads' override files live: beside the journal that refers to them,
+        one folder per journal (`<journal>.overrides/`)."""
+        return override_root(self.settings.journal)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Server]:
@@ -204,9 +205,9 @@ class Server:
         journal, history = await anyio.to_thread.run_sync(open_journal, settings.journal)
         self.journal = journal
         # What a crash left behind: half-written overrides, and override folders that no load
-        # in force uses.
-        await anyio.to_thread.run_sync(
-            remove_stale_folders, self._override_root, restored_overrides(ev.fold(history))
+        # in force uses (unless another server shares this journal, and so the folder).
+        claim = await anyio.to_thread.run_sync(
+            claim_root, self._override_root, restored_overrides(ev.fold(history))
         )
         try:
             self.tracing = self.new_tracing()
@@ -271,6 +272,7 @@ class Server:
                     self._watcher = None
         finally:
             journal.close()
+            claim.close()
             self.registry.finalize()
             self.shared_memory.close()
             tracing, self.tracing = self.tracing, None

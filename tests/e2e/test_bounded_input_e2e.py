@@ -20,12 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import numpy as np
 import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.server_process import free_port
 
@@ -71,6 +75,8 @@ def _start(kind: str, root: Path) -> Served:
             # Explicit, so that the load route reads its body.
             "TRITONACTOR_MODEL_CONTROL_MODE": "explicit",
             "TRITONACTOR_LOAD_MODEL": "simple",
+            # Verbose: a client that leaves mid-body is one debug line, the event waited on.
+            "TRITONACTOR_LOG_VERBOSE": "1",
         }
     )
     if kind == "serve":
@@ -388,3 +394,158 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def _grpc_raw(served: Served, path: str, data: bytes) -> tuple[str, str]:
+    """Send `data` as a gRPC call's whole request stream, framing and all (over HTTP/2 as it
+    is, with h2), and return the call's grpc-status and grpc-message."""
+    with socket.create_connection(("127.0.0.1", served.grpc_port), timeout=60) as sock:
+        connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        connection.initiate_connection()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "x"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]
+        connection.send_headers(1, headers)
+        connection.send_data(1, data, end_stream=True)
+        sock.sendall(connection.data_to_send())
+        while True:
+            received = sock.recv(65536)
+            assert received, "connection closed before the call's status"
+            for event in connection.receive_data(received):
+                if isinstance(event, h2.events.DataReceived):
+                    connection.acknowledge_received_data(event.flow_controlled_length, 1)
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    fields = {bytes(k).decode(): bytes(v).decode() for k, v in event.headers}
+                    if "grpc-status" in fields:
+                        return fields["grpc-status"], fields.get("grpc-message", "")
+                assert not isinstance(event, h2.events.StreamReset), event
+            sock.sendall(connection.data_to_send())
+
+
+@pytest.mark.parametrize("prefix", [b"\x00\x00", b"\x00\x00\x00"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        GRPC_INFER,
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        "/grpc.health.v1.Health/Check",
+    ],
+)
+def test_grpc_a_prefix_cut_short_is_invalid_argument(
+    served: Served, path: str, prefix: bytes
+) -> None:
+    status, message = _grpc_raw(served, path, prefix)
+    assert (status, message) == (
+        str(grpc.StatusCode.INVALID_ARGUMENT.value[0]),
+        "Unable to parse request: truncated message",
+    )
+    _still_serves(served)
+
+
+@pytest.mark.parametrize("method", ["TraceSetting", "LogSettings"])
+def test_grpc_settings_bytes_that_do_not_parse_are_invalid_argument(
+    served: Served, method: str
+) -> None:
+    # A settings entry whose bytes end inside its key's tag: not a message (protobuf says so;
+    # betterproto2 alone would read an entry with an empty key).
+    error = _grpc_call(served, method, b"\x0a\x02\xff\xfe")
+    assert isinstance(error, grpc.RpcError)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("Unable to parse request: Error parsing message")
+    _still_serves(served)
+
+
+def _entry_without_value(key: str) -> bytes:
+    """A map<string, message> field 1 holding `key` with no value: valid protobuf, where the
+    value is the empty message."""
+    entry = b"\x0a" + bytes([len(key)]) + key.encode()
+    return b"\x0a" + bytes([len(entry)]) + entry
+
+
+def test_grpc_settings_entries_without_a_value_hold_the_empty_value(served: Served) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
+    try:
+        initial = client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"]
+        client.update_trace_settings(settings={"trace_rate": "7"})
+        assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["7"]
+        # As an empty list does (Triton's rule too): the setting goes back to its default.
+        answer = _grpc_call(served, "TraceSetting", _entry_without_value("trace_rate"))
+        assert isinstance(answer, bytes), answer
+        assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == (
+            initial
+        )
+        # As an empty value does: the setting stays as it is.
+        before = client.get_log_settings(as_json=True)["settings"]
+        answer = _grpc_call(served, "LogSettings", _entry_without_value("log_info"))
+        assert isinstance(answer, bytes), answer
+        assert client.get_log_settings(as_json=True)["settings"] == before
+        # A load parameter without a value is a parameter without a value.
+        error = _grpc_call(
+            served,
+            "RepositoryModelLoad",
+            b"\x12\x06simple\x1a" + _entry_without_value("config")[1:],
+        )
+        assert isinstance(error, grpc.RpcError)
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details() == (
+            "load parameter 'config' for model 'simple' must be a string holding the model "
+            "configuration as JSON, not no value"
+        )
+    finally:
+        client.close()
+    _still_serves(served)
+
+
+DEEP_CONFIG = '{"name": "simple", "parameters": ' + "[" * 5000 + "]" * 5000 + "}"
+DEPTH_ERROR = (
+    "load parameter 'config' for model 'simple': JSON nesting depth exceeds maximum allowed "
+    "limit (100). Use --http-max-json-depth to increase the limit."
+)
+
+
+def test_a_load_config_nested_too_deep_is_refused_on_both_protocols(served: Served) -> None:
+    # The body itself is 2 deep: it is the config string that nests.
+    answer = httpx.post(
+        f"http://127.0.0.1:{served.http_port}/v2/repository/models/simple/load",
+        content=orjson.dumps({"parameters": {"config": DEEP_CONFIG}}),
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == DEPTH_ERROR
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            client.load_model("simple", config=DEEP_CONFIG)
+        assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert raised.value.message() == DEPTH_ERROR
+        assert client.is_model_ready("simple")  # nothing changed
+    finally:
+        client.close()
+    _still_serves(served)
+
+
+_GONE = "the client disconnected"
+
+
+@pytest.mark.parametrize(
+    "path", [INFER, "/v2/repository/models/simple/load", "/v2/models/simple/generate"]
+)
+def test_a_client_that_leaves_mid_body_costs_one_debug_line(served: Served, path: str) -> None:
+    seen = served.output().count(_GONE)
+    with served.connect() as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n".encode()
+            + b" " * 100
+        )
+    # Closed with 900 bytes owed: the server notices, and says so in one debug line.
+    deadline = time.monotonic() + 60
+    while served.output().count(_GONE) == seen and "Traceback" not in served.output():
+        assert time.monotonic() < deadline, served.output()
+        time.sleep(0.05)
+    assert served.output().count(_GONE) == seen + 1, served.output()
+    _still_serves(served)

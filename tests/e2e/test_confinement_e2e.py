@@ -7,6 +7,8 @@ file overrides are written to go once their model is unloaded or replaced.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.conftest import SIMPLE_CONFIG, write_config
 from tests.onnx_models import add_sub_model
 from tests.server_process import ServerProcess, start_server
+from tritonactor.control.override_folders import LOCK_NAME, override_root
 
 EXPLICIT = {"TRITONACTOR_MODEL_CONTROL_MODE": "explicit", "TRITONACTOR_LOAD_MODEL": "pyid"}
 
@@ -83,7 +86,12 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (repo / "linked" / "1").mkdir(parents=True)
     (outside / "shared_model.py").write_text(IDENTITY_PY)
     (repo / "linked" / "1" / "model.py").symlink_to(outside / "shared_model.py")
+    (repo / "linked" / "1" / "other.py").symlink_to(outside / "shared_model.py")
     write_config(repo / "linked", 'name: "linked"\nbackend: "python"\n' + _pbtxt_io())
+    # A model whose version folder is an operator's link to another model's.
+    (repo / "vlinked").mkdir()
+    (repo / "vlinked" / "1").symlink_to(repo / "pyid" / "1")
+    write_config(repo / "vlinked", 'name: "vlinked"\nbackend: "python"\n' + _pbtxt_io())
     add_sub_model(repo / "simple" / "1" / "model.onnx")
     write_config(repo / "simple", SIMPLE_CONFIG.format(name="simple", max_batch_size=8))
     return {"repo": repo, "outside": outside, "marker": marker, "base": base}
@@ -132,7 +140,7 @@ def refused_load(server: ServerProcess, model: str, **config: object) -> str:
 
 
 def overrides_root(server: ServerProcess) -> Path:
-    return Path(server.env["TRITONACTOR_JOURNAL"]).parent / "overrides"
+    return override_root(Path(server.env["TRITONACTOR_JOURNAL"]))
 
 
 def override_folders(server: ServerProcess, model: str) -> list[str]:
@@ -257,15 +265,32 @@ def test_grpc_refuses_the_same_way(server: ServerProcess, layout: dict[str, Path
     assert not layout["marker"].exists()
 
 
-def test_an_operators_own_link_in_the_repository_is_followed(server: ServerProcess) -> None:
-    # The repository's config names model.py, a link the operator made to a shared file.
+@pytest.mark.parametrize("model", ["linked", "vlinked"])
+def test_an_operators_own_link_in_the_repository_is_followed(
+    server: ServerProcess, model: str
+) -> None:
+    # The repository's config names model.py (by default), through a link the operator made:
+    # to a shared file (linked), or of the version folder to another model's (vlinked).
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model(model)
+    identity(server, model)
+    # A caller's config override that restates the config (its model file unchanged, by
+    # default or by name) keeps the operator's link.
+    for restated in (PYID_CONFIG, {**PYID_CONFIG, "default_model_filename": "model.py"}):
+        client.load_model(model, config=json.dumps(restated))
+        identity(server, model)
+    client.unload_model(model)
+
+
+def test_a_caller_cannot_aim_a_changed_name_through_an_operators_link(
+    server: ServerProcess, layout: dict[str, Path]
+) -> None:
+    # other.py is an operator's link out of the folder that the repository's config does not
+    # name: a caller's config naming it is held to the strict rule.
     client = httpclient.InferenceServerClient(server.url)
     client.load_model("linked")
-    identity(server, "linked")
-    # The same link named by an API caller's config is refused.
-    with pytest.raises(InferenceServerException) as caught:
-        client.load_model("linked", config=json.dumps(PYID_CONFIG))
-    assert "default_model_filename 'model.py' is outside the model's folder" in str(caught.value)
+    message = refused_load(server, "linked", default_model_filename="other.py")
+    assert "default_model_filename 'other.py' is outside the model's folder" in message
     identity(server, "linked")
     client.unload_model("linked")
 
@@ -354,10 +379,98 @@ def test_a_restart_keeps_the_folder_it_restores_and_an_unload_then_removes_it(
     # the start swept away what no load in force uses.
     second = start_server([layout["repo"]], tmp_path, env)
     try:
-        assert sorted(p.name for p in root.iterdir()) == [folder]
+        assert sorted(p.name for p in root.iterdir() if p.name != LOCK_NAME) == [folder]
         client = httpclient.InferenceServerClient(second.url)
         assert client.is_model_ready("kept")
         client.unload_model("kept")
         assert override_folders(second, "kept") == []
     finally:
         second.stop()
+
+
+PID_PY = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        pid = pb_utils.Tensor("OUT", np.array([os.getpid()], dtype=np.int64))
+        return [pb_utils.InferenceResponse([pid]) for _ in requests]
+"""
+
+PID_CONFIG = {
+    **PYID_CONFIG,
+    "output": [{"name": "OUT", "data_type": "TYPE_INT64", "dims": [1]}],
+}
+
+
+def served_pid(server: ServerProcess, model: str) -> int:
+    """The pid of the python process that answered a request to `model`."""
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}
+    response = httpx.post(f"{server.base}/v2/models/{model}/infer", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return int(response.json()["outputs"][0]["data"][0])
+
+
+def test_a_server_starting_beside_another_leaves_its_override_folders(
+    layout: dict[str, Path], tmp_path: Path
+) -> None:
+    # Two servers whose journals are in one folder (journal-<port>.jsonl each): each has its
+    # own override root, and one's start sweeps only its own.
+    first = start_server([layout["repo"]], tmp_path, EXPLICIT)
+    try:
+        client = httpclient.InferenceServerClient(first.url)
+        client.load_model(
+            "pids", config=json.dumps(PID_CONFIG), files={"file:1/model.py": PID_PY.encode()}
+        )
+        [folder] = override_folders(first, "pids")
+        second = start_server([layout["repo"]], tmp_path, EXPLICIT)
+        assert second.stop() == 0
+        assert overrides_root(second) != overrides_root(first)
+        # What a crash of the second could have left: its next start removes it, and only it.
+        ghost = overrides_root(second) / f"pids-{'b' * 32}"
+        (ghost / "pids").mkdir(parents=True)
+        env = {**EXPLICIT, "TRITONACTOR_JOURNAL": second.env["TRITONACTOR_JOURNAL"]}
+        second = start_server([layout["repo"]], tmp_path, env)
+        try:
+            assert not ghost.exists()
+        finally:
+            assert second.stop() == 0
+        assert override_folders(first, "pids") == [folder]
+        assert (overrides_root(first) / folder / "pids" / "1" / "model.py").is_file()
+        # The first server still starts the model's process from its folder when one dies.
+        killed = served_pid(first, "pids")
+        os.kill(killed, signal.SIGKILL)
+        assert served_pid(first, "pids") != killed
+        client.unload_model("pids")
+        assert override_folders(first, "pids") == []
+    finally:
+        first.stop()
+
+
+def test_a_server_sharing_a_journal_does_not_sweep_while_the_other_runs(
+    layout: dict[str, Path], tmp_path: Path
+) -> None:
+    # Two servers given one journal share its override root: the second's start leaves even
+    # what no load in force uses (the first may be writing it); a start alone sweeps it.
+    first = start_server([layout["repo"]], tmp_path, EXPLICIT)
+    env = {**EXPLICIT, "TRITONACTOR_JOURNAL": first.env["TRITONACTOR_JOURNAL"]}
+    root = overrides_root(first)
+    ghost = root / f"ghost-{'c' * 32}"
+    (ghost / "ghost").mkdir(parents=True)
+    try:
+        second = start_server([layout["repo"]], tmp_path, env)
+        try:
+            assert ghost.is_dir()
+        finally:
+            assert second.stop() == 0
+    finally:
+        assert first.stop() == 0
+    alone = start_server([layout["repo"]], tmp_path, env)
+    try:
+        assert not ghost.exists()
+    finally:
+        alone.stop()

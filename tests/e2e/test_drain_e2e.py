@@ -148,7 +148,11 @@ def start(root: Path, kind: str, exit_timeout: int = 30) -> Served:
         command += ["--workers", str(front_ends)]
     log = root / "server.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # A process group of its own, as a server started from a shell is: a test may signal
+        # the whole group, as a terminal's Ctrl-C or systemd does.
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     served = Served(process, http_port, grpc_port, metrics_port, log, gate, front_ends)
     deadline = time.monotonic() + PATIENCE
     while time.monotonic() < deadline:
@@ -168,9 +172,10 @@ def cleanup() -> Iterator[list[Served]]:
     yield started
     for served in started:
         served.gate.touch()
-        if served.process.poll() is None:
-            served.process.kill()
-            served.process.wait()
+        # Its whole group (engine and model processes too), whether or not it still runs.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(served.process.pid, signal.SIGKILL)
+        served.process.wait()
 
 
 def pending(served: Served) -> int:
@@ -193,6 +198,9 @@ def infer_body(value: int) -> dict[str, Any]:
     return {"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [value]}]}
 
 
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+
+
 def grpc_inputs(value: int) -> list[grpcclient.InferInput]:
     x = grpcclient.InferInput("X", [1], "INT32")
     x.set_data_from_numpy(np.array([value], dtype=np.int32))
@@ -204,7 +212,7 @@ class InFlight:
     http: list[Future[requests.Response]]
     grpc: queue.Queue[tuple[int, Any, Any]]
     stream: queue.Queue[tuple[Any, Any]]
-    grpc_client: grpcclient.InferenceServerClient
+    grpc_clients: list[grpcclient.InferenceServerClient]
     stream_client: grpcclient.InferenceServerClient
     pool: ThreadPoolExecutor
 
@@ -222,9 +230,15 @@ def put_in_flight(served: Served) -> InFlight:
 
     http = [pool.submit(post, value) for value in range(HTTP_REQUESTS)]
     answers: queue.Queue[tuple[int, Any, Any]] = queue.Queue()
-    grpc_client = grpcclient.InferenceServerClient(served.grpc)
-    for value in range(100, 100 + GRPC_REQUESTS):
-        grpc_client.async_infer(
+    # A connection each (grpcio shares one between channels unless told not to), so that
+    # with several front ends the calls are spread over them: each front end must hold its
+    # own calls until they are answered, whatever the others do.
+    grpc_clients = [
+        grpcclient.InferenceServerClient(served.grpc, channel_args=OWN_CONNECTION)
+        for _ in range(GRPC_REQUESTS)
+    ]
+    for value, client in enumerate(grpc_clients, start=100):
+        client.async_infer(
             "gate",
             grpc_inputs(value),
             lambda result, error, value=value: answers.put((value, result, error)),
@@ -235,14 +249,19 @@ def put_in_flight(served: Served) -> InFlight:
     for value in range(200, 200 + STREAM_REQUESTS):
         stream_client.async_stream_infer("gate", grpc_inputs(value), request_id=str(value))
     wait_for(lambda: pending(served) == IN_FLIGHT, served, f"{IN_FLIGHT} pending requests")
-    return InFlight(http, answers, streamed, grpc_client, stream_client, pool)
+    return InFlight(http, answers, streamed, grpc_clients, stream_client, pool)
 
 
 DRAINING = "in flight may finish within"  # each front end's line when its drain begins
 
 
-def signal_and_wait_for_drain(served: Served) -> None:
-    served.process.send_signal(signal.SIGTERM)
+def signal_and_wait_for_drain(served: Served, group: bool = False) -> None:
+    """SIGTERM to the server's process, or to its whole process group (python model
+    processes and the engine included)."""
+    if group:
+        os.killpg(served.process.pid, signal.SIGTERM)
+    else:
+        served.process.send_signal(signal.SIGTERM)
     wait_for(
         lambda: served.output().count(DRAINING) == served.front_ends,
         served,
@@ -261,10 +280,16 @@ def ports_free(served: Served) -> None:
             sock.bind(("127.0.0.1", port))
 
 
-@pytest.mark.parametrize("kind", ["serve-2", "serve-1", "hypercorn", "hypercorn-2"])
+@pytest.mark.parametrize(
+    "kind", ["serve-2", "serve-1", "hypercorn", "hypercorn-2", "serve-2-group", "serve-1-group"]
+)
 def test_sigterm_lets_every_admitted_request_finish(
     kind: str, tmp_path: Path, cleanup: list[Served]
 ) -> None:
+    # "-group": the signal goes to the whole process group; the python model processes in it
+    # must not die of it mid-request.
+    group = kind.endswith("-group")
+    kind = kind.removesuffix("-group")
     served = start(tmp_path, kind)
     cleanup.append(served)
     # A kept-alive connection, used once before the signal.
@@ -275,11 +300,11 @@ def test_sigterm_lets_every_admitted_request_finish(
     assert live.status == 200
     flight = put_in_flight(served)
 
-    signal_and_wait_for_drain(served)
+    signal_and_wait_for_drain(served, group)
 
     # New requests are refused, with the message.
     with pytest.raises(InferenceServerException) as refused:
-        flight.grpc_client.infer("gate", grpc_inputs(7))
+        flight.grpc_clients[0].infer("gate", grpc_inputs(7))
     assert refused.value.status() == "StatusCode.UNAVAILABLE"
     assert SHUTTING_DOWN in refused.value.message()
     with grpcclient.InferenceServerClient(served.grpc) as fresh:
@@ -339,7 +364,8 @@ def test_sigterm_lets_every_admitted_request_finish(
     assert served.process.wait(timeout=PATIENCE) == 0, served.output()
     flight.stream_client.stop_stream()
     flight.stream_client.close()
-    flight.grpc_client.close()
+    for client in flight.grpc_clients:
+        client.close()
     flight.pool.shutdown()
     ports_free(served)
     assert "Traceback" not in served.output(), served.output()
@@ -372,7 +398,8 @@ def test_the_exit_timeout_ends_what_is_left_with_a_clear_error(
     assert "exit timeout (2 s)" in error.message(), error
     flight.stream_client.stop_stream()
     flight.stream_client.close()
-    flight.grpc_client.close()
+    for client in flight.grpc_clients:
+        client.close()
     flight.pool.shutdown()
     assert served.process.wait(timeout=PATIENCE) == 0, served.output()
     ports_free(served)

@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.conftest import SIMPLE_CONFIG, write_config
 from tests.onnx_models import add_sub_model
 from tests.server_process import ServerProcess, start_server
+from tritonactor.control.override_folders import override_root
 
 EXPLICIT = {"TRITONACTOR_MODEL_CONTROL_MODE": "explicit", "TRITONACTOR_LOAD_MODEL": "simple"}
 
@@ -124,9 +125,9 @@ def test_file_override_paths_are_checked(server: ServerProcess, tmp_path: Path) 
             json={"parameters": {"config": config, f"file:{path}": "AAAA"}},
         )
         assert response.status_code == 400, path
-    journal_dir = Path(server.env["TRITONACTOR_JOURNAL"]).parent
-    assert not list((journal_dir / "overrides").glob("fresh*"))
-    assert not (journal_dir / "escape").exists()
+    journal = Path(server.env["TRITONACTOR_JOURNAL"])
+    assert not list(override_root(journal).glob("fresh*"))
+    assert not (journal.parent / "escape").exists()
 
 
 def test_grpc_load_with_config_and_file_overrides(server: ServerProcess, tmp_path: Path) -> None:
@@ -244,14 +245,22 @@ def test_a_journal_of_bad_lines_is_skipped_line_by_line_and_the_server_starts(
     journal.parent.mkdir()
     journal.write_text('{"v": 1, "type": "ServerStarted"}\nnot json at all\n{"v": 1}\n')
     env = {**EXPLICIT, "TRITONACTOR_JOURNAL": str(journal)}
-    server = start_server([repo], tmp_path, env)
+    server = start_server([repo], tmp_path, env, wait_ready=False)
     try:
-        assert httpclient.InferenceServerClient(server.url).is_model_ready("simple")
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.is_model_ready("simple")
         rejected = journal.with_name("journal.jsonl.rejected").read_text().splitlines()
         assert [json.loads(line)["line"] for line in rejected] == [1, 2, 3]
         assert "not json at all" in rejected[1]
         kinds = [e["type"] for e in events(server)[:4]]
         assert kinds == ["JournalLineSkipped"] * 3 + ["ServerStarted"]
         assert "line 2 cannot be read" in server.log()
+        # Lines that name no model leave the whole restore in doubt (docs/journal.md): the
+        # server says so, and is not ready until an API load or unload settles it.
+        doubt = [e for e in client.get_model_repository_index() if e["name"] == ""]
+        assert doubt and doubt[0]["reason"].startswith("not fully restored"), doubt
+        assert not client.is_server_ready()
+        client.load_model("simple")
+        assert client.is_server_ready()
     finally:
         server.stop()

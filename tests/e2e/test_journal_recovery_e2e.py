@@ -161,3 +161,62 @@ def test_bad_input_changes_nothing_and_an_api_load_settles_it(
         assert [json.loads(text)["line"] for text in kept] == [line]
     finally:
         third.stop()
+
+
+def cut_load_request(journal: Path, model: str) -> int:
+    """Cut the line that records the API's load of `model` to its first 40 bytes (before its
+    model's name: `{"v":1,"type":"LoadRequested","fields":`), keeping its newline; returns that
+    line's number."""
+    lines = journal.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if b'"type":"LoadRequested"' in line and f'"model":"{model}"'.encode() in line:
+            lines[number - 1] = line[:40]
+            assert b'"model"' not in lines[number - 1]
+            journal.write_bytes(b"\n".join(lines))
+            return number
+    raise AssertionError(f"no LoadRequested line for {model}")
+
+
+def test_a_bad_line_naming_no_model_keeps_readiness_false_until_an_api_load(
+    repo: Path, tmp_path: Path, journal: Path, env: dict[str, str]
+) -> None:
+    first = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(first.url)
+        for name in MODELS:
+            client.load_model(name)
+    finally:
+        first.stop()
+    line = cut_load_request(journal, "doubtful")
+    second = start_server([repo], tmp_path, env, wait_ready=False)
+    try:
+        client = httpclient.InferenceServerClient(second.url)
+        for name in ("before", "after"):
+            assert client.is_model_ready(name)
+        # Which model the line was about is lost: the restore as a whole is in doubt.
+        assert not client.is_model_ready("doubtful")
+        entry = index(second)[""]
+        assert entry["state"] == "UNAVAILABLE", entry
+        assert entry["reason"].startswith(
+            f"not fully restored: line {line} of the journal could not be read"
+        ), entry
+        assert ready(second) == 400
+        # Bad input settles nothing.
+        with pytest.raises(InferenceServerException, match="failed to poll"):
+            client.load_model("nowhere")
+        assert ready(second) == 400 and "" in index(second)
+        client.load_model("doubtful")
+        works(client, "doubtful")
+        assert "" not in index(second)
+        assert ready(second) == 200
+    finally:
+        second.stop()
+    third = start_server([repo], tmp_path, env)
+    try:
+        assert ready(third) == 200
+        assert "" not in index(third)
+        client = httpclient.InferenceServerClient(third.url)
+        for name in MODELS:
+            assert client.is_model_ready(name)
+    finally:
+        third.stop()

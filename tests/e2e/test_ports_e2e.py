@@ -108,7 +108,7 @@ def launch(
     `host`: every listener's address (None: say none, so each takes its default)."""
     how, asgi, workers = KINDS[kind]
     given = dict(ports or {})
-    chosen = {name: given.get(name) or free_port() for name in ENDPOINTS}
+    chosen = {name: given[name] if name in given else free_port() for name in ENDPOINTS}
     variables = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "TA_"))}
     variables.update(
         {
@@ -257,3 +257,69 @@ def test_the_three_listeners_bind_the_http_address_by_default(kind: str, tmp_pat
             assert listening_addresses(started.ports[endpoint]) == {expected}, endpoint
     finally:
         stop(started)
+
+
+def group_listening(leader: int) -> dict[int, set[int]]:
+    """The ports the sockets of process group `leader`'s processes listen on, by process."""
+    inodes: dict[str, set[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rpartition(")")[2].split()[2]) != leader:
+                continue
+            pid = int(stat.parent.name)
+            for fd in (stat.parent / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inode = target.removeprefix("socket:[").removesuffix("]")
+                        inodes.setdefault(inode, set()).add(pid)
+    found: dict[int, set[int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                port = int(fields[1].partition(":")[2], 16)
+                for pid in inodes[fields[9]]:
+                    found.setdefault(pid, set()).add(port)
+    return found
+
+
+def wait_serving_on_chosen_ports(started: Started) -> set[int]:
+    """Wait until the server (all its ports 0) serves HTTP; the ports its processes listen on."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if started.process.poll() is not None:
+            raise AssertionError(f"exited {started.process.returncode}:\n{started.log()}")
+        # The ASGI server's parent (the group's leader) holds the HTTP socket.
+        http = group_listening(started.process.pid).get(started.process.pid, set())
+        if http:
+            started.ports["http"] = min(http)
+            started.wait_ready()
+            return set().union(*group_listening(started.process.pid).values())
+        time.sleep(0.1)
+    raise AssertionError(f"no HTTP socket:\n{started.log()}")
+
+
+@pytest.mark.parametrize("kind", ["serve-uvicorn-2", "serve-hypercorn-2", "hypercorn-2"])
+def test_two_servers_on_port_0_each_have_their_own_engine_and_sockets(
+    kind: str, tmp_path: Path
+) -> None:
+    # The same command twice (one journal, one repository, every port 0): two servers, not the
+    # second's front ends joining the first's engine and accepting on its gRPC socket.
+    zero = {name: 0 for name in ENDPOINTS}
+    same = {"TRITONACTOR_JOURNAL": str(tmp_path / "journal.jsonl")}
+    one = launch(kind, tmp_path, ports=zero, env=same, name="same")
+    two = None
+    try:
+        ports_one = wait_serving_on_chosen_ports(one)
+        two = launch(kind, tmp_path, ports=zero, env=same, name="same-again")
+        ports_two = wait_serving_on_chosen_ports(two)
+        assert len(ports_one) == len(ports_two) == 3, (ports_one, ports_two)  # HTTP, gRPC, metrics
+        assert not ports_one & ports_two, (ports_one, ports_two)
+        for started in (one, two):
+            ready = httpx.get(f"{started.base}/v2/models/add_sub/ready", timeout=10)
+            assert ready.status_code == 200
+    finally:
+        if two is not None:
+            stop(two)
+        stop(one)

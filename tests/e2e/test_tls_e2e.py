@@ -280,3 +280,44 @@ def test_grpc_tls_without_its_files_stops_a_plain_hypercorn_naming_them(tmp_path
         "TRITONACTOR_GRPC_USE_SSL=true needs TRITONACTOR_GRPC_SERVER_CERT and "
         "TRITONACTOR_GRPC_SERVER_KEY" in started.log()
     ), started.log()
+
+
+def http_mutual_env(pki: Pki) -> dict[str, str]:
+    return {
+        "TRITONACTOR_HTTP_USE_SSL_MUTUAL": "true",
+        "TRITONACTOR_HTTP_SERVER_CERT": str(pki.server_cert),
+        "TRITONACTOR_HTTP_SERVER_KEY": str(pki.server_key),
+        "TRITONACTOR_HTTP_ROOT_CERT": str(pki.ca),
+    }
+
+
+@pytest.mark.parametrize("kind", ["hypercorn-1", "hypercorn-2"])
+def test_http_mutual_tls_stops_a_plain_hypercorn_that_would_not_ask_for_certificates(
+    kind: str, tmp_path: Path, pki: Pki
+) -> None:
+    # Only a certificate and key on hypercorn's command line: it would serve TLS to anyone.
+    started = launch(
+        kind,
+        tmp_path,
+        env=http_mutual_env(pki),
+        hypercorn_flags=("--certfile", str(pki.server_cert), "--keyfile", str(pki.server_key)),
+    )
+    started.wait_exit()
+    log = started.log()
+    assert "TRITONACTOR_HTTP_USE_SSL_MUTUAL=true, but this ASGI server" in log, log
+    assert "--ca-certs" in log and "--verify-mode CERT_REQUIRED (otherwise" in log, log
+
+
+def test_http_mutual_tls_under_a_plain_hypercorn_given_its_flags_refuses_anonymous_clients(
+    tmp_path: Path, pki: Pki
+) -> None:
+    flags = ("--certfile", str(pki.server_cert), "--keyfile", str(pki.server_key))
+    flags += ("--ca-certs", str(pki.ca), "--verify-mode", "CERT_REQUIRED")
+    started = launch("hypercorn-2", tmp_path, env=http_mutual_env(pki), hypercorn_flags=flags)
+    started.scheme = "https"
+    try:
+        started.wait_ready(verify=client_context(pki, pki.client_cert, pki.client_key))
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{started.base}/v2/health/live", verify=client_context(pki), timeout=10)
+    finally:
+        stop(started)

@@ -17,6 +17,13 @@ HYPERCORN = "/venv/bin/hypercorn"
         ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "3"], 3),
         ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2"], 2),
         ({}, [HYPERCORN, "tritonactor.app:app", "--workers=4"], 4),
+        # Every spelling hypercorn's parser accepts, the last of a repeated flag winning.
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w2"], 2),
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w=3"], 3),
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2", "--workers", "5"], 5),
+        ({}, ["/venv/lib/hypercorn/__main__.py", "tritonactor.app:app", "-w4"], 4),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "0"], 1),  # in hypercorn's process
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "x"], 1),  # hypercorn refuses to start
         ({"TA_FRONTEND_WORKERS": "2"}, ["/venv/bin/uvicorn", "tritonactor.app:app"], 2),
         ({}, ["/venv/bin/uvicorn", "tritonactor.app:app", "--workers", "3"], 1),
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 from pathlib import Path
@@ -66,3 +67,24 @@ def test_a_socket_answered_by_this_user_is_trusted(tmp_dir: Path) -> None:
         assert launch._answers(path)
     os.unlink(path)
     assert not launch._answers(path)
+
+
+def test_a_server_on_port_0_is_also_named_by_its_process(
+    tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Port 0 names no server: the same command started twice must not find one engine.
+    fixed = settings(tmp_dir)
+    chosen = settings(tmp_dir, http_port=0, grpc_port=0, metrics_port=0)
+    one, zero = launch.engine_socket(fixed), launch.engine_socket(chosen)
+    monkeypatch.setattr(launch, "server_process", lambda: "4242:99")
+    assert launch.engine_socket(fixed) == one  # fixed ports: the ports name it
+    assert launch.engine_socket(chosen) != zero  # another server process: another engine
+    assert launch.engine_socket(settings(tmp_dir, grpc_port=0)) != zero
+
+
+def test_the_server_process_is_the_parent_of_a_worker_and_else_this_one() -> None:
+    pid, _, started = launch.server_process().partition(":")
+    assert pid == str(os.getpid()) and started.isdigit()
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:  # a worker started as hypercorn and uvicorn start theirs
+        assert pool.apply(launch.server_process) == launch.server_process()

@@ -191,7 +191,7 @@ def test_appends_are_durable_and_replayed(path: Path) -> None:
         assert again.append(ev.InstanceRestarted(model="m", version=1)) == len(written) + 1
 
 
-@pytest.mark.parametrize("tail", [b'{"v":1,"type":"Model', b"\x00\x00\x00", b"{not json\n"])
+@pytest.mark.parametrize("tail", [b'{"v":1,"type":"Model', b"\x00\x00\x00", b"{not json"])
 def test_a_torn_last_line_is_dropped_and_the_next_append_starts_a_line(
     path: Path, tail: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -211,6 +211,35 @@ def test_a_torn_last_line_is_dropped_and_the_next_append_starts_a_line(
         second = ev.ModelLoaded(model="a", version=1)
         assert journal.append(second) == 2
     assert [decode(json.loads(line)) for line in lines(path)] == [first, second]
+
+
+@pytest.mark.parametrize("bad", [b"{not json\n", b'{"v":1,"type":"LoadRequested","fields":{\n'])
+def test_a_whole_bad_last_line_is_skipped_and_kept_not_truncated(
+    path: Path, bad: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only bytes after the last newline are torn: a last line that has its newline was
+    written whole, so it is skipped, kept aside and left in place like any other bad line."""
+    first = ev.ModelDiscovered(model="a", repository="/r", versions=(1,))
+    with Journal(path) as journal:
+        journal.append(first)
+    with path.open("ab") as file:
+        file.write(bad)
+    original = path.read_bytes()
+    with Journal(path) as reader:
+        [event, skipped] = reader.read()
+    assert event == first and isinstance(skipped, ev.JournalLineSkipped) and skipped.line == 2
+    with caplog.at_level(logging.WARNING):
+        journal, replayed = open_journal(path)
+    with journal:
+        assert replayed == [first, skipped]
+        assert path.read_bytes() == original
+        assert "torn" not in caplog.text and "line 2 cannot be read" in caplog.text
+        kept = path.with_name("journal.jsonl.rejected")
+        [record] = [json.loads(line) for line in kept.read_text().splitlines()]
+        assert record["line"] == 2 and record["text"] == bad.rstrip(b"\n").decode()
+        second = ev.ModelLoaded(model="a", version=1)
+        assert journal.append(second) == 3
+    assert path.read_bytes() == original + lines(path)[-1] + b"\n"
 
 
 def test_a_line_left_unfinished_after_open_is_dropped_by_the_next_append(path: Path) -> None:

@@ -61,8 +61,9 @@ def test_a_bad_line_of_a_kind_that_asks_nothing_leaves_no_doubt() -> None:
     # A type that cannot be read, or one that may have asked something: in doubt.
     assert ev.fold([skipped("b", kind="")])["b"].unsure
     assert ev.fold([skipped("b", kind="ModelLoaded")])["b"].unsure
-    # A line naming no model changes nothing (the journal's warning is all there is to say).
-    assert ev.fold([skipped()]) == {}
+    # A line naming no model, of a kind that asks nothing: the journal's warning is all there is.
+    assert ev.fold([skipped(kind="InstanceFailed")]) == {}
+    assert ev.fold([skipped(kind="ServerStarted")]) == {}
     # A line naming several (two records run together): each is in doubt.
     state = ev.fold([skipped("b", "d", kind="")])
     assert state["b"].unsure and state["d"].unsure
@@ -88,3 +89,43 @@ def test_a_restart_says_what_it_does_not_restore_and_readiness_waits_for_it() ->
 
 def test_nothing_unsure_nothing_unrestored() -> None:
     assert unrestored(ev.fold([*loaded_by_api("a"), started()]), {}) == []
+
+
+def test_a_bad_line_naming_no_model_leaves_the_whole_restore_in_doubt() -> None:
+    """Cut short before its model, or with a model that is not a string: it may have been any
+    model's API load, so a restart reports the restore as not whole (under the name "") and
+    strict readiness waits until an API load or unload settles it."""
+    for kind in ("LoadRequested", "UnloadRequested", "ModelLoaded", "ModelRemoved", ""):
+        state = ev.fold([*loaded_by_api("a"), skipped(kind=kind, line=4), started(), started()])
+        assert state[ev.UNNAMED].unsure == "line 4 of the journal could not be read (not JSON)"
+        assert state["a"].requested is not None and not state["a"].unsure
+        assert [entry.name for entry in index(state)] == ["a"]  # not reported yet: not listed
+        [(name, reason)] = unrestored(state, {"a": None})
+        assert name == ev.UNNAMED
+        assert reason.startswith(
+            "not fully restored: line 4 of the journal could not be read (not JSON) and names "
+            "no model"
+        )
+        assert "Any load or unload through the API settles this" in reason
+        state = ev.apply(state, ev.LoadFailed(model=name, version=None, reason=reason))
+        [entry] = [entry for entry in index(state) if entry.name == ""]
+        assert (entry.state, entry.reason) == ("UNAVAILABLE", reason)
+        assert not ready(state)
+        # A startup load settles nothing; an API load or unload of any model does.
+        startup = ev.LoadRequested(model="a", versions=(1,), source=ev.Source.STARTUP)
+        assert not ready(ev.apply(state, startup))
+        for settle in (
+            ev.LoadRequested(model="z", versions=(1,), source=API),
+            ev.UnloadRequested(model="a", versions=(1,), source=API),
+        ):
+            settled = ev.apply(state, settle)
+            assert ev.UNNAMED not in settled
+            assert unrestored(ev.fold([started()], settled), {}) == []
+        # API requests between the bad line and the restart that reported it settle nothing
+        # (they are not an answer to the report); one after the report settles it for good:
+        # the next restart folds the same journal to the same answer.
+        history = [*loaded_by_api("a"), skipped(kind=kind), *loaded_by_api("b"), started()]
+        assert ev.fold(history)[ev.UNNAMED].unsure
+        reported = ev.LoadFailed(model=name, version=None, reason=reason)
+        history += [reported, *loaded_by_api("c"), started()]
+        assert ev.UNNAMED not in ev.fold(history)

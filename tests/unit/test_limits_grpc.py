@@ -16,8 +16,9 @@ from grpclib.testing import ChannelFor
 
 from tritonactor._proto import inference as pb
 from tritonactor._proto_c.grpc_service_pb2 import ModelInferResponse
-from tritonactor.frontends.grpc.limits import bounded
+from tritonactor.frontends.grpc.limits import _strict_parser, bounded
 from tritonactor.frontends.grpc.wire import InferRequestMessage
+from tritonactor.observability.logging import settings_from_grpc
 
 pytestmark = pytest.mark.anyio
 
@@ -132,6 +133,9 @@ async def test_a_message_past_the_limit_is_refused_from_its_length() -> None:
         ("/t.Echo/Unary", b"\xff\xff\xff"),
         ("/t.Echo/Unary", b"\x0a\x10ab"),  # cut short
         ("/t.Echo/Betterproto", b"\x0a\x02\xff\xfe"),
+        # Cut short inside a field, at the message's end: betterproto2 alone would read "ab".
+        ("/t.Echo/Betterproto", b"\x0a\x05ab"),
+        ("/t.Echo/Betterproto", b"\x0a\x02\x0a"),  # ends inside the key's tag
     ],
 )
 async def test_bytes_that_do_not_parse_are_invalid_argument(path: str, data: bytes) -> None:
@@ -158,3 +162,77 @@ async def test_a_stream_ends_invalid_argument_at_its_first_bad_message() -> None
                 await call.recv_message()
     assert raised.value.status is Status.INVALID_ARGUMENT
     assert echo.received == ["ok"]
+
+
+async def send_raw(channel: Channel, path: str, cardinality: Cardinality, data: bytes) -> None:
+    """Send `data` as the whole request stream, framing and all, and read the answer."""
+    async with channel.request(path, cardinality, Raw, Raw) as call:
+        await call.send_request()
+        await call._stream.send_data(data, end_stream=True)
+        call._end_done = True
+        await call.recv_message()
+
+
+@pytest.mark.parametrize("prefix", [b"\x00", b"\x00\x00", b"\x00\x00\x00", b"\x00\x00\x00\x00"])
+@pytest.mark.parametrize(
+    ("path", "cardinality"),
+    [
+        ("/t.Echo/Unary", Cardinality.UNARY_UNARY),
+        ("/t.Echo/Stream", Cardinality.STREAM_STREAM),
+        ("/t.Echo/Betterproto", Cardinality.UNARY_UNARY),
+    ],
+)
+async def test_a_prefix_cut_short_is_invalid_argument(
+    prefix: bytes, path: str, cardinality: Cardinality
+) -> None:
+    # The stream ends inside the 5-byte length prefix: grpclib's reader asserts on it.
+    echo = Echo()
+    async with ChannelFor([echo]) as channel:
+        with pytest.raises(GRPCError) as raised:
+            await send_raw(channel, path, cardinality, prefix)
+        assert raised.value.status is Status.INVALID_ARGUMENT
+        assert raised.value.message == "Unable to parse request: truncated message"
+        assert await unary(channel, "/t.Echo/Unary", name("after")) == name("after")
+    assert echo.received == ["after"]
+
+
+async def test_a_stream_cut_short_inside_its_second_prefix_answers_the_first() -> None:
+    echo = Echo()
+    replies: list[bytes] = []
+    async with ChannelFor([echo]) as channel:
+        first = name("ok")
+        data = b"\x00" + len(first).to_bytes(4, "big") + first + b"\x00\x00"
+        call = channel.request("/t.Echo/Stream", Cardinality.STREAM_STREAM, Raw, Raw)
+        with pytest.raises(GRPCError) as raised:
+            async with call:
+                await call.send_request()
+                await call._stream.send_data(data, end_stream=True)
+                call._end_done = True
+                async for reply in call:
+                    replies.append(reply.data)
+    assert raised.value.status is Status.INVALID_ARGUMENT
+    assert replies == [first]
+    assert echo.received == ["ok"]
+
+
+@pytest.mark.parametrize(
+    ("request_type", "answer"),
+    [
+        (pb.TraceSettingRequest, "trace_level"),
+        (pb.LogSettingsRequest, "log_info"),
+    ],
+)
+def test_a_map_entry_without_a_value_is_received(request_type: Any, answer: str) -> None:
+    """Valid protobuf (the value is the empty message), which betterproto2 reads as None: the
+    settings RPCs take it as the empty value (tests/e2e/test_bounded_input_e2e.py)."""
+    entry = b"\x0a" + bytes([len(answer)]) + answer.encode()
+    data = b"\x0a" + bytes([len(entry)]) + entry
+    parse_strictly = _strict_parser(request_type)
+    assert parse_strictly is not None
+    parse_strictly(data)  # protobuf's own parser takes it
+    assert request_type().parse(data).settings == {answer: None}
+
+
+def test_settings_from_grpc_takes_an_entry_without_a_value_as_null() -> None:
+    request = pb.LogSettingsRequest().parse(b"\x0a\x0a\x0a\x08log_info")
+    assert settings_from_grpc(request) == {"log_info": None}

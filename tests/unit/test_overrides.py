@@ -4,7 +4,7 @@ import base64
 import json
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -203,7 +203,7 @@ def test_a_file_without_config_is_rejected_as_triton_does(tmp_path: Path) -> Non
         ('{"no_such_field": 1}', "no_such_field"),
         ('{"max_batch_size": "many"}', "max_batch_size"),
         ('{"input": [{"data_type": "TYPE_NOPE"}]}', "TYPE_NOPE"),
-        ("[" * 100_000 + "]" * 100_000, "not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "JSON nesting depth exceeds maximum allowed limit (100)"),
     ],
 )
 def test_a_config_that_is_not_a_model_config_is_rejected_with_the_reason(
@@ -211,6 +211,39 @@ def test_a_config_that_is_not_a_model_config_is_rejected_with_the_reason(
 ) -> None:
     parameters = {"config": config, "file:1/model.onnx": b64(MODEL_BYTES)}
     assert_rejected(parameters, "dense", tmp_path / "state", "'config'", needle)
+
+
+def nested_config(depth: int) -> str:
+    """A config object `depth` deep (itself included), the rest in an array under "deep"."""
+    return '{"deep": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+@pytest.mark.parametrize("wrap", [str, lambda text: ModelRepositoryParameter(string_param=text)])
+def test_a_config_nested_past_the_limit_is_refused_before_it_is_parsed(
+    wrap: Callable[[str], object],
+) -> None:
+    # The same check for HTTP's strings and gRPC's parameters, with the server's limit.
+    def parse(depth: int, limit: int) -> TritonError:
+        with pytest.raises(TritonError) as caught:
+            parse_load_parameters(
+                {"config": wrap(nested_config(depth))}, "dense", base64_files=True, max_depth=limit
+            )
+        assert caught.value.code is ErrorCode.INVALID_ARG
+        return caught.value
+
+    too_deep = (
+        "load parameter 'config' for model 'dense': JSON nesting depth exceeds maximum allowed "
+        "limit ({}). Use --http-max-json-depth to increase the limit."
+    )
+    # At the limit it is parsed, and then it is the field that is wrong.
+    assert "no field named" in parse(100, 100).message
+    assert parse(101, 100).message == too_deep.format(100)
+    assert "no field named" in parse(300, 300).message
+    assert parse(301, 300).message == too_deep.format(300)
+    # The default is Triton's 100.
+    with pytest.raises(TritonError) as caught:
+        parse_load_parameters({"config": nested_config(101)}, "dense", base64_files=True)
+    assert caught.value.message == too_deep.format(100)
 
 
 def test_a_config_that_names_another_model_is_rejected(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from tritonactor.control import events as ev
 from tritonactor.control import override_folders
 from tritonactor.control.load_plan import restored_overrides
 from tritonactor.control.overrides import LoadOptions, materialize
-from tritonactor.control.prepare import confine_config
+from tritonactor.control.prepare import OperatorNames, confine_config
 from tritonactor.control.repository import ModelSource
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.paths import inside
@@ -201,6 +201,41 @@ def test_a_repository_config_may_use_an_operators_link_a_caller_config_may_not(
     )
 
 
+def test_a_caller_config_restating_the_operators_names_keeps_their_links(model: Path) -> None:
+    (model / "1" / "linked.py").symlink_to(model.parent.parent / "secret")
+    (model / "1" / "other.py").symlink_to(model.parent.parent / "secret")
+    (model / "labels").symlink_to(model.parent.parent / "secret")
+    trusted = OperatorNames(model_files=frozenset({"linked.py"}), labels=frozenset({"labels"}))
+    label = {"name": "O", "data_type": "TYPE_FP32", "dims": [1], "label_filename": "labels"}
+    restated = config(default_model_filename="linked.py", output=[label])
+    confine_config(source(model), restated, caller_config=True, trusted=trusted)
+    # A name the repository's config does not give for that kind of file is held to the
+    # strict rule, even one it gives for another kind.
+    for changed, described in (
+        (config(default_model_filename="other.py"), "default_model_filename 'other.py'"),
+        (config(default_model_filename="../labels"), "default_model_filename '../labels'"),
+        (
+            config(
+                default_model_filename="linked.py",
+                output=[{**label, "label_filename": "1/other.py"}],
+            ),
+            "label_filename '1/other.py' of output 'O'",
+        ),
+    ):
+        with pytest.raises(TritonError) as caught:
+            confine_config(source(model), changed, caller_config=True, trusted=trusted)
+        assert caught.value.message.startswith(f"{described} is outside the model's folder")
+    # A trusted name still may not climb out lexically.
+    climbing = OperatorNames(model_files=frozenset({"../../secret"}))
+    with pytest.raises(TritonError):
+        confine_config(
+            source(model),
+            config(default_model_filename="../../secret"),
+            caller_config=True,
+            trusted=climbing,
+        )
+
+
 def test_an_absolute_model_filename_names_a_file_inside_the_version_folder(model: Path) -> None:
     # Triton's join: "/etc/shadow" is <model>/1/etc/shadow, never the server's file.
     confine_config(source(model), config(default_model_filename="/etc/shadow"), caller_config=True)
@@ -334,6 +369,49 @@ def test_stale_folders_are_removed_at_start_except_those_the_journal_restores(
     for folder in (kept, stale):
         while override_folders.holds(folder):
             override_folders.release(folder, "m")
+
+
+def test_each_journal_has_an_override_root_of_its_own() -> None:
+    assert override_folders.override_root(Path("/state/s1.jsonl")) == Path(
+        "/state/s1.jsonl.overrides"
+    )
+    assert override_folders.override_root(Path("/state/s1.jsonl")) != (
+        override_folders.override_root(Path("/state/s4.jsonl"))
+    )
+
+
+def test_a_start_sweeps_only_a_root_no_other_server_holds(tmp_path: Path) -> None:
+    root = tmp_path / "j.jsonl.overrides"
+
+    def ghost() -> Path:
+        folder = root / ("ghost-" + "2" * 32)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    first = override_folders.claim_root(root)
+    assert first.alone and first.swept == []
+    ghost()
+    # A second server on the same journal: the root is held, nothing is swept.
+    second = override_folders.claim_root(root)
+    assert not second.alone and second.swept == []
+    assert ghost().is_dir()
+    first.close()
+    second.close()
+    second.close()  # closing twice is harmless
+    # Alone again: the sweep runs (and the lock file is never swept).
+    third = override_folders.claim_root(root)
+    try:
+        assert third.alone and third.swept == ["ghost-" + "2" * 32]
+        assert os.listdir(root) == [override_folders.LOCK_NAME]
+    finally:
+        third.close()
+
+
+def test_a_root_that_cannot_be_made_is_not_swept_and_fails_no_start(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    claim = override_folders.claim_root(tmp_path / "file" / "j.jsonl.overrides")
+    assert not claim.alone and claim.swept == []
+    claim.close()
 
 
 def test_removal_never_follows_a_link(tmp_path: Path) -> None:

@@ -90,6 +90,9 @@ class MortalModel(BackendModel):
         self.backend = backend
 
     def create_instance(self, context: InstanceContext) -> BackendInstance:
+        if self.backend.refuse:  # (on a worker thread) a replacement that cannot start
+            self.backend.refused.append(context.name)
+            raise RuntimeError("no weights")
         instance = Mortal(self.backend, len(self.backend.instances) + 1)
         self.backend.instances.append(instance)
         self.backend.created.set()
@@ -104,6 +107,8 @@ class MortalBackend(Backend):
         self.executed: list[int] = []
         self.finalized: list[int] = []
         self.created = anyio.Event()
+        self.refuse = False
+        self.refused: list[str] = []
 
     def load_model(self, context: ModelContext) -> BackendModel:
         return MortalModel(self)
@@ -117,11 +122,16 @@ class Owner(Actor[Any]):
         self.health: list[tuple[bool, str]] = []
         self.heard = anyio.Event()
 
+        self.failed: list[str] = []
+
     async def receive(self, message: Any) -> None:
         if isinstance(message, VersionHealth):
             self.health.append((message.ready, message.reason))
             self.heard.set()
             self.heard = anyio.Event()
+
+    async def on_child_failed(self, child: Any, error: BaseException) -> None:
+        self.failed.append(str(error))  # the version failed as a whole
 
 
 @pytest.fixture
@@ -214,3 +224,63 @@ async def test_where_the_scheduler_cannot_take_it_back_it_fails_with_the_reason(
     with anyio.fail_after(10):
         response = await router.infer(request(ORDERED))
     assert response.model_version == "2"
+
+
+TWO = CONFIG.replace("count: 1", "count: 2")
+
+
+@pytest.fixture
+def quick_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempts with no wait between them: the tests wait on what happens, not on the clock."""
+    monkeypatch.setattr(ModelVersionActor, "RESTART_DELAYS", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(ModelVersionActor, "RESTART_DELAY_CAP", 0.0)
+
+
+async def until(check: Callable[[], bool]) -> None:
+    with anyio.fail_after(10):
+        while not check():
+            await anyio.sleep(0.001)
+
+
+def test_restarts_back_off_to_a_cap() -> None:
+    version = ModelVersionActor.__new__(ModelVersionActor)
+    assert [version.restart_delay(n) for n in range(9)] == [0, 0.5, 2, 4, 8, 16, 30, 30, 30]
+
+
+@pytest.mark.usefixtures("quick_restarts")
+async def test_an_instance_that_cannot_restart_does_not_take_its_healthy_sibling_down(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    backend, owner, router = await serve(system, TWO, tmp_path)
+    first, second = backend.instances
+    backend.refuse = True
+    first.die("the process exited with signal SIGKILL")
+    # Far more failed attempts than the first three: it keeps being tried...
+    await until(lambda: len(backend.refused) >= 10)
+    assert set(backend.refused) == {"m_0_0"}
+    # ...while the version serves on its other instance, and stays loaded.
+    with anyio.fail_after(10):
+        response = await router.infer(request(TWO))
+    assert response.model_version == str(second.generation)
+    assert owner.failed == []
+    assert owner.health == [
+        (False, "instance 'm_0_0' failed: the process exited with signal SIGKILL")
+    ]
+    backend.refuse = False  # it can start again: replaced, and the version is whole again
+    await wait_health(owner, 2)
+    assert owner.health[-1] == (True, "")
+    assert len(backend.instances) == 3 and owner.failed == []
+
+
+@pytest.mark.usefixtures("quick_restarts")
+async def test_the_version_fails_when_no_instance_is_left_after_the_first_attempts(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    backend, owner, _ = await serve(system, CONFIG, tmp_path)
+    backend.refuse = True
+    backend.instances[0].die("the process exited with code 1")
+    await until(lambda: bool(owner.failed))
+    assert backend.refused == ["m_0_0"] * len(ModelVersionActor.RESTART_DELAYS)
+    assert owner.failed == [
+        "instance 'm_0_0' failed: the process exited with code 1; restarting it failed: no weights"
+    ]

@@ -237,3 +237,70 @@ def test_http_tls_under_a_hand_started_hypercorn_needs_its_own_certificate(
     else:
         check_hand_started_http(given, argv)
     check_hand_started_http(settings(repo, tmp_path), argv[:2])  # plain text: nothing to give
+
+
+MUTUAL_FLAGS = ["--certfile", "s.pem", "--keyfile", "s.key", "--ca-certs", "ca.pem"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "lacking"),
+    [
+        (["--certfile", "s.pem", "--keyfile", "s.key"], "--ca-certs"),
+        (["--certfile", "s.pem", "--keyfile", "s.key"], "--verify-mode CERT_REQUIRED"),
+        (MUTUAL_FLAGS, "--verify-mode CERT_REQUIRED"),
+        ([*MUTUAL_FLAGS, "--verify-mode", "CERT_OPTIONAL"], "--verify-mode CERT_REQUIRED"),
+        ([*MUTUAL_FLAGS[:4], "--verify-mode", "CERT_REQUIRED"], "--ca-certs"),
+        ([*MUTUAL_FLAGS, "--verify-mode=CERT_REQUIRED", "--insecure-bind", ":1"], "insecure"),
+        ([*MUTUAL_FLAGS, "--verify-mode", "CERT_REQUIRED"], None),
+        ([*MUTUAL_FLAGS, "--cert-reqs", "2"], None),
+    ],
+)
+def test_mutual_tls_under_a_hand_started_hypercorn_needs_it_to_require_client_certificates(
+    repo: Path, tmp_path: Path, pem: dict[str, Path], argv: list[str], lacking: str | None
+) -> None:
+    given = settings(
+        repo,
+        tmp_path,
+        http_use_ssl_mutual="true",
+        http_server_cert=str(pem["cert"]),
+        http_server_key=str(pem["key"]),
+        http_root_cert=str(pem["ca"]),
+    )
+    command = ["/venv/bin/hypercorn", "tritonactor.app:app", *argv]
+    if lacking is None:
+        check_hand_started_http(given, command)
+        return
+    with pytest.raises(SettingsError, match="TRITONACTOR_HTTP_USE_SSL_MUTUAL=true") as refused:
+        check_hand_started_http(given, command)
+    assert lacking in str(refused.value)
+
+
+def test_an_encrypted_private_key_stops_the_start_rather_than_waiting_for_a_passphrase(
+    repo: Path, tmp_path: Path, pem: dict[str, Path]
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(pem["key"].read_bytes(), password=None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    for protocol in ("http", "grpc"):
+        given = settings(
+            repo,
+            tmp_path,
+            **{
+                f"{protocol}_use_ssl": "true",
+                f"{protocol}_server_cert": str(pem["cert"]),
+                f"{protocol}_server_key": str(encrypted),
+            },
+        )
+        # A prompt would block here (stdin is the test's): the error comes at once instead.
+        with pytest.raises(SettingsError, match="the private key is encrypted") as refused:
+            server_context(given, protocol)  # type: ignore[arg-type]
+        assert refused.value.variable == f"TRITONACTOR_{protocol.upper()}_SERVER_KEY"
+        assert str(encrypted) in str(refused.value)

@@ -3,6 +3,7 @@ and checks before anything starts (tritonactor/cli.py, tritonactor/frontends/lis
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import trustme
 
 from tritonactor import cli
+from tritonactor.frontends import listen
 from tritonactor.frontends.listen import (
     ListenFailed,
     check_free,
@@ -187,6 +189,64 @@ def test_another_process_sharing_a_reuseport_socket_is_found() -> None:
     finally:
         joiner.communicate(b"")
         ours.close()
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "dual_stack", "overlap"),
+    [
+        ("127.0.0.1", "127.0.0.1", True, True),
+        ("0.0.0.0", "127.0.0.1", True, True),
+        ("127.0.0.1", "127.0.0.2", True, False),
+        ("::", "::1", False, True),
+        ("::ffff:127.0.0.1", "127.0.0.1", False, True),  # IPv4 written as IPv6 (tcp6)
+        # Across families only a dual-stack `::` takes IPv4's connections.
+        ("0.0.0.0", "::1", True, False),
+        ("::1", "0.0.0.0", True, False),
+        ("0.0.0.0", "::", True, True),
+        ("127.0.0.1", "::", True, True),
+        ("0.0.0.0", "::", False, False),
+    ],
+)
+def test_listeners_overlap_within_a_family_and_through_a_dual_stack_wildcard(
+    monkeypatch: pytest.MonkeyPatch, a: str, b: str, dual_stack: bool, overlap: bool
+) -> None:
+    monkeypatch.setattr(listen, "_dual_stack", lambda: dual_stack)
+    first, second = ipaddress.ip_address(a), ipaddress.ip_address(b)
+    assert listen._overlap(first, second) is overlap
+    assert listen._overlap(second, first) is overlap
+
+
+def test_a_wildcard_is_not_refused_beside_a_listener_of_the_other_family() -> None:
+    # Linux lets 0.0.0.0:P and [::1]:P both listen; neither takes the other's connections.
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_INET6)\n"
+            "s.bind(('::1', 0))\n"
+            "s.listen()\n"
+            "print(s.getsockname()[1], flush=True)\n"
+            "sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert other.stdout is not None
+        said = other.stdout.readline().strip()
+        if not said.isdigit():
+            pytest.skip("no IPv6 loopback here")
+        port = int(said)
+        assert others_listening("::1", port) == 1
+        assert others_listening("::", port) == 1
+        assert others_listening("0.0.0.0", port) == 0
+        assert others_listening("127.0.0.1", port) == 0
+        refuse_shared("HTTP", "0.0.0.0", port)  # not refused
+        with pytest.raises(ListenFailed, match=rf"HTTP: cannot listen on \[::1\]:{port}"):
+            refuse_shared("HTTP", "::1", port)
+    finally:
+        other.communicate(b"")
 
 
 @pytest.mark.usefixtures("clean_environ")

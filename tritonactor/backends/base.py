@@ -52,7 +52,8 @@ class ModelContext:
 def version_file(version_dir: Path, filename: str) -> Path:
     """The model file `filename` of a version folder, joined as Triton joins it (a leading `/`
     stays inside the folder); a name that climbs out of the model folder is refused. The load
-    has checked a caller's config for symlinks leaving the folder (docs/confinement.md)."""
+    has checked the names a caller's config changes for symlinks leaving the folder
+    (docs/confinement.md)."""
     return inside(
         version_dir.parent,
         f"{version_dir.name}/{filename.lstrip('/')}",

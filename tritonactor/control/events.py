@@ -143,8 +143,15 @@ _NO_REQUEST_KINDS = frozenset(
         "InstanceFailed",
         "InstanceRestarted",
         "JournalLineSkipped",
+        "ServerStarted",
     }
 )
+
+# Where the fold keeps the doubt a bad line leaves when it names no model that can be read (cut
+# short, or its "model" is not a string): no model's name, so no folder's. A restart in explicit
+# mode reports it as not restored (`index.unrestored`), which keeps strict readiness false
+# until an API load or unload, of any model, after that report settles it.
+UNNAMED = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +207,8 @@ def apply(state: State, event: Event) -> State:
             return state
         doubt = f"line {event.line} of the journal could not be read ({event.reason})"
         changed = dict(state)
-        for name in event.models:
+        # A line that names no model may have been any model's API load or unload.
+        for name in event.models or (UNNAMED,):
             changed[name] = replace(state.get(name, ModelStatus()), unsure=doubt)
         return changed
     if isinstance(event, ModelRemoved):
@@ -260,7 +268,15 @@ def apply(state: State, event: Event) -> State:
                 VersionState.UNAVAILABLE, reason or "unloaded", unloaded=True
             )
             status = replace(status, versions=versions)
-    return {**state, event.model: status}
+    changed = {**state, event.model: status}
+    if isinstance(event, LoadRequested | UnloadRequested) and event.source == Source.API:
+        # A doubt that names no model is settled by what the API asks once a restart has
+        # reported it (`LoadFailed` gave it a state), not by the requests that came after the
+        # bad line before that restart.
+        nameless = changed.get(UNNAMED)
+        if nameless is not None and nameless.state is not None:
+            del changed[UNNAMED]
+    return changed
 
 
 _NONE = VersionStatus(VersionState.UNAVAILABLE)

@@ -18,10 +18,14 @@ class IndexEntry:
 
 
 def index(state: ev.State) -> list[IndexEntry]:
-    """The repository index: one entry per model version (or per model, when no version loaded)."""
+    """The repository index: one entry per model version (or per model, when no version loaded),
+    and one named "" when a restart could not vouch for what the API had loaded
+    (`unrestored`)."""
     entries: list[IndexEntry] = []
     for name in sorted(state):
         status = state[name]
+        if name == ev.UNNAMED and status.state is None:
+            continue  # a doubt no restart has reported (yet): nothing to list
         if status.state is not None:
             entries.append(IndexEntry(name, "", status.state.value, status.reason))
         for version, version_status in sorted(status.versions.items()):
@@ -52,14 +56,24 @@ def unrestored(state: ev.State, loading: Iterable[str]) -> list[tuple[str, str]]
     journal line about it could not be read (`ModelStatus.unsure`), and the rest of the journal
     does not say to load it (nor does the startup list: `loading`). The manager records each as
     a failed load, so that the index shows it UNAVAILABLE with the reason and strict readiness
-    waits until an API load or unload settles it."""
+    waits until an API load or unload settles it. A bad line that names no model is reported
+    under the name "" (`events.UNNAMED`): any API load or unload settles that one."""
     skip = set(loading)
     return [
-        (
-            name,
-            f"not restored: {status.unsure}; it may have been loaded through the API before "
-            "this start. Load or unload it to settle this",
-        )
+        (name, _unrestored_reason(name, status.unsure))
         for name, status in sorted(state.items())
         if status.unsure and name not in skip
     ]
+
+
+def _unrestored_reason(name: str, doubt: str) -> str:
+    if name == ev.UNNAMED:  # the line named no model: its index entry has no name either
+        return (
+            f"not fully restored: {doubt} and names no model; a model loaded or unloaded "
+            "through the API before this start may not be restored as it was. Any load or "
+            "unload through the API settles this"
+        )
+    return (
+        f"not restored: {doubt}; it may have been loaded through the API before this start. "
+        "Load or unload it to settle this"
+    )

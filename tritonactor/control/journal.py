@@ -3,8 +3,9 @@
 Every class in `events` that derives from `Event` is journaled by its dataclass fields, so a new
 event needs no change here. A record's sequence number (`seq`) is its line number, from 1; see
 docs/journal.md for the format and for what happens to torn and corrupt files: a torn last line
-is dropped; a line that cannot be read elsewhere is skipped, replayed as `JournalLineSkipped`
-at its place, and copied to `<journal>.rejected` for inspection.
+(bytes after the last newline) is dropped; a whole line that cannot be read, the last one
+included, is skipped, replayed as `JournalLineSkipped` at its place, and copied to
+`<journal>.rejected` for inspection.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from tritonactor.control.records import (
     decode,
     encode,
     encode_line,
-    parse_line,
     read_line,
 )
 
@@ -294,14 +294,9 @@ class Journal:
         lines = data.split(_NEWLINE)
         # After the last newline: empty when the file ends cleanly, else an unfinished write.
         unfinished = lines.pop()
+        # A whole line (newline included) was written whole: one that cannot be read is skipped
+        # like any other, even the last; only bytes after the last newline are torn.
         torn_at = len(data) - len(unfinished) if unfinished else None
-        if torn_at is None and lines:
-            try:
-                parse_line(lines[-1])
-            except ValueError:
-                # A whole last line that is not JSON: a write that never finished too.
-                torn_at = len(data) - len(lines[-1]) - 1
-                lines.pop()
         found: list[events.Event] = []
         skipped: list[tuple[events.JournalLineSkipped, bytes]] = []
         for number, line in enumerate(lines, start=1):
@@ -313,7 +308,7 @@ class Journal:
 
     def read(self) -> list[events.Event]:
         """Every event in the file, oldest first; a torn last line is skipped with a warning,
-        and a line that cannot be read elsewhere reads as `JournalLineSkipped`."""
+        and a whole line that cannot be read reads as `JournalLineSkipped`."""
         with self._locked(fcntl.LOCK_SH) as fd:
             found, _, torn_at = self._read_all(fd)
         if torn_at is not None:
@@ -407,8 +402,9 @@ class Journal:
 def open_journal(path: str | os.PathLike[str]) -> tuple[Journal, list[events.Event]]:
     """The journal at `path`, ready for appends, and the events it replays.
 
-    A torn last line is dropped (a warning); a line that cannot be read elsewhere is skipped (a
-    warning naming it), replayed as `JournalLineSkipped`, and copied to `<name>.rejected`.
+    A torn last line (no newline) is dropped (a warning); a whole line that cannot be read is
+    skipped (a warning naming it), replayed as `JournalLineSkipped`, and copied to
+    `<name>.rejected`.
     Raises `JournalLocationError` only when the path cannot be written at all.
     """
     journal = Journal(path)

@@ -301,6 +301,9 @@ class ModelManager(Actor[Any]):
         if source == ev.Source.POLL and self._lazy and not current:
             return  # a lazily loaded model is loaded by its first request, not by the watcher
         serving = bool(current)
+        # The config a config override replaces, when it is the repository's (a file
+        # override's folder is the caller's): names it gives keep the operator's trust in links.
+        repository_config = model.config if override is None or not override.repository else None
         if override is not None and override.config_json:
             model = with_config(model, override.config_json)
         try:
@@ -321,8 +324,9 @@ class ModelManager(Actor[Any]):
                     strict=self._strict,
                     latest=versions[-1],
                     gpus=gpu_count(),
-                    # An API caller's config: its file names may not leave the folder at all.
+                    # An API caller's config: names it changes may not leave the folder at all.
                     caller_config=override is not None and bool(override.config_json),
+                    repository_config=repository_config,
                 )
             )
         except Exception as error:
@@ -350,8 +354,9 @@ class ModelManager(Actor[Any]):
         ]
         leaving = [version for version in current if version not in versions]
         if not changed and not leaving:
-            if source == ev.Source.API and override is not None:
-                # Same request as the one in force: nothing to do, but keep it on record.
+            if source == ev.Source.API and (override is not None or self._in_doubt(name)):
+                # Same request as the one in force: nothing to do, but keep it on record (it
+                # also settles what an unreadable journal line left in doubt).
                 self._record(load_requested(name, (), source, digest, override))
             return
         if config.ensemble_scheduling is not None:
@@ -623,6 +628,14 @@ class ModelManager(Actor[Any]):
         await self._drain_and_stop(serving)
         await anyio.to_thread.run_sync(release, serving.folder, name)
         self._record(ev.ModelUnloaded(model=name, version=version, reason=reason))
+
+    def _in_doubt(self, name: str) -> bool:
+        """Whether an unreadable journal line left `name`, or the whole restore, in doubt."""
+        status = self.state.get(name)
+        nameless = self.state.get(ev.UNNAMED)
+        return bool(status is not None and status.unsure) or (
+            nameless is not None and nameless.state is not None
+        )
 
     async def _replace(self, old: Serving) -> None:
         started = time.perf_counter()

@@ -8,12 +8,15 @@ happen under one lock, and `materialize` puts a folder in place under it too, so
 reuses a folder the moment its last user leaves either keeps it or writes it again.
 
 Holds live in this process only. What a server that stopped (or crashed) left behind is
-removed at the next start (`remove_stale_folders`), except the folders its journal still
-restores.
+removed at the next start (`claim_root`, `remove_stale_folders`), except the folders its journal
+still restores. Each journal has a root of its own (`override_root`), and a server holds a shared
+lock on it while it runs: a start sweeps the root only when no other server holds it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import re
 import shutil
@@ -24,17 +27,26 @@ from collections.abc import Collection
 from pathlib import Path
 
 __all__ = [
+    "LOCK_NAME",
     "PARTIAL_SUFFIX",
+    "RootClaim",
+    "claim_root",
     "folder_lock",
     "hold",
     "holds",
     "is_override_repository",
+    "override_root",
     "release",
     "remove_entry",
     "remove_stale_folders",
 ]
 
 PARTIAL_SUFFIX = ".partial"
+#: The file in an override root that each server using the root holds a shared `flock` on.
+LOCK_NAME = ".lock"
+_DIR_MODE = 0o700
+
+log = logging.getLogger(__name__)
 _NAME = re.compile(r"(?P<model>.+)-[0-9a-f]{32}")
 
 _lock = threading.RLock()
@@ -85,6 +97,67 @@ def release(repository: Path | None, model: str) -> bool:
     if doomed is not None:
         shutil.rmtree(doomed, ignore_errors=True)
     return doomed is not None
+
+
+def override_root(journal: Path) -> Path:
+    """Where the file overrides of the loads `journal` records are written: beside the journal
+    and named after it (`state/s1.jsonl` -> `state/s1.jsonl.overrides/`), so that servers whose
+    journals share a folder never share a root, and never sweep one another's folders."""
+    return journal.with_name(journal.name + ".overrides")
+
+
+class RootClaim:
+    """A running server's share of its override root: a shared `flock` on `<root>/.lock`, held
+    until `close` (or until the process ends). `swept` names what the start removed; it is
+    empty when another server held the root then (`alone` is False)."""
+
+    def __init__(self, root: Path, fd: int | None, swept: list[str], alone: bool) -> None:
+        self.root = root
+        self.swept = swept
+        self.alone = alone
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        """Let the root go (closing the descriptor releases the lock)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def claim_root(root: Path, keep: Collection[Path] = ()) -> RootClaim:
+    """At start, before any load: take a share of `root`, and sweep it
+    (`remove_stale_folders(root, keep)`) only if no other running server holds a share (two
+    servers given one journal share its root: one's start must not remove the other's folders,
+    nor the half-written folder of a load it is writing). The share is held while the server
+    runs, so a later start sees it. A root that cannot be made or locked (a read-only state
+    folder) is not swept: a warning says so, and loads with file overrides will fail there."""
+    try:
+        root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as error:
+        log.warning("cannot use the override folder %s: %s", root, error.strerror or error)
+        return RootClaim(root, None, [], alone=False)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        swept = remove_stale_folders(root, keep) if alone else []
+        # From now on a share: other servers may start (and will not sweep) while this one runs.
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    if swept:
+        log.info("removed %d override folder(s) no load in force uses from %s", len(swept), root)
+    if not alone:
+        log.info(
+            "another server uses the override folder %s (the same journal): "
+            "its stale folders are left for a start that is alone",
+            root,
+        )
+    return RootClaim(root, fd, swept, alone)
 
 
 def remove_stale_folders(root: Path, keep: Collection[Path] = ()) -> list[str]:

@@ -38,6 +38,7 @@ from tritonactor.control.override_folders import (
 )
 from tritonactor.control.repository import CONFIG_FILENAME
 from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.core.json_depth import DEFAULT_JSON_DEPTH, check_json_depth
 
 __all__ = [
     "CONFIG_PARAMETER",
@@ -108,13 +109,18 @@ class UnloadOptions:
 
 
 def parse_load_parameters(
-    parameters: Mapping[str, object], model: str, *, base64_files: bool
+    parameters: Mapping[str, object],
+    model: str,
+    *,
+    base64_files: bool,
+    max_depth: int = DEFAULT_JSON_DEPTH,
 ) -> LoadOptions:
     """The checked options of a load request, or INVALID_ARG naming the parameter at fault.
 
     Values are plain JSON values from HTTP (`base64_files=True`: file contents are base64
     strings) or gRPC `ModelRepositoryParameter`s, or their unwrapped values (file contents
-    are bytes).
+    are bytes). The `config` JSON may nest at most `max_depth` deep (the server's
+    `http_max_json_depth`, on either protocol), checked before it is parsed.
     """
     unknown = [name for name in parameters if not _is_load_parameter(name)]
     if unknown:
@@ -128,7 +134,7 @@ def parse_load_parameters(
         raise _missing_config(model)
     config_json = None
     if CONFIG_PARAMETER in parameters:
-        config_json = _config_parameter(_unwrap(parameters[CONFIG_PARAMETER]), model)
+        config_json = _config_parameter(_unwrap(parameters[CONFIG_PARAMETER]), model, max_depth)
     if not file_names:
         return LoadOptions(config_json)
     _check_model_name(model)
@@ -185,18 +191,25 @@ def _kind(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _config_parameter(value: object, model: str) -> str:
+def _config_parameter(value: object, model: str, max_depth: int) -> str:
     if not isinstance(value, str):
         raise invalid_arg(
             f"load parameter '{CONFIG_PARAMETER}' for model {_quote(model)} must be a string "
             f"holding the model configuration as JSON, not {_kind(value)}"
         )
-    _checked_config(value, model)
+    _checked_config(value, model, max_depth)
     return value
 
 
-def _checked_config(config_json: str, model: str) -> ModelConfig:
+def _checked_config(config_json: str, model: str, max_depth: int | None = None) -> ModelConfig:
+    """`config_json` as a ModelConfig, or INVALID_ARG naming the parameter; its depth is
+    checked first when `max_depth` is given (None: a front end has checked it already)."""
     where = f"load parameter '{CONFIG_PARAMETER}' for model {_quote(model)}"
+    if max_depth is not None:
+        try:
+            check_json_depth(config_json, max_depth)
+        except TritonError as exc:
+            raise invalid_arg(f"{where}: {exc.message}") from None
     try:
         data = json.loads(config_json)
     except (ValueError, RecursionError) as exc:

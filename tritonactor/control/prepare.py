@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 from tritonactor._proto.inference import ModelConfig
@@ -28,10 +29,12 @@ from tritonactor.scheduling.signature import label_description
 from tritonactor.scheduling.warmup import WARMUP_FOLDER
 
 __all__ = [
+    "OperatorNames",
     "confine_config",
     "failure_reason",
     "missing_model_file",
     "missing_version_reason",
+    "operator_names",
     "prepare_config",
     "require_versions",
 ]
@@ -61,6 +64,7 @@ def prepare_config(
     gpus: int,
     skip_auto_complete: Collection[str] = (),
     caller_config: bool = False,
+    repository_config: ModelConfig | None = None,
 ) -> tuple[Backend, ModelConfig]:
     """The backend and the complete config (auto-completed, Triton's defaults filled).
 
@@ -68,10 +72,16 @@ def prepare_config(
     `skip_auto_complete` keep the config as written, for callers that must not run what a
     backend's auto-complete runs (the python backend starts the model's own code).
     `caller_config`: the config came from an API caller (a load's config override), so every
-    file it names must stay inside the model folder after resolving symlinks too. The names
-    are checked before auto-complete reads (or runs) the model file, and again after.
+    file name it changes must stay inside the model folder after resolving symlinks too.
+    `repository_config`: the config it overrides, the repository's own (None for a file
+    override, whose folder is the caller's): a name the caller's config gives as that one does
+    keeps the operator's trust in links (`operator_names`). The names are checked before
+    auto-complete reads (or runs) the model file, and again after.
     """
-    confine_config(model, config, caller_config=caller_config)
+    trusted = None
+    if caller_config and repository_config is not None:
+        trusted = operator_names(model, repository_config, registry)
+    confine_config(model, config, caller_config=caller_config, trusted=trusted)
     if strict and not model.has_config_file:
         raise ConfigError(
             f"model '{model.name}' has no config.pbtxt, and strict model configuration "
@@ -84,22 +94,78 @@ def prepare_config(
     config = fill_defaults(config, gpus)
     config.backend = config.backend or name
     config.default_model_filename = config.default_model_filename or backend.default_model_filename
-    confine_config(model, config, caller_config=caller_config)
+    confine_config(model, config, caller_config=caller_config, trusted=trusted)
     return backend, config
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorNames:
+    """The file names a repository's own config gives, by kind of file. A caller's config
+    that gives one of them for the same kind (restating the operator's config, or part of it)
+    goes through the links the operator placed, as the repository's config does; any other
+    name a caller gives is held to the strict rule (docs/confinement.md)."""
+
+    model_files: frozenset[str] = frozenset()
+    labels: frozenset[str] = frozenset()
+    warmup_files: frozenset[str] = frozenset()
+    state_files: frozenset[str] = frozenset()
+
+
+def operator_names(
+    model: ModelSource, config: ModelConfig, registry: BackendRegistry
+) -> OperatorNames:
+    """The names the repository's own `config` of `model` gives: its model file (the default
+    of its backend when it names none), `cc_model_filenames`, label files, warmup data files
+    and initial-state files."""
+    model_files = {config.default_model_filename, *config.cc_model_filenames.values()}
+    if not config.default_model_filename:
+        try:
+            name = registry.backend_name(config, model.path, list(model.versions))
+            model_files.add(registry.get(name).default_model_filename)
+        except TritonError:
+            pass  # no backend of its own: no default name to trust
+    sequence = config.sequence_batching
+    return OperatorNames(
+        model_files=frozenset(filter(None, model_files)),
+        labels=frozenset(o.label_filename for o in config.output if o.label_filename),
+        warmup_files=frozenset(
+            spec.input_data_file
+            for warmup in config.model_warmup
+            for spec in warmup.inputs.values()
+            if spec.input_data_file
+        ),
+        state_files=frozenset(
+            initial.data_file
+            for state in (sequence.state if sequence is not None else ())
+            for initial in state.initial_state
+            if initial.data_file
+        ),
+    )
 
 
 _MODEL_DIRECTORY_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
 
 
-def confine_config(model: ModelSource, config: ModelConfig, *, caller_config: bool) -> None:
+def confine_config(
+    model: ModelSource,
+    config: ModelConfig,
+    *,
+    caller_config: bool,
+    trusted: OperatorNames | None = None,
+) -> None:
     """Refuse (INVALID_ARG, one wording) a config that names a file outside the model folder:
     the model file of each version (and `cc_model_filenames`), output label files, warmup
     input files, initial sequence-state files; and, for a config an API caller supplied, the
     python backend's EXECUTION_ENV_PATH and accelerator or session parameters that name files.
     Names from the repository's own config.pbtxt may go through symlinks an operator placed
-    in the repository; a caller's names may not leave the folder even that way."""
+    in the repository, and so may a caller's name that the repository's config gives too
+    (`trusted`); any other name of a caller's may not leave the folder even that way."""
     folder = model.path
-    trust = not caller_config
+    names = trusted if trusted is not None else OperatorNames()
+
+    def trust(name: str, given: frozenset[str]) -> bool:
+        return not caller_config or name in given
+
     filenames = [config.default_model_filename, *config.cc_model_filenames.values()]
     for filename in filter(None, filenames):
         for version in model.versions:
@@ -107,7 +173,7 @@ def confine_config(model: ModelSource, config: ModelConfig, *, caller_config: bo
                 folder,
                 f"{version}/{filename.lstrip('/')}",
                 what=f"default_model_filename {_quoted(filename)}",
-                trust_links=trust,
+                trust_links=trust(filename, names.model_files),
             )
     for output in config.output:
         if output.label_filename:
@@ -115,7 +181,7 @@ def confine_config(model: ModelSource, config: ModelConfig, *, caller_config: bo
                 folder,
                 output.label_filename,
                 what=label_description(output.name, output.label_filename),
-                trust_links=trust,
+                trust_links=trust(output.label_filename, names.labels),
             )
     for warmup in config.model_warmup:
         for input_name, spec in warmup.inputs.items():
@@ -126,7 +192,7 @@ def confine_config(model: ModelSource, config: ModelConfig, *, caller_config: bo
                     what=f"warmup {_quoted(warmup.name)}, input {_quoted(input_name)}: "
                     f"input_data_file {_quoted(spec.input_data_file)}",
                     where=f"the model's {WARMUP_FOLDER} folder",
-                    trust_links=trust,
+                    trust_links=trust(spec.input_data_file, names.warmup_files),
                 )
     sequence = config.sequence_batching
     for state in sequence.state if sequence is not None else ():
@@ -138,7 +204,7 @@ def confine_config(model: ModelSource, config: ModelConfig, *, caller_config: bo
                     what=f"state {_quoted(state.input_name)}: initial_state data_file "
                     f"{_quoted(initial.data_file)}",
                     where=f"the model's {INITIAL_STATE_FOLDER} folder",
-                    trust_links=trust,
+                    trust_links=trust(initial.data_file, names.state_files),
                 )
     if caller_config:
         _confine_caller_parameters(folder, config)

@@ -201,16 +201,11 @@ def encode_line(event: events.Event) -> bytes:
     return text.encode("ascii") + _NEWLINE
 
 
-def parse_line(line: bytes) -> Any:
-    """The JSON value of a line; ValueError (JSON or UTF-8) when it is not JSON."""
-    return json.loads(line)
-
-
 def read_line(seq: int, line: bytes) -> events.Event:
     """The event of line `seq`, or the `JournalLineSkipped` it replays as when it is not JSON or
     not a good record."""
     try:
-        record = parse_line(line)
+        record = json.loads(line)
     except ValueError as exc:
         return _skipped(seq, line, f"not JSON ({exc})", None)
     try:

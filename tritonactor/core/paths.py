@@ -7,9 +7,10 @@ name is joined as Triton joins it (a leading `/` is not the filesystem's root: `
 
 - lexically, `..` may not climb out of the folder;
 - unless `trust_links` is set, symlinks are resolved too, and the target must still be inside
-  the folder (itself resolved). A name an API caller supplied (a config override) is always
-  checked this way; a name from the repository's own config.pbtxt may go through a link an
-  operator placed in the repository (`trust_links=True`).
+  the folder (itself resolved). A name an API caller's config override changes is always
+  checked this way; a name from the repository's own config.pbtxt (or one an override gives
+  just as that config does) may go through a link an operator placed in the repository
+  (`trust_links=True`).
 
 The error says the same whatever is outside: it is raised before anything outside is opened,
 and its text depends only on the name as given, never on whether the target exists.

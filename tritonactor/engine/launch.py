@@ -2,7 +2,8 @@
 it; every other one (and one that restarts) connects to the one already running.
 
 The engine's socket and its lock file are named after what makes a server one server (its
-HTTP address and its journal), so that two servers on one machine never share an engine. The
+addresses and its journal; with a port 0, also its process), so that two servers on one machine
+never share an engine. The
 lock is held while an engine is being started, so two front ends never start two engines; the
 engine tells the one that started it, on a pipe, when its models are loaded (or that they
 failed to load and it stopped)."""
@@ -13,6 +14,7 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -44,7 +46,10 @@ WORKERS = "TA_FRONTEND_WORKERS"
 
 def engine_socket(settings: Settings) -> str:
     """The engine's Unix socket for the server `settings` describe: named after what makes it
-    that server (its addresses, repositories and journal), in this user's private folder."""
+    that server (its addresses, repositories and journal), in this user's private folder. A
+    port 0 (one the OS chooses at each start) names no server: the same command run twice
+    would name one engine, so the server's process (`server_process`) names it too."""
+    ports = (settings.http_port, settings.grpc_port, settings.metrics_port)
     identity = "\0".join(
         [
             settings.http_host,
@@ -54,10 +59,27 @@ def engine_socket(settings: Settings) -> str:
             str(settings.metrics_port),
             str(settings.journal),
             *map(str, settings.model_repositories),
+            *([server_process()] if 0 in ports else []),
         ]
     )
     digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
     return str(private_folder() / f"{digest}.sock")
+
+
+def server_process() -> str:
+    """The process that is this server, as "pid:start time": the ASGI server's parent, which
+    `tritonactor serve` becomes (by exec) and whose worker processes the front ends are
+    (multiprocessing's spawn, as hypercorn and uvicorn start them). The same in every front end,
+    and in one that restarts; never again the same in another server (a pid is reused only
+    with another start time)."""
+    parent = multiprocessing.parent_process()
+    pid = parent.pid if parent is not None and parent.pid is not None else os.getpid()
+    try:
+        # /proc/PID/stat: the start time is field 22, counted after the ")" that ends the name.
+        started = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        started = ""
+    return f"{pid}:{started}"
 
 
 def private_folder() -> Path:

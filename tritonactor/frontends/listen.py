@@ -142,9 +142,23 @@ def _overlap(
     a: ipaddress.IPv4Address | ipaddress.IPv6Address,
     b: ipaddress.IPv4Address | ipaddress.IPv6Address,
 ) -> bool:
+    """Whether sockets listening on `a` and `b` (one port) take each other's connections: the
+    same address, or a wildcard of the same family; across families only IPv6's `::`, when it
+    also accepts IPv4 (dual-stack: Linux's default, net.ipv6.bindv6only=0, which /proc does
+    not tell per socket). `0.0.0.0` and `::1` are two listeners that Linux lets coexist."""
     a = getattr(a, "ipv4_mapped", None) or a
     b = getattr(b, "ipv4_mapped", None) or b
-    return a == b or a.is_unspecified or b.is_unspecified
+    if a.version == b.version:
+        return a == b or a.is_unspecified or b.is_unspecified
+    six = a if a.version == 6 else b
+    return six.is_unspecified and _dual_stack()
+
+
+def _dual_stack() -> bool:
+    try:
+        return Path("/proc/sys/net/ipv6/bindv6only").read_text().strip() == "0"
+    except OSError:
+        return True
 
 
 def refuse_shared(endpoint: str, host: str, port: int) -> None:

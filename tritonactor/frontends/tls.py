@@ -11,8 +11,9 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from tritonactor.frontends.hypercorn_command import hypercorn_config
 from tritonactor.settings import VARIABLES, Settings, SettingsError
 
 Protocol = Literal["http", "grpc"]
@@ -65,7 +66,15 @@ def server_context(settings: Settings, protocol: Protocol) -> ssl.SSLContext | N
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(files.certificate, files.key)
+        # A key under a passphrase would have OpenSSL ask for it on the terminal, and the start
+        # wait there: no passphrase is ever given, so asking for one fails at once.
+        context.load_cert_chain(files.certificate, files.key, password=_no_passphrase)
+    except _EncryptedKey:
+        raise SettingsError(
+            f"{VARIABLES[f'{protocol}_server_key']}={str(files.key)!r}: the private key is "
+            "encrypted (a key under a passphrase is not supported: give its decrypted PEM)",
+            variable=VARIABLES[f"{protocol}_server_key"],
+        ) from None
     except (ssl.SSLError, OSError) as error:
         raise SettingsError(
             f"{VARIABLES[f'{protocol}_server_cert']}={str(files.certificate)!r} and "
@@ -106,24 +115,62 @@ def check_tls(settings: Settings) -> None:
 
 def check_hand_started_http(settings: Settings, argv: Sequence[str]) -> None:
     """For an ASGI server started by hand (`hypercorn tritonactor.app:app`), which binds HTTP
-    itself: HTTP TLS settings it was not also given a certificate for raise SettingsError,
-    rather than HTTP being served in plain text to a server meant to speak TLS."""
+    itself: raise SettingsError when the HTTP TLS settings ask for more than its own command
+    line gives (read as hypercorn reads it): TLS without a certificate and key, mutual TLS
+    without the client roots and `--verify-mode CERT_REQUIRED`, or a plain-text
+    `--insecure-bind` beside them. HTTP would otherwise be served in plain text, or to clients
+    without a certificate, by a server meant to refuse them."""
     if tls_files(settings, "http") is None:
         return
-    if any(argument.split("=", 1)[0] in _CERT_FLAGS for argument in argv):
+    mutual = settings.http_use_ssl_mutual
+    name = "http_use_ssl_mutual" if mutual else "http_use_ssl"
+    config = hypercorn_config(argv)
+    if config is None:
+        missing = ["hypercorn's --certfile and --keyfile"] if _plain(argv) else []
+    else:
+        missing = _missing_tls(config, mutual)
+    if not missing:
         return
-    name = "http_use_ssl_mutual" if settings.http_use_ssl_mutual else "http_use_ssl"
     raise SettingsError(
-        f"{VARIABLES[name]}=true, but this ASGI server binds HTTP itself and was given no "
-        "certificate: give it its own TLS flags (hypercorn: --certfile, --keyfile, --ca-certs, "
-        "--verify-mode CERT_REQUIRED), or start the server with `tritonactor serve`, which "
-        "passes them (docs/tls.md)",
+        f"{VARIABLES[name]}=true, but this ASGI server binds HTTP itself and its command line "
+        f"lacks {'; '.join(missing)}: give it its own TLS flags (hypercorn: --certfile, "
+        "--keyfile, and for mutual TLS --ca-certs and --verify-mode CERT_REQUIRED), or start "
+        "the server with `tritonactor serve`, which passes them (docs/tls.md)",
         variable=VARIABLES[name],
     )
 
 
-# How an ASGI server started by hand is given its certificate (hypercorn; uvicorn).
+def _missing_tls(config: Any, mutual: bool) -> list[str]:
+    """What hypercorn's `config` lacks to serve HTTP as the settings ask."""
+    if not config.ssl_enabled:
+        return ["--certfile and --keyfile"]
+    missing = []
+    if config.insecure_bind:
+        missing.append(f"no --insecure-bind (it serves plain text on {config.insecure_bind[0]})")
+    if mutual:
+        if config.ca_certs is None:
+            missing.append("--ca-certs (the roots client certificates must chain to)")
+        if config.verify_mode != ssl.CERT_REQUIRED:
+            missing.append("--verify-mode CERT_REQUIRED (otherwise no client is asked)")
+    return missing
+
+
+def _plain(argv: Sequence[str]) -> bool:
+    """Whether another ASGI server's command line (uvicorn: not a supported way to start the
+    server) gives it no certificate."""
+    return not any(argument.split("=", 1)[0] in _CERT_FLAGS for argument in argv)
+
+
+# How an ASGI server other than hypercorn is given its certificate (uvicorn).
 _CERT_FLAGS = frozenset({"--certfile", "--ssl-certfile"})
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_passphrase() -> bytes:
+    raise _EncryptedKey
 
 
 def _readable(name: str, path: Path) -> None:

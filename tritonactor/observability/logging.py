@@ -154,10 +154,13 @@ def update(settings_json: Mapping[str, object]) -> dict[str, object]:
 
 def settings_from_grpc(request: pb.LogSettingsRequest) -> dict[str, object]:
     """A LogSettingsRequest as the JSON object ``update`` takes. A value with no parameter set is
-    null, as tritonclient sends a None, and leaves its setting alone."""
+    null, as tritonclient sends a None, and leaves its setting alone; so does a map entry without
+    a value (it holds the empty value: protobuf's rule)."""
     settings: dict[str, object] = {}
     for name, value in request.settings.items():
-        if value.bool_param is not None:
+        if value is None:
+            settings[name] = None
+        elif value.bool_param is not None:
             settings[name] = value.bool_param
         elif value.uint32_param is not None:
             settings[name] = value.uint32_param

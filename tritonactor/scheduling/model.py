@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -30,6 +31,22 @@ from tritonactor.scheduling.warmup import warm_up
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class _Restart:
+    """Time for the next attempt to put a new instance in the place of one that died."""
+
+    name: str
+
+
+@dataclass(slots=True)
+class _Down:
+    """An instance that died and is not replaced yet."""
+
+    spec: InstanceSpec
+    reason: str  # why it died
+    attempts: int = 0  # failed attempts to replace it
+
+
 class ModelVersionActor(Actor[Any]):
     """Started = loaded and ready: `spawn` returns once every instance is up, or raises the
     reason the load failed (after releasing whatever was already created).
@@ -38,9 +55,16 @@ class ModelVersionActor(Actor[Any]):
     `VersionHealth(ready=True)` when the replacement serves. An instance that can die on its
     own (a python model's process) reports its death when it happens, busy or idle
     (`InstanceActor`). Requests queued meanwhile wait in the scheduler for the replacement.
-    After `RESTART_DELAYS` failed attempts the version fails as a whole."""
+
+    A replacement that fails to start is tried again: after `RESTART_DELAYS`, then twice the
+    previous wait each time, up to `RESTART_DELAY_CAP`, for as long as another instance of the
+    version still serves (a broken instance does not take its healthy siblings down). The
+    version fails as a whole only when no instance is left and every dead one has failed its
+    first `len(RESTART_DELAYS)` attempts. Attempts run as messages to this actor, so a death
+    or a stop is heard between them."""
 
     RESTART_DELAYS = (0.0, 0.5, 2.0)
+    RESTART_DELAY_CAP = 30.0
 
     def __init__(
         self,
@@ -59,6 +83,8 @@ class ModelVersionActor(Actor[Any]):
         self._control = control
         self._model: BackendModel | None = None
         self._instances: dict[ActorRef[Any], InstanceSpec] = {}
+        # Instances that died and are not replaced yet, by name.
+        self._down: dict[str, _Down] = {}
         self.scheduler: ActorRef[Any] | None = None
         config = context.config
         # Whether a batch that never reached a dead instance may queue again as new requests:
@@ -119,6 +145,9 @@ class ModelVersionActor(Actor[Any]):
         self._instances[ref] = spec
 
     async def receive(self, message: Any) -> None:
+        if isinstance(message, _Restart):
+            await self._restart(message.name)
+            return
         log.warning("model '%s' ignored an unexpected message %r", self.name, message)
 
     async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
@@ -127,21 +156,47 @@ class ModelVersionActor(Actor[Any]):
             raise error  # the scheduler: nothing can serve without it
         assert self.scheduler is not None
         await self.scheduler.tell(InstanceGone(child))
-        reason = f"instance '{spec.name}' failed: {error}"
-        await self._tell_owner(ready=False, reason=reason)
-        for delay in self.RESTART_DELAYS:
-            await anyio.sleep(delay)
-            try:
-                instance = await self._create_instance(spec)
-            except Exception as restart_error:
-                reason = f"{reason}; restarting it failed: {restart_error}"
-                log.warning("model '%s': %s", self.name, reason)
-                continue
-            await self._start_instance(spec, instance)
-            log.info("model '%s': instance '%s' restarted", self.name, spec.name)
-            await self._tell_owner(ready=True)
+        down = self._down[spec.name] = _Down(spec, f"instance '{spec.name}' failed: {error}")
+        await self._tell_owner(ready=False, reason=down.reason)
+        self._schedule(down)
+
+    def restart_delay(self, attempts: int) -> float:
+        """The wait before attempt `attempts` (0: the first) to replace a dead instance."""
+        delays = self.RESTART_DELAYS
+        if attempts < len(delays):
+            return delays[attempts]
+        doubled = max(delays[-1], 0.5) * 2 ** (attempts - len(delays) + 1)
+        return min(doubled, self.RESTART_DELAY_CAP)
+
+    def _schedule(self, down: _Down) -> None:
+        # A message, even with no wait: what else came meanwhile (a death, a stop) is heard.
+        self.tell_later(_Restart(down.spec.name), self.restart_delay(down.attempts))
+
+    async def _restart(self, name: str) -> None:
+        down = self._down.get(name)
+        if down is None:
             return
-        raise RuntimeError(reason)
+        try:
+            instance = await self._create_instance(down.spec)
+        except Exception as error:
+            down.attempts += 1
+            log.warning(
+                "model '%s': %s; restarting it failed (attempt %d): %s",
+                self.name,
+                down.reason,
+                down.attempts,
+                error,
+            )
+            first_tries = len(self.RESTART_DELAYS)
+            if not self._instances and all(d.attempts >= first_tries for d in self._down.values()):
+                raise RuntimeError(f"{down.reason}; restarting it failed: {error}") from None
+            self._schedule(down)
+            return
+        del self._down[name]
+        await self._start_instance(down.spec, instance)
+        log.info("model '%s': instance '%s' restarted", self.name, name)
+        if not self._down:
+            await self._tell_owner(ready=True)
 
     async def _tell_owner(self, ready: bool, reason: str = "") -> None:
         if self.parent is not None:

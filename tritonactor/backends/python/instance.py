@@ -75,6 +75,7 @@ class _Pending:
     keys: list[int]
     message: dict[str, Any] | None = None
     died: bool = False
+    taken: bool = False  # the dead process had taken the batch off its socket
 
 
 class PythonInstance(BackendInstance):
@@ -163,7 +164,6 @@ class PythonInstance(BackendInstance):
         for key, request in zip(keys, requests, strict=True):
             self._held.hold(key, request)
         completed = False
-        sent = False
         try:
             shm, descriptors = ipc.write_tensors(
                 self._stub.parent_prefix, arrays, self._inputs_arena
@@ -178,7 +178,6 @@ class PythonInstance(BackendInstance):
                         "requests": entries,
                     }
                 )
-                sent = True
             await pending.event.wait()
             completed = True
         finally:
@@ -192,8 +191,9 @@ class PythonInstance(BackendInstance):
         if pending.died:
             for key in keys:
                 self._held.release(key)
-            # Not sent: the process was gone before the batch reached it.
-            raise InstanceDied(self._death) if sent else BatchNotRun(self._death)
+            # A batch written to the socket of a process that was already dying, but never taken
+            # off it, did not run: it may run elsewhere (the stub notes each batch it takes).
+            raise InstanceDied(self._death) if pending.taken else BatchNotRun(self._death)
         assert pending.message is not None
         return self._results(requests, keys, pending.message)
 
@@ -309,12 +309,16 @@ class PythonInstance(BackendInstance):
             f"{exit_description(returncode)}"
         )
         log.error("model '%s': %s", self._model_name, reason)
+        # The process is gone: how far it got is final. A batch it took may have run in part;
+        # one still in the socket (written while the process was dying) never began.
+        taken = self._stub.taken.value
         with self._lock:
             self._death = reason
-            pendings = list(self._pending.values())
+            pendings = list(self._pending.items())
             watchers, self._death_watchers = self._death_watchers, []
-        in_flight = {key for pending in pendings for key in pending.keys}
-        for pending in pendings:
+        in_flight = {key for _, pending in pendings for key in pending.keys}
+        for seq, pending in pendings:
+            pending.taken = seq < taken
             pending.died = True
             pending.wake()
         # Requests of earlier batches still answering (through their senders): they end here.
@@ -343,6 +347,7 @@ class PythonInstance(BackendInstance):
         self._calls.close()  # before the files go: no late BLS answer writes another
         self._stub.close()
         self._inputs_arena.close()
+        self._results_arena.close()
         self._metrics.release_all()
         # Whatever the model never answered fails now, rather than its clients waiting forever.
         self._held.fail_all(

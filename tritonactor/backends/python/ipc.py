@@ -36,6 +36,7 @@ __all__ = [
     "Arena",
     "ArenaReader",
     "Channel",
+    "Counter",
     "TensorDescriptor",
     "read_tensors",
     "remove_file",
@@ -157,11 +158,19 @@ class Arena:
 
 
 class ArenaReader:
-    """The reader's side of an `Arena`: keeps the latest file mapped."""
+    """The reader's side of an `Arena`: keeps the latest file mapped (until `close`)."""
 
     def __init__(self) -> None:
         self._name = ""
         self._mapping: mmap.mmap | None = None
+
+    def close(self) -> None:
+        """Unmap the file (a later `open` maps it again)."""
+        if self._mapping is not None:
+            with contextlib.suppress(BufferError):
+                self._mapping.close()
+            self._mapping = None
+            self._name = ""
 
     def open(self, name: str) -> mmap.mmap:
         if name != self._name or self._mapping is None:
@@ -175,6 +184,41 @@ class ArenaReader:
                 os.close(fd)
             self._name = name
         return self._mapping
+
+
+class Counter:
+    """One unsigned 64-bit number in a shared-memory file of its own, which one side writes and
+    the other reads: a store into a mapping, with no system call (the stub tells the server
+    how far it got, to be read once it died). `create` makes the file; the other side opens it
+    by name."""
+
+    def __init__(self, name: str, create: bool = False) -> None:
+        self.name = name
+        path = os.path.join(SHM_DIR, name)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, _HEADER.size)
+            self._mapping: mmap.mmap | None = mmap.mmap(fd, _HEADER.size)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._mapping).cast("Q")
+
+    @property
+    def value(self) -> int:
+        return 0 if self._mapping is None else self._view[0]
+
+    @value.setter
+    def value(self, number: int) -> None:
+        self._view[0] = number
+
+    def close(self) -> None:
+        """Unmap it (its value reads 0 from then on); the file is removed with the others."""
+        if self._mapping is not None:
+            self._view.release()
+            self._mapping.close()
+            self._mapping = None
 
 
 def write_tensors(

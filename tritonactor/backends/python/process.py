@@ -103,6 +103,9 @@ class StubProcess:
         self.name = name
         self.settings = settings
         self.shm_prefix = f"tritonactor-py-{os.getpid()}-{secrets.token_hex(4)}"
+        # The sequence number (+1) of the last execute the stub took off the socket: read once
+        # it died, it tells a batch the model may have begun from one it never saw.
+        self.taken = ipc.Counter(f"{self.parent_prefix}-taken", create=True)
         parent_end, child_end = socket.socketpair()
         # Only the server's answers to the model's own calls (see `stub`).
         answers_end, answers_child = socket.socketpair()
@@ -123,6 +126,8 @@ class StubProcess:
             name,
             "--shm-prefix",
             f"{self.shm_prefix}{ipc.STUB_SIDE}",
+            "--taken",
+            self.taken.name,
         ]
         if settings.shm_default_size:
             command += ["--shm-default-size", str(settings.shm_default_size)]
@@ -140,6 +145,8 @@ class StubProcess:
         except OSError as exc:
             parent_end.close()
             answers_end.close()
+            self.taken.close()
+            ipc.remove_files(self.shm_prefix)
             raise unavailable(
                 f"cannot start the python model process for '{name}': {exc}"
             ) from None
@@ -149,7 +156,10 @@ class StubProcess:
         self.channel = ipc.Channel(parent_end)
         # Answers to the model's BLS, cancellation, model-control and metric calls.
         self.answers = ipc.Channel(answers_end)
-        threading.Thread(target=self._log_output, name=f"{name}-output", daemon=True).start()
+        self.output_thread = threading.Thread(
+            target=self._log_output, name=f"{name}-output", daemon=True
+        )
+        self.output_thread.start()
         try:
             self.wait_for("started", settings.start_timeout_s)
         except BaseException:
@@ -170,8 +180,9 @@ class StubProcess:
 
     def _log_output(self) -> None:
         assert self.process.stdout is not None
-        for line in iter(self.process.stdout.readline, b""):
-            model_log.info("[%s] %s", self.name, line.decode("utf-8", "replace").rstrip())
+        with self.process.stdout:  # closed at its end: a dead stub's pipe is no longer held
+            for line in iter(self.process.stdout.readline, b""):
+                model_log.info("[%s] %s", self.name, line.decode("utf-8", "replace").rstrip())
 
     def log(self, message: dict[str, Any]) -> None:
         level = _LOG_LEVELS.get(message["level"], logging.INFO)
@@ -250,4 +261,5 @@ class StubProcess:
         it sent has been read."""
         self.channel.close()
         self.answers.close()
+        self.taken.close()
         ipc.remove_files(self.shm_prefix)

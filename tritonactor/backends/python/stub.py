@@ -1,7 +1,7 @@
 """The stub: one process per python model instance, running the model's `TritonPythonModel`.
 
     python -m tritonactor.backends.python.stub --fd N --answers-fd M --name INSTANCE
-        --shm-prefix P [--shm-default-size B] [--shm-growth-size B]
+        --shm-prefix P [--shm-default-size B] [--shm-growth-size B] [--taken COUNTER]
 
 Fds N and M are this side of two socketpairs with the server (see `ipc`). The main thread reads
 fd N itself (init, execute, finalize: one message at a time, no thread hand-off on the way to
@@ -25,6 +25,7 @@ import inspect
 import json
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -56,8 +57,12 @@ class Stub:
         pb_utils: Any,
         shm_default_size: int = 0,
         shm_growth_size: int = 0,
+        taken: ipc.Counter | None = None,
     ) -> None:
         self.channel = channel
+        # Where the stub notes each execute it takes (its seq + 1), for the server to read if
+        # this process dies: a batch it never took runs elsewhere.
+        self._taken = taken
         self.answers = answers
         self.name = name
         self.shm_prefix = shm_prefix
@@ -116,6 +121,8 @@ class Stub:
             elif op == "auto_complete":
                 self._auto_complete(message)
             elif op == "execute":
+                if self._taken is not None:
+                    self._taken.value = message["seq"] + 1
                 self._execute(message)
             elif op == "finalize":
                 self._finalize()
@@ -444,7 +451,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shm-prefix", required=True)
     parser.add_argument("--shm-default-size", type=int, default=0)
     parser.add_argument("--shm-growth-size", type=int, default=0)
+    parser.add_argument("--taken", help="the server's counter of executes taken (ipc.Counter)")
     options = parser.parse_args(argv)
+    # The server decides when this process ends (finalize, or a kill after the exit timeout;
+    # its end of the socket closing when it dies): a Ctrl-C or SIGTERM sent to the whole
+    # process group, as a terminal or systemd does, must not end a model mid-request while the
+    # server drains (docs/shutdown.md). Triton's stub ignores them too.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # The model's process, not ours: Triton's stub leaves it [""] (unittest.main() in a model
     # would otherwise parse our options).
     sys.argv = [""]
@@ -464,6 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         pb_utils,
         options.shm_default_size,
         options.shm_growth_size,
+        None if options.taken is None else ipc.Counter(options.taken),
     )
     _pb_runtime.stub = stub
     threading.Thread(target=stub.read_answers, name="stub-answers", daemon=True).start()

@@ -10,8 +10,10 @@ here: the same steps as grpclib's, with the check in between.
 - A message longer than the limit: RESOURCE_EXHAUSTED, "Received message larger than max
   (N vs. M)" (gRPC's own words for it), and the stream ends without reading it.
 - Bytes that are not the method's message (protobuf's DecodeError, a string that is not
-  UTF-8): INVALID_ARGUMENT, "Unable to parse request: ..." (Triton answers INTERNAL with those
-  words).
+  UTF-8, a message or its prefix cut short): INVALID_ARGUMENT, "Unable to parse request: ..."
+  (Triton answers INTERNAL with those words). betterproto2's parser takes a field cut short at
+  the message's end for the message's end, so the methods it serves have their bytes parsed by
+  protobuf's own parser (upb, from the same descriptor) too, as strictly as Triton's.
 - A compressed message (no compression is offered): UNIMPLEMENTED.
 """
 
@@ -21,8 +23,10 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import betterproto2
 import grpclib.const
 import grpclib.server
+from google.protobuf import message_factory
 from grpclib import GRPCError
 from grpclib.const import Status
 
@@ -35,29 +39,47 @@ def bounded(
     """`mapping` with each handler receiving its messages through `receive`, at most
     `max_size` bytes each."""
     return {
-        method: handler._replace(func=_bounded(handler.func, max_size))
+        method: handler._replace(
+            func=_bounded(handler.func, max_size, _strict_parser(handler.request_type))
+        )
         for method, handler in mapping.items()
     }
 
 
-def _bounded(func: Handler, max_size: int) -> Handler:
+def _strict_parser(request_type: Any) -> Callable[[bytes], object] | None:
+    """protobuf's parser of a betterproto2 message type (None for another type: the upb
+    messages of the infer methods are parsed strictly already)."""
+    if isinstance(request_type, type) and issubclass(request_type, betterproto2.Message):
+        return message_factory.GetMessageClass(request_type.DESCRIPTOR).FromString
+    return None
+
+
+def _bounded(func: Handler, max_size: int, strict: Callable[[bytes], object] | None) -> Handler:
     async def call(stream: grpclib.server.Stream[Any, Any]) -> None:
         # An instance attribute: `recv_message()` and `async for message in stream` use it.
-        stream.recv_message = functools.partial(receive, stream, max_size)  # type: ignore[method-assign]
+        stream.recv_message = functools.partial(receive, stream, max_size, strict)  # type: ignore[method-assign]
         await func(stream)
 
     return call
 
 
-async def receive(stream: grpclib.server.Stream[Any, Any], max_size: int) -> Any:
+async def receive(
+    stream: grpclib.server.Stream[Any, Any],
+    max_size: int,
+    strict: Callable[[bytes], object] | None = None,
+) -> Any:
     """The next message of `stream` (None at its end), as grpclib's `Stream.recv_message`
-    reads it, once its length is known to be at most `max_size`."""
+    reads it, once its length is known to be at most `max_size`; its bytes are also parsed by
+    `strict` when given, which raises on bytes that are not the message."""
     raw = stream._stream
-    prefix = await raw.recv_data(5)
+    try:
+        prefix = await raw.recv_data(5)
+    except AssertionError:  # grpclib's word for a stream that ended inside the prefix
+        raise _truncated() from None
     if not prefix:
         return None
     if len(prefix) < 5:
-        raise GRPCError(Status.INVALID_ARGUMENT, "Unable to parse request: truncated message")
+        raise _truncated()
     if prefix[0]:
         raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
     length = int.from_bytes(prefix[1:5], "big")
@@ -69,14 +91,14 @@ async def receive(stream: grpclib.server.Stream[Any, Any], max_size: int) -> Any
         )
     try:
         data = await raw.recv_data(length)
-    except AssertionError:  # grpclib's word for a stream that ended inside the message
-        raise GRPCError(
-            Status.INVALID_ARGUMENT, "Unable to parse request: truncated message"
-        ) from None
+    except AssertionError:  # the same, inside the message
+        raise _truncated() from None
     if len(data) != length:
-        raise GRPCError(Status.INVALID_ARGUMENT, "Unable to parse request: truncated message")
+        raise _truncated()
     try:
         message = stream._codec.decode(data, stream._recv_type)
+        if strict is not None:
+            strict(data)
     except Exception as error:  # whatever the message's parser raises: the bytes are wrong
         raise GRPCError(
             Status.INVALID_ARGUMENT, f"Unable to parse request: {_reason(error)}"
@@ -85,6 +107,10 @@ async def receive(stream: grpclib.server.Stream[Any, Any], max_size: int) -> Any
     stream._messages_received += 1
     raw.connection.messages_received += 1
     return message
+
+
+def _truncated() -> GRPCError:
+    return GRPCError(Status.INVALID_ARGUMENT, "Unable to parse request: truncated message")
 
 
 def _reason(error: Exception) -> str:

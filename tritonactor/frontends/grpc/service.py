@@ -361,7 +361,12 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     ) -> pb.RepositoryModelLoadResponse:
         self._check_explicit()
         name = message.model_name
-        options = parse_load_parameters(message.parameters, name, base64_files=False)
+        options = parse_load_parameters(
+            message.parameters,
+            name,
+            base64_files=False,
+            max_depth=self._server.settings.http_max_json_depth,
+        )
         await self._server.load(name, options)
         return pb.RepositoryModelLoadResponse()
 
@@ -440,7 +445,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     @translate_errors
     async def trace_setting(self, message: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         # As in Triton, the RPC always answers with the settings in force, after any change.
-        changes = from_grpc({name: value.value for name, value in message.settings.items()})
+        # A map entry without a value holds the empty value (protobuf's rule), as [] does.
+        changes = from_grpc(
+            {
+                name: value.value if value is not None else []
+                for name, value in message.settings.items()
+            }
+        )
         settings = await self._server.trace_extension(message.model_name, changes)
         return pb.TraceSettingResponse(
             settings={

@@ -150,6 +150,7 @@ def create_http_app(
             ),
         ],
         exception_handlers={
+            ClientDisconnect: _client_gone,
             TritonError: _triton_error,
             HTTPException: _http_error,
             Exception: _internal_error,
@@ -173,6 +174,9 @@ async def _answer(endpoint: Handler, request: Request, send: Send) -> None:
     starlette does)."""
     try:
         response = await endpoint(request)
+    except ClientDisconnect as error:
+        await _client_gone(request, error)
+        return
     except TritonError as error:
         response = await _triton_error(request, error)
     except HTTPException as error:
@@ -197,6 +201,11 @@ def _guarded(restrictions: Restrictions, category: str, endpoint: Handler) -> Ha
         return await endpoint(request)
 
     return guarded
+
+
+async def _client_gone(request: Request, error: Exception) -> None:
+    """The client left before its request's body had all arrived: there is no one to answer."""
+    log.debug("request %s %s: the client disconnected", request.method, request.url.path)
 
 
 async def _triton_error(request: Request, error: Exception) -> Response:
@@ -288,7 +297,10 @@ class _Routes:
         self._check_explicit()
         name = request.path_params["model"]
         options = parse_load_parameters(
-            await _parameters(request, self.max_depth), name, base64_files=True
+            await _parameters(request, self.max_depth),
+            name,
+            base64_files=True,
+            max_depth=self.max_depth,
         )
         await self.server.load(name, options)
         return Response(status_code=200, media_type=JSON)

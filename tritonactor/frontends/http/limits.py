@@ -9,7 +9,8 @@ spent, with a message naming the limit and the setting that raises it.
 - A response sent before the request's body has all arrived (a breach, or a route that never
   reads its body) asks the ASGI server to close the connection (`Connection: close`), so a
   client that keeps sending holds nothing.
-- The JSON depth is checked on the bytes before they are parsed (`check_json_depth`).
+- The JSON depth is checked on the bytes before they are parsed (`check_json_depth`, from
+  core/json_depth.py: the control plane applies it to a load's config too).
 
 The ASGI wrapping is `BodyLimits.bound`, used by `HttpApp` for every HTTP request with a body.
 """
@@ -17,21 +18,19 @@ The ASGI wrapping is `BodyLimits.bound`, used by `HttpApp` for every HTTP reques
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import numpy as np
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from tritonactor.core.errors import ErrorCode, TritonError, invalid_arg
+from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.json_depth import DEFAULT_JSON_DEPTH, check_json_depth
 from tritonactor.settings import Settings
 
-# Triton's defaults (its HTTP_DEFAULT_MAX_INPUT_SIZE and HTTP_MAX_JSON_NESTING_DEPTH).
+# Triton's default (its HTTP_DEFAULT_MAX_INPUT_SIZE).
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
-DEFAULT_JSON_DEPTH = 100
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _CLOSE = (b"connection", b"close")
@@ -222,41 +221,6 @@ async def answer(error: BodyLimitError, send: Send) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
-
-
-# --- JSON nesting ------------------------------------------------------------------------------
-
-# A JSON string, escapes included (unrolled: no backtracking).
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_STEPS = np.zeros(256, dtype=np.int8)
-_STEPS[list(b"[{")] = 1
-_STEPS[list(b"]}")] = -1
-_BLOCK = 1 << 20  # brackets counted at a time: the count's memory stays a few MiB
-
-
-def check_json_depth(body: bytes | bytearray | memoryview | str, limit: int) -> None:
-    """Refuse JSON nested deeper than `limit` arrays and objects (INVALID_ARG naming the
-    limit), from its bytes and before it is parsed. Fewer brackets than the limit: nothing
-    more to look at; otherwise strings are taken out and the brackets counted."""
-    if isinstance(body, str):
-        data = body.encode()
-    elif isinstance(body, bytes):
-        data = body
-    else:
-        data = bytes(body)
-    if data.count(b"[") + data.count(b"{") <= limit:
-        return
-    brackets = np.frombuffer(_STRING.sub(b"", data).translate(None, _NOT_BRACKETS), np.uint8)
-    depth = 0
-    for start in range(0, len(brackets), _BLOCK):
-        depths = np.cumsum(_STEPS[brackets[start : start + _BLOCK]], dtype=np.int32) + depth
-        if int(depths.max()) > limit:
-            raise invalid_arg(
-                f"JSON nesting depth exceeds maximum allowed limit ({limit}). Use "
-                "--http-max-json-depth to increase the limit."
-            )
-        depth = int(depths[-1])
 
 
 __all__ = [

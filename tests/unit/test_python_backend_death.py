@@ -1,0 +1,117 @@
+"""What a python instance says when its process dies with a batch on the way: `BatchNotRun` (the
+batch may run elsewhere) when the process never took it off its socket, `InstanceDied` when it
+did; and a dead instance, once finalized, holds no mapping or file descriptor of its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from tests.python_backend_support import Started, outputs, request, tensor
+from tritonactor.backends.base import InstanceDied
+from tritonactor.backends.lifetime import BatchNotRun
+from tritonactor.backends.python import PythonBackend, ipc
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def backend() -> PythonBackend:
+    return PythonBackend()
+
+
+@pytest.fixture
+def start(backend: PythonBackend) -> Iterator[Started]:
+    started = Started(backend)
+    yield started
+    started.finalize_all()
+
+
+def crash_request(value: int):  # type: ignore[no-untyped-def]
+    return request("crash", tensor("INPUT0", np.array([value], np.int32)))
+
+
+async def test_a_batch_the_dying_process_never_took_did_not_run(start: Started) -> None:
+    """The batch lands in the socket of a stopped process (as it can in the instant a killed
+    process takes to end): killed before it reads it, the batch did not run."""
+    instance = start("crash")
+    [result] = await instance.execute([crash_request(0)])
+    assert outputs(result)["PID"].tolist() == [instance.pid]
+    os.kill(instance.pid, signal.SIGSTOP)
+    raised: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            await instance.execute([crash_request(0)])
+        except InstanceDied as error:
+            raised.append(error)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        # execute has written the batch (the socket takes it) and waits for the answer
+        while not instance._pending:
+            await anyio.sleep(0)
+        os.kill(instance.pid, signal.SIGKILL)
+    [error] = raised
+    assert type(error) is BatchNotRun
+    assert str(error) == "python model process for instance 'crash_0_0' exited with signal SIGKILL"
+
+
+@pytest.mark.parametrize("value", [1, 2])
+async def test_a_batch_the_process_took_died_with_it(start: Started, value: int) -> None:
+    instance = start("crash")
+    with pytest.raises(InstanceDied) as died:
+        await instance.execute([crash_request(value)])
+    assert not isinstance(died.value, BatchNotRun)
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _mapped(prefix: str) -> list[str]:
+    return [line for line in Path("/proc/self/maps").read_text().splitlines() if prefix in line]
+
+
+async def test_dead_instances_leave_no_descriptors_or_mappings(start: Started) -> None:
+    """Each round: serve (results come back through the reused arena), die, finalize. The dead
+    instances stay referenced (as a caller may hold them): what they mapped is released all the
+    same, and the descriptor count does not grow from round to round."""
+    counts = []
+    for index in range(4):
+        instance = start("crash", index=index)
+        [result] = await instance.execute([crash_request(0)])
+        assert outputs(result)["PID"].tolist() == [instance.pid]
+        with pytest.raises(InstanceDied):
+            await instance.execute([crash_request(2)])
+        instance.finalize()
+        instance._stub.output_thread.join()  # it closes the output pipe at its end
+        assert _mapped(instance._stub.shm_prefix) == []
+        counts.append(_descriptors())
+    assert counts[1:] == [counts[0]] * 3, counts
+
+
+def test_counter_is_shared_between_two_mappings(tmp_path: Path) -> None:
+    name = f"tritonactor-test-{os.getpid()}-counter"
+    writer = ipc.Counter(name, create=True)
+    try:
+        reader = ipc.Counter(name)
+        assert reader.value == 0
+        writer.value = 41
+        assert reader.value == 41
+        reader.close()
+        assert reader.value == 0  # closed: nothing mapped
+    finally:
+        writer.close()
+        ipc.remove_file(name)
