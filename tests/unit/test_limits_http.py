@@ -315,3 +315,23 @@ async def test_a_response_before_the_body_has_arrived_closes_the_connection() ->
     assert client.sent[1] == {"type": "http.response.body", "body": b"done", "more_body": True}
     assert client.sent[2] == {"type": "http.response.body", "body": b""}
     assert client.reads == 3  # the rest was read and dropped before the response ended
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b'\\"' * 2_000_000,  # every quote escaped: strings that never close
+        b'"' + b"\\" * 1_000_001,  # one string, ending on a lone backslash
+        b'"[' * 1_000_000,  # quotes opening strings full of brackets
+    ],
+)
+def test_strings_that_never_close_cost_one_pass(tail: bytes) -> None:
+    # Megabytes of unclosed strings after deep brackets: a pattern that backtracked would scan
+    # to the end once per quote (hours here; the suite's timeout fails it); one pass takes ms.
+    body = b'{"inputs":' + b"[" * 200 + tail
+    with pytest.raises(TritonError, match=r"maximum allowed limit \(100\)"):
+        check_json_depth(body, 100)
+
+
+def test_brackets_inside_a_string_left_open_do_not_count() -> None:
+    check_json_depth(b'{"a": [1], "b": "' + b"[" * 1000, 100)

@@ -102,16 +102,49 @@ async def test_dead_instances_leave_no_descriptors_or_mappings(start: Started) -
     assert counts[1:] == [counts[0]] * 3, counts
 
 
-def test_counter_is_shared_between_two_mappings(tmp_path: Path) -> None:
-    name = f"tritonactor-test-{os.getpid()}-counter"
-    writer = ipc.Counter(name, create=True)
-    try:
-        reader = ipc.Counter(name)
-        assert reader.value == 0
-        writer.value = 41
-        assert reader.value == 41
-        reader.close()
-        assert reader.value == 0  # closed: nothing mapped
-    finally:
-        writer.close()
-        ipc.remove_file(name)
+def test_counter_is_shared_between_two_mappings() -> None:
+    writer = ipc.Counter()
+    assert writer.fd is not None
+    reader = ipc.Counter(os.dup(writer.fd))  # as the stub gets it: a descriptor, no name
+    writer.handed_over()
+    assert writer.fd is None
+    assert reader.value == 0
+    writer.value = 41
+    assert reader.value == 41
+    reader.close()
+    assert reader.value == 0  # closed: nothing mapped
+    writer.close()
+
+
+def _signals(pid: int, field: str) -> int:
+    """A process's signal mask `field` (SigIgn, SigCgt) from /proc, as a bit set."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def _bit(number: signal.Signals) -> int:
+    return 1 << (number - 1)
+
+
+async def test_a_group_signal_spares_the_model_but_not_what_it_started(start: Started) -> None:
+    """SIGTERM and SIGINT (a Ctrl-C or systemd stop reaches the whole group) are caught by the
+    model's process and end nothing; the processes the model starts keep the default, so its
+    finalize can still terminate them."""
+    instance = start("spawner")
+    [result] = await instance.execute(
+        [request("spawner", tensor("INPUT0", np.array([0], np.int32)))]
+    )
+    stub, child = outputs(result)["PID"].tolist()
+    assert stub == instance.pid
+    for number in (signal.SIGTERM, signal.SIGINT):
+        assert _signals(stub, "SigCgt") & _bit(number)
+        assert not _signals(child, "SigIgn") & _bit(number)
+        os.kill(stub, number)
+    [result] = await instance.execute(
+        [request("spawner", tensor("INPUT0", np.array([0], np.int32)))]
+    )
+    assert outputs(result)["PID"].tolist() == [stub, child]
+    instance.finalize()
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()

@@ -263,13 +263,56 @@ async def test_an_instance_that_cannot_restart_does_not_take_its_healthy_sibling
         response = await router.infer(request(TWO))
     assert response.model_version == str(second.generation)
     assert owner.failed == []
-    assert owner.health == [
-        (False, "instance 'm_0_0' failed: the process exited with signal SIGKILL")
-    ]
+    # It serves: it never stopped being ready (the death is logged, not reported as health).
+    assert owner.health == []
     backend.refuse = False  # it can start again: replaced, and the version is whole again
+    await until(lambda: len(backend.instances) == 3)
+    assert owner.health == [] and owner.failed == []
+
+
+@pytest.mark.usefixtures("quick_restarts")
+async def test_the_last_instance_down_makes_the_version_unavailable_until_one_serves(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    backend, owner, _ = await serve(system, TWO, tmp_path)
+    first, second = backend.instances
+    first.die("the process exited with code 1")
+    await until(lambda: len(backend.instances) == 3)  # replaced; health never changed
+    assert owner.health == []
+    backend.refuse = True
+    second.die("the process exited with signal SIGKILL")
+    third = backend.instances[2]
+    third.die("the process exited with signal SIGKILL")  # none left: unavailable
+    await wait_health(owner, 1)
+    assert (
+        owner.health == [(False, "instance 'm_0_0' failed: the process exited with signal SIGKILL")]
+        or owner.health[0][0] is False
+    )
+    backend.refuse = False
     await wait_health(owner, 2)
     assert owner.health[-1] == (True, "")
-    assert len(backend.instances) == 3 and owner.failed == []
+
+
+async def test_a_replacement_that_dies_soon_backs_off_as_a_failed_start(
+    system: ActorSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+    delay = ModelVersionActor.restart_delay
+
+    def recorded(self: ModelVersionActor, attempts: int) -> float:
+        asked.append(attempts)
+        return delay(self, attempts)
+
+    monkeypatch.setattr(ModelVersionActor, "restart_delay", recorded)
+    backend, _, _ = await serve(system, CONFIG, tmp_path)
+    backend.instances[0].die("the process exited with code 1")
+    await until(lambda: len(backend.instances) == 2)  # replaced at once (attempt 0)
+    backend.instances[1].die("the process exited with code 1")  # and it dies at once too
+    await until(lambda: len(asked) == 2)
+    # The second death counts as a failed attempt: its replacement waits, rather than
+    # starting at once, again and again.
+    assert asked == [0, 1]
+    assert ModelVersionActor.RESTART_DELAYS[1] > 0
 
 
 @pytest.mark.usefixtures("quick_restarts")

@@ -91,6 +91,9 @@ class InstanceActor(Actor[Execute | _Died]):
         self._short_bytes = 0
         # One thread of its own: the backend runs one batch at a time, off the event loop.
         self._worker = WorkerThread(name)
+        # Batches the backend answered: a replacement that answered one works (its owner's
+        # back-off after a death starts again from nothing).
+        self.answered = 0
 
     async def started(self) -> None:
         if isinstance(self._backend, WatchedInstance):
@@ -159,6 +162,7 @@ class InstanceActor(Actor[Execute | _Died]):
             failure = error if isinstance(error, TritonError) else internal(str(error))
             self._finish(message, [failure] * len(requests), started, trace=trace, error=failure)
         else:
+            self.answered += 1
             self._finish(message, results, started, backend_started, backend_finished, trace)
             await self._hand_back(message, results)
         # The scheduler may have stopped first (the model is unloading): nothing more will come.

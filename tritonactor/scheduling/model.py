@@ -61,10 +61,17 @@ class ModelVersionActor(Actor[Any]):
     version still serves (a broken instance does not take its healthy siblings down). The
     version fails as a whole only when no instance is left and every dead one has failed its
     first `len(RESTART_DELAYS)` attempts. Attempts run as messages to this actor, so a death
-    or a stop is heard between them."""
+    or a stop is heard between them. A replacement that dies within `STABLE_S` of starting,
+    having answered no batch, counts as one more failed attempt (a model that crashes once
+    started backs off as one that cannot start does, rather than restarting at once, forever).
+
+    The version is unavailable (`VersionHealth(ready=False)`) only while no instance serves:
+    with a sibling still serving it stays ready (its requests are served), and the death is
+    logged."""
 
     RESTART_DELAYS = (0.0, 0.5, 2.0)
     RESTART_DELAY_CAP = 30.0
+    STABLE_S = 10.0
 
     def __init__(
         self,
@@ -83,8 +90,13 @@ class ModelVersionActor(Actor[Any]):
         self._control = control
         self._model: BackendModel | None = None
         self._instances: dict[ActorRef[Any], InstanceSpec] = {}
+        self._actors: dict[ActorRef[Any], InstanceActor] = {}
         # Instances that died and are not replaced yet, by name.
         self._down: dict[str, _Down] = {}
+        # Replacements by name: when each started, and the failed attempts before it.
+        self._replaced: dict[str, tuple[float, int]] = {}
+        # Whether the owner was told the version cannot serve (no instance left).
+        self._told_down = False
         self.scheduler: ActorRef[Any] | None = None
         config = context.config
         # Whether a batch that never reached a dead instance may queue again as new requests:
@@ -143,6 +155,7 @@ class ModelVersionActor(Actor[Any]):
         )
         ref = await self.spawn(actor)
         self._instances[ref] = spec
+        self._actors[ref] = actor
 
     async def receive(self, message: Any) -> None:
         if isinstance(message, _Restart):
@@ -152,12 +165,33 @@ class ModelVersionActor(Actor[Any]):
 
     async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
         spec = self._instances.pop(child, None)
+        actor = self._actors.pop(child, None)
         if spec is None:
             raise error  # the scheduler: nothing can serve without it
         assert self.scheduler is not None
         await self.scheduler.tell(InstanceGone(child))
-        down = self._down[spec.name] = _Down(spec, f"instance '{spec.name}' failed: {error}")
-        await self._tell_owner(ready=False, reason=down.reason)
+        attempts = 0
+        replaced = self._replaced.pop(spec.name, None)
+        answered = actor is not None and actor.answered > 0
+        if (
+            replaced is not None
+            and not answered
+            and anyio.current_time() - replaced[0] < self.STABLE_S
+        ):
+            attempts = replaced[1] + 1  # a replacement that died soon, unproven: a failed try
+        down = self._down[spec.name] = _Down(
+            spec, f"instance '{spec.name}' failed: {error}", attempts
+        )
+        if self._instances:
+            log.warning(
+                "model '%s': %s; %d other instance(s) still serve",
+                self.name,
+                down.reason,
+                len(self._instances),
+            )
+        else:
+            self._told_down = True
+            await self._tell_owner(ready=False, reason=down.reason)
         self._schedule(down)
 
     def restart_delay(self, attempts: int) -> float:
@@ -194,8 +228,10 @@ class ModelVersionActor(Actor[Any]):
             return
         del self._down[name]
         await self._start_instance(down.spec, instance)
+        self._replaced[name] = (anyio.current_time(), down.attempts)
         log.info("model '%s': instance '%s' restarted", self.name, name)
-        if not self._down:
+        if self._told_down:
+            self._told_down = False
             await self._tell_owner(ready=True)
 
     async def _tell_owner(self, ready: bool, reason: str = "") -> None:

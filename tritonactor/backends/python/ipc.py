@@ -187,38 +187,56 @@ class ArenaReader:
 
 
 class Counter:
-    """One unsigned 64-bit number in a shared-memory file of its own, which one side writes and
-    the other reads: a store into a mapping, with no system call (the stub tells the server
-    how far it got, to be read once it died). `create` makes the file; the other side opens it
-    by name."""
+    """One unsigned 64-bit number in shared memory, which one side writes and the other reads:
+    a store into a mapping, with no system call (the stub tells the server how far it got, to
+    be read once it died). The server makes it (`Counter()`) in memory that has no name
+    (memfd), so nothing is left behind whatever happens to either process, and hands its `fd`
+    to the stub, which maps it (`Counter(fd)`)."""
 
-    def __init__(self, name: str, create: bool = False) -> None:
-        self.name = name
-        path = os.path.join(SHM_DIR, name)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
+    def __init__(self, fd: int | None = None) -> None:
+        made = fd is None
+        if fd is None:
+            fd = os.memfd_create("tritonactor-taken", os.MFD_CLOEXEC)
+            try:
                 os.ftruncate(fd, _HEADER.size)
+            except OSError:
+                os.close(fd)
+                raise
+        try:
             self._mapping: mmap.mmap | None = mmap.mmap(fd, _HEADER.size)
-        finally:
+        except OSError:
             os.close(fd)
+            raise
+        if not made:
+            os.close(fd)  # mapped: the descriptor is no longer needed
+        # The descriptor to hand to the other process, until `handed_over`.
+        self.fd: int | None = fd if made else None
         self._view = memoryview(self._mapping).cast("Q")
+
+    def handed_over(self) -> None:
+        """The other process has its copy of `fd` (or will never get one): close ours."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     @property
     def value(self) -> int:
-        return 0 if self._mapping is None else self._view[0]
+        try:
+            return 0 if self._mapping is None else self._view[0]
+        except ValueError:  # closed meanwhile by another thread (an unload during a death)
+            return 0
 
     @value.setter
     def value(self, number: int) -> None:
         self._view[0] = number
 
     def close(self) -> None:
-        """Unmap it (its value reads 0 from then on); the file is removed with the others."""
+        """Unmap it (its value reads 0 from then on)."""
+        self.handed_over()
         if self._mapping is not None:
+            mapping, self._mapping = self._mapping, None
             self._view.release()
-            self._mapping.close()
-            self._mapping = None
+            mapping.close()
 
 
 def write_tensors(

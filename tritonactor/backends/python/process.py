@@ -105,7 +105,7 @@ class StubProcess:
         self.shm_prefix = f"tritonactor-py-{os.getpid()}-{secrets.token_hex(4)}"
         # The sequence number (+1) of the last execute the stub took off the socket: read once
         # it died, it tells a batch the model may have begun from one it never saw.
-        self.taken = ipc.Counter(f"{self.parent_prefix}-taken", create=True)
+        self.taken = ipc.Counter()
         parent_end, child_end = socket.socketpair()
         # Only the server's answers to the model's own calls (see `stub`).
         answers_end, answers_child = socket.socketpair()
@@ -126,8 +126,8 @@ class StubProcess:
             name,
             "--shm-prefix",
             f"{self.shm_prefix}{ipc.STUB_SIDE}",
-            "--taken",
-            self.taken.name,
+            "--taken-fd",
+            str(self.taken.fd),
         ]
         if settings.shm_default_size:
             command += ["--shm-default-size", str(settings.shm_default_size)]
@@ -136,7 +136,7 @@ class StubProcess:
         try:
             self.process = subprocess.Popen(
                 command,
-                pass_fds=(child_end.fileno(), answers_child.fileno()),
+                pass_fds=(child_end.fileno(), answers_child.fileno(), self.taken.fd),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -153,6 +153,7 @@ class StubProcess:
         finally:
             child_end.close()
             answers_child.close()
+            self.taken.handed_over()
         self.channel = ipc.Channel(parent_end)
         # Answers to the model's BLS, cancellation, model-control and metric calls.
         self.answers = ipc.Channel(answers_end)

@@ -1,7 +1,7 @@
 """The stub: one process per python model instance, running the model's `TritonPythonModel`.
 
     python -m tritonactor.backends.python.stub --fd N --answers-fd M --name INSTANCE
-        --shm-prefix P [--shm-default-size B] [--shm-growth-size B] [--taken COUNTER]
+        --shm-prefix P [--shm-default-size B] [--shm-growth-size B] [--taken-fd FD]
 
 Fds N and M are this side of two socketpairs with the server (see `ipc`). The main thread reads
 fd N itself (init, execute, finalize: one message at a time, no thread hand-off on the way to
@@ -443,6 +443,10 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _ignore_signal(number: int, frame: object) -> None:
+    """SIGINT/SIGTERM reach the model's process and end nothing (see `main`)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="tritonactor.backends.python.stub")
     parser.add_argument("--fd", type=int, required=True)
@@ -451,14 +455,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shm-prefix", required=True)
     parser.add_argument("--shm-default-size", type=int, default=0)
     parser.add_argument("--shm-growth-size", type=int, default=0)
-    parser.add_argument("--taken", help="the server's counter of executes taken (ipc.Counter)")
+    parser.add_argument(
+        "--taken-fd", type=int, help="the server's counter of executes taken (ipc.Counter)"
+    )
     options = parser.parse_args(argv)
     # The server decides when this process ends (finalize, or a kill after the exit timeout;
     # its end of the socket closing when it dies): a Ctrl-C or SIGTERM sent to the whole
     # process group, as a terminal or systemd does, must not end a model mid-request while the
-    # server drains (docs/shutdown.md). Triton's stub ignores them too.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # server drains (docs/shutdown.md). A handler that does nothing, not SIG_IGN (which the
+    # processes a model starts would inherit: they could no longer be terminated), as Triton's
+    # stub does.
+    for received in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(received, _ignore_signal)
     # The model's process, not ours: Triton's stub leaves it [""] (unittest.main() in a model
     # would otherwise parse our options).
     sys.argv = [""]
@@ -478,7 +486,7 @@ def main(argv: list[str] | None = None) -> None:
         pb_utils,
         options.shm_default_size,
         options.shm_growth_size,
-        None if options.taken is None else ipc.Counter(options.taken),
+        None if options.taken_fd is None else ipc.Counter(options.taken_fd),
     )
     _pb_runtime.stub = stub
     threading.Thread(target=stub.read_answers, name="stub-answers", daemon=True).start()
