@@ -14,7 +14,8 @@ from grpclib.config import Configuration
 from grpclib.server import Server as GrpcServer
 
 from tritonactor.frontends.drain import Drain
-from tritonactor.frontends.grpc.service import HealthService, InferenceService
+from tritonactor.frontends.grpc.health import HealthService
+from tritonactor.frontends.grpc.service import InferenceService
 from tritonactor.frontends.listen import BACKLOG, ListenFailed, address_text, listening_socket
 from tritonactor.frontends.tls import describe, server_context
 from tritonactor.settings import SettingsError

@@ -1,4 +1,4 @@
-"""Triton's `inference.GRPCInferenceService` and `grpc.health.v1.Health` on grpclib.
+"""Triton's `inference.GRPCInferenceService` on grpclib (the health service: health.py).
 
 Like the HTTP front end, it only translates: requests go through the same router and the same
 validation, and a TritonError becomes the gRPC status Triton uses for its code.
@@ -19,7 +19,6 @@ import grpclib.const
 import grpclib.server
 
 from tritonactor._proto import inference as pb
-from tritonactor._proto.grpc.health import v1 as health
 from tritonactor.actors.loop import on_loop
 from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import ErrorCode, TritonError, cancelled, internal, unavailable
@@ -493,26 +492,3 @@ def _model_statistics(handle: ModelHandle) -> pb.ModelStatistics:
             for batch in stats.batch_stats
         ],
     )
-
-
-class HealthService(health.HealthBase):
-    """SERVING when the server is ready (every model that should load is loaded)."""
-
-    def __init__(self, server: Server) -> None:
-        self._server = server
-
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        settings = self._server.settings
-        return bounded(
-            guard(super().__mapping__(), settings.grpc_restricted_protocol),
-            settings.grpc_max_message_size,
-        )
-
-    async def check(self, message: health.HealthCheckRequest) -> health.HealthCheckResponse:
-        ready = await self._server.ready()
-        status = (
-            health.HealthCheckResponseServingStatus.SERVING
-            if ready
-            else health.HealthCheckResponseServingStatus.NOT_SERVING
-        )
-        return health.HealthCheckResponse(status=status)

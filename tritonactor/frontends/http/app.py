@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -22,10 +21,20 @@ from tritonactor.control.overrides import parse_load_parameters, parse_unload_pa
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsupported
 from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.headers import HeaderForwarder
-from tritonactor.frontends.http.codec import decode_infer_request, decode_json, encode_json
+from tritonactor.frontends.http.codec import decode_infer_request, decode_json
 from tritonactor.frontends.http.direct import HttpApp
+from tritonactor.frontends.http.errors import (
+    JSON,
+    client_gone,
+    drain_body,
+    error_response,
+    http_error,
+    internal_error,
+    json_response,
+    triton_error,
+)
 from tritonactor.frontends.http.generate import GenerateRoutes
-from tritonactor.frontends.http.limits import BodyLimitError, BodyLimits
+from tritonactor.frontends.http.limits import BodyLimits
 from tritonactor.frontends.http.openapi import serve_openapi
 from tritonactor.frontends.http.raw import decode_raw_request
 from tritonactor.frontends.http.responses import encode_infer_response
@@ -56,7 +65,6 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from tritonactor.server import Server
 
-JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -86,14 +94,6 @@ def _query_int(
         bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
         raise invalid_arg(f"query parameter '{name}' must be an integer {bound}, not {text!r}")
     return value
-
-
-def json_response(data: Any, status: int = 200) -> Response:
-    return Response(encode_json(data), status_code=status, media_type=JSON)
-
-
-def error_response(message: str, status: int) -> Response:
-    return json_response({"error": message}, status)
 
 
 def create_http_app(
@@ -150,10 +150,10 @@ def create_http_app(
             ),
         ],
         exception_handlers={
-            ClientDisconnect: _client_gone,
-            TritonError: _triton_error,
-            HTTPException: _http_error,
-            Exception: _internal_error,
+            ClientDisconnect: client_gone,
+            TritonError: triton_error,
+            HTTPException: http_error,
+            Exception: internal_error,
         },
         lifespan=lifespan,
     )
@@ -175,14 +175,14 @@ async def _answer(endpoint: Handler, request: Request, send: Send) -> None:
     try:
         response = await endpoint(request)
     except ClientDisconnect as error:
-        await _client_gone(request, error)
+        await client_gone(request, error)
         return
     except TritonError as error:
-        response = await _triton_error(request, error)
+        response = await triton_error(request, error)
     except HTTPException as error:
-        response = await _http_error(request, error)
+        response = await http_error(request, error)
     except Exception as error:
-        await (await _internal_error(request, error))(request.scope, request.receive, send)
+        await (await internal_error(request, error))(request.scope, request.receive, send)
         raise
     await response(request.scope, request.receive, send)
 
@@ -196,55 +196,11 @@ def _guarded(restrictions: Restrictions, category: str, endpoint: Handler) -> Ha
     async def guarded(request: Request) -> Response:
         missing = restrictions.missing(category, request.headers.get)
         if missing is not None:
-            await _drain(request)
+            await drain_body(request)
             return error_response(http_message(missing), 403)
         return await endpoint(request)
 
     return guarded
-
-
-async def _client_gone(request: Request, error: Exception) -> None:
-    """The client left before its request's body had all arrived: there is no one to answer."""
-    log.debug("request %s %s: the client disconnected", request.method, request.url.path)
-
-
-async def _triton_error(request: Request, error: Exception) -> Response:
-    assert isinstance(error, TritonError)
-    await _drain(request)
-    if isinstance(error, BodyLimitError):  # 408 for a body that did not arrive in time
-        return error_response(error.message, error.http_status)
-    return error_response(error.message, error.code.http_status)
-
-
-async def _http_error(request: Request, error: Exception) -> Response:
-    assert isinstance(error, HTTPException)
-    await _drain(request)
-    return error_response(error.detail, error.status_code)
-
-
-async def _internal_error(request: Request, error: Exception) -> Response:
-    log.error("request %s %s failed", request.method, request.url.path, exc_info=error)
-    await _drain(request)
-    return error_response(f"internal error: {type(error).__name__}: {error}", 500)
-
-
-async def _drain(request: Request) -> None:
-    """Read and drop what is left of the request body before an error is answered. hypercorn
-    closes a keep-alive connection whose request body has not all arrived when the response
-    ends, without saying so in the response: the client's next request on it then fails."""
-    # Bounded, so that a client that stalls mid-body cannot hold its error back: past the
-    # bound the error goes out and hypercorn closes the connection, as it would have anyway.
-    with anyio.move_on_after(_DRAIN_SECONDS):
-        try:
-            async for _ in request.stream():
-                pass
-        # Already read, the client is gone, or the body breaks a limit (limits.py: the
-        # connection is closed after the answer).
-        except (RuntimeError, ClientDisconnect, BodyLimitError):
-            pass
-
-
-_DRAIN_SECONDS = 5.0
 
 
 def _version(request: Request) -> str:

@@ -49,13 +49,13 @@ from tritonactor.core.types import (
     Tensor,
 )
 from tritonactor.frontends.http.codec import encode_json
+from tritonactor.frontends.http.errors import JSON
 from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH, check_json_depth
 from tritonactor.scheduling.router import Router
 from tritonactor.scheduling.signature import ModelSignature, TensorSpec
 
 __all__ = ["GenerateRoutes", "decode_generate_request", "encode_generate_response"]
 
-JSON = "application/json"
 EVENT_STREAM = "text/event-stream; charset=utf-8"
 ONE_RESPONSE = (
     "generate expects model to produce exactly 1 response, use generate stream for model that "
