@@ -20,6 +20,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def loopback_env(root: Path, http_port: int, grpc_port: int, metrics_port: int) -> dict[str, str]:
+    """This process's environment without its TRITONACTOR_* and TA_* variables, plus what puts
+    a server's three listeners on 127.0.0.1 at these ports and its journal in `root`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "TA_"))}
+    env.update(
+        {
+            "TRITONACTOR_JOURNAL": str(root / "journal.jsonl"),
+            "TRITONACTOR_HTTP_HOST": "127.0.0.1",
+            "TRITONACTOR_HTTP_PORT": str(http_port),
+            "TRITONACTOR_GRPC_HOST": "127.0.0.1",
+            "TRITONACTOR_GRPC_PORT": str(grpc_port),
+            "TRITONACTOR_METRICS_HOST": "127.0.0.1",
+            "TRITONACTOR_METRICS_PORT": str(metrics_port),
+        }
+    )
+    return env
+
+
 @dataclass
 class ServerProcess:
     """A running server; `url` is host:port as tritonclient wants it."""

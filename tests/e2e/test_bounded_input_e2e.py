@@ -31,7 +31,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server_process import free_port
+from tests.server_process import free_port, loopback_env
+from tritonactor.frontends.grpc.wire import _varint
 
 pytestmark = pytest.mark.e2e
 
@@ -59,16 +60,9 @@ class Served:
 
 def _start(kind: str, root: Path) -> Served:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "TA_"))}
+    env = loopback_env(root, http_port, grpc_port, metrics_port)
     env.update(
         {
-            "TRITONACTOR_JOURNAL": str(root / "journal.jsonl"),
-            "TRITONACTOR_HTTP_HOST": "127.0.0.1",
-            "TRITONACTOR_HTTP_PORT": str(http_port),
-            "TRITONACTOR_GRPC_HOST": "127.0.0.1",
-            "TRITONACTOR_GRPC_PORT": str(grpc_port),
-            "TRITONACTOR_METRICS_HOST": "127.0.0.1",
-            "TRITONACTOR_METRICS_PORT": str(metrics_port),
             "TRITONACTOR_HTTP_MAX_INPUT_SIZE": str(MAX_INPUT),
             "TRITONACTOR_HTTP_BODY_TIMEOUT_SECS": str(BODY_TIMEOUT),
             "TRITONACTOR_GRPC_MAX_MESSAGE_SIZE": str(MAX_MESSAGE),
@@ -385,15 +379,6 @@ def test_grpc_message_past_the_limit_is_resource_exhausted(served: Served) -> No
     assert isinstance(error, grpc.RpcError)
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
     _still_serves(served)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _grpc_raw(served: Served, path: str, data: bytes) -> tuple[str, str]:

@@ -37,7 +37,7 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server_process import free_port
+from tests.server_process import free_port, loopback_env
 
 pytestmark = pytest.mark.e2e
 
@@ -119,17 +119,10 @@ def start(root: Path, kind: str, exit_timeout: int = 30) -> Served:
     (repo / "gate" / "1" / "model.py").write_text(MODEL)
     (repo / "gate" / "config.pbtxt").write_text(CONFIG % gate)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "TA_"))}
+    env = loopback_env(root, http_port, grpc_port, metrics_port)
     env.update(
         {
             "TRITONACTOR_MODEL_REPOSITORY": str(repo),
-            "TRITONACTOR_JOURNAL": str(root / "journal.jsonl"),
-            "TRITONACTOR_HTTP_HOST": "127.0.0.1",
-            "TRITONACTOR_HTTP_PORT": str(http_port),
-            "TRITONACTOR_GRPC_HOST": "127.0.0.1",
-            "TRITONACTOR_GRPC_PORT": str(grpc_port),
-            "TRITONACTOR_METRICS_HOST": "127.0.0.1",
-            "TRITONACTOR_METRICS_PORT": str(metrics_port),
             "TRITONACTOR_EXIT_TIMEOUT_SECS": str(exit_timeout),
         }
     )

@@ -27,7 +27,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from tests.processes import all_pids, children, cmdline, environ
-from tests.server_process import free_port
+from tests.server_process import free_port, loopback_env
 
 pytestmark = pytest.mark.e2e
 
@@ -156,19 +156,8 @@ def _repository(root: Path) -> Path:
 def start(kind: str, root: Path, *extra: str, ready: bool = True) -> Served:
     repo = _repository(root)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "TA_"))}
-    env.update(
-        {
-            "TRITONACTOR_MODEL_REPOSITORY": str(repo),
-            "TRITONACTOR_JOURNAL": str(root / "journal.jsonl"),
-            "TRITONACTOR_HTTP_HOST": "127.0.0.1",
-            "TRITONACTOR_HTTP_PORT": str(http_port),
-            "TRITONACTOR_GRPC_HOST": "127.0.0.1",
-            "TRITONACTOR_GRPC_PORT": str(grpc_port),
-            "TRITONACTOR_METRICS_HOST": "127.0.0.1",
-            "TRITONACTOR_METRICS_PORT": str(metrics_port),
-        }
-    )
+    env = loopback_env(root, http_port, grpc_port, metrics_port)
+    env["TRITONACTOR_MODEL_REPOSITORY"] = str(repo)
     if kind == "serve":
         command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", "2", *extra]
     else:

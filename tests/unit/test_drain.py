@@ -168,13 +168,6 @@ def test_a_cancellation_outside_a_drain_is_not_swallowed() -> None:
     run(scenario())
 
 
-class Call:
-    """What grpclib's RecvRequest event carries that the hook uses."""
-
-    def __init__(self, method: Any) -> None:
-        self.method_func = method
-
-
 def test_grpc_calls_during_the_drain_are_unavailable() -> None:
     async def scenario() -> None:
         drain = Drain(exit_timeout=30)
@@ -184,7 +177,7 @@ def test_grpc_calls_during_the_drain_are_unavailable() -> None:
             raise AssertionError("not admitted")
 
         with pytest.raises(GRPCError) as refused:
-            await drain._on_call(Call(method))  # type: ignore[arg-type]
+            await drain.gate_grpc(method)(None)  # type: ignore[arg-type]
         assert refused.value.status is Status.UNAVAILABLE
         assert refused.value.message == SHUTTING_DOWN
 
@@ -200,9 +193,7 @@ def test_a_grpc_call_still_running_at_the_exit_timeout_is_unavailable() -> None:
             entered.set()
             await asyncio.Event().wait()
 
-        call = Call(method)
-        await drain._on_call(call)  # type: ignore[arg-type]
-        running = asyncio.create_task(call.method_func(None))
+        running = asyncio.create_task(drain.gate_grpc(method)(None))  # type: ignore[arg-type]
         await entered.wait()
         assert drain.in_flight == 1
         await drain.wait()
@@ -225,9 +216,7 @@ def test_a_grpc_call_admitted_before_the_drain_finishes() -> None:
             await release.wait()
             answered.append("ok")
 
-        call = Call(method)
-        await drain._on_call(call)  # type: ignore[arg-type]
-        running = asyncio.create_task(call.method_func(None))
+        running = asyncio.create_task(drain.gate_grpc(method)(None))  # type: ignore[arg-type]
         await asyncio.sleep(0)
         drain.begin()
         waiting = asyncio.create_task(drain.wait())

@@ -1,12 +1,13 @@
 """The graceful drain of a front-end process (docs/shutdown.md).
 
 One `Drain` per process that serves HTTP and gRPC. Both front ends consult it: every HTTP
-request passes its gate (`http`) and every gRPC call its hook (`watch_grpc`), so it knows each
-request it admitted and still answers. Once draining (a signal, or the ASGI server's shutdown),
-a new request is answered 503 / `UNAVAILABLE` with `SHUTTING_DOWN` at once, and `wait()` lets
-the admitted ones finish, up to the exit timeout counted from the moment the drain began. What
-is left then is cancelled, and answered 503 with a JSON error / `UNAVAILABLE`, with a message
-that says the server is shutting down: never an empty 500 or a reset stream.
+request passes its gate (`http`) and every gRPC handler its wrapper (`grpc_service`), so it
+knows each request it admitted and still answers. Once draining (a signal, or the ASGI
+server's shutdown), a new request is answered 503 / `UNAVAILABLE` with `SHUTTING_DOWN` at
+once, and `wait()` lets the admitted ones finish, up to the exit timeout counted from the
+moment the drain began. What is left then is cancelled, and answered 503 with a JSON error /
+`UNAVAILABLE`, with a message that says the server is shutting down: never an empty 500 or a
+reset stream.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
+import grpclib.const
 import orjson
 from grpclib.const import Status
-from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server as GrpcServer
 from grpclib.server import Stream
 from starlette.types import Message, Receive, Scope, Send
 
@@ -176,14 +176,23 @@ class Drain:
 
     # --- gRPC ----------------------------------------------------------------------------------
 
-    def watch_grpc(self, listener: GrpcServer) -> None:
-        """Every call `listener` receives passes this drain."""
-        listen(listener, RecvRequest, self._on_call)
+    def grpc_service(self, service: GrpcService) -> GrpcService:
+        """`service` (a grpclib service: its `__mapping__`), each of its handlers passing this
+        drain: a call that starts while draining is refused UNAVAILABLE, an admitted one is
+        tracked. A wrapper around the handler, not grpclib's RecvRequest event, whose listener
+        costs every call an event object and an extra await."""
+        return _DrainedService(self, service)
 
-    async def _on_call(self, event: RecvRequest) -> None:
-        if self.draining:
-            raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
-        event.method_func = self._tracked(event.method_func)
+    def gate_grpc(self, method: GrpcMethod) -> GrpcMethod:
+        """`method`, refused while draining and tracked once admitted."""
+        tracked = self._tracked(method)
+
+        async def gated(stream: Stream[Any, Any]) -> None:
+            if self.draining:
+                raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
+            await tracked(stream)
+
+        return gated
 
     def _tracked(self, method: GrpcMethod) -> GrpcMethod:
         async def answer(stream: Stream[Any, Any]) -> None:
@@ -199,6 +208,24 @@ class Drain:
                 self._answered(task)
 
         return answer
+
+
+class GrpcService(Protocol):
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]: ...
+
+
+class _DrainedService:
+    """A grpclib service whose handlers pass a drain (`Drain.grpc_service`)."""
+
+    def __init__(self, drain: Drain, service: GrpcService) -> None:
+        self._drain = drain
+        self._service = service
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            name: handler._replace(func=self._drain.gate_grpc(handler.func))
+            for name, handler in self._service.__mapping__().items()
+        }
 
 
 _CLOSE = (b"connection", b"close")

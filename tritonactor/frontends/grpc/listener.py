@@ -48,12 +48,13 @@ async def grpc_listener(
     except (ListenFailed, SettingsError) as error:
         log.error("%s", error)
         raise
+    services = [InferenceService(server, drain), HealthService(server)]
+    if drain is not None:
+        services = [drain.grpc_service(service) for service in services]
     listener = GrpcServer(
-        [InferenceService(server, drain), HealthService(server)],
+        services,
         config=Configuration(http2_connection_window_size=WINDOW, http2_stream_window_size=WINDOW),
     )
-    if drain is not None:
-        drain.watch_grpc(listener)
     # One socket, bound once: never SO_REUSEPORT, which would let another process share it.
     await listener.start(sock=sock, ssl=context, backlog=BACKLOG)
     port = sock.getsockname()[1]
