@@ -39,11 +39,6 @@ BATCH_NOTE = (
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # tritonclient.grpc.aio runs on grpc.aio, an asyncio library
-
-
-@pytest.fixture
 def client(grpc_server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
     with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         yield client

@@ -28,11 +28,6 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "grpclib_c
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def service(grpc_server: ServerProcess) -> AsyncIterator[pb.GrpcInferenceServiceStub]:
     channel = Channel("127.0.0.1", grpc_server.grpc_port)
     try:

@@ -13,11 +13,6 @@ from tritonactor.actors import Actor, ActorRef, ActorStopped, ActorSystem, Reply
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass(frozen=True)
 class Add:
     amount: int

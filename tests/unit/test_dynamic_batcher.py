@@ -48,11 +48,6 @@ dynamic_batching {{ {batching} }}
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class RecordingInstance(BackendInstance):
     def __init__(self, backend: RecordingBackend) -> None:
         self.backend = backend

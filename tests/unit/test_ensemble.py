@@ -36,11 +36,6 @@ pytestmark = pytest.mark.anyio
 Function = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def model_config(name: str, inputs: list[str], outputs: list[str]) -> str:
     def tensors(names: list[str]) -> str:
         return ", ".join(f'{{ name: "{n}" data_type: TYPE_INT32 dims: [ 2 ] }}' for n in names)

@@ -35,11 +35,6 @@ pytestmark = pytest.mark.anyio
 Function = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Recorded(BackendInstance):
     def __init__(self, backend: RecordingBackend) -> None:
         self.backend = backend

@@ -26,11 +26,6 @@ PATIENCE_S = 60
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def system() -> AsyncIterator[ActorSystem]:
     async with ActorSystem() as actors:
         yield actors

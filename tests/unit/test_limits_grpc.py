@@ -25,11 +25,6 @@ pytestmark = pytest.mark.anyio
 LIMIT = 1000
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Raw:
     """Bytes sent as they are (the client's side)."""
 

@@ -27,11 +27,6 @@ from tritonactor.settings import Settings, SettingsError
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"1" + b"]" * depth
 

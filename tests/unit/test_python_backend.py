@@ -37,11 +37,6 @@ from tritonactor.core.types import (
 )
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def backend() -> PythonBackend:
     return PythonBackend()

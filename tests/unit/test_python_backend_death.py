@@ -21,11 +21,6 @@ from tritonactor.backends.python import PythonBackend, ipc
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def backend() -> PythonBackend:
     return PythonBackend()

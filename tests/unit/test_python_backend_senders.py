@@ -35,11 +35,6 @@ from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceResponse, RequestedOutput
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def backend() -> PythonBackend:
     return PythonBackend()

@@ -18,11 +18,6 @@ from tritonactor.core.types import InferenceRequest
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def start() -> Iterator[Started]:
     started = Started(PythonBackend())
     yield started

@@ -33,11 +33,6 @@ from tritonactor.scheduling.signature import ModelSignature
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # -- the mailbox ---------------------------------------------------------------------------------
 
 

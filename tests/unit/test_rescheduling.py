@@ -61,11 +61,6 @@ sequence_batching {{
 REFUSED = "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Countdown(BackendInstance):
     """IN is how many executions a request needs: each one but the last releases it with
     RESCHEDULE (a decoupled request also gets a response per execution). The answer holds how

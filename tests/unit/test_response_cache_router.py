@@ -40,11 +40,6 @@ T = TypeVar("T")
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def system() -> AsyncIterator[ActorSystem]:
     async with ActorSystem() as actors:
         yield actors

@@ -38,11 +38,6 @@ instance_group [ { count: %d kind: KIND_CPU } ]
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class EchoInstance(BackendInstance):
     def __init__(self, backend: EchoBackend, name: str) -> None:
         self.backend = backend

@@ -59,11 +59,6 @@ sequence_batching {{
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class AccumulatingInstance(BackendInstance):
     def __init__(self, backend: AccumulatingBackend, name: str) -> None:
         self.backend = backend

@@ -81,11 +81,6 @@ def load_error(text: str, model_dir: Path | None = None) -> TritonError:
     return caught.value
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # -- configs -------------------------------------------------------------------------------------
 
 

@@ -52,11 +52,6 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class KeepingInstance(BackendInstance):
     """Keeps every input array it is given; answers OUT = [0]."""
 

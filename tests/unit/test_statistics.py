@@ -25,11 +25,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def system() -> AsyncIterator[ActorSystem]:
     async with ActorSystem() as actors:
         yield actors

@@ -235,11 +235,6 @@ class EchoBackend(Backend, BackendModel):
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def system() -> AsyncIterator[ActorSystem]:
     async with ActorSystem() as actors:
         yield actors

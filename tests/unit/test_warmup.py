@@ -57,11 +57,6 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def make_context(text: str, model_dir: Path) -> ModelContext:
     config = fill_defaults(parse_pbtxt(text), gpus=0)
     return ModelContext(config.name, 1, config, model_dir, model_dir / "1", model_dir / "1" / "m")

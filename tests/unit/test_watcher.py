@@ -30,11 +30,6 @@ QUIET = 0.25
 SETTLE_IN = 0.3
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Reports:
     """A `notify` that records each report with the time it came."""
 

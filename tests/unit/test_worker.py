@@ -12,11 +12,6 @@ from tritonactor.actors.worker import WorkerThread
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_calls_run_on_one_thread_that_is_not_the_loop() -> None:
     worker = WorkerThread("w")
     try:
