@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,8 +78,19 @@ class ServerProcess:
         return self.process.returncode
 
 
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Returns once `condition()` holds (asked every 0.1 s); AssertionError after `timeout`
+    seconds, the bound on a wait for an event, not a measure of speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
 def start_server(
-    repositories: list[Path] | None,
+    repositories: Sequence[Path | str] | None,
     log_dir: Path,
     extra_env: Mapping[str, str] | None = None,
     wait_ready: bool = True,

@@ -9,6 +9,7 @@ import os
 import socket
 import ssl
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -23,6 +24,9 @@ from tritonactor.frontends.tls import check_tls, tls_files
 from tritonactor.settings import OPTIONS, VARIABLES, Settings, SettingsError
 from tritonactor.settings.docs import default_text
 from tritonactor.settings.options import Option, Support, plain
+from tritonactor.store.location import StoreLocation, is_store_url, parse_location
+from tritonactor.store.mirror import open_mirrors
+from tritonactor.store.remote import StoreError
 
 APP = "tritonactor.app:app"
 # The ASGI servers `tritonactor serve` runs, the default first (docs/benchmarks.md measures them).
@@ -102,7 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     inspect_parser.add_argument(
-        "paths", nargs="+", type=Path, metavar="PATH", help="a model repository directory"
+        "paths",
+        nargs="+",
+        type=_repository_argument,
+        metavar="PATH|URL",
+        help="a model repository: a directory, or an object-store URL (s3://bucket/path, …), "
+        "copied into a temporary folder first",
     )
     inspect_parser.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect_parser.add_argument(
@@ -267,19 +276,36 @@ def serve(args: argparse.Namespace) -> int:
     _exec(command, env)
 
 
+def _repository_argument(text: str) -> Path | StoreLocation:
+    if is_store_url(text):
+        try:
+            return parse_location(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"'{text}' {error}") from None
+    return Path(text)
+
+
 def inspect_repository(args: argparse.Namespace) -> int:
     registry = BackendRegistry()
     try:
-        report = inspect_repositories(args.paths, registry, strict=args.strict)
-    except RepositoryError as error:
+        with tempfile.TemporaryDirectory(prefix="tritonactor-inspect-") as cache:
+            paths, mirrors = open_mirrors(args.paths, Path(cache))
+            try:
+                report = inspect_repositories(paths, registry, strict=args.strict)
+            finally:
+                for mirror in mirrors:
+                    mirror.close()
+    except (RepositoryError, StoreError) as error:
         print(f"tritonactor repository inspect: error: {error}", file=sys.stderr)
         return 2
     finally:
         registry.finalize()
+    # The copies are gone once inspected: the report names each by the URL it came from.
+    copies = {str(mirror.root): str(mirror.location) for mirror in mirrors}
     if args.json:
-        print(json.dumps(report_to_json(report), indent=2))
+        print(json.dumps(report_to_json(report, copies), indent=2))
     else:
-        print(render_text(report), end="")
+        print(render_text(report, copies), end="")
     return 0 if report.loads else 1
 
 

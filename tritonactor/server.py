@@ -3,6 +3,7 @@ mode) the repository watcher, in one actor system."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -22,7 +23,7 @@ from tritonactor.control.index import IndexEntry, index, ready
 from tritonactor.control.journal import Journal, JournalEntry, open_journal
 from tritonactor.control.load_plan import restored_overrides
 from tritonactor.control.manager import ModelManager
-from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
+from tritonactor.control.messages import Discover, GetState, Load, Override, Startup, Unload
 from tritonactor.control.override_folders import claim_root, override_root
 from tritonactor.control.overrides import (
     LoadOptions,
@@ -31,7 +32,7 @@ from tritonactor.control.overrides import (
     options_digest,
 )
 from tritonactor.control.watcher import RepositoryWatcher, take_snapshot, tell_changes
-from tritonactor.core.errors import invalid_arg, unavailable
+from tritonactor.core.errors import TritonError, invalid_arg, unavailable
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.observability import logging as log_settings
@@ -44,6 +45,9 @@ from tritonactor.observability.tracing import (
 )
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.settings import ControlMode, Settings, SettingsError
+from tritonactor.store.mirror import StoreMirror, open_mirrors
+from tritonactor.store.remote import StoreError
+from tritonactor.store.syncer import Refresh, StoreSyncer
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +144,8 @@ class Server:
         self._manager: ActorRef[Any] | None = None
         # Poll mode with an interval: the repository watcher.
         self._watcher: ActorRef[Any] | None = None
+        # With object-store repositories (modes poll and explicit): what keeps their copies.
+        self._syncer: ActorRef[Any] | None = None
         try:
             # Read now, so that a bad OTEL_* variable stops the server before it starts.
             self._tracing_config = tracing_config(os.environ)
@@ -202,6 +208,22 @@ class Server:
     async def running(self) -> AsyncIterator[Server]:
         """Open the journal, start the actors and load the models; stop them all on exit."""
         settings = self.settings
+        # Object-store repositories are copied first: every scan reads the local copies.
+        repositories, mirrors = await anyio.to_thread.run_sync(
+            open_mirrors, settings.model_repositories, settings.repository_cache_dir
+        )
+        try:
+            async with self._serving(repositories, mirrors):
+                yield self
+        finally:
+            for mirror in mirrors:
+                mirror.close()
+
+    @asynccontextmanager
+    async def _serving(
+        self, repositories: tuple[Path, ...], mirrors: list[StoreMirror]
+    ) -> AsyncIterator[None]:
+        settings = self.settings
         journal, history = await anyio.to_thread.run_sync(open_journal, settings.journal)
         self.journal = journal
         # What a crash left behind: half-written overrides, and override folders that no load
@@ -215,7 +237,7 @@ class Server:
                 on_failure=self._actor_failed, shutdown_timeout=settings.exit_timeout_secs
             ) as system:
                 manager = ModelManager(
-                    settings.model_repositories,
+                    repositories,
                     self.registry,
                     self.router,
                     strict_model_config=settings.strict_model_config,
@@ -234,9 +256,7 @@ class Server:
                 if self.mode is ControlMode.POLL and settings.repository_poll_secs > 0:
                     # Taken before the startup scan: whatever changes during the loads differs
                     # from it and is looked at again once it settles.
-                    snapshot = await anyio.to_thread.run_sync(
-                        take_snapshot, settings.model_repositories
-                    )
+                    snapshot = await anyio.to_thread.run_sync(take_snapshot, repositories)
                 startup_models = self._startup_models()
                 await self._manager.ask(
                     lambda reply: Startup(
@@ -256,20 +276,26 @@ class Server:
                 if snapshot is not None:
                     self._watcher = await system.spawn(
                         RepositoryWatcher(
-                            settings.model_repositories,
+                            repositories,
                             settings.repository_poll_secs,
                             tell_changes(self._manager),
                             snapshot=snapshot,
                         )
                     )
+                if mirrors and self.mode is not ControlMode.NONE:
+                    polling = self.mode is ControlMode.POLL and settings.repository_poll_secs > 0
+                    self._syncer = await system.spawn(
+                        StoreSyncer(mirrors, settings.repository_poll_secs if polling else None)
+                    )
                 settle_heap()
                 try:
-                    yield self
+                    yield
                 finally:
                     self.live = False
                     self.router.loader = None
                     self._manager = None
                     self._watcher = None
+                    self._syncer = None
         finally:
             journal.close()
             claim.close()
@@ -316,6 +342,11 @@ class Server:
         return self.live and ready(await self.state())
 
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        if self.mode is ControlMode.EXPLICIT:
+            # Every model folder there is now, as Triton's index: a store is read again first.
+            with contextlib.suppress(TritonError):  # logged; the index says what is known
+                await self._refresh_stores()
+            await self._manager_ref().ask(Discover)
         entries = index(await self.state())
         if ready_only:
             entries = [entry for entry in entries if entry.state == ev.VersionState.READY]
@@ -327,6 +358,7 @@ class Server:
         override = None
         if options.has_overrides:
             override = await anyio.to_thread.run_sync(self._override, name, options)
+        await self._refresh_stores()
         manager = self._manager_ref()
         await manager.ask(lambda reply: Load(reply, name, override, ev.Source.API))
 
@@ -343,7 +375,18 @@ class Server:
             lambda reply: Unload(reply, name, options.unload_dependents, ev.Source.API)
         )
 
+    async def _refresh_stores(self) -> None:
+        """Explicit mode reads the object stores at each load, as Triton does: their changed
+        models are copied first. 503 when a store cannot be read."""
+        if self._syncer is None or self.mode is not ControlMode.EXPLICIT:
+            return
+        try:
+            await self._syncer.ask(Refresh)
+        except StoreError as error:
+            raise unavailable(f"cannot read the model repository: {error}") from None
+
     async def _load_lazily(self, name: str) -> None:
+        await self._refresh_stores()
         await self._manager_ref().ask(lambda reply: Load(reply, name, None, ev.Source.REQUEST))
 
     async def trace_extension(

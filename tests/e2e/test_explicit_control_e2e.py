@@ -264,3 +264,21 @@ def test_a_journal_of_bad_lines_is_skipped_line_by_line_and_the_server_starts(
         assert client.is_server_ready()
     finally:
         server.stop()
+
+
+def test_the_index_lists_a_folder_added_after_the_start(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    add_sub_model(repo / "simple" / "1" / "model.onnx")
+    write_config(repo / "simple", SIMPLE_CONFIG.format(name="simple", max_batch_size=8))
+    server = start_server([repo], tmp_path, EXPLICIT)
+    try:
+        assert set(index(server)) == {"simple"}
+        # As Triton's index: every model folder there is when it is asked, loaded or not.
+        add_sub_model(repo / "added" / "1" / "model.onnx")
+        write_config(repo / "added", SIMPLE_CONFIG.format(name="added", max_batch_size=8))
+        assert index(server)["added"] == {"name": "added"}
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            names = {model.name for model in client.get_model_repository_index().models}
+        assert names == {"simple", "added"}
+    finally:
+        server.stop()

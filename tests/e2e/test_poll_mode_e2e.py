@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 
 from tests.e2e.conftest import SIMPLE_CONFIG, write_config
 from tests.onnx_models import add_sub_model
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, start_server, wait_for
 
 POLL = {"TRITONACTOR_MODEL_CONTROL_MODE": "poll", "TRITONACTOR_REPOSITORY_POLL_SECS": "0.2"}
 
@@ -32,15 +32,6 @@ def drop_in(repo: Path, scratch: Path, name: str, **kwargs: object) -> None:
     staged = scratch / name
     make_model(staged, name, **kwargs)  # type: ignore[arg-type]
     shutil.move(str(staged), str(repo / name))
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def events(server: ServerProcess, model: str) -> list[dict[str, object]]:

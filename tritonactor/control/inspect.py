@@ -9,7 +9,7 @@ except the python backend's, which would start the model's own code in a process
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -289,21 +289,37 @@ def human_size(size: int) -> str:
     return f"{value / 1024:.1f} TiB"
 
 
-def report_to_json(report: Report) -> dict[str, Any]:
-    """The report as JSON-ready data: paths as strings, sizes in exact bytes."""
+def report_to_json(report: Report, copies: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The report as JSON-ready data: paths as strings, sizes in exact bytes. `copies` names
+    local copies of object-store repositories (folder -> URL): their paths are shown as URLs."""
+    shown = _Shown(copies or {})
     return {
-        "repositories": [str(path) for path in report.repositories],
+        "repositories": [shown(path) for path in report.repositories],
         "loads": report.loads,
         "total_bytes": report.total_bytes,
-        "models": [_model_json(model) for model in report.models],
+        "models": [_model_json(model, shown) for model in report.models],
     }
 
 
-def _model_json(model: ModelReport) -> dict[str, Any]:
+class _Shown:
+    """A path as the user named it: inside a copy of an object-store folder, its URL."""
+
+    def __init__(self, copies: Mapping[str, str]) -> None:
+        self._copies = copies
+
+    def __call__(self, path: Path) -> str:
+        text = str(path)
+        for root, url in self._copies.items():
+            if text == root or text.startswith(root + os.sep):
+                return url + text[len(root) :]
+        return text
+
+
+def _model_json(model: ModelReport, shown: _Shown) -> dict[str, Any]:
     return {
         "name": model.name,
-        "repository": str(model.repository),
-        "path": str(model.path),
+        "repository": shown(model.repository),
+        "path": shown(model.path),
         "loads": model.loads,
         "backend": model.backend,
         "instances": model.instances,
@@ -327,9 +343,10 @@ _HEADER = ("MODEL", "VERSION", "SELECTED", "BACKEND", "INSTANCES", "SIZE")
 _RIGHT_ALIGNED = {4, 5}
 
 
-def render_text(report: Report) -> str:
+def render_text(report: Report, copies: Mapping[str, str] | None = None) -> str:
     """A table per repository: a row per model (its total size), a row per version, then the
-    model's errors and notes; a summary line closes it."""
+    model's errors and notes; a summary line closes it. `copies` as for `report_to_json`."""
+    shown = _Shown(copies or {})
     groups = [
         (repository, [m for m in report.models if m.repository == repository])
         for repository in report.repositories
@@ -338,7 +355,7 @@ def render_text(report: Report) -> str:
     widths = [max(len(row[i]) for row in [_HEADER, *rows]) for i in range(len(_HEADER))]
     lines: list[str] = []
     for repository, models in groups:
-        lines.append(f"repository {repository}")
+        lines.append(f"repository {shown(repository)}")
         if not models:
             lines.extend(["  (no models)", ""])
             continue

@@ -36,7 +36,7 @@ from tritonactor.control.load_plan import (
     versions_to_load,
     with_config,
 )
-from tritonactor.control.messages import GetState, Load, Override, Startup, Unload
+from tritonactor.control.messages import Discover, GetState, Load, Override, Startup, Unload
 from tritonactor.control.model_control import ManagerControl
 from tritonactor.control.operations import OperationTraces
 from tritonactor.control.override_folders import hold, release
@@ -142,6 +142,8 @@ class ModelManager(Actor[Any]):
                 # The watcher's report: each model is loaded, reloaded or unloaded to match.
                 for name in sorted(names):
                     self.start_soon(self._quietly, self._load(name, None, ev.Source.POLL))
+            case Discover(reply):
+                self.start_soon(self._answer, reply, self._discover())
             case GetState(reply):
                 reply.set(self.state)
             case VersionHealth(model, version, ready, reason, sender):
@@ -238,6 +240,10 @@ class ModelManager(Actor[Any]):
             for name, override in wanted.items():
                 source = ev.Source.STARTUP
                 group.start_soon(self._quietly, self._load(name, override, source))
+
+    async def _discover(self) -> None:
+        for model in (await self._scan()).values():
+            self._discovered(model)
 
     async def _scan(self) -> dict[str, ModelSource]:
         found = await anyio.to_thread.run_sync(scan_repositories, self._repositories)

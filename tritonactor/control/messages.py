@@ -53,5 +53,13 @@ class Unload:
 
 
 @dataclass(frozen=True, slots=True)
+class Discover:
+    """Scan the repositories and record the models found that the state does not know yet:
+    explicit mode's index lists every model folder there is now, as Triton's does."""
+
+    reply: Reply[None]
+
+
+@dataclass(frozen=True, slots=True)
 class GetState:
     reply: Reply[ev.State]

@@ -43,3 +43,18 @@ def default_journal(env: Mapping[str, str] | None = None) -> Path:
         home = env.get("HOME") or str(Path.home())
         state_home = os.path.join(home, ".local", "state")
     return Path(state_home) / "tritonactor" / "journal.jsonl"
+
+
+def default_repository_cache(env: Mapping[str, str] | None = None) -> Path:
+    """Where object-store repositories are copied unless TRITONACTOR_REPOSITORY_CACHE_DIR says
+    otherwise: Triton's TRITON_AWS_MOUNT_DIRECTORY when set (its folder for what it downloads
+    from S3), else a per-user cache directory."""
+    env = os.environ if env is None else env
+    mount = env.get("TRITON_AWS_MOUNT_DIRECTORY", "")
+    if mount and os.path.isabs(mount):
+        return Path(mount)
+    cache_home = env.get("XDG_CACHE_HOME", "")
+    if not cache_home or not os.path.isabs(cache_home):
+        home = env.get("HOME") or str(Path.home())
+        cache_home = os.path.join(home, ".cache")
+    return Path(cache_home) / "tritonactor" / "repositories"

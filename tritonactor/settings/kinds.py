@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonactor.core.protocol import compile_forward_pattern
+from tritonactor.store.location import StoreLocation, is_store_url, parse_location
 
 # A port of 0 asks the OS for a free one, as a bind to port 0 always does; tests use it to avoid
 # collisions. Turning an endpoint off is what TRITONACTOR_ALLOW_GRPC / _ALLOW_METRICS are for.
@@ -227,10 +228,20 @@ def _comma_list(value: Sequence[object]) -> str:
     return ",".join(str(item) for item in value)
 
 
-PATHS = Kind(
-    lambda text: tuple(Path(_absolute(item)) for item in _split(text)),
+def _repository(text: str) -> Path | StoreLocation:
+    if is_store_url(text):
+        try:
+            return parse_location(text)
+        except ValueError as error:
+            raise ValueError(f"'{text}' {error}") from None
+    return Path(_absolute(text))
+
+
+# Local folders and object-store URLs (s3://, gs://, as://; tritonactor/store/location.py).
+REPOSITORIES = Kind(
+    lambda text: tuple(_repository(item) for item in _split(text)),
     format=_comma_list,
-    metavar="PATH",
+    metavar="PATH|URL",
     many=True,
 )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError, ValidationInfo, field_validator, model_validator
@@ -24,6 +25,7 @@ from tritonactor.settings.options import PREFIX, Option, Support, plain
 from tritonactor.settings.served import ServedSettings
 from tritonactor.settings.trace import TraceDefaults, trace_defaults
 from tritonactor.settings.triton_only import TritonOnlySettings
+from tritonactor.store.location import StoreLocation
 
 # The smallest local response cache (bytes) Triton 2.51 starts with; the cache's own
 # `tritonactor.cache.store.MIN_SIZE`, repeated so that reading settings needs no numpy.
@@ -141,6 +143,14 @@ class Settings(ServedSettings, TritonOnlySettings):
         local = self.cache_config.get("local")
         return None if local is None else int(local["size"])
 
+    def local_repositories(self) -> tuple[Path, ...]:
+        """The model repositories that are local folders."""
+        return tuple(path for path in self.model_repositories if isinstance(path, Path))
+
+    def store_repositories(self) -> tuple[StoreLocation, ...]:
+        """The model repositories in object storage."""
+        return tuple(path for path in self.model_repositories if isinstance(path, StoreLocation))
+
     def trace_defaults(self) -> TraceDefaults:
         """The initial trace settings the trace flags ask for, and warnings for the rest."""
         return trace_defaults(
@@ -193,6 +203,8 @@ class Settings(ServedSettings, TritonOnlySettings):
         if not self.model_repositories:
             raise _error("model_repositories", "", "is empty: expected at least one directory")
         for path in self.model_repositories:
+            if isinstance(path, StoreLocation):
+                continue  # read at the start, when the server opens the store
             if path == common.example_repository() and not path.is_dir():
                 raise SettingsError(
                     f"{VARIABLES['model_repositories']} is unset and the bundled example "
@@ -203,12 +215,15 @@ class Settings(ServedSettings, TritonOnlySettings):
                 raise _error("model_repositories", str(path), "does not exist")
             if not path.is_dir():
                 raise _error("model_repositories", str(path), "is not a directory")
-        resolved = [path.resolve() for path in self.model_repositories]
+        resolved = [
+            path if isinstance(path, StoreLocation) else path.resolve()
+            for path in self.model_repositories
+        ]
         if len(set(resolved)) != len(resolved):
             raise _error(
                 "model_repositories",
                 self._text("model_repositories"),
-                "lists a directory twice: every model would be found twice",
+                "lists a repository twice: every model would be found twice",
             )
 
     def _check_response_cache(self) -> None:
@@ -264,7 +279,7 @@ class Settings(ServedSettings, TritonOnlySettings):
         if self.journal.is_dir():
             raise _error("journal", str(self.journal), "is a directory: expected a file path")
         journal = self.journal.resolve()
-        for repository in self.model_repositories:
+        for repository in self.local_repositories():
             if journal.is_relative_to(repository.resolve()):
                 raise _error(
                     "journal",

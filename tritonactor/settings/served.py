@@ -20,10 +20,10 @@ from tritonactor.settings.kinds import (
     LOG_VERBOSE,
     MODEL_NAMES,
     PATH,
-    PATHS,
     POLL_SECONDS,
     PORT,
     REGEX,
+    REPOSITORIES,
     SIZE,
     at_least,
     enum,
@@ -41,6 +41,7 @@ from tritonactor.settings.pairs import (
     Restriction,
     restrictions,
 )
+from tritonactor.store.location import StoreLocation
 
 REPOSITORY = "Model repository"
 SERVER = "Server"
@@ -57,6 +58,10 @@ def _default_repositories() -> tuple[Path, ...]:
     return (common.example_repository(),)
 
 
+def _default_repository_cache() -> Path:
+    return common.default_repository_cache()
+
+
 def _default_journal() -> Path:
     return common.default_journal()
 
@@ -68,11 +73,13 @@ class ServedSettings(BaseSettings):
     model_config = SettingsConfigDict(protected_namespaces=())
 
     model_repositories: Annotated[
-        tuple[Path, ...],
+        tuple[Path | StoreLocation, ...],
         honoured(
-            "model repositories (comma-separated in the variable; repeat the flag); each must "
-            "exist",
-            PATHS,
+            "model repositories (comma-separated in the variable; repeat the flag): local "
+            "folders, which must exist, and object-store folders as Triton names them "
+            "(`s3://bucket/path`, `s3://host:port/bucket/path`, `gs://…`, `as://…`; "
+            "[object-store.md](object-store.md))",
+            REPOSITORIES,
             REPOSITORY,
             "--model-repository",
             "--model-store",
@@ -99,6 +106,17 @@ class ServedSettings(BaseSettings):
             REPOSITORY,
         ),
     ] = 15.0
+    repository_cache_dir: Annotated[
+        Path,
+        honoured(
+            "where object-store repositories are copied before their models load (one "
+            "folder per store location, kept across restarts; one server at a time)",
+            PATH,
+            REPOSITORY,
+            default="`$TRITON_AWS_MOUNT_DIRECTORY` if set, else `$XDG_CACHE_HOME/tritonactor/"
+            "repositories` (else `~/.cache/…`)",
+        ),
+    ] = Field(default_factory=_default_repository_cache)
     # Names of models to load at startup, or ("*",) for all. Only explicit mode acts on it, as in
     # Triton; other modes load everything anyway.
     load_models: Annotated[

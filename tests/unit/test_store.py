@@ -1,0 +1,292 @@
+"""Object-store repositories below the server: Triton's URL forms, the local mirror against a
+real S3-compatible server (moto, in its own process), and poll mode's settle rule.
+tests/e2e/test_object_store_e2e.py serves such repositories end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.s3_server import CREDENTIALS, S3Server, s3_server  # noqa: F401 (a fixture)
+from tritonactor.settings import Settings, SettingsError
+from tritonactor.settings.model import OPTIONS
+from tritonactor.store.location import StoreLocation, parse_location
+from tritonactor.store.mirror import StoreMirror, model_listing, open_mirrors
+from tritonactor.store.remote import ObjectInfo, StoreError
+from tritonactor.store.syncer import StoreSyncer
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIG = b'name: "m"\nbackend: "python"\n'
+
+
+# -- URLs ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected", "shown"),
+    [
+        ("s3://bucket/path/to/repo", StoreLocation("s3", "bucket", "path/to/repo"), None),
+        ("s3://bucket", StoreLocation("s3", "bucket"), None),
+        ("s3://bucket//a///b/", StoreLocation("s3", "bucket", "a/b"), "s3://bucket/a/b"),
+        (
+            "s3://localhost:9000/models/repo",
+            StoreLocation("s3", "models", "repo", "http://localhost:9000"),
+            None,
+        ),
+        (
+            "s3://https://minio.example.com:443/models",
+            StoreLocation("s3", "models", "", "https://minio.example.com:443"),
+            None,
+        ),
+        (
+            "s3://http://10.0.0.5:9000/models/a",
+            StoreLocation("s3", "models", "a", "http://10.0.0.5:9000"),
+            "s3://10.0.0.5:9000/models/a",
+        ),
+        ("gs://bucket/repo", StoreLocation("gs", "bucket", "repo"), None),
+        (
+            "as://account/container/repo",
+            StoreLocation("as", "container", "repo", account="account"),
+            None,
+        ),
+    ],
+)
+def test_triton_url_forms(url: str, expected: StoreLocation, shown: str | None) -> None:
+    location = parse_location(url)
+    assert location == expected
+    assert str(location) == (shown or url)
+    assert parse_location(str(location)) == location
+
+
+@pytest.mark.parametrize(
+    ("url", "rule"),
+    [
+        ("ftp://host/path", "the object stores read are s3://, gs://, as://"),
+        ("s3://", "names no bucket"),
+        ("s3://Upper_Case/x", "a bucket name is 3 to 63"),
+        ("s3://bucket/a/../b", "'.' or '..'"),
+        ("as://account", "expected as://account/container/path"),
+    ],
+)
+def test_a_bad_url_is_refused_with_the_rule(url: str, rule: str) -> None:
+    with pytest.raises(ValueError, match=rule.replace("(", r"\(").replace(".", r"\.")):
+        parse_location(url)
+
+
+def test_settings_read_urls_beside_folders(tmp_path: Path) -> None:
+    settings = Settings(model_repositories=f"s3://bucket/repo,{tmp_path}")
+    assert settings.store_repositories() == (StoreLocation("s3", "bucket", "repo"),)
+    assert settings.local_repositories() == (tmp_path,)
+    kind = OPTIONS["model_repositories"].kind
+    assert kind.parse(kind.format(settings.model_repositories)) == settings.model_repositories
+    with pytest.raises(SettingsError, match="lists a repository twice"):
+        Settings(model_repositories="s3://bucket/repo,s3://bucket/repo/")
+    with pytest.raises(SettingsError, match="TRITONACTOR_MODEL_REPOSITORY='gcs://b/x'"):
+        Settings(model_repositories="gcs://b/x")
+
+
+def test_the_cache_defaults_to_tritons_mount_directory_when_set(tmp_path: Path) -> None:
+    from tritonactor.settings.common import default_repository_cache
+
+    mount = str(tmp_path / "mount")
+    assert default_repository_cache({"TRITON_AWS_MOUNT_DIRECTORY": mount}) == Path(mount)
+    assert default_repository_cache({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == Path(
+        "/c/tritonactor/repositories"
+    )
+    assert default_repository_cache({"HOME": "/h"}) == Path("/h/.cache/tritonactor/repositories")
+
+
+def test_listing_groups_objects_by_model_and_keeps_keys_inside_their_folder() -> None:
+    info = ObjectInfo("e", 1, "t")
+    listing, skipped = model_listing(
+        {
+            "README.md": info,
+            "a/config.pbtxt": info,
+            "a/1/model.py": info,
+            "ens/1/": info,
+            ".hidden/config.pbtxt": info,
+            "evil/../../../etc/x": info,
+            "b//config.pbtxt": info,
+        }
+    )
+    assert listing == {"a": {"config.pbtxt": info, "1/model.py": info}, "ens": {"1/": info}}
+    assert len(skipped) == 2 and all("'.' or '..'" in reason for reason in skipped)
+
+
+# -- the mirror, against a real store ------------------------------------------------------------
+
+
+@pytest.fixture
+def store(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> tuple[S3Server, str]:  # noqa: F811
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    return s3_server, s3_server.new_bucket()
+
+
+def _location(store: tuple[S3Server, str]) -> StoreLocation:
+    server, bucket = store
+    return parse_location(f"s3://{server.address}/{bucket}/repo")
+
+
+def test_the_mirror_copies_the_store_and_then_only_what_changed(
+    store: tuple[S3Server, str], tmp_path: Path
+) -> None:
+    server, bucket = store
+    server.put_objects(
+        bucket,
+        {
+            "repo/m/config.pbtxt": CONFIG,
+            "repo/m/1/model.py": b"one",
+            "repo/ens/1/": b"",
+            "repo/notes.txt": b"not a model",
+        },
+    )
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        assert mirror.sync(mirror.listing()) == ["ens", "m"]
+        root = mirror.root
+        assert (root / "m" / "1" / "model.py").read_bytes() == b"one"
+        assert (root / "ens" / "1").is_dir() and not any((root / "ens" / "1").iterdir())
+        assert not (root / "notes.txt").exists()
+        config_inode = (root / "m" / "config.pbtxt").stat().st_ino
+
+        assert mirror.sync(mirror.listing()) == []  # nothing changed: nothing copied
+        server.put(bucket, "repo/m/1/model.py", b"two")
+        assert mirror.sync(mirror.listing()) == ["m"]
+        assert (root / "m" / "1" / "model.py").read_bytes() == b"two"
+        # The unchanged object was not downloaded again: the new folder links the old file.
+        assert (root / "m" / "config.pbtxt").stat().st_ino == config_inode
+
+        server.delete(bucket, "repo/ens/1/")
+        assert mirror.sync(mirror.listing()) == ["ens"]
+        assert not (root / "ens").exists()
+
+
+def test_a_restart_downloads_only_what_changed_meanwhile(
+    store: tuple[S3Server, str], tmp_path: Path
+) -> None:
+    server, bucket = store
+    server.put_objects(bucket, {"repo/m/config.pbtxt": CONFIG, "repo/k/config.pbtxt": CONFIG})
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        mirror.sync(mirror.listing())
+        inode = (mirror.root / "k" / "config.pbtxt").stat().st_ino
+    server.put(bucket, "repo/m/config.pbtxt", CONFIG + b"# edited\n")
+    (tmp_path / "stray").mkdir()  # not the mirror's: left alone
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        assert mirror.sync(mirror.listing()) == ["m"]
+        assert (mirror.root / "k" / "config.pbtxt").stat().st_ino == inode
+        assert (mirror.root / "m" / "config.pbtxt").read_bytes().endswith(b"# edited\n")
+
+
+def test_a_damaged_cache_is_copied_anew(store: tuple[S3Server, str], tmp_path: Path) -> None:
+    server, bucket = store
+    server.put_objects(bucket, {"repo/m/config.pbtxt": CONFIG, "repo/m/1/model.py": b"x" * 10})
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        mirror.sync(mirror.listing())
+        folder = mirror.folder
+        (mirror.root / "m" / "1" / "model.py").write_bytes(b"short")  # truncated by a crash
+        (mirror.root / "leftover").mkdir()
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        assert not (mirror.root / "leftover").exists()
+        assert mirror.sync(mirror.listing()) == ["m"]
+        assert (mirror.root / "m" / "1" / "model.py").read_bytes() == b"x" * 10
+    (folder / "manifest.json").write_text("{not json")
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        assert mirror.sync(mirror.listing()) == ["m"]
+        assert json.loads((folder / "manifest.json").read_text())["models"].keys() == {"m"}
+
+
+def test_one_server_at_a_time_uses_a_mirror(store: tuple[S3Server, str], tmp_path: Path) -> None:
+    with (
+        StoreMirror(_location(store), tmp_path),
+        pytest.raises(StoreError, match="is in use by another server"),
+    ):
+        StoreMirror(_location(store), tmp_path).open()
+    with StoreMirror(_location(store), tmp_path):  # released by the first one's close
+        pass
+
+
+def test_a_missing_bucket_is_an_error_naming_it(s3_server: S3Server, tmp_path: Path) -> None:  # noqa: F811
+    location = parse_location(f"s3://{s3_server.address}/no-such-bucket/repo")
+    with pytest.raises(StoreError, match="the bucket 'no-such-bucket' does not exist"):
+        open_mirrors([tmp_path, location], tmp_path / "cache")
+    # The mirror opened for it was closed again: another open succeeds.
+    StoreMirror(location, tmp_path / "cache").open()
+
+
+def test_open_mirrors_keeps_the_order_and_the_local_folders(
+    store: tuple[S3Server, str], tmp_path: Path
+) -> None:
+    server, bucket = store
+    server.put(bucket, "repo/m/config.pbtxt", CONFIG)
+    local = tmp_path / "local"
+    local.mkdir()
+    paths, mirrors = open_mirrors([local, _location(store)], tmp_path / "cache")
+    try:
+        assert paths == (local, mirrors[0].root)
+        assert os.listdir(mirrors[0].root) == ["m"]
+    finally:
+        for mirror in mirrors:
+            mirror.close()
+
+
+# -- poll mode's settle rule -----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_model_is_copied_once_two_polls_agree_on_its_objects(
+    store: tuple[S3Server, str], tmp_path: Path
+) -> None:
+    server, bucket = store
+    server.put(bucket, "repo/old/config.pbtxt", CONFIG)
+    mirror = StoreMirror(_location(store), tmp_path)
+    with mirror:
+        mirror.sync(mirror.listing())
+        syncer = StoreSyncer([mirror])
+        server.put(bucket, "repo/new/config.pbtxt", CONFIG)
+        assert await syncer.poll() == []  # first seen
+        server.put(bucket, "repo/new/1/model.py", b"still uploading")
+        assert await syncer.poll() == []  # changed since: still changing
+        assert not (mirror.root / "new").exists()
+        assert await syncer.poll() == [f"{mirror}/new"]  # two polls agree
+        assert (mirror.root / "new" / "1" / "model.py").exists()
+
+        server.delete(bucket, "repo/old/config.pbtxt")
+        assert await syncer.poll() == []
+        assert (mirror.root / "old").exists()
+        assert await syncer.poll() == [f"{mirror}/old"]
+        assert not (mirror.root / "old").exists()
+
+        # A change undone before it settled is forgotten.
+        server.put(bucket, "repo/new/extra.txt", b"x")
+        assert await syncer.poll() == []
+        server.delete(bucket, "repo/new/extra.txt")
+        assert await syncer.poll() == []
+        assert await syncer.poll() == []
+        assert not (mirror.root / "new" / "extra.txt").exists()
+
+
+@pytest.mark.anyio
+async def test_a_store_that_cannot_be_read_changes_nothing(
+    s3_server: S3Server,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    bucket = s3_server.new_bucket()
+    s3_server.put(bucket, "repo/m/config.pbtxt", CONFIG)
+    location = parse_location(f"s3://{s3_server.address}/{bucket}/repo")
+    with StoreMirror(location, tmp_path) as mirror:
+        mirror.sync(mirror.listing())
+        for item in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]:
+            s3_server.delete(bucket, item["Key"])
+        s3_server.client().delete_bucket(Bucket=bucket)
+        syncer = StoreSyncer([mirror])
+        assert await syncer.poll() == []
+        assert await syncer.poll() == []
+        assert (mirror.root / "m" / "config.pbtxt").exists()  # not taken for removed
