@@ -544,7 +544,9 @@ def test_dockerfile_python_satisfies_requires_python() -> None:
 
 def test_dockerfile_installs_the_cpu_extra_and_runs_as_a_user() -> None:
     text = dockerfile()
-    assert 'pip install ".[cpu]' in text
+    # The extra is a build argument (`--build-arg EXTRA=gpu`); cpu unless told.
+    assert dockerfile_arg("EXTRA") == "cpu"
+    assert 'pip install ".[${EXTRA},s3]"' in text
     users = re.findall(r"^USER (\S+)$", text, re.MULTILINE)
     assert users and users[-1] not in {"root", "0"}
 
