@@ -74,11 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.add_argument(
         "--workers",
         type=_positive_int,
-        default=os.cpu_count() or 1,
+        default=usable_cpus(),
         metavar="N",
         help=(
             "front-end processes (HTTP and gRPC) in front of the one engine that runs the "
-            "models (default: one per core, here %(default)s; 1: everything in one process)"
+            "models (default: one per core this process may use, here %(default)s; 1: "
+            "everything in one process)"
         ),
     )
     serve_parser.add_argument(
@@ -274,6 +275,22 @@ def serve(args: argparse.Namespace) -> int:
     if settings.log_verbose:
         print(f"tritonactor serve: exec {' '.join(command)}", file=sys.stderr)
     _exec(command, env)
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity, bounded by a cgroup v2 CPU quota
+    (a container's or a Kubernetes pod's CPU limit), rounded up; at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit to read
+    return max(1, cores)
 
 
 def _repository_argument(text: str) -> Path | StoreLocation:

@@ -202,7 +202,7 @@ def test_uvicorn_command(repo: Path, tmp_path: Path) -> None:
 def test_serve_execs_uvicorn_with_one_front_end_per_core(
     repo: Path, execs: list[tuple[list[str], dict[str, str]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(cli, "usable_cpus", lambda: 1)
     monkeypatch.chdir(repo.parent)
     cli.main(["serve", "--model-repository", repo.name, "--http-port=9100"])
     [(command, env)] = execs
@@ -325,3 +325,17 @@ def test_module_run_reports_bad_mode(tmp_path: Path, repo: Path) -> None:
     assert result.returncode == 2
     assert "TRITONACTOR_MODEL_CONTROL_MODE" in result.stderr
     assert "--model-control-mode" in result.stderr
+
+
+def test_the_default_front_ends_follow_the_cores_this_process_may_use(tmp_path: Path) -> None:
+    affinity = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    assert cli.usable_cpus(tmp_path / "absent") == affinity
+    cpu_max.write_text("max 100000\n")
+    assert cli.usable_cpus(cpu_max) == affinity
+    cpu_max.write_text("150000 100000\n")  # a pod's `limits: cpu: 1.5`
+    assert cli.usable_cpus(cpu_max) == min(affinity, 2)
+    cpu_max.write_text("10000 100000\n")  # 0.1 CPU: still one front end
+    assert cli.usable_cpus(cpu_max) == 1
+    cpu_max.write_text("garbage")
+    assert cli.usable_cpus(cpu_max) == affinity
