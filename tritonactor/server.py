@@ -345,7 +345,7 @@ class Server:
         if self.mode is ControlMode.EXPLICIT:
             # Every model folder there is now, as Triton's index: a store is read again first.
             with contextlib.suppress(TritonError):  # logged; the index says what is known
-                await self._refresh_stores()
+                await self._refresh_stores(None)
             await self._manager_ref().ask(Discover)
         entries = index(await self.state())
         if ready_only:
@@ -358,7 +358,7 @@ class Server:
         override = None
         if options.has_overrides:
             override = await anyio.to_thread.run_sync(self._override, name, options)
-        await self._refresh_stores()
+        await self._refresh_stores(name)
         manager = self._manager_ref()
         await manager.ask(lambda reply: Load(reply, name, override, ev.Source.API))
 
@@ -375,18 +375,20 @@ class Server:
             lambda reply: Unload(reply, name, options.unload_dependents, ev.Source.API)
         )
 
-    async def _refresh_stores(self) -> None:
-        """Explicit mode reads the object stores at each load, as Triton does: their changed
-        models are copied first. 503 when a store cannot be read."""
+    async def _refresh_stores(self, name: str | None) -> None:
+        """Explicit mode reads the object stores at each load, as Triton does: the model's copy
+        (`name`, with its ensemble steps) is brought up to date first; for the index (None),
+        the models with no copy yet are copied. 503 when a store cannot be read or the model
+        cannot be copied."""
         if self._syncer is None or self.mode is not ControlMode.EXPLICIT:
             return
         try:
-            await self._syncer.ask(Refresh)
+            await self._syncer.ask(lambda reply: Refresh(reply, name))
         except StoreError as error:
             raise unavailable(f"cannot read the model repository: {error}") from None
 
     async def _load_lazily(self, name: str) -> None:
-        await self._refresh_stores()
+        await self._refresh_stores(name)
         await self._manager_ref().ask(lambda reply: Load(reply, name, None, ev.Source.REQUEST))
 
     async def trace_extension(

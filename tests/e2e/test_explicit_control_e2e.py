@@ -4,6 +4,7 @@ their checks, the journal's history, and a restart that restores what was loaded
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -280,5 +281,9 @@ def test_the_index_lists_a_folder_added_after_the_start(tmp_path: Path) -> None:
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             names = {model.name for model in client.get_model_repository_index().models}
         assert names == {"simple", "added"}
+        # Removed before anything loaded it: it leaves the index. A loaded one stays.
+        shutil.rmtree(repo / "added")
+        shutil.rmtree(repo / "simple")
+        assert set(index(server)) == {"simple"}
     finally:
         server.stop()

@@ -135,12 +135,17 @@ def test_poll_mode_follows_the_store_and_waits_for_a_whole_model(
     upload_model(s3_server, bucket, "repo", tmp_path, "steady")
     upload_model(s3_server, bucket, "repo", tmp_path, "changing")
     upload_model(s3_server, bucket, "repo", tmp_path, "doomed")
+    # A model that cannot be copied ("1" both an object and a folder): left out, logged; the
+    # others start.
+    s3_server.put_objects(bucket, {"repo/conflict/1": b"x", "repo/conflict/1/model.onnx": b"x"})
     # Triton's form for a store at an address: s3://host:port/bucket/path.
     url = f"s3://{s3_server.address}/{bucket}/repo"
     env = {**CREDENTIALS, "TRITONACTOR_REPOSITORY_CACHE_DIR": str(tmp_path / "cache"), **POLL}
     server = start_server([url], tmp_path, env)
     try:
         assert state(server, "changing") == "READY"
+        assert "cannot copy 'conflict'" in server.log()
+        assert ("conflict", "") not in index(server)
 
         # A new version uploaded: served once it settles; the policy (latest 1) retires v1.
         upload_model(s3_server, bucket, "repo", tmp_path, "changing", versions=(2,))
@@ -204,9 +209,14 @@ def test_explicit_mode_loads_what_the_store_holds_at_the_load(
             assert ("later", "") in index(server)
             client.load_model("later")
             infer(server.url, "later")
-            # A new version in the store: the next load takes it.
+            # A new version in the store: the next load takes it, and only that load: the
+            # copy of a loaded model does not change under it when another model loads.
             upload_model(s3_server, bucket, "repo", tmp_path, "later", versions=(2,))
+            client.load_model("first")
+            (copy,) = (tmp_path / "cache").glob("*/repository/later")
+            assert not (copy / "2").exists()
             client.load_model("later")
+            assert (copy / "2").is_dir()
             assert client.is_model_ready("later", "2")
             infer(server.url, "later", "2")
             # A model only half uploaded fails its load with the reason; nothing else changes.
@@ -217,6 +227,13 @@ def test_explicit_mode_loads_what_the_store_holds_at_the_load(
             )
             with pytest.raises(InferenceServerException, match="version"):
                 client.load_model("half")
+            # One that cannot be copied fails its own load with why; the others load.
+            s3_server.put_objects(
+                bucket, {"repo/conflict/1": b"x", "repo/conflict/1/model.onnx": b"x"}
+            )
+            with pytest.raises(InferenceServerException, match="cannot copy 'conflict'"):
+                client.load_model("conflict")
+            client.load_model("first")
             assert client.is_model_ready("later", "2")
             client.unload_model("later")
             assert not client.is_model_ready("later", "2")

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.s3_server import CREDENTIALS, S3Server, s3_server  # noqa: F401 (a fixture)
+from tests.server_process import free_port
 from tritonactor.settings import Settings, SettingsError
 from tritonactor.settings.model import OPTIONS
+from tritonactor.store import mirror as mirror_module
 from tritonactor.store.location import StoreLocation, parse_location
 from tritonactor.store.mirror import StoreMirror, model_listing, open_mirrors
-from tritonactor.store.remote import ObjectInfo, StoreError
+from tritonactor.store.remote import ObjectInfo, StoreError, download
 from tritonactor.store.syncer import StoreSyncer
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,7 +70,7 @@ def test_triton_url_forms(url: str, expected: StoreLocation, shown: str | None) 
     [
         ("ftp://host/path", "the object stores read are s3://, gs://, as://"),
         ("s3://", "names no bucket"),
-        ("s3://Upper_Case/x", "a bucket name is 3 to 63"),
+        ("s3://bad*name/x", "a bucket name is letters, digits"),
         ("s3://bucket/a/../b", "'.' or '..'"),
         ("as://account", "expected as://account/container/path"),
     ],
@@ -87,6 +90,24 @@ def test_settings_read_urls_beside_folders(tmp_path: Path) -> None:
         Settings(model_repositories="s3://bucket/repo,s3://bucket/repo/")
     with pytest.raises(SettingsError, match="TRITONACTOR_MODEL_REPOSITORY='gcs://b/x'"):
         Settings(model_repositories="gcs://b/x")
+
+
+def test_the_cache_may_not_overlap_a_local_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = tmp_path / "models"
+    local.mkdir()
+    for cache in (local / "cache", tmp_path):
+        with pytest.raises(SettingsError, match="overlaps model repository"):
+            Settings(
+                model_repositories=f"{local},s3://bucket/repo", repository_cache_dir=str(cache)
+            )
+    Settings(model_repositories=str(local), repository_cache_dir=str(local / "cache"))  # no store
+    monkeypatch.setenv("TRITON_CLOUD_CREDENTIAL_PATH", str(tmp_path / "cred.json"))
+    settings = Settings(
+        model_repositories="s3://bucket/repo", repository_cache_dir=str(tmp_path / "c")
+    )
+    assert any("TRITON_CLOUD_CREDENTIAL_PATH is set and not read" in w for w in settings.warnings())
 
 
 def test_the_cache_defaults_to_tritons_mount_directory_when_set(tmp_path: Path) -> None:
@@ -133,8 +154,21 @@ def _location(store: tuple[S3Server, str]) -> StoreLocation:
     return parse_location(f"s3://{server.address}/{bucket}/repo")
 
 
+@pytest.fixture
+def downloads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every key the mirrors download, in order."""
+    seen: list[str] = []
+
+    def recording(filesystem: Any, location: Any, keys: Any, targets: Any) -> None:
+        seen.extend(keys)
+        download(filesystem, location, keys, targets)
+
+    monkeypatch.setattr(mirror_module, "download", recording)
+    return seen
+
+
 def test_the_mirror_copies_the_store_and_then_only_what_changed(
-    store: tuple[S3Server, str], tmp_path: Path
+    store: tuple[S3Server, str], tmp_path: Path, downloads: list[str]
 ) -> None:
     server, bucket = store
     server.put_objects(
@@ -147,39 +181,64 @@ def test_the_mirror_copies_the_store_and_then_only_what_changed(
         },
     )
     with StoreMirror(_location(store), tmp_path) as mirror:
-        assert mirror.sync(mirror.listing()) == ["ens", "m"]
+        assert mirror.sync(mirror.listing()).done == ["ens", "m"]
         root = mirror.root
         assert (root / "m" / "1" / "model.py").read_bytes() == b"one"
         assert (root / "ens" / "1").is_dir() and not any((root / "ens" / "1").iterdir())
         assert not (root / "notes.txt").exists()
-        config_inode = (root / "m" / "config.pbtxt").stat().st_ino
+        assert sorted(downloads) == ["m/1/model.py", "m/config.pbtxt"]
 
-        assert mirror.sync(mirror.listing()) == []  # nothing changed: nothing copied
+        downloads.clear()
+        assert mirror.sync(mirror.listing()).done == []  # nothing changed: nothing copied
         server.put(bucket, "repo/m/1/model.py", b"two")
-        assert mirror.sync(mirror.listing()) == ["m"]
+        assert mirror.sync(mirror.listing()).done == ["m"]
         assert (root / "m" / "1" / "model.py").read_bytes() == b"two"
-        # The unchanged object was not downloaded again: the new folder links the old file.
-        assert (root / "m" / "config.pbtxt").stat().st_ino == config_inode
+        assert downloads == ["m/1/model.py"]  # the unchanged config was copied locally
+        assert (root / "m" / "config.pbtxt").read_bytes() == CONFIG
 
         server.delete(bucket, "repo/ens/1/")
-        assert mirror.sync(mirror.listing()) == ["ens"]
+        assert mirror.sync(mirror.listing()).done == ["ens"]
         assert not (root / "ens").exists()
 
 
+def test_a_file_written_in_the_copy_is_downloaded_again(
+    store: tuple[S3Server, str], tmp_path: Path, downloads: list[str]
+) -> None:
+    server, bucket = store
+    server.put_objects(bucket, {"repo/m/config.pbtxt": CONFIG, "repo/m/w.bin": b"AAAA"})
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        mirror.sync(mirror.listing())
+        old = mirror.root / "m" / "w.bin"
+        # A model writing into its own folder, in place, the same size.
+        with old.open("r+b") as handle:
+            handle.write(b"BBBB")
+        downloads.clear()
+        server.put(bucket, "repo/m/config.pbtxt", CONFIG + b"# edited\n")
+        assert mirror.sync(mirror.listing()).done == ["m"]
+        assert sorted(downloads) == ["m/config.pbtxt", "m/w.bin"]
+        assert (mirror.root / "m" / "w.bin").read_bytes() == b"AAAA"
+        with (mirror.root / "m" / "w.bin").open("r+b") as handle:
+            handle.write(b"CCCC")
+    with StoreMirror(_location(store), tmp_path) as mirror:  # and after a restart
+        assert mirror.sync(mirror.listing()).done == ["m"]
+        assert (mirror.root / "m" / "w.bin").read_bytes() == b"AAAA"
+
+
 def test_a_restart_downloads_only_what_changed_meanwhile(
-    store: tuple[S3Server, str], tmp_path: Path
+    store: tuple[S3Server, str], tmp_path: Path, downloads: list[str]
 ) -> None:
     server, bucket = store
     server.put_objects(bucket, {"repo/m/config.pbtxt": CONFIG, "repo/k/config.pbtxt": CONFIG})
     with StoreMirror(_location(store), tmp_path) as mirror:
         mirror.sync(mirror.listing())
-        inode = (mirror.root / "k" / "config.pbtxt").stat().st_ino
     server.put(bucket, "repo/m/config.pbtxt", CONFIG + b"# edited\n")
     (tmp_path / "stray").mkdir()  # not the mirror's: left alone
+    downloads.clear()
     with StoreMirror(_location(store), tmp_path) as mirror:
-        assert mirror.sync(mirror.listing()) == ["m"]
-        assert (mirror.root / "k" / "config.pbtxt").stat().st_ino == inode
+        assert mirror.sync(mirror.listing()).done == ["m"]
+        assert downloads == ["m/config.pbtxt"]
         assert (mirror.root / "m" / "config.pbtxt").read_bytes().endswith(b"# edited\n")
+    assert (tmp_path / "stray").is_dir()
 
 
 def test_a_damaged_cache_is_copied_anew(store: tuple[S3Server, str], tmp_path: Path) -> None:
@@ -192,12 +251,49 @@ def test_a_damaged_cache_is_copied_anew(store: tuple[S3Server, str], tmp_path: P
         (mirror.root / "leftover").mkdir()
     with StoreMirror(_location(store), tmp_path) as mirror:
         assert not (mirror.root / "leftover").exists()
-        assert mirror.sync(mirror.listing()) == ["m"]
+        assert mirror.sync(mirror.listing()).done == ["m"]
         assert (mirror.root / "m" / "1" / "model.py").read_bytes() == b"x" * 10
     (folder / "manifest.json").write_text("{not json")
     with StoreMirror(_location(store), tmp_path) as mirror:
-        assert mirror.sync(mirror.listing()) == ["m"]
+        assert mirror.sync(mirror.listing()).done == ["m"]
         assert json.loads((folder / "manifest.json").read_text())["models"].keys() == {"m"}
+
+
+def test_a_model_that_cannot_be_copied_fails_alone(
+    store: tuple[S3Server, str], tmp_path: Path
+) -> None:
+    server, bucket = store
+    server.put_objects(
+        bucket,
+        {
+            # "1" both a file and a folder: the copy cannot be made.
+            "repo/aa/config.pbtxt": CONFIG,
+            "repo/aa/1": b"a file",
+            "repo/aa/1/model.py": b"x",
+            # A name no filesystem takes.
+            f"repo/long/{'x' * 300}/f": b"x",
+            "repo/zz/config.pbtxt": CONFIG,
+        },
+    )
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        result = mirror.sync(mirror.listing())
+        assert result.done == ["zz"]
+        assert set(result.failed) == {"aa", "long"}
+        assert "File name too long" in result.failed["long"]
+        assert not (mirror.root / "aa").exists() and (mirror.root / "zz").is_dir()
+        assert not any((mirror.folder / "staging").iterdir())
+        # Still different from the store: the next sync tries again.
+        assert mirror.changed(mirror.listing()) == {"aa", "long"}
+
+
+def test_a_model_folder_is_replaced_in_one_step(tmp_path: Path) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    (old / "a").write_text("old")
+    (new / "a").write_text("new")
+    assert mirror_module._exchange(new, old)  # this machine's filesystem can
+    assert (old / "a").read_text() == "new" and (new / "a").read_text() == "old"
 
 
 def test_one_server_at_a_time_uses_a_mirror(store: tuple[S3Server, str], tmp_path: Path) -> None:
@@ -210,12 +306,22 @@ def test_one_server_at_a_time_uses_a_mirror(store: tuple[S3Server, str], tmp_pat
         pass
 
 
-def test_a_missing_bucket_is_an_error_naming_it(s3_server: S3Server, tmp_path: Path) -> None:  # noqa: F811
-    location = parse_location(f"s3://{s3_server.address}/no-such-bucket/repo")
+def test_a_missing_bucket_is_an_error_naming_it(
+    store: tuple[S3Server, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, _ = store
+    location = parse_location(f"s3://{server.address}/no-such-bucket/repo")
     with pytest.raises(StoreError, match="the bucket 'no-such-bucket' does not exist"):
         open_mirrors([tmp_path, location], tmp_path / "cache")
     # The mirror opened for it was closed again: another open succeeds.
     StoreMirror(location, tmp_path / "cache").open()
+    # Without credentials the store says so: not taken for a missing bucket.
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(StoreError, match="cannot list the objects: Unable to locate credentials"):
+        open_mirrors([location], tmp_path / "cache2")
 
 
 def test_open_mirrors_keeps_the_order_and_the_local_folders(
@@ -261,13 +367,81 @@ async def test_a_model_is_copied_once_two_polls_agree_on_its_objects(
         assert await syncer.poll() == [f"{mirror}/old"]
         assert not (mirror.root / "old").exists()
 
-        # A change undone before it settled is forgotten.
+        # A change undone before it settled is forgotten: made again, it waits for two polls
+        # again rather than being taken for the one seen before.
         server.put(bucket, "repo/new/extra.txt", b"x")
         assert await syncer.poll() == []
         server.delete(bucket, "repo/new/extra.txt")
         assert await syncer.poll() == []
+        server.put(bucket, "repo/new/extra.txt", b"x")
         assert await syncer.poll() == []
         assert not (mirror.root / "new" / "extra.txt").exists()
+        assert await syncer.poll() == [f"{mirror}/new"]
+
+
+@pytest.mark.anyio
+async def test_a_settled_model_that_cannot_be_copied_is_tried_again(
+    store: tuple[S3Server, str], tmp_path: Path
+) -> None:
+    server, bucket = store
+    server.put_objects(
+        bucket,
+        {"repo/aa/config.pbtxt": CONFIG, "repo/aa/1": b"a file", "repo/aa/1/model.py": b"x"},
+    )
+    server.put(bucket, "repo/zz/config.pbtxt", CONFIG)
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        syncer = StoreSyncer([mirror])
+        assert await syncer.poll() == []
+        assert await syncer.poll() == [f"{mirror}/zz"]  # aa failed, zz did not wait for it
+        server.delete(bucket, "repo/aa/1")  # mended
+        assert await syncer.poll() == []  # changed since: settles again
+        assert await syncer.poll() == [f"{mirror}/aa"]
+        assert (mirror.root / "aa" / "1" / "model.py").exists()
+
+
+@pytest.mark.anyio
+async def test_a_load_refreshes_its_model_and_steps_and_the_index_only_new_ones(
+    store: tuple[S3Server, str], tmp_path: Path
+) -> None:
+    server, bucket = store
+    ensemble = (
+        b'name: "ens"\nplatform: "ensemble"\nensemble_scheduling { step [ '
+        b'{ model_name: "step" model_version: -1 } ] }\n'
+    )
+    server.put_objects(
+        bucket,
+        {
+            "repo/ens/config.pbtxt": ensemble,
+            "repo/step/config.pbtxt": CONFIG,
+            "repo/other/config.pbtxt": CONFIG,
+        },
+    )
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        mirror.sync(mirror.listing())
+        syncer = StoreSyncer([mirror])
+        for name in ("ens", "step", "other"):
+            server.put(bucket, f"repo/{name}/config.pbtxt", CONFIG + b"# v2\n")
+        server.put(bucket, "repo/ens/config.pbtxt", ensemble + b"# v2\n")
+        server.put(bucket, "repo/added/config.pbtxt", CONFIG)
+        await syncer._refresh("ens")
+        assert (mirror.root / "ens" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
+        assert (mirror.root / "step" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
+        # Not named by the load: left as it was loaded.
+        assert not (mirror.root / "other" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
+        assert not (mirror.root / "added").exists()
+        await syncer._refresh_new()
+        assert (mirror.root / "added").is_dir()
+        assert not (mirror.root / "other" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
+
+
+def test_an_unreachable_store_is_not_called_a_missing_bucket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    location = parse_location(f"s3://127.0.0.1:{free_port()}/bucket/repo")  # nobody listens
+    with pytest.raises(StoreError, match="cannot list the objects: Could not connect"):
+        open_mirrors([location], tmp_path)
 
 
 @pytest.mark.anyio

@@ -242,8 +242,15 @@ class ModelManager(Actor[Any]):
                 group.start_soon(self._quietly, self._load(name, override, source))
 
     async def _discover(self) -> None:
-        for model in (await self._scan()).values():
+        found = await self._scan()
+        for model in found.values():
             self._discovered(model)
+        # A folder gone from every repository leaves the index, unless a version of it still
+        # serves or a load asked for it (its failure stays listed with the reason).
+        for name, status in list(self.state.items()):
+            kept = status.wanted or status.unsure or name in self._serving
+            if name and name not in found and not kept:
+                self._record(ev.ModelRemoved(model=name))
 
     async def _scan(self) -> dict[str, ModelSource]:
         found = await anyio.to_thread.run_sync(scan_repositories, self._repositories)

@@ -134,6 +134,12 @@ class Settings(ServedSettings, TritonOnlySettings):
                 f"{self.response_cache_byte_size}) is deprecated, as in Triton: it is "
                 f"--cache-config=local,size={self.response_cache_byte_size}"
             )
+        if self.store_repositories() and os.environ.get("TRITON_CLOUD_CREDENTIAL_PATH"):
+            lines.append(
+                "TRITON_CLOUD_CREDENTIAL_PATH is set and not read: object stores take their "
+                "credentials from the store's own variables (AWS_*, GOOGLE_APPLICATION_"
+                "CREDENTIALS, AZURE_STORAGE_*; docs/object-store.md)"
+            )
         return lines + list(self.trace_defaults().notes)
 
     def response_cache_size(self) -> int | None:
@@ -195,6 +201,7 @@ class Settings(ServedSettings, TritonOnlySettings):
                 self.__dict__[name] = self.http_host
         self._check_repositories()
         self._check_journal()
+        self._check_repository_cache()
         self._check_port_clashes()
         self._check_response_cache()
         return self
@@ -286,6 +293,20 @@ class Settings(ServedSettings, TritonOnlySettings):
                     str(self.journal),
                     f"is inside model repository {str(repository)!r}: put it elsewhere, or "
                     "the repository watcher sees every write as a model change",
+                )
+
+    def _check_repository_cache(self) -> None:
+        if not self.store_repositories():
+            return
+        cache = self.repository_cache_dir.resolve()
+        for repository in self.local_repositories():
+            local = repository.resolve()
+            if cache.is_relative_to(local) or local.is_relative_to(cache):
+                raise _error(
+                    "repository_cache_dir",
+                    str(self.repository_cache_dir),
+                    f"overlaps model repository {str(repository)!r}: the copies of the "
+                    "object stores would be served as models of it; put it elsewhere",
                 )
 
     def _check_port_clashes(self) -> None:

@@ -28,9 +28,10 @@ SCHEMES: dict[str, tuple[str, str]] = {
 _SCHEME = re.compile(r"([a-z][a-z0-9+.-]*)://", re.IGNORECASE)
 # Triton's address form: an optional protocol, then host:port before the bucket.
 _ADDRESS = re.compile(r"(?:(https?)://)?([0-9A-Za-z.-]+):([0-9]+)/(.*)")
-# S3's rules for a bucket name (3-63 of lower-case letters, digits, dots and hyphens); other
-# stores' names fit inside them.
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# What any of the stores allows in a bucket (container) name: S3's legacy names have capitals
+# and underscores, GCS's have underscores and up to 222 characters with dots. The store itself
+# refuses a name it does not allow.
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,221}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +104,8 @@ def parse_location(text: str) -> StoreLocation:
     bucket, *path = parts
     if not _BUCKET.fullmatch(bucket):
         raise ValueError(
-            f"names the bucket '{bucket}': a bucket name is 3 to 63 lower-case letters, digits, "
-            "dots and hyphens"
+            f"names the bucket '{bucket}': a bucket name is letters, digits, dots, hyphens "
+            "and underscores"
         )
     if any(part in (".", "..") for part in path):
         raise ValueError("has a '.' or '..' in its path: give the folder itself")

@@ -16,14 +16,17 @@ Blocking: the server calls it from worker threads, one call at a time.
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,7 +39,7 @@ from tritonactor.store.remote import (
     open_filesystem,
 )
 
-__all__ = ["Listing", "StoreMirror", "model_listing", "open_mirrors"]
+__all__ = ["Listing", "StoreMirror", "Synced", "model_listing", "open_mirrors"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,8 @@ class StoreMirror:
         self._filesystem = filesystem
         self._lock: TextIO | None = None
         self._synced: Listing = {}
+        # model -> {key -> `_stamp` of the file as copied}: what says a file was not written to.
+        self._stamps: dict[str, dict[str, int]] = {}
         self._skipped_logged: set[str] = set()
 
     def __str__(self) -> str:
@@ -104,7 +109,7 @@ class StoreMirror:
         self._lock = lock
         for leftover in ("staging", "trash"):
             shutil.rmtree(self.folder / leftover, ignore_errors=True)
-        self._synced = self._verified(self._read_manifest())
+        self._synced = self._verified(*self._read_manifest())
 
     def close(self) -> None:
         if self._lock is not None:
@@ -137,31 +142,45 @@ class StoreMirror:
         names = set(listing) | set(self._synced)
         return {name for name in names if listing.get(name) != self._synced.get(name)}
 
+    def new(self, listing: Listing) -> set[str]:
+        """The models in the store that the mirror has no copy of."""
+        return set(listing) - set(self._synced)
+
     def synced(self, name: str) -> dict[str, ObjectInfo] | None:
         """The objects the mirror holds of a model (None: not in the mirror)."""
         return self._synced.get(name)
 
     # -- bringing the mirror up to date --------------------------------------------------------
 
-    def sync(self, listing: Listing, names: Iterable[str] | None = None) -> list[str]:
+    def sync(self, listing: Listing, names: Iterable[str] | None = None) -> Synced:
         """Makes the mirror's copy of `names` (default: every changed model) what `listing`
-        says, and returns those that changed. StoreError when an object cannot be
-        downloaded; the models synced before it stay synced."""
+        says. Each model on its own: one that cannot be copied (an object that cannot be
+        downloaded or written) is in `failed` with why, and keeps its previous copy."""
         wanted = self.changed(listing) if names is None else set(names)
-        done: list[str] = []
+        result = Synced()
         for name in sorted(wanted):
             objects = listing.get(name)
             if objects == self._synced.get(name) and (objects is None or self._present(name)):
                 continue
-            if objects is None:
-                self._remove(name)
-            else:
-                self._replace(name, objects)
-            done.append(name)
-            self._write_manifest()
-        if done:
-            log.info("%s: copied %s", self.location, ", ".join(f"'{name}'" for name in done))
-        return done
+            try:
+                if objects is None:
+                    self._remove(name)
+                else:
+                    self._replace(name, objects)
+            except (StoreError, OSError) as error:
+                shutil.rmtree(self.folder / "staging" / name, ignore_errors=True)
+                result.failed[name] = (
+                    str(error)
+                    if isinstance(error, StoreError)
+                    else (f"{self.location}: cannot copy '{name}': {error}")
+                )
+                log.error("%s; its copy stays as it was", result.failed[name])
+                continue
+            result.done.append(name)
+        if result.done:
+            names_done = ", ".join(f"'{name}'" for name in result.done)
+            log.info("%s: copied %s", self.location, names_done)
+        return result
 
     def _replace(self, name: str, objects: dict[str, ObjectInfo]) -> None:
         staging = self.folder / "staging" / name
@@ -169,6 +188,15 @@ class StoreMirror:
         staging.mkdir(parents=True)
         current = self.root / name
         have = self._synced.get(name, {})
+        stamps = self._stamps.get(name, {})
+        parts = [key.rstrip("/").split("/") for key in objects]
+        folders = {"/".join(path[:end]) for path in parts for end in range(1, len(path))}
+        for key in objects:
+            if not key.endswith("/") and key in folders:
+                raise StoreError(
+                    f"{self.location}: cannot copy '{name}': '{name}/{key}' is both an object "
+                    "and a folder"
+                )
         keys: list[str] = []
         targets: list[str] = []
         for key, info in objects.items():
@@ -177,35 +205,55 @@ class StoreMirror:
                 target.mkdir(parents=True, exist_ok=True)  # a folder marker: an empty folder
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            if have.get(key) == info and _same_size(current / key, info):
-                _link_or_copy(current / key, target)
+            if have.get(key) == info and _stamp(current / key) == stamps.get(key):
+                # Unchanged since it was copied (and not written to since): copied again
+                # locally, not downloaded. A copy, not a link: the old folder's files are the
+                # old version's, whatever it writes to them.
+                shutil.copy2(current / key, target)
             else:
                 keys.append(f"{name}/{key}")
                 targets.append(str(target))
         assert self._filesystem is not None
         download(self._filesystem, self.location, keys, targets)
         for key, target in zip(keys, targets, strict=True):
-            info = objects[key.split("/", 1)[1]]
-            if os.path.getsize(target) != info.size:
-                # Replaced between the listing and the download: the next listing says what
-                # it is now.
-                shutil.rmtree(staging, ignore_errors=True)
-                raise StoreError(f"{self.location}: '{key}' changed while it was downloaded")
+            if os.path.getsize(target) != objects[key.split("/", 1)[1]].size:
+                raise StoreError(
+                    f"{self.location}: '{key}' is not the size the listing gave (replaced "
+                    "while it was copied?); tried again at the next listing"
+                )
+        new_stamps = {key: _stamp(staging / key) for key in objects if not key.endswith("/")}
+        # Forgotten before the swap and recorded after it: a crash in between leaves a folder
+        # the next start copies again, never one the manifest describes wrongly.
+        self._forget(name)
         self._swap(name, staging)
         self._synced[name] = dict(objects)
+        self._stamps[name] = {key: stamp for key, stamp in new_stamps.items() if stamp}
+        self._write_manifest()
 
     def _remove(self, name: str) -> None:
+        self._forget(name)
         self._swap(name, None)
-        self._synced.pop(name, None)
+
+    def _forget(self, name: str) -> None:
+        if self._synced.pop(name, None) is not None:
+            self._stamps.pop(name, None)
+            self._write_manifest()
 
     def _swap(self, name: str, staging: Path | None) -> None:
+        """The model's folder becomes `staging` (None: none) in one step: a scan sees the old
+        folder or the new one, never no folder (a manager that saw none would unload it)."""
         current = self.root / name
         trash = self.folder / "trash" / name
-        if current.exists():
-            trash.parent.mkdir(exist_ok=True)
-            shutil.rmtree(trash, ignore_errors=True)
-            os.rename(current, trash)
-        if staging is not None:
+        trash.parent.mkdir(exist_ok=True)
+        shutil.rmtree(trash, ignore_errors=True)
+        if staging is None:
+            if current.exists():
+                os.rename(current, trash)
+        elif current.exists() and _exchange(staging, current):
+            os.rename(staging, trash)  # what `staging` names now is the old folder
+        else:
+            if current.exists():
+                os.rename(current, trash)  # no atomic exchange here: a moment without it
             os.rename(staging, current)
         shutil.rmtree(trash, ignore_errors=True)
 
@@ -214,49 +262,56 @@ class StoreMirror:
 
     # -- the manifest --------------------------------------------------------------------------
 
-    def _read_manifest(self) -> Listing:
+    def _read_manifest(self) -> tuple[Listing, dict[str, dict[str, int]]]:
         path = self.folder / "manifest.json"
         try:
             document = json.loads(path.read_text())
             if document.get("version") != _MANIFEST_VERSION or document.get("location") != str(
                 self.location
             ):
-                return {}
-            return {
-                name: {key: ObjectInfo.from_json(info) for key, info in objects.items()}
-                for name, objects in document["models"].items()
-            }
+                return {}, {}
+            listing: Listing = {}
+            stamps: dict[str, dict[str, int]] = {}
+            for name, objects in document["models"].items():
+                listing[name] = {key: ObjectInfo.from_json(v[:3]) for key, v in objects.items()}
+                stamps[name] = {key: int(v[3]) for key, v in objects.items() if len(v) > 3}
+            return listing, stamps
         except FileNotFoundError:
-            return {}
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            return {}, {}
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as error:
             log.warning("%s: its cache's manifest is unreadable (%s); copying anew", self, error)
-            return {}
+            return {}, {}
 
     def _write_manifest(self) -> None:
-        document = {
-            "version": _MANIFEST_VERSION,
-            "location": str(self.location),
-            "models": {
-                name: {key: info.as_json() for key, info in objects.items()}
-                for name, objects in sorted(self._synced.items())
-            },
-        }
+        models: dict[str, dict[str, list[Any]]] = {}
+        for name, objects in sorted(self._synced.items()):
+            stamps = self._stamps.get(name, {})
+            models[name] = {
+                key: info.as_json() + ([stamps[key]] if key in stamps else [])
+                for key, info in objects.items()
+            }
+        document = {"version": _MANIFEST_VERSION, "location": str(self.location), "models": models}
         path = self.folder / "manifest.json"
         temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps(document, sort_keys=True))
         os.replace(temporary, path)
 
-    def _verified(self, manifest: Listing) -> Listing:
-        """The manifest's models whose files are all in the mirror at their sizes; the rest
-        is copied again. Folders no entry accounts for are removed."""
+    def _verified(self, listing: Listing, stamps: dict[str, dict[str, int]]) -> Listing:
+        """The manifest's models whose files are all in the mirror as they were written
+        (size and modification time); the rest is copied again. Folders no entry accounts
+        for are removed."""
         kept: Listing = {}
-        for name, objects in manifest.items():
+        for name, objects in listing.items():
             folder = self.root / name
+            written = stamps.get(name, {})
             if folder.is_dir() and all(
-                (folder / key).is_dir() if key.endswith("/") else _same_size(folder / key, info)
-                for key, info in objects.items()
+                (folder / key).is_dir()
+                if key.endswith("/")
+                else _stamp(folder / key) == written.get(key)
+                for key in objects
             ):
                 kept[name] = objects
+                self._stamps[name] = written
         for folder in self.root.iterdir():
             if folder.name not in kept:
                 if folder.is_dir() and not folder.is_symlink():
@@ -266,25 +321,54 @@ class StoreMirror:
         return kept
 
 
-def _same_size(path: Path, info: ObjectInfo) -> bool:
-    with contextlib.suppress(OSError):
-        return path.is_file() and path.stat().st_size == info.size
-    return False
+@dataclass
+class Synced:
+    """What a `sync` did: the models whose copies changed, and those it could not copy."""
+
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
+def _stamp(path: Path) -> int | None:
+    """A file's size and modification time as one number: what says it was written since."""
     try:
-        os.link(source, target)
+        status = path.stat()
     except OSError:
-        shutil.copy2(source, target)
+        return None
+    if not stat.S_ISREG(status.st_mode):
+        return None
+    return status.st_mtime_ns * 1_000_003 + status.st_size
+
+
+_RENAME_EXCHANGE = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_renameat2 = getattr(_libc, "renameat2", None)
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swaps two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the system
+    or the filesystem cannot."""
+    if _renameat2 is None:
+        return False
+    at_cwd = -100
+    done = _renameat2(
+        at_cwd, os.fsencode(first), at_cwd, os.fsencode(second), ctypes.c_uint(_RENAME_EXCHANGE)
+    )
+    if done == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(error, os.strerror(error), str(second))
 
 
 def open_mirrors(
     repositories: Sequence[Path | StoreLocation], cache_dir: Path
 ) -> tuple[tuple[Path, ...], list[StoreMirror]]:
     """The repositories as local folders, in their order (each store location replaced by its
-    mirror's folder), and the mirrors, open and equal to their stores. On a StoreError the
-    mirrors opened so far are closed again."""
+    mirror's folder), and the mirrors, open and equal to their stores but for the models that
+    could not be copied (logged; tried again at the next poll or load). StoreError for a store
+    that cannot be listed; the mirrors opened so far are closed again."""
     local: list[Path] = []
     mirrors: list[StoreMirror] = []
     try:

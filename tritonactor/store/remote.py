@@ -62,6 +62,13 @@ def open_filesystem(location: StoreLocation) -> Any:
     import fsspec
 
     options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+    if location.protocol == "s3":
+        # botocore's defaults retry an unreachable endpoint for long before saying so.
+        options["config_kwargs"] = {
+            "connect_timeout": 5,
+            "read_timeout": 60,
+            "retries": {"max_attempts": 3, "mode": "standard"},
+        }
     if location.endpoint is not None:
         options["endpoint_url"] = location.endpoint
     if location.account is not None:
@@ -74,11 +81,13 @@ def list_objects(filesystem: Any, location: StoreLocation) -> dict[str, ObjectIn
     folder marker (a key ending in "/", how a store keeps an empty folder) keeps its slash.
     StoreError when the bucket cannot be listed; an empty prefix lists nothing."""
     try:
-        if not filesystem.exists(location.bucket):
-            raise StoreError(f"{location}: the bucket '{location.bucket}' does not exist")
+        if location.protocol == "s3":
+            # s3fs answers a failed listing of an unreachable store, too, with "the bucket
+            # does not exist": one small request of its own tells the two apart.
+            filesystem.call_s3("list_objects_v2", Bucket=location.bucket, MaxKeys=1)
         found: Mapping[str, Mapping[str, Any]] = filesystem.find(location.root, detail=True)
-    except StoreError:
-        raise
+    except FileNotFoundError:
+        raise StoreError(f"{location}: the bucket '{location.bucket}' does not exist") from None
     except Exception as error:  # the store's library raises its own kinds
         raise StoreError(f"{location}: cannot list the objects: {_reason(error)}") from error
     root = location.root + "/"

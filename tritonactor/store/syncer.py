@@ -7,8 +7,11 @@ folder, where poll mode's watcher finds it as it finds any changed folder, settl
 the model manager reloads it. A store that cannot be listed changes nothing (no model is
 taken for removed); the failure is logged when it starts and when it ends.
 
-In explicit mode the loads and the repository index ask it to `Refresh` first: the changed
-models are copied at once, as Triton reads the store at each load.
+In explicit mode a load asks it to `Refresh` the model first (with the models its ensemble
+steps name): its copy is brought up to date at once, as Triton reads the store at each load,
+and no other model's files change under it. The repository index asks it to copy the models
+that have no copy yet, so that it lists them. Each model is copied on its own: one that
+cannot be copied fails its own load, not the others'.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 from tritonactor.actors import Actor, Reply
+from tritonactor.config.model_config import ConfigError, read_pbtxt
 from tritonactor.store.mirror import Listing, StoreMirror
 from tritonactor.store.remote import StoreError
 
@@ -32,10 +37,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Refresh:
-    """Ask: list every store now and copy each changed model, settled or not. Fails with
-    the StoreError of a store that cannot be read (the others are still refreshed)."""
+    """Ask: bring a model's copy up to date with the stores now, settled or not, with the
+    models its ensemble steps name (`name`), or copy the models no copy has yet (None: what the
+    index lists). Models loaded but not named are left as they were loaded. Fails with a
+    StoreError when a store cannot be listed or the named model cannot be copied."""
 
     reply: Reply[None]
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,32 +71,39 @@ class StoreSyncer(Actor[Any]):
     async def receive(self, message: Any) -> None:
         match message:
             case _Poll():
-                await self.poll()
+                try:
+                    await self.poll()
+                except Exception:  # never the end of polling: logged, tried at the next poll
+                    log.exception("polling the object stores failed")
                 assert self._interval is not None
                 self.tell_later(_Poll(), self._interval)
-            case Refresh(reply):
+            case Refresh(reply, name):
                 try:
-                    await self._refresh()
+                    await (self._refresh_new() if name is None else self._refresh(name))
                 except StoreError as error:
                     reply.fail(error)
+                except Exception as error:
+                    log.exception("refreshing the object stores failed")
+                    reply.fail(StoreError(f"cannot read the object stores: {error}"))
                 else:
                     reply.set(None)
 
     async def poll(self) -> list[str]:
         """One poll of every store: copies the models whose objects are the same as at the
-        previous poll and differ from the copy. Returns "location/model" for each copied."""
+        previous poll and differ from the copy. Returns "location/model" for each copied; a
+        model that could not be copied is tried again at the next poll."""
         copied: list[str] = []
         for mirror in self._mirrors:
             listing = await self._list(mirror)
             if listing is None:
                 continue
-            settled = []
+            settled: dict[str, str] = {}
             changed = mirror.changed(listing)
             for name in changed:
                 key = (str(mirror), name)
                 probe = _digest(listing.get(name))
                 if self._probes.get(key) == probe:
-                    settled.append(name)
+                    settled[name] = probe
                     del self._probes[key]
                 else:
                     self._probes[key] = probe  # new, or still changing: wait for the next poll
@@ -96,22 +111,38 @@ class StoreSyncer(Actor[Any]):
                 if key[1] not in changed:
                     del self._probes[key]  # back as it was copied
             if settled:
-                copied += [
-                    f"{mirror}/{name}" for name in await self._sync(mirror, listing, settled)
-                ]
+                result = await anyio.to_thread.run_sync(mirror.sync, listing, list(settled))
+                copied += [f"{mirror}/{name}" for name in result.done]
+                for name in result.failed:
+                    self._probes[(str(mirror), name)] = settled[name]  # settled: retried
         return copied
 
-    async def _refresh(self) -> None:
-        failure: StoreError | None = None
+    async def _refresh(self, name: str) -> None:
+        listings = [await self._list_or_raise(mirror) for mirror in self._mirrors]
+        pending, seen = [name], set()
+        while pending:
+            model = pending.pop()
+            if model in seen:
+                continue
+            seen.add(model)
+            for mirror, listing in zip(self._mirrors, listings, strict=True):
+                if model not in listing and mirror.synced(model) is None:
+                    continue
+                result = await anyio.to_thread.run_sync(mirror.sync, listing, [model])
+                if model == name and model in result.failed:
+                    raise StoreError(result.failed[model])
+                pending += await anyio.to_thread.run_sync(_steps, mirror.root / model)
+
+    async def _refresh_new(self) -> None:
         for mirror in self._mirrors:
-            try:
-                listing = await anyio.to_thread.run_sync(mirror.listing)
-                await anyio.to_thread.run_sync(mirror.sync, listing)
-            except StoreError as error:
-                failure = failure or error
-                log.error("%s", error)
-        if failure is not None:
-            raise failure
+            listing = await self._list_or_raise(mirror)
+            await anyio.to_thread.run_sync(mirror.sync, listing, mirror.new(listing))
+
+    async def _list_or_raise(self, mirror: StoreMirror) -> Listing:
+        listing = await self._list(mirror)
+        if listing is None:
+            raise StoreError(f"{mirror}: cannot be listed (see the log)")
+        return listing
 
     async def _list(self, mirror: StoreMirror) -> Listing | None:
         try:
@@ -126,12 +157,16 @@ class StoreSyncer(Actor[Any]):
             self._failing.discard(str(mirror))
         return listing
 
-    async def _sync(self, mirror: StoreMirror, listing: Listing, names: list[str]) -> list[str]:
-        try:
-            return await anyio.to_thread.run_sync(mirror.sync, listing, names)
-        except StoreError as error:
-            log.warning("%s; tried again at the next poll", error)
-            return []
+
+def _steps(folder: Path) -> list[str]:
+    """The models an ensemble's steps name, read from its copied config (none for another
+    model, or a config that cannot be read: its load says why)."""
+    try:
+        config = read_pbtxt(folder / "config.pbtxt")
+    except ConfigError:
+        return []
+    scheduling = config.ensemble_scheduling
+    return [step.model_name for step in scheduling.step] if scheduling is not None else []
 
 
 def _digest(objects: dict[str, Any] | None) -> str:
