@@ -377,13 +377,17 @@ class Server:
 
     async def _refresh_stores(self, name: str | None) -> None:
         """Explicit mode reads the object stores at each load, as Triton does: the model's copy
-        (`name`, with its ensemble steps) is brought up to date first; for the index (None),
-        the models with no copy yet are copied. 503 when a store cannot be read or the model
-        cannot be copied."""
+        (`name`, and its ensemble steps with no copy yet) is brought up to date first; for the
+        index (None), the models with no copy yet are copied and those gone from the store and
+        not loaded dropped. 503 when a store cannot be read or the model cannot be copied."""
         if self._syncer is None or self.mode is not ControlMode.EXPLICIT:
             return
+        keep: frozenset[str] = frozenset()
+        if name is None:  # what is loaded, or asked for, keeps its copy
+            state = await self.state()
+            keep = frozenset(model for model, status in state.items() if status.wanted)
         try:
-            await self._syncer.ask(lambda reply: Refresh(reply, name))
+            await self._syncer.ask(lambda reply: Refresh(reply, name, keep))
         except StoreError as error:
             raise unavailable(f"cannot read the model repository: {error}") from None
 

@@ -272,28 +272,63 @@ def test_a_model_that_cannot_be_copied_fails_alone(
             "repo/aa/1/model.py": b"x",
             # A name no filesystem takes.
             f"repo/long/{'x' * 300}/f": b"x",
+            # A folder marker over an object of the same name.
+            "repo/mark/1/x": b"x",
+            "repo/mark/1/x/": b"",
             "repo/zz/config.pbtxt": CONFIG,
         },
     )
     with StoreMirror(_location(store), tmp_path) as mirror:
         result = mirror.sync(mirror.listing())
         assert result.done == ["zz"]
-        assert set(result.failed) == {"aa", "long"}
-        assert "File name too long" in result.failed["long"]
+        assert set(result.failed) == {"aa", "long", "mark"}
+        assert "cannot copy 'aa': 'aa/1' is both an object and a folder" in result.failed["aa"]
+        assert "cannot copy 'mark': 'mark/1/x' is both" in result.failed["mark"]
+        assert "longer than a filesystem allows" in result.failed["long"]
         assert not (mirror.root / "aa").exists() and (mirror.root / "zz").is_dir()
         assert not any((mirror.folder / "staging").iterdir())
-        # Still different from the store: the next sync tries again.
-        assert mirror.changed(mirror.listing()) == {"aa", "long"}
+        # Not tried again (nor downloaded again) until its objects change, or a load asks.
+        assert mirror.changed(mirror.listing()) == set() == mirror.new(mirror.listing())
+        server.put(bucket, "repo/aa/config.pbtxt", CONFIG + b"# edited\n")
+        assert mirror.changed(mirror.listing()) == {"aa"} == mirror.new(mirror.listing())
+        assert set(mirror.sync(mirror.listing(), ["long"]).failed) == {"long"}
 
 
-def test_a_model_folder_is_replaced_in_one_step(tmp_path: Path) -> None:
-    old, new = tmp_path / "old", tmp_path / "new"
-    old.mkdir()
-    new.mkdir()
-    (old / "a").write_text("old")
-    (new / "a").write_text("new")
-    assert mirror_module._exchange(new, old)  # this machine's filesystem can
-    assert (old / "a").read_text() == "new" and (new / "a").read_text() == "old"
+def test_a_model_folder_is_replaced_in_one_step(
+    store: tuple[S3Server, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exchanged: list[tuple[Path, Path, bool]] = []
+    exchange = mirror_module._exchange
+
+    def recording(first: Path, second: Path) -> bool:
+        done = exchange(first, second)
+        exchanged.append((first, second, done))
+        return done
+
+    monkeypatch.setattr(mirror_module, "_exchange", recording)
+    server, bucket = store
+    server.put(bucket, "repo/m/config.pbtxt", CONFIG)
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        mirror.sync(mirror.listing())
+        assert exchanged == []  # a new folder: renamed into place
+        server.put(bucket, "repo/m/config.pbtxt", CONFIG + b"# edited\n")
+        assert mirror.sync(mirror.listing()).done == ["m"]
+        # Exchanged with the old folder in one step (this machine's filesystem can).
+        assert exchanged == [(mirror.folder / "staging" / "m", mirror.root / "m", True)]
+        assert (mirror.root / "m" / "config.pbtxt").read_bytes().endswith(b"# edited\n")
+
+
+def test_a_copy_written_to_is_made_again_when_its_model_is_synced(
+    store: tuple[S3Server, str], tmp_path: Path
+) -> None:
+    server, bucket = store
+    server.put(bucket, "repo/m/1/model.py", b"K = 1")
+    with StoreMirror(_location(store), tmp_path) as mirror:
+        mirror.sync(mirror.listing())
+        (mirror.root / "m" / "1" / "model.py").write_bytes(b"K = 9")
+        # The store did not change: a sync that names it (an explicit load) copies it anew.
+        assert mirror.sync(mirror.listing(), ["m"]).done == ["m"]
+        assert (mirror.root / "m" / "1" / "model.py").read_bytes() == b"K = 1"
 
 
 def test_one_server_at_a_time_uses_a_mirror(store: tuple[S3Server, str], tmp_path: Path) -> None:
@@ -400,13 +435,13 @@ async def test_a_settled_model_that_cannot_be_copied_is_tried_again(
 
 
 @pytest.mark.anyio
-async def test_a_load_refreshes_its_model_and_steps_and_the_index_only_new_ones(
+async def test_a_load_refreshes_its_model_and_new_steps_and_the_index_new_and_gone_ones(
     store: tuple[S3Server, str], tmp_path: Path
 ) -> None:
     server, bucket = store
     ensemble = (
         b'name: "ens"\nplatform: "ensemble"\nensemble_scheduling { step [ '
-        b'{ model_name: "step" model_version: -1 } ] }\n'
+        b'{ model_name: "step" model_version: -1 }, { model_name: "fresh" model_version: -1 } ] }\n'
     )
     server.put_objects(
         bucket,
@@ -414,24 +449,33 @@ async def test_a_load_refreshes_its_model_and_steps_and_the_index_only_new_ones(
             "repo/ens/config.pbtxt": ensemble,
             "repo/step/config.pbtxt": CONFIG,
             "repo/other/config.pbtxt": CONFIG,
+            "repo/loaded/config.pbtxt": CONFIG,
         },
     )
     with StoreMirror(_location(store), tmp_path) as mirror:
         mirror.sync(mirror.listing())
         syncer = StoreSyncer([mirror])
-        for name in ("ens", "step", "other"):
+        for name in ("step", "other"):
             server.put(bucket, f"repo/{name}/config.pbtxt", CONFIG + b"# v2\n")
         server.put(bucket, "repo/ens/config.pbtxt", ensemble + b"# v2\n")
+        server.put(bucket, "repo/fresh/config.pbtxt", CONFIG)
         server.put(bucket, "repo/added/config.pbtxt", CONFIG)
         await syncer._refresh("ens")
         assert (mirror.root / "ens" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
-        assert (mirror.root / "step" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
-        # Not named by the load: left as it was loaded.
-        assert not (mirror.root / "other" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
+        assert (mirror.root / "fresh").is_dir()  # a step with no copy yet
+        # A step with a copy may serve (the manager does not reload serving steps), and a
+        # model the load does not name: both left as they were loaded.
+        for name in ("step", "other"):
+            assert not (mirror.root / name / "config.pbtxt").read_bytes().endswith(b"# v2\n")
         assert not (mirror.root / "added").exists()
-        await syncer._refresh_new()
+
+        server.delete(bucket, "repo/other/config.pbtxt")
+        server.delete(bucket, "repo/loaded/config.pbtxt")
+        await syncer._refresh_new(frozenset({"loaded"}))
         assert (mirror.root / "added").is_dir()
-        assert not (mirror.root / "other" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
+        assert not (mirror.root / "other").exists()  # gone from the store, not loaded
+        assert (mirror.root / "loaded").is_dir()  # gone too, but loaded: kept
+        assert not (mirror.root / "step" / "config.pbtxt").read_bytes().endswith(b"# v2\n")
 
 
 def test_an_unreachable_store_is_not_called_a_missing_bucket(

@@ -3,10 +3,11 @@
 The mirror is an ordinary repository folder (`<cache>/<bucket>-<digest>/repository/`), so the
 scan, the loads, poll mode's watcher and `repository inspect` work on it as on any local
 repository. `sync` brings models up to date with a listing of the store, one model at a time
-and whole: a model's new folder is built aside (objects unchanged since the last sync are
-hard links to the old files, the rest downloaded), then put in place by rename, so a reader
-sees the old model or the new one, never a mix. A manifest beside the folder records each
-model's objects (ETag, size, time), so a restart downloads only what changed.
+and whole: a model's new folder is built aside (objects unchanged since the last copy are
+copied from the old folder, the rest downloaded), then exchanged with the old one in one step,
+so a scan always finds the model's folder. A manifest beside the folder records each model's
+objects (ETag, size, time) and each copied file's size and time, so a restart downloads only
+what changed, and a file written in the copy since is downloaded again.
 
 One server uses a mirror at a time (a lock on its folder): two servers filling one folder
 would replace each other's files under the models they serve.
@@ -86,6 +87,8 @@ class StoreMirror:
         self._synced: Listing = {}
         # model -> {key -> `_stamp` of the file as copied}: what says a file was not written to.
         self._stamps: dict[str, dict[str, int]] = {}
+        # model -> the objects its last copy failed on: not tried again until they change.
+        self._failed: Listing = {}
         self._skipped_logged: set[str] = set()
 
     def __str__(self) -> str:
@@ -138,13 +141,28 @@ class StoreMirror:
         return listing
 
     def changed(self, listing: Listing) -> set[str]:
-        """The models whose objects differ from the mirror's: added, changed or removed."""
+        """The models whose objects differ from the mirror's: added, changed or removed; not
+        those whose objects are the ones a copy already failed on (tried again once they
+        change, or when `sync` names them)."""
         names = set(listing) | set(self._synced)
-        return {name for name in names if listing.get(name) != self._synced.get(name)}
+        return {
+            name
+            for name in names
+            if listing.get(name) != self._synced.get(name)
+            and (name not in self._failed or listing.get(name) != self._failed[name])
+        }
 
     def new(self, listing: Listing) -> set[str]:
-        """The models in the store that the mirror has no copy of."""
-        return set(listing) - set(self._synced)
+        """The models in the store that the mirror has no copy of (failed copies aside)."""
+        return {
+            name
+            for name in set(listing) - set(self._synced)
+            if name not in self._failed or listing[name] != self._failed[name]
+        }
+
+    def gone(self, listing: Listing) -> set[str]:
+        """The models the mirror has a copy of that the store no longer holds."""
+        return set(self._synced) - set(listing)
 
     def synced(self, name: str) -> dict[str, ObjectInfo] | None:
         """The objects the mirror holds of a model (None: not in the mirror)."""
@@ -160,7 +178,7 @@ class StoreMirror:
         result = Synced()
         for name in sorted(wanted):
             objects = listing.get(name)
-            if objects == self._synced.get(name) and (objects is None or self._present(name)):
+            if objects == self._synced.get(name) and (objects is None or self._intact(name)):
                 continue
             try:
                 if objects is None:
@@ -169,6 +187,8 @@ class StoreMirror:
                     self._replace(name, objects)
             except (StoreError, OSError) as error:
                 shutil.rmtree(self.folder / "staging" / name, ignore_errors=True)
+                if objects is not None:
+                    self._failed[name] = dict(objects)
                 result.failed[name] = (
                     str(error)
                     if isinstance(error, StoreError)
@@ -176,6 +196,7 @@ class StoreMirror:
                 )
                 log.error("%s; its copy stays as it was", result.failed[name])
                 continue
+            self._failed.pop(name, None)
             result.done.append(name)
         if result.done:
             names_done = ", ".join(f"'{name}'" for name in result.done)
@@ -191,7 +212,14 @@ class StoreMirror:
         stamps = self._stamps.get(name, {})
         parts = [key.rstrip("/").split("/") for key in objects]
         folders = {"/".join(path[:end]) for path in parts for end in range(1, len(path))}
+        folders |= {key.rstrip("/") for key in objects if key.endswith("/")}
         for key in objects:
+            too_long = [part for part in key.split("/") if len(os.fsencode(part)) > 255]
+            if too_long:
+                raise StoreError(
+                    f"{self.location}: cannot copy '{name}': '{name}/{key}' has a name longer "
+                    "than a filesystem allows (255 bytes)"
+                )
             if not key.endswith("/") and key in folders:
                 raise StoreError(
                     f"{self.location}: cannot copy '{name}': '{name}/{key}' is both an object "
@@ -257,8 +285,16 @@ class StoreMirror:
             os.rename(staging, current)
         shutil.rmtree(trash, ignore_errors=True)
 
-    def _present(self, name: str) -> bool:
-        return (self.root / name).is_dir()
+    def _intact(self, name: str) -> bool:
+        """The model's copy is there as it was written: every file at its size and time."""
+        folder = self.root / name
+        stamps = self._stamps.get(name, {})
+        return folder.is_dir() and all(
+            (folder / key).is_dir()
+            if key.endswith("/")
+            else _stamp(folder / key) == stamps.get(key)
+            for key in self._synced.get(name, {})
+        )
 
     # -- the manifest --------------------------------------------------------------------------
 
@@ -300,18 +336,9 @@ class StoreMirror:
         """The manifest's models whose files are all in the mirror as they were written
         (size and modification time); the rest is copied again. Folders no entry accounts
         for are removed."""
-        kept: Listing = {}
-        for name, objects in listing.items():
-            folder = self.root / name
-            written = stamps.get(name, {})
-            if folder.is_dir() and all(
-                (folder / key).is_dir()
-                if key.endswith("/")
-                else _stamp(folder / key) == written.get(key)
-                for key in objects
-            ):
-                kept[name] = objects
-                self._stamps[name] = written
+        self._synced, self._stamps = listing, stamps
+        kept = {name: objects for name, objects in listing.items() if self._intact(name)}
+        self._stamps = {name: stamps.get(name, {}) for name in kept}
         for folder in self.root.iterdir():
             if folder.name not in kept:
                 if folder.is_dir() and not folder.is_symlink():

@@ -81,13 +81,9 @@ def list_objects(filesystem: Any, location: StoreLocation) -> dict[str, ObjectIn
     folder marker (a key ending in "/", how a store keeps an empty folder) keeps its slash.
     StoreError when the bucket cannot be listed; an empty prefix lists nothing."""
     try:
-        if location.protocol == "s3":
-            # s3fs answers a failed listing of an unreachable store, too, with "the bucket
-            # does not exist": one small request of its own tells the two apart.
-            filesystem.call_s3("list_objects_v2", Bucket=location.bucket, MaxKeys=1)
         found: Mapping[str, Mapping[str, Any]] = filesystem.find(location.root, detail=True)
-    except FileNotFoundError:
-        raise StoreError(f"{location}: the bucket '{location.bucket}' does not exist") from None
+    except FileNotFoundError as missing:
+        raise _not_found(filesystem, location, missing) from None
     except Exception as error:  # the store's library raises its own kinds
         raise StoreError(f"{location}: cannot list the objects: {_reason(error)}") from error
     root = location.root + "/"
@@ -100,6 +96,23 @@ def list_objects(filesystem: Any, location: StoreLocation) -> dict[str, ObjectIn
         if info.get("type") != "directory" and key.strip("/"):
             objects[key] = _info(info)
     return objects
+
+
+def _not_found(filesystem: Any, location: StoreLocation, missing: Exception) -> StoreError:
+    """s3fs ends a failed listing of an unreachable store, too, with FileNotFoundError: one
+    small request of its own, under the same prefix (what a policy that grants listing by
+    prefix allows), tells a missing bucket from the rest."""
+    if location.protocol == "s3":
+        prefix = location.prefix + "/" if location.prefix else ""
+        try:
+            filesystem.call_s3("list_objects_v2", Bucket=location.bucket, Prefix=prefix, MaxKeys=1)
+        except FileNotFoundError:
+            pass
+        except Exception as error:
+            return StoreError(f"{location}: cannot list the objects: {_reason(error)}")
+        else:
+            return StoreError(f"{location}: cannot list the objects: {_reason(missing)}")
+    return StoreError(f"{location}: the bucket '{location.bucket}' does not exist")
 
 
 def download(

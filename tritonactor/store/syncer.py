@@ -37,13 +37,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Refresh:
-    """Ask: bring a model's copy up to date with the stores now, settled or not, with the
-    models its ensemble steps name (`name`), or copy the models no copy has yet (None: what the
-    index lists). Models loaded but not named are left as they were loaded. Fails with a
+    """Ask: bring a model's copy up to date with the stores now, settled or not, and copy the
+    models its ensemble steps name that have no copy yet (`name`); or (None, what the index
+    lists) copy the models no copy has yet and drop the copies of models gone from the store
+    but those in `keep` (what is loaded). Other copies stay as they were loaded. Fails with a
     StoreError when a store cannot be listed or the named model cannot be copied."""
 
     reply: Reply[None]
     name: str | None = None
+    keep: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +79,9 @@ class StoreSyncer(Actor[Any]):
                     log.exception("polling the object stores failed")
                 assert self._interval is not None
                 self.tell_later(_Poll(), self._interval)
-            case Refresh(reply, name):
+            case Refresh(reply, name, keep):
                 try:
-                    await (self._refresh_new() if name is None else self._refresh(name))
+                    await (self._refresh_new(keep) if name is None else self._refresh(name))
                 except StoreError as error:
                     reply.fail(error)
                 except Exception as error:
@@ -97,13 +99,13 @@ class StoreSyncer(Actor[Any]):
             listing = await self._list(mirror)
             if listing is None:
                 continue
-            settled: dict[str, str] = {}
+            settled: list[str] = []
             changed = mirror.changed(listing)
             for name in changed:
                 key = (str(mirror), name)
                 probe = _digest(listing.get(name))
                 if self._probes.get(key) == probe:
-                    settled[name] = probe
+                    settled.append(name)
                     del self._probes[key]
                 else:
                     self._probes[key] = probe  # new, or still changing: wait for the next poll
@@ -111,10 +113,9 @@ class StoreSyncer(Actor[Any]):
                 if key[1] not in changed:
                     del self._probes[key]  # back as it was copied
             if settled:
+                # A model that cannot be copied is logged, and tried again once it changes.
                 result = await anyio.to_thread.run_sync(mirror.sync, listing, list(settled))
                 copied += [f"{mirror}/{name}" for name in result.done]
-                for name in result.failed:
-                    self._probes[(str(mirror), name)] = settled[name]  # settled: retried
         return copied
 
     async def _refresh(self, name: str) -> None:
@@ -128,15 +129,19 @@ class StoreSyncer(Actor[Any]):
             for mirror, listing in zip(self._mirrors, listings, strict=True):
                 if model not in listing and mirror.synced(model) is None:
                     continue
-                result = await anyio.to_thread.run_sync(mirror.sync, listing, [model])
-                if model == name and model in result.failed:
-                    raise StoreError(result.failed[model])
+                # A step that has a copy may serve: the manager loads only steps that do not,
+                # so its copy stays as it was loaded.
+                if model == name or mirror.synced(model) is None:
+                    result = await anyio.to_thread.run_sync(mirror.sync, listing, [model])
+                    if model == name and model in result.failed:
+                        raise StoreError(result.failed[model])
                 pending += await anyio.to_thread.run_sync(_steps, mirror.root / model)
 
-    async def _refresh_new(self) -> None:
+    async def _refresh_new(self, keep: frozenset[str]) -> None:
         for mirror in self._mirrors:
             listing = await self._list_or_raise(mirror)
-            await anyio.to_thread.run_sync(mirror.sync, listing, mirror.new(listing))
+            names = mirror.new(listing) | (mirror.gone(listing) - keep)
+            await anyio.to_thread.run_sync(mirror.sync, listing, names)
 
     async def _list_or_raise(self, mirror: StoreMirror) -> Listing:
         listing = await self._list(mirror)
