@@ -1,0 +1,131 @@
+"""Server CPU per request under perf_analyzer, by process (front ends, engine, python models),
+for one or more checkouts alternated: what a change costs in work, apart from throughput.
+
+    python bench/process_cpu.py --proto grpc --rounds 2 /path/to/old-checkout /path/to/new-checkout
+
+Each checkout (a tree with `tritonactor/` in it; `.` for this one) is put first on PYTHONPATH
+and `tritonactor serve` starts on `../shared/peers/models/triton` (the python identity
+`identity_fp32` of side_by_side.sh) with its defaults (one front end per core). perf_analyzer
+warms it up, then measures one window; the CPU time (utime + stime from /proc) of the whole
+process tree over that window, divided by the requests the server counted
+(`nv_inference_request_success`), is the CPU per request. Run it from outside the repository
+(the working folder is also on Python's path), on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODELS = HERE.parent.parent / "shared" / "peers" / "models" / "triton"
+PERF_ANALYZER = Path.home() / ".cache" / "tritonactor-peers" / "bin" / "perf_analyzer"
+TICK = os.sysconf("SC_CLK_TCK")
+HTTP, GRPC, METRICS = 48000, 48001, 48002
+
+
+def tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children[int(stat.rpartition(")")[2].split()[1])].append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack += children[pid]
+    return found
+
+
+def role(command: str) -> str:
+    if "stub" in command or "backends.python" in command:
+        return "python models"
+    if "engine" in command:
+        return "engine"
+    if "multiprocessing" in command:
+        return "front ends"
+    return "parent"
+
+
+def cpu_by_role(root: int) -> collections.Counter[str]:
+    seconds: collections.Counter[str] = collections.Counter()
+    for pid in tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            command = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+        except OSError:
+            continue
+        seconds[role(command)] += (int(fields[11]) + int(fields[12])) / TICK
+    return seconds
+
+
+def served() -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS}/metrics").read().decode()
+    found = re.search(
+        r'nv_inference_request_success\{model="identity_fp32",version="1"\} (\S+)', text
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def measure(checkout: Path, proto: str, concurrency: int, window_ms: int) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
+    env.update(PYTHONPATH=str(checkout), OTEL_TRACES_EXPORTER="none")
+    command = ["tritonactor", "serve", "--model-repository", str(MODELS)]
+    for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
+        command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]
+    with open(os.devnull, "wb") as quiet:
+        server = subprocess.Popen(command, env=env, stdout=quiet, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{HTTP}/v2/health/ready")
+                break
+            except OSError:
+                time.sleep(0.2)
+        url = f"127.0.0.1:{GRPC if proto == 'grpc' else HTTP}"
+        pa = [str(PERF_ANALYZER), "-m", "identity_fp32", "-u", url, "-i", proto]
+        pa += ["--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "50"]
+        subprocess.run(pa, capture_output=True)  # warm up
+        before, count = cpu_by_role(server.pid), served()
+        output = subprocess.run(pa, capture_output=True, text=True).stdout
+        after, requests = cpu_by_role(server.pid), served() - count
+    finally:
+        server.terminate()
+        server.wait()
+    rate = re.findall(r"Throughput: ([\d.]+) infer/sec", output)
+    p50 = re.findall(r"p50 latency: (\d+)", output)
+    parts = {name: round((after[name] - before[name]) / requests * 1e6) for name in after}
+    total = sum(parts.values())
+    return (
+        f"{checkout.name}: {requests:.0f} requests, {rate[-1] if rate else '?'} infer/s, "
+        f"p50 {p50[-1] if p50 else '?'} us, server CPU {total} us/request {parts}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkouts", nargs="+", type=Path)
+    parser.add_argument("--proto", choices=("http", "grpc"), default="grpc")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--window-ms", type=int, default=2000)
+    args = parser.parse_args()
+    for round_ in range(args.rounds):
+        for checkout in args.checkouts:
+            line = measure(checkout.resolve(), args.proto, args.concurrency, args.window_ms)
+            print(f"round {round_ + 1} {args.proto} c{args.concurrency} {line}", flush=True)
+            time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()
