@@ -31,6 +31,7 @@ from tritonactor.observability.endpoint import metrics_listener
 from tritonactor.observability.logging import configure_logging
 from tritonactor.server import Server, StartupFailed
 from tritonactor.settings import Settings, SettingsError
+from tritonactor.store.remote import StoreError
 
 
 def create_app(settings: Settings | None = None, workers: int | None = None) -> Starlette:
@@ -61,7 +62,7 @@ def create_app(settings: Settings | None = None, workers: int | None = None) -> 
                 with held_signals(drain):
                     yield
                     await drain.wait()
-        except* (StartupFailed, ListenFailed, SettingsError):
+        except* (StartupFailed, ListenFailed, SettingsError, StoreError):
             _exit_worker()
             raise
 

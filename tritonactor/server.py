@@ -209,9 +209,13 @@ class Server:
         """Open the journal, start the actors and load the models; stop them all on exit."""
         settings = self.settings
         # Object-store repositories are copied first: every scan reads the local copies.
-        repositories, mirrors = await anyio.to_thread.run_sync(
-            open_mirrors, settings.model_repositories, settings.repository_cache_dir
-        )
+        try:
+            repositories, mirrors = await anyio.to_thread.run_sync(
+                open_mirrors, settings.model_repositories, settings.repository_cache_dir
+            )
+        except StoreError as error:
+            log.error("cannot read a model repository: %s", error)
+            raise
         try:
             async with self._serving(repositories, mirrors):
                 yield self

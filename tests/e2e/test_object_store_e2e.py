@@ -288,6 +288,22 @@ def test_a_store_that_cannot_be_read_stops_the_start(
     env = store_env(s3_server, tmp_path / "cache")
     with pytest.raises(RuntimeError, match="the bucket 'no-such-bucket' does not exist"):
         start_server(["s3://no-such-bucket/repo"], tmp_path, env)
+    # `tritonactor serve` says why in one line, and exits 1.
+    http_port = free_port()
+    serve = [sys.executable, "-m", "tritonactor.cli", "serve"]
+    done = subprocess.run(
+        [*serve, "--model-repository", "s3://no-such-bucket/repo"],
+        env={**loopback_env(tmp_path, http_port, free_port(), free_port()), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        "tritonactor serve: error: s3://no-such-bucket/repo: the bucket 'no-such-bucket' "
+        "does not exist"
+    )
+    assert "Traceback" not in done.stderr
 
 
 def test_a_bad_url_is_refused_before_anything_starts(tmp_path: Path) -> None:

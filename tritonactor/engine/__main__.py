@@ -21,6 +21,7 @@ from tritonactor.observability.endpoint import metrics_listener
 from tritonactor.observability.logging import configure_logging
 from tritonactor.server import Server, StartupFailed
 from tritonactor.settings import Settings, SettingsError
+from tritonactor.store.remote import StoreError
 
 log = logging.getLogger("tritonactor.engine")
 # How long past the exit timeout the engine waits for its front ends, which fail their own
@@ -90,7 +91,7 @@ def main() -> int:
     failed: list[BaseException] = []
     try:
         anyio.run(serve, server, path, backend_options=_backend_options())
-    except* (StartupFailed, ListenFailed) as group:
+    except* (StartupFailed, ListenFailed, StoreError) as group:
         failed.extend(group.exceptions)
     if failed:
         tell_ready(f"failed: {failed[0]}")
