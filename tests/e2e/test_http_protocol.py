@@ -7,7 +7,6 @@ them byte for byte against what Triton 2.51 answered for the same request.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.e2e.conftest import WIRE_DATATYPES
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -715,14 +714,25 @@ def finishing_order(server: ServerProcess, model: str) -> list[str]:
 
     long = threading.Thread(target=send, args=("long", LONG_STEPS))
     long.start()
-    time.sleep(HEAD_START)
+    # The short request is sent once the server holds the long one (routed to the version:
+    # queued or executing), not after a guess at how long that takes on a busy machine.
+    wait_for(lambda: pending(server, model) >= 1, timeout=60)
     send("short", 1)
     long.join()
     return finished
 
 
 LONG_STEPS = 400  # about 1 s here; more where the CPU is busier, which only widens the margin
-HEAD_START = 0.5  # for the long request to reach an instance before the short one is sent
+
+
+def pending(server: ServerProcess, model: str) -> int:
+    """The server's requests for `model` routed and not answered yet (its metrics)."""
+    port = server.env["TRITONACTOR_METRICS_PORT"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
 
 
 def test_two_instances_execute_concurrently(server: ServerProcess) -> None:
