@@ -247,7 +247,7 @@ class StoreMirror:
             if os.path.getsize(target) != objects[key.split("/", 1)[1]].size:
                 raise StoreError(
                     f"{self.location}: '{key}' is not the size the listing gave (replaced "
-                    "while it was copied?); tried again at the next listing"
+                    "while it was copied?); tried again once its objects change"
                 )
         new_stamps = {key: _stamp(staging / key) for key in objects if not key.endswith("/")}
         # Forgotten before the swap and recorded after it: a crash in between leaves a folder
@@ -394,7 +394,7 @@ def open_mirrors(
 ) -> tuple[tuple[Path, ...], list[StoreMirror]]:
     """The repositories as local folders, in their order (each store location replaced by its
     mirror's folder), and the mirrors, open and equal to their stores but for the models that
-    could not be copied (logged; tried again at the next poll or load). StoreError for a store
+    could not be copied (logged; tried again once they change, or at their load). StoreError for a store
     that cannot be listed; the mirrors opened so far are closed again."""
     local: list[Path] = []
     mirrors: list[StoreMirror] = []

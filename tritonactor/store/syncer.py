@@ -93,7 +93,7 @@ class StoreSyncer(Actor[Any]):
     async def poll(self) -> list[str]:
         """One poll of every store: copies the models whose objects are the same as at the
         previous poll and differ from the copy. Returns "location/model" for each copied; a
-        model that could not be copied is tried again at the next poll."""
+        model that could not be copied is tried again once its objects change."""
         copied: list[str] = []
         for mirror in self._mirrors:
             listing = await self._list(mirror)
@@ -144,10 +144,8 @@ class StoreSyncer(Actor[Any]):
             await anyio.to_thread.run_sync(mirror.sync, listing, names)
 
     async def _list_or_raise(self, mirror: StoreMirror) -> Listing:
-        listing = await self._list(mirror)
-        if listing is None:
-            raise StoreError(f"{mirror}: cannot be listed (see the log)")
-        return listing
+        """The store's listing, or its StoreError with the reason (for a load to answer)."""
+        return await anyio.to_thread.run_sync(mirror.listing)
 
     async def _list(self, mirror: StoreMirror) -> Listing | None:
         try:
