@@ -394,8 +394,8 @@ def open_mirrors(
 ) -> tuple[tuple[Path, ...], list[StoreMirror]]:
     """The repositories as local folders, in their order (each store location replaced by its
     mirror's folder), and the mirrors, open and equal to their stores but for the models that
-    could not be copied (logged; tried again once they change, or at their load). StoreError for a store
-    that cannot be listed; the mirrors opened so far are closed again."""
+    could not be copied (logged; tried again once they change, or at their load). StoreError
+    for a store that cannot be listed; the mirrors opened so far are closed again."""
     local: list[Path] = []
     mirrors: list[StoreMirror] = []
     try:
