@@ -132,11 +132,40 @@ def start_server(
             stderr=subprocess.STDOUT,
         )
     server = ServerProcess(process, http_port, log_path, env)
+    return _answering(server, wait_ready, timeout, probe_headers)
+
+
+def start_serve(
+    root: Path, env: Mapping[str, str], *flags: str, timeout: float = 90
+) -> ServerProcess:
+    """`tritonactor serve FLAGS` (the CLI, its default front ends) on free loopback ports, with
+    `env` over `loopback_env`'s; waits until it is ready."""
+    http_port = free_port()
+    full_env = {**loopback_env(root, http_port, free_port(), free_port()), **env}
+    log_path = root / f"serve-{http_port}.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tritonactor.cli", "serve", *flags],
+            env=full_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    return _answering(ServerProcess(process, http_port, log_path, full_env), True, timeout)
+
+
+def _answering(
+    server: ServerProcess,
+    wait_ready: bool,
+    timeout: float,
+    probe_headers: Mapping[str, str] | None = None,
+) -> ServerProcess:
+    """`server` once it is ready (or live); RuntimeError with its log if it exits or does not
+    answer within `timeout` seconds (then it is stopped)."""
     deadline = time.monotonic() + timeout
     path = "/v2/health/ready" if wait_ready else "/v2/health/live"
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
         try:
             probe = httpx.get(f"{server.base}{path}", timeout=1, headers=probe_headers)
             if probe.status_code == 200:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -24,6 +23,7 @@ from tests.server_process import (
     ServerProcess,
     free_port,
     loopback_env,
+    start_serve,
     start_server,
     wait_for,
 )
@@ -70,32 +70,6 @@ def state(server: ServerProcess, name: str, version: str = "1") -> str:
 
 def store_env(s3: S3Server, cache: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**s3.env(), "TRITONACTOR_REPOSITORY_CACHE_DIR": str(cache), **(extra or {})}
-
-
-def serve(root: Path, env: dict[str, str], *flags: str) -> ServerProcess:
-    """`tritonactor serve FLAGS` on free loopback ports; returns once it is ready."""
-    http_port = free_port()
-    full_env = {**loopback_env(root, http_port, free_port(), free_port()), **env}
-    log_path = root / "serve.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tritonactor.cli", "serve", *flags],
-            env=full_env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    server = ServerProcess(process, http_port, log_path, full_env)
-
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited {process.returncode}:\n{server.log()}")
-        try:
-            return httpx.get(f"{server.base}/v2/health/ready", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(ready, timeout=90)
-    return server
 
 
 @pytest.fixture
@@ -189,7 +163,7 @@ def test_explicit_mode_loads_what_the_store_holds_at_the_load(
     upload_model(s3_server, bucket, "repo", tmp_path, "first")
     # As docs/object-store.md says it: `tritonactor serve` with two front-end processes, the
     # store read by the one engine.
-    server = serve(
+    server = start_serve(
         tmp_path,
         s3_server.env(),
         "--workers",

@@ -154,11 +154,7 @@ class StoreMirror:
 
     def new(self, listing: Listing) -> set[str]:
         """The models in the store that the mirror has no copy of (failed copies aside)."""
-        return {
-            name
-            for name in set(listing) - set(self._synced)
-            if name not in self._failed or listing[name] != self._failed[name]
-        }
+        return {name for name in self.changed(listing) if name not in self._synced}
 
     def gone(self, listing: Listing) -> set[str]:
         """The models the mirror has a copy of that the store no longer holds."""

@@ -16,7 +16,6 @@ cannot be copied fails its own load, not the others'.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import anyio
 from tritonactor.actors import Actor, Reply
 from tritonactor.config.model_config import ConfigError, read_pbtxt
 from tritonactor.store.mirror import Listing, StoreMirror
-from tritonactor.store.remote import StoreError
+from tritonactor.store.remote import ObjectInfo, StoreError
 
 __all__ = ["Refresh", "StoreSyncer"]
 
@@ -61,9 +60,9 @@ class StoreSyncer(Actor[Any]):
         super().__init__("store-syncer")
         self._mirrors = tuple(mirrors)
         self._interval = interval
-        # (location, model) -> the digest of the objects the last listing showed, while they
-        # differ from the copy.
-        self._probes: dict[tuple[str, str], str] = {}
+        # (location, model) -> the objects the last listing showed (None: no model), while
+        # they differ from the copy.
+        self._probes: dict[tuple[str, str], dict[str, ObjectInfo] | None] = {}
         self._failing: set[str] = set()
 
     async def started(self) -> None:
@@ -103,8 +102,8 @@ class StoreSyncer(Actor[Any]):
             changed = mirror.changed(listing)
             for name in changed:
                 key = (str(mirror), name)
-                probe = _digest(listing.get(name))
-                if self._probes.get(key) == probe:
+                probe = listing.get(name)
+                if key in self._probes and self._probes[key] == probe:
                     settled.append(name)
                     del self._probes[key]
                 else:
@@ -170,10 +169,3 @@ def _steps(folder: Path) -> list[str]:
         return []
     scheduling = config.ensemble_scheduling
     return [step.model_name for step in scheduling.step] if scheduling is not None else []
-
-
-def _digest(objects: dict[str, Any] | None) -> str:
-    if objects is None:
-        return ""
-    text = "\n".join(f"{key}\0{info!r}" for key, info in sorted(objects.items()))
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
