@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -35,18 +34,6 @@ from tritonactor.core.types import (
     RequestedOutput,
     ResponseSender,
 )
-
-
-@pytest.fixture(scope="module")
-def backend() -> PythonBackend:
-    return PythonBackend()
-
-
-@pytest.fixture
-def start(backend: PythonBackend) -> Iterator[Started]:
-    started = Started(backend)
-    yield started
-    started.finalize_all()
 
 
 def add_sub_request(a: np.ndarray, b: np.ndarray, model: str = "add_sub") -> InferenceRequest:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -16,21 +15,9 @@ import pytest
 from tests.python_backend_support import Started, outputs, request, tensor
 from tritonactor.backends.base import InstanceDied
 from tritonactor.backends.lifetime import BatchNotRun
-from tritonactor.backends.python import PythonBackend, ipc
+from tritonactor.backends.python import ipc
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def backend() -> PythonBackend:
-    return PythonBackend()
-
-
-@pytest.fixture
-def start(backend: PythonBackend) -> Iterator[Started]:
-    started = Started(backend)
-    yield started
-    started.finalize_all()
 
 
 def crash_request(value: int):  # type: ignore[no-untyped-def]

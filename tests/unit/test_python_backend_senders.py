@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,21 +29,8 @@ from tests.python_backend_support import (
 )
 from tritonactor.actors import Reply
 from tritonactor.backends.base import RESCHEDULE, Deferred
-from tritonactor.backends.python import PythonBackend
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceResponse, RequestedOutput
-
-
-@pytest.fixture(scope="module")
-def backend() -> PythonBackend:
-    return PythonBackend()
-
-
-@pytest.fixture
-def start(backend: PythonBackend) -> Iterator[Started]:
-    started = Started(backend)
-    yield started
-    started.finalize_all()
 
 
 def late(mode: str, value: int = 0, model: str = "late_answer"):  # type: ignore[no-untyped-def]
