@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # http_infer.py's help
 
 import numpy as np  # noqa: E402
 from http_infer import start_server, stop_server, tree_cpu_seconds  # noqa: E402
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import (  # noqa: E402
     BatchSpanProcessor,
@@ -47,6 +46,7 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402
 
 from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 from tritonactor.core.types import InferenceRequest, Tensor  # noqa: E402
+from tritonactor.observability.otlp import OtlpHttpExporter  # noqa: E402
 from tritonactor.observability.trace_settings import TraceSettings  # noqa: E402
 from tritonactor.observability.tracing import BatchTrace, Tracing  # noqa: E402
 
@@ -164,7 +164,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 class _TimedExporter(SpanExporter):
-    """The real OTLP exporter, with the CPU time of the thread that exports counted."""
+    """The server's OTLP exporter, with the CPU time of the thread that exports counted."""
 
     def __init__(self, exporter: SpanExporter) -> None:
         self._exporter = exporter
@@ -185,7 +185,7 @@ def in_process(receiver: OtlpReceiver, requests: int = 5000) -> tuple[float, flo
     """CPU µs per traced request, on the request's thread and in the export thread: the span
     work of the front end, router and instance, in the server's own classes, exported over
     OTLP/HTTP to the receiver, without the server around it."""
-    exporter = _TimedExporter(OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces"))
+    exporter = _TimedExporter(OtlpHttpExporter(endpoint=f"{receiver.endpoint}/v1/traces"))
     provider = TracerProvider(shutdown_on_exit=False)
     tracing = Tracing(provider, TraceSettings(level=("TIMESTAMPS",), rate=1))
     tracing.add_processor(BatchSpanProcessor(exporter, max_queue_size=4 * requests))

@@ -43,6 +43,8 @@ class OtlpReceiver:
         self._lock = threading.Condition()
         self._spans: list[ReceivedSpan] = []
         self.requests = 0
+        # Every export request as it arrived (decoded), in order.
+        self.messages: list[trace_service_pb2.ExportTraceServiceRequest] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -115,6 +117,7 @@ class OtlpReceiver:
                     )
         with self._lock:
             self.requests += 1
+            self.messages.append(request)
             self._spans.extend(spans)
             self._lock.notify_all()
 

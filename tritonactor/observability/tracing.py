@@ -19,8 +19,8 @@ to it, and it links to all of them. Which requests are traced is decided as they
 Request spans are cheap on purpose: the SDK's span objects cost ~25 µs each (locks, bounded
 attributes, a sampler call), and a request makes five. Once a request is sampled, its spans are
 built as finished `ReadableSpan`s (with the provider's resource and id generator) and handed to
-the span processors, which batch and export them with the SDK's exporters as any span. The
-control plane, which is rare, uses the SDK tracer."""
+the span processors, which batch and export them with the SDK's exporters as any span (their
+OTLP protobuf written by `otlp.py`). The control plane, which is rare, uses the SDK tracer."""
 
 from __future__ import annotations
 
@@ -158,16 +158,11 @@ def _exporters(config: TracingConfig) -> list[SpanExporter]:
     for name in config.exporters:
         if name == "console":
             exporters.append(ConsoleSpanExporter())
-        elif config.protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            continue
+        # The SDK's OTLP exporters, writing the protobuf bytes directly (otlp.py: 3x cheaper).
+        from tritonactor.observability.otlp import OtlpGrpcExporter, OtlpHttpExporter
 
-            exporters.append(OTLPSpanExporter())
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter as HttpSpanExporter,
-            )
-
-            exporters.append(HttpSpanExporter())
+        exporters.append(OtlpGrpcExporter() if config.protocol == "grpc" else OtlpHttpExporter())
     return exporters
 
 
