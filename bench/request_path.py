@@ -236,8 +236,11 @@ def send(connection: http.client.HTTPConnection, call: Call) -> bytes:
     return data
 
 
-def start_uvicorn(repository: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The same app under uvicorn (httptools, uvloop), one process; waits until it is ready."""
+def start_uvicorn(
+    repository: Path, workdir: Path, workers: int = 0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The same app under uvicorn (httptools, uvloop), one process; or, with `workers`,
+    `tritonactor serve --workers N` (N front ends and the engine); waits until it is ready."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
     env.update(
@@ -248,6 +251,10 @@ def start_uvicorn(repository: Path, workdir: Path) -> tuple[subprocess.Popen[byt
     )
     command = [sys.executable, "-m", "uvicorn", "tritonactor.app:app", "--port", str(port)]
     command += ["--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+    if workers:
+        command = [str(Path(sys.executable).with_name("tritonactor")), "serve"]
+        command += ["--http-port", str(port)]
+        command += ["--workers", str(workers)]
     log = (workdir / "uvicorn.log").open("wb")
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + 60
@@ -264,13 +271,17 @@ def start_uvicorn(repository: Path, workdir: Path) -> tuple[subprocess.Popen[byt
 
 
 def measure_server(
-    selected: Sequence[str], requests: int, workdir: Path, server: str = "hypercorn"
+    selected: Sequence[str],
+    requests: int,
+    workdir: Path,
+    server: str = "hypercorn",
+    workers: int = 2,
 ) -> dict[str, float]:
     repository = workdir / "models"
     write_repository(repository)
     regions = Regions()
-    if server == "uvicorn":
-        process, url = start_uvicorn(repository, workdir)
+    if server in ("uvicorn", "serve"):
+        process, url = start_uvicorn(repository, workdir, workers if server == "serve" else 0)
     else:
         process, url = start_server(repository, workdir)
     results: dict[str, float] = {}
@@ -459,8 +470,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("server", "asgi", "both"), default="both")
     parser.add_argument(
-        "--server", choices=("hypercorn", "uvicorn"), default="hypercorn", help="server mode"
+        "--server",
+        choices=("hypercorn", "uvicorn", "serve"),
+        default="hypercorn",
+        help="server mode (serve: `tritonactor serve --workers N`: front ends and the engine)",
     )
+    parser.add_argument("--workers", type=int, default=2, help="--server serve's front ends")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument(
         "--cases", default="live,small_onnx,small_python,json_onnx,big_onnx,shm_onnx"
@@ -483,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"-- one {args.server} worker, one keep-alive connection (its process tree's CPU)"
             )
             (workdir / "server").mkdir()
-            measure_server(selected, args.requests, workdir / "server", args.server)
+            measure_server(selected, args.requests, workdir / "server", args.server, args.workers)
     return 0
 
 

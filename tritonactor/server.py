@@ -33,6 +33,7 @@ from tritonactor.control.overrides import (
 )
 from tritonactor.control.watcher import RepositoryWatcher, take_snapshot, tell_changes
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable
+from tritonactor.core.heap import keep_freed_memory
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.observability import logging as log_settings
@@ -109,9 +110,11 @@ def settle_heap() -> None:
     """Once started: what startup made (modules, configs, models' Python objects) moves out of
     the collector's generations, so a full collection no longer walks it. A full collection
     of a started server took ~25 ms and came every ~0.6 s under load, which was the p99 of
-    dynamic batching (docs/benchmarks.md)."""
+    dynamic batching (docs/benchmarks.md). Large buffers freed from now on stay in the heap
+    for the next request (core/heap.py)."""
     gc.collect()
     gc.freeze()
+    keep_freed_memory()
 
 
 class Server:

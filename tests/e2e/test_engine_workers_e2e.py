@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
@@ -139,10 +140,10 @@ def infer_body(value: float) -> dict:
     }
 
 
-def _repository(root: Path) -> Path:
+def _repository(root: Path, models: tuple[str, ...] = ()) -> Path:
     repo = root / "repo"
-    shutil.copytree(MODELS / "add_sub", repo / "add_sub")
-    shutil.copytree(MODELS / "cancellable", repo / "cancellable")
+    for name in ("add_sub", "cancellable", *models):
+        shutil.copytree(MODELS / name, repo / name)
     config = repo / "add_sub" / "config.pbtxt"
     config.write_text(
         config.read_text().replace(
@@ -153,8 +154,10 @@ def _repository(root: Path) -> Path:
     return repo
 
 
-def start(kind: str, root: Path, *extra: str, ready: bool = True) -> Served:
-    repo = _repository(root)
+def start(
+    kind: str, root: Path, *extra: str, ready: bool = True, models: tuple[str, ...] = ()
+) -> Served:
+    repo = _repository(root, models)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     env = loopback_env(root, http_port, grpc_port, metrics_port)
     env["TRITONACTOR_MODEL_REPOSITORY"] = str(repo)
@@ -363,3 +366,67 @@ def test_an_engine_that_goes_away_ends_every_request_and_the_server_recovers(
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
     assert client.is_model_ready("add_sub")
     client.close()
+
+
+def lane_files(pid: int) -> set[str]:
+    """The shared-memory slots a process made for large tensors (engine/lanes.py)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"tritonactor-lane-{pid}-")}
+
+
+def infer_large(connection: http.client.HTTPConnection, data: np.ndarray) -> np.ndarray:
+    """async_add over binary HTTP: INPUT0 + 1."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": list(data.shape),
+                    "parameters": {"binary_data_size": data.nbytes},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    connection.request(
+        "POST",
+        "/v2/models/async_add/infer",
+        body=header + data.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    response = connection.getresponse()
+    body = response.read()
+    assert response.status == 200, body[:500]
+    length = int(response.getheader("Inference-Header-Content-Length"))
+    return np.frombuffer(body[length:], np.float32).reshape(data.shape)
+
+
+def test_large_tensors_cross_in_shared_memory_that_is_reused_and_removed(tmp_path: Path) -> None:
+    """1 MiB in and out through each front end: the tensors go to the engine and back through
+    each side's lane slots (files in /dev/shm) rather than the socket, the slots are reused
+    request after request, a front end killed outright has its slots removed by the engine, and
+    nothing is left once the server stops."""
+    served = start("serve", tmp_path, models=("async_add",))
+    try:
+        engine = served.engine()
+        connections = served.per_front_end()
+        rng = np.random.default_rng(0)
+        made: dict[int, set[str]] = {}
+        for _ in range(3):
+            for connection in connections.values():
+                data = rng.random((1, 1 << 18), dtype=np.float32)
+                np.testing.assert_array_equal(infer_large(connection, data), data + 1)
+            made = made or {pid: lane_files(pid) for pid in (engine, *connections)}
+        assert all(made.values()), made
+        assert {pid: lane_files(pid) for pid in (engine, *connections)} == made  # reused
+        (doomed, _lost), (survivor, kept) = connections.items()
+        os.kill(doomed, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while lane_files(doomed):
+            assert time.monotonic() < deadline, "the dead front end's slots were not removed"
+            time.sleep(0.05)
+        data = rng.random((2, 1 << 17), dtype=np.float32)
+        np.testing.assert_array_equal(infer_large(kept, data), data + 1)
+    finally:
+        stop(served)
+    assert not lane_files(engine) and not lane_files(survivor)

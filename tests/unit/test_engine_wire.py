@@ -118,6 +118,42 @@ def test_frames_split_anywhere_come_out_whole_and_in_order() -> None:
     assert out == messages
 
 
+def _answer(index: int, elements: int) -> m.Answer:
+    data = np.full((1, elements), index, dtype=np.float32)
+    return m.Answer(
+        index, InferenceResponse("m", "1", "", [Tensor("OUT", "FP32", data.shape, data)])
+    )
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 65_536, 4_093, 7])
+def test_large_and_small_frames_read_as_a_socket_reads_them_stay_intact(chunk: int) -> None:
+    """Read as a buffered protocol is read (into `get_buffer`, however much the socket
+    gives): a large tensor arrives in memory of its own, read-only, and stays as it was while
+    the frames after it reuse the reader's buffer; a frame larger than that buffer without
+    out-of-band buffers (BYTES) grows it."""
+    sizes = [OUT_OF_BAND, 16, 3 * OUT_OF_BAND + 5, 1, 300_000, 16, OUT_OF_BAND // 4 - 1]
+    messages: list[object] = [_answer(i, n) for i, n in enumerate(sizes)]
+    words = np.array([bytes([i % 256]) * 1000 for i in range(600)], dtype=object)
+    messages.insert(
+        3, m.Answer(99, InferenceResponse("m", "1", "", [Tensor("W", "BYTES", (600,), words)]))
+    )
+    stream = memoryview(b"".join(bytes(piece) for message in messages for piece in encode(message)))
+    reader = FrameReader()
+    received: list[object] = []
+    while stream:
+        with reader.get_buffer(-1) as target:
+            taken = min(len(target), len(stream), chunk)
+            target[:taken] = stream[:taken]
+        received += reader.buffer_updated(taken)
+        stream = stream[taken:]
+    assert [answer.id for answer in received] == [answer.id for answer in messages]
+    for sent, got in zip(messages, received, strict=True):
+        before, after = sent.value.outputs[0].data, got.value.outputs[0].data
+        np.testing.assert_array_equal(after, before)
+        if before.dtype != object and before.nbytes >= OUT_OF_BAND:
+            assert not after.flags.writeable
+
+
 def test_a_frame_that_does_not_unpickle_raises() -> None:
     garbage = b"\xff" * 5
     frame = HEADER.pack(len(garbage), 0, 0) + garbage

@@ -24,6 +24,7 @@ from tritonactor.actors import Reply
 from tritonactor.core.errors import TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.engine import messages as m
+from tritonactor.engine.lanes import Lane, LaneReader, sweep_lanes
 from tritonactor.engine.launch import same_user
 from tritonactor.engine.wire import PROTOCOL, TRACE_CARRIER, FrameReader, encode
 from tritonactor.scheduling.router import Router
@@ -60,10 +61,14 @@ def table(router: Router) -> m.Table:
     )
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     def __init__(self, host: EngineHost) -> None:
         self._host = host
-        self._reader = FrameReader()
+        # Large tensors: those sent go through this side's lane, those received come from
+        # the front end's (engine/lanes.py).
+        self._lane = Lane()
+        self._lanes = LaneReader()
+        self._reader = FrameReader(self._lanes)
         self._transport: asyncio.Transport | None = None
         # Requests in flight, by id: what a Cancel reaches.
         self._requests: dict[int, InferenceRequest] = {}
@@ -85,9 +90,12 @@ class _Connection(asyncio.Protocol):
         self.send(table(self._host.server.router))
         self.send(self._host.regions())
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            received = self._reader.feed(data)
+            received = self._reader.buffer_updated(nbytes)
         except Exception:
             log.exception("a front end sent a frame that does not decode: closing it")
             assert self._transport is not None
@@ -95,6 +103,9 @@ class _Connection(asyncio.Protocol):
             return
         for message in received:
             self._dispatch(message)
+        if self._lanes.taken:
+            self.send(m.Released(tuple(self._lanes.taken)))
+            self._lanes.taken.clear()
 
     async def ask(self, method: str, *args: Any) -> Any:
         """Ask the front end (None when it has gone meanwhile)."""
@@ -106,6 +117,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._lane.close()
+        self._lanes.close()
         for future in self._asked.values():
             if not future.done():
                 future.set_result(None)
@@ -124,7 +137,7 @@ class _Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         try:
-            pieces = encode(message)
+            pieces = encode(message, self._lane)
         except Exception as error:
             # An answer that does not pickle (a backend's odd output) fails its request rather
             # than leaving the front end waiting for it.
@@ -159,6 +172,8 @@ class _Connection(asyncio.Protocol):
                 self.send(m.Answer(message.id, None))
             else:
                 self._host.deserted.set()
+        elif type(message) is m.Released:
+            self._lane.release(message.names)
         elif type(message) is m.Answer:
             asked = self._asked.pop(message.id, None)
             if asked is not None and not asked.done():
@@ -313,6 +328,7 @@ class EngineHost:
         self._thread = threading.get_ident()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+        sweep_lanes()  # what a server killed outright left in /dev/shm
         listener = await self.loop.create_unix_server(lambda: _Connection(self), self.path)
         os.chmod(self.path, 0o600)
         try:

@@ -4,7 +4,8 @@ Front end → engine: `Call` (a method of the engine's server, by name), `Submit
 request), `Cancel` (its client went away). Engine → front end: `Answer`/`Failed` (a call's or a
 request's outcome), `Part` (one response of a decoupled model's stream), `Table` (the ready
 model versions, sent whenever they change, before anything that depends on the change), and
-`Regions` (the shared-memory regions clients registered, likewise)."""
+`Regions` (the shared-memory regions clients registered, likewise). Both ways: `Released`
+(lane slots whose tensors the receiver has copied out)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ class Ask:
 @dataclass(frozen=True, slots=True)
 class Cancel:
     id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """Either way: the receiver has copied these slots of the sender's lane out
+    (engine/lanes.py); the sender may reuse them."""
+
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

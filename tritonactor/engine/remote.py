@@ -26,6 +26,7 @@ from tritonactor.actors import Reply
 from tritonactor.core.errors import TritonError, cancelled, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.engine import messages as m
+from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.launch import EngineFailed, same_user
 from tritonactor.engine.wire import PROTOCOL, FrameReader, encode
 from tritonactor.memory.region import Kind
@@ -42,12 +43,16 @@ ENGINE_GONE = "the server's engine is not running"
 STOP_GRACE_S = 1.0
 
 
-class EngineConnection(asyncio.Protocol):
+class EngineConnection(asyncio.BufferedProtocol):
     """One front end's connection to the engine: calls and requests by id, answers matched
     back to them."""
 
     def __init__(self, on_message: Any) -> None:
-        self._reader = FrameReader()
+        # Large tensors: those sent go through this side's lane, those received come from
+        # the engine's (engine/lanes.py).
+        self._lane = Lane()
+        self._lanes = LaneReader()
+        self._reader = FrameReader(self._lanes)
         self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, Reply[Any]] = {}
@@ -61,8 +66,11 @@ class EngineConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
-    def data_received(self, data: bytes) -> None:
-        for message in self._reader.feed(data):
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        for message in self._reader.buffer_updated(nbytes):
             kind = type(message)
             if kind is m.Answer:
                 # A decoupled model may go on sending after its execute returned: its
@@ -90,13 +98,21 @@ class EngineConnection(asyncio.Protocol):
                         request.sender.send(
                             message.response, error=message.error, final=message.final
                         )
+            elif kind is m.Released:
+                self._lane.release(message.names)
             elif kind is m.Hello and not self.hello.done():
                 self.hello.set_result(message)
             else:
                 self._on_message(message)
+        if self._lanes.taken:
+            with contextlib.suppress(TritonError):  # the engine is gone: nothing to release
+                self.send(m.Released(tuple(self._lanes.taken)))
+            self._lanes.taken.clear()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._lane.close()
+        self._lanes.close()
         waiting, self._waiting = self._waiting, {}
         parts, self._parts = self._parts, {}
         self._traced.clear()
@@ -125,7 +141,7 @@ class EngineConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise unavailable(ENGINE_GONE)
-        pieces = encode(message)
+        pieces = encode(message, self._lane)
         if len(pieces) == 1:
             transport.write(pieces[0])
         else:

@@ -1,11 +1,13 @@
 """How messages cross between a front-end process and the engine: frames of pickle protocol 5.
 
 A frame is a 20-byte header (the pickle's length, the number of out-of-band buffers, the total
-bytes of those buffers), the pickle, then each buffer preceded by its 8-byte length. A tensor of
-numbers crosses as its raw bytes (numpy's own pickling costs several times more); one of at
-least `OUT_OF_BAND` bytes as an out-of-band buffer, written to the socket from the tensor's own
-memory. The receiver copies each such buffer once out of what it read (so that the tensor
-outlives the read buffer) and the array is a read-only view of that copy.
+bytes of what describes them), the pickle, then each buffer preceded by its 8-byte length, or,
+for a buffer in the sender's shared-memory lane (engine/lanes.py), that length with its top bit
+set and the name of the slot holding it. A tensor of numbers crosses as its raw bytes
+(numpy's own pickling costs several times more); one of at least `OUT_OF_BAND` bytes as an
+out-of-band buffer: copied into a lane slot, or, when the lane has no room, written to the
+socket from the tensor's own memory and read into memory of the frame's own. Either way the
+received array is a read-only view of one copy that lives as long as it does.
 
 What a request carries that only makes sense in its own process is left behind when it is
 pickled: its `context` (a front end's shared-memory lease), its response sender (the engine
@@ -32,6 +34,7 @@ from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.engine import messages
+from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.scheduling.statistics import FirstResponseHistogram
 
 # The version of the messages and frames: tritonactor's, and a digest of the modules that
@@ -52,6 +55,9 @@ OUT_OF_BAND = 64 * 1024
 
 HEADER = struct.Struct("<QIQ")
 LENGTH = struct.Struct("<Q")
+# A buffer in a lane slot: its length with the top bit set, then the slot's name (length, bytes).
+IN_LANE = struct.Struct("<QH")
+_LANE_FLAG = 1 << 63
 
 
 def _rebuild_error(code: int, message: str) -> TritonError:
@@ -165,6 +171,7 @@ for _cls in (
     messages.Part,
     messages.Call,
     messages.Cancel,
+    messages.Released,
 ):
     _TABLE[_cls] = _by_fields(_cls)
 
@@ -173,8 +180,9 @@ def _in_band(buffer: pickle.PickleBuffer) -> bool:
     return buffer.raw().nbytes < OUT_OF_BAND
 
 
-def encode(message: object) -> list[bytes | memoryview]:
-    """The frame of `message`, as the pieces to write one after another."""
+def encode(message: object, lane: Lane | None = None) -> list[bytes | memoryview]:
+    """The frame of `message`, as the pieces to write one after another; its large tensors
+    in `lane`'s shared memory when it has room (see engine/lanes.py)."""
     out = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
 
@@ -190,50 +198,137 @@ def encode(message: object) -> list[bytes | memoryview]:
     body = out.getbuffer()
     if not buffers:
         return [HEADER.pack(len(body), 0, 0) + body]
-    raws = [buffer.raw() for buffer in buffers]
-    total = sum(raw.nbytes + LENGTH.size for raw in raws)
-    pieces: list[bytes | memoryview] = [HEADER.pack(len(body), len(raws), total), body]
-    for raw in raws:
-        pieces.append(LENGTH.pack(raw.nbytes))
-        pieces.append(raw)
+    pieces: list[bytes | memoryview] = [b"", body]
+    total = 0
+    for buffer in buffers:
+        raw = buffer.raw()
+        name = lane.put(raw) if lane is not None else None
+        if name is None:
+            pieces += (LENGTH.pack(raw.nbytes), raw)
+            total += LENGTH.size + raw.nbytes
+        else:
+            reference = name.encode()
+            pieces.append(IN_LANE.pack(raw.nbytes | _LANE_FLAG, len(reference)) + reference)
+            total += IN_LANE.size + len(reference)
+    pieces[0] = HEADER.pack(len(body), len(buffers), total)
     return pieces
 
 
 class FrameReader:
-    """Turns the bytes read from a stream into messages, however the stream splits them."""
+    """Turns the bytes of a stream into messages, however the stream splits them. It is read
+    into directly (`asyncio.BufferedProtocol`: `get_buffer`, then `buffer_updated`): small
+    frames into one reused buffer; a frame carrying out-of-band buffers into a buffer of its
+    own, exactly its size, which its tensors then view, read-only. So a large tensor is copied
+    once on its way in, by the kernel, instead of three times (into a chunk, appended to a
+    buffer, copied out of it)."""
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_buffer", "_end", "_filled", "_frame", "_lanes", "_layout", "_start")
 
-    def __init__(self) -> None:
-        self._buffer = bytearray()
+    def __init__(self, lanes: LaneReader | None = None) -> None:
+        # Where tensors sent through the other side's lane are read from.
+        self._lanes = lanes
+        self._buffer = bytearray(_SMALL)
+        self._start = 0  # the first byte not decoded yet
+        self._end = 0  # the end of what was read
+        # The frame being read into its own buffer (what follows its header), how much of it
+        # has arrived, and its (pickle length, buffer count).
+        self._frame: np.ndarray | None = None
+        self._filled = 0
+        self._layout = (0, 0)
 
-    def feed(self, data: bytes) -> list[object]:
-        """The messages completed by `data`, in order."""
-        buffer = self._buffer
-        buffer += data
-        messages = []
-        start = 0
-        end = len(buffer)
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next bytes read go."""
+        if self._frame is not None:
+            return memoryview(self._frame)[self._filled :]
+        if len(self._buffer) - self._end < _ROOM:
+            self._make_room()
+        return memoryview(self._buffer)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> list[object]:
+        """The messages completed by the `nbytes` just read into `get_buffer`'s memory."""
+        frame = self._frame
+        if frame is not None:
+            self._filled += nbytes
+            if self._filled < len(frame):
+                return []
+            self._frame = None
+            return [self._decode_own(frame, *self._layout)]
+        self._end += nbytes
+        buffer, start, end = self._buffer, self._start, self._end
+        messages: list[object] = []
         while end - start >= HEADER.size:
             length, count, extra = HEADER.unpack_from(buffer, start)
-            frame_end = start + HEADER.size + length + extra
-            if frame_end > end:
+            begin = start + HEADER.size
+            size = length + extra
+            if count:  # out-of-band buffers: the frame gets memory of its own
+                have = min(end - begin, size)
+                own = np.empty(size, np.uint8)  # not zeroed first, as a bytearray would be
+                own[:have] = np.frombuffer(buffer, np.uint8, have, begin)
+                start = begin + have
+                if have == size:
+                    messages.append(self._decode_own(own, length, count))
+                    continue
+                self._frame, self._filled, self._layout = own, have, (length, count)
                 break
-            body_start = start + HEADER.size
-            view = memoryview(buffer)
-            body = view[body_start : body_start + length]
-            buffers = []
-            position = body_start + length
-            for _ in range(count):
-                (size,) = LENGTH.unpack_from(buffer, position)
-                position += LENGTH.size
-                # A copy of its own, so that the tensor outlives this reader's buffer.
-                buffers.append(bytes(view[position : position + size]))
-                position += size
-            messages.append(pickle.loads(body, buffers=buffers))
-            body.release()
-            view.release()
-            start = frame_end
-        if start:
-            del buffer[:start]
+            if end - begin < size:
+                break
+            with memoryview(buffer) as view, view[begin : begin + length] as body:
+                messages.append(pickle.loads(body))
+            start = begin + size
+        if start == end:
+            start = end = 0
+            if len(buffer) > _SMALL * 4:  # after a rare large frame
+                self._buffer = bytearray(_SMALL)
+        self._start, self._end = start, end
         return messages
+
+    def feed(self, data: bytes | memoryview) -> list[object]:
+        """The messages completed by `data` (for a reader that is handed chunks)."""
+        messages: list[object] = []
+        view = memoryview(data).cast("B")
+        while view:
+            with self.get_buffer(len(view)) as target:
+                taken = min(len(target), len(view))
+                target[:taken] = view[:taken]
+            messages += self.buffer_updated(taken)
+            view = view[taken:]
+        return messages
+
+    def _decode_own(self, frame: np.ndarray, length: int, count: int) -> object:
+        """A frame read into memory of its own: the pickle, then each buffer after its
+        length (or the lane slot it is in); the buffers are read-only views of that memory,
+        which lives as long as they do."""
+        view = memoryview(frame).toreadonly()
+        buffers = []
+        position = length
+        for _ in range(count):
+            (size,) = LENGTH.unpack_from(frame, position)
+            if size & _LANE_FLAG:
+                size, name_length = IN_LANE.unpack_from(frame, position)
+                position += IN_LANE.size
+                name = bytes(view[position : position + name_length]).decode()
+                if self._lanes is None:
+                    raise ValueError("a tensor in a lane, on a connection without lanes")
+                buffers.append(self._lanes.take(name, size & ~_LANE_FLAG))
+                position += name_length
+                continue
+            position += LENGTH.size
+            buffers.append(view[position : position + size])
+            position += size
+        return pickle.loads(view[:length], buffers=buffers)
+
+    def _make_room(self) -> None:
+        start, end = self._start, self._end
+        pending = end - start
+        if len(self._buffer) - pending >= _ROOM:
+            self._buffer[:pending] = self._buffer[start:end]
+        else:  # a frame larger than the buffer: a bigger one
+            grown = bytearray(max(2 * len(self._buffer), pending + _ROOM))
+            grown[:pending] = memoryview(self._buffer)[start:end]
+            self._buffer = grown
+        self._start, self._end = 0, pending
+
+
+# The reused buffer of small frames, and the least room it offers a read.
+_SMALL = 256 * 1024
+_ROOM = 64 * 1024

@@ -1,0 +1,139 @@
+"""engine/lanes.py with the frames of engine/wire.py: large tensors cross in shared-memory
+slots that the receiver copies out and releases; without room they cross on the socket."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tritonactor.core.types import InferenceResponse, Tensor
+from tritonactor.engine import lanes
+from tritonactor.engine import messages as m
+from tritonactor.engine.lanes import PREFIX, Lane, LaneReader, sweep_lanes
+from tritonactor.engine.wire import OUT_OF_BAND, FrameReader, encode
+
+SHM = lanes.SHM_DIR
+
+
+def answer(index: int, elements: int) -> m.Answer:
+    data = np.arange(elements, dtype=np.float32) + index
+    return m.Answer(
+        index, InferenceResponse("m", "1", "", [Tensor("OUT", "FP32", (elements,), data)])
+    )
+
+
+def files(lane: Lane) -> set[str]:
+    return {name for name in os.listdir(SHM) if name.startswith(lane.prefix + "-")}
+
+
+def cross(message: m.Answer, lane: Lane, reader: FrameReader) -> m.Answer:
+    [received] = reader.feed(b"".join(bytes(piece) for piece in encode(message, lane)))
+    assert isinstance(received, m.Answer)
+    return received
+
+
+def test_a_large_tensor_crosses_in_a_slot_that_is_reused_once_released() -> None:
+    lane, taken = Lane(), LaneReader()
+    reader = FrameReader(taken)
+    try:
+        pieces = encode(answer(1, OUT_OF_BAND), lane)
+        assert sum(len(bytes(piece)) for piece in pieces) < 1024  # the bytes stayed behind
+        [first] = reader.feed(b"".join(bytes(piece) for piece in pieces))
+        np.testing.assert_array_equal(
+            first.value.outputs[0].data, answer(1, OUT_OF_BAND).value.outputs[0].data
+        )
+        assert len(taken.taken) == 1 and len(files(lane)) == 1
+        # Not released yet: the next tensor needs a slot of its own.
+        second = cross(answer(2, OUT_OF_BAND), lane, reader)
+        assert len(files(lane)) == 2
+        lane.release(tuple(taken.taken))
+        taken.taken.clear()
+        third = cross(answer(3, OUT_OF_BAND // 2), lane, reader)
+        assert len(files(lane)) == 2  # a released slot took it
+        # What was received is a copy: reusing the slots changed none of it.
+        for index, got in ((1, first), (2, second), (3, third)):
+            size = got.value.outputs[0].data.size
+            np.testing.assert_array_equal(
+                got.value.outputs[0].data, np.arange(size, dtype=np.float32) + index
+            )
+            assert not got.value.outputs[0].data.flags.writeable
+    finally:
+        lane.close()
+        taken.close()
+    assert not files(lane)
+
+
+def test_without_room_in_the_lane_a_tensor_crosses_on_the_socket() -> None:
+    lane, taken = Lane(limit=2 * OUT_OF_BAND), LaneReader()
+    reader = FrameReader(taken)
+    try:
+        big = answer(1, 4 * OUT_OF_BAND)  # 4 x 64 KiB elements of 4 bytes: over the limit
+        pieces = encode(big, lane)
+        assert sum(len(bytes(piece)) for piece in pieces) > big.value.outputs[0].data.nbytes
+        got = cross(big, lane, reader)
+        np.testing.assert_array_equal(got.value.outputs[0].data, big.value.outputs[0].data)
+        assert not files(lane) and not taken.taken
+    finally:
+        lane.close()
+
+
+def test_a_full_shm_folder_sends_tensors_on_the_socket_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As Docker's 64 MiB /dev/shm fills: the space is reserved when a slot is made, so the
+    refusal comes then (ENOSPC, injected here), never as a SIGBUS on a later write."""
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    lane, reader = Lane(), FrameReader(LaneReader())
+    with caplog.at_level(logging.WARNING, "tritonactor.engine.lanes"):
+        for index in range(3):
+            got = cross(answer(index, OUT_OF_BAND), lane, reader)
+            np.testing.assert_array_equal(
+                got.value.outputs[0].data, answer(index, OUT_OF_BAND).value.outputs[0].data
+            )
+    assert not files(lane)
+    said = [r.getMessage() for r in caplog.records if r.name == "tritonactor.engine.lanes"]
+    assert len(said) == 1 and "over its socket" in said[0]
+
+
+def test_a_reader_refuses_what_is_not_a_slot_of_a_lane() -> None:
+    reader = LaneReader()
+    for name in ("../etc/passwd", "tritonactor-lane-1/../../x", "other-file"):
+        with pytest.raises(ValueError, match="not a lane slot"):
+            reader.take(name, 1)
+    lane = Lane()
+    try:
+        with pytest.raises(ValueError, match="a tensor in a lane"):
+            FrameReader().feed(b"".join(bytes(p) for p in encode(answer(1, OUT_OF_BAND), lane)))
+    finally:
+        lane.close()
+
+
+def test_slots_of_processes_no_longer_running_are_swept() -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    gone = os.path.join(SHM, f"{PREFIX}{int(dead.stdout)}-0-0")
+    mine = os.path.join(SHM, f"{PREFIX}{os.getpid()}-999-0")
+    for path in (gone, mine):
+        with open(path, "wb") as file:
+            file.write(b"x")
+    try:
+        sweep_lanes()
+        assert not os.path.exists(gone) and os.path.exists(mine)
+    finally:
+        for path in (gone, mine):
+            if os.path.exists(path):
+                os.unlink(path)
