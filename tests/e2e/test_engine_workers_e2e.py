@@ -29,6 +29,8 @@ import tritonclient.grpc as grpcclient
 
 from tests.processes import all_pids, children, cmdline, environ
 from tests.server_process import free_port, loopback_env
+from tritonactor.backends.python.ipc import SHM_DIR
+from tritonactor.engine.lanes import owner_prefix
 
 pytestmark = pytest.mark.e2e
 
@@ -370,7 +372,7 @@ def test_an_engine_that_goes_away_ends_every_request_and_the_server_recovers(
 
 def lane_files(pid: int) -> set[str]:
     """The shared-memory slots a process made for large tensors (engine/lanes.py)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"tritonactor-lane-{pid}-")}
+    return {name for name in os.listdir(SHM_DIR) if name.startswith(owner_prefix(pid))}
 
 
 def infer_large(connection: http.client.HTTPConnection, data: np.ndarray) -> np.ndarray:

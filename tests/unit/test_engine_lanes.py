@@ -15,7 +15,7 @@ import pytest
 from tritonactor.core.types import InferenceResponse, Tensor
 from tritonactor.engine import lanes
 from tritonactor.engine import messages as m
-from tritonactor.engine.lanes import PREFIX, Lane, LaneReader, sweep_lanes
+from tritonactor.engine.lanes import Lane, LaneReader, owner_prefix, remove_owned, sweep_lanes
 from tritonactor.engine.wire import OUT_OF_BAND, FrameReader, encode
 
 SHM = lanes.SHM_DIR
@@ -102,7 +102,7 @@ def test_a_full_shm_folder_sends_tensors_on_the_socket_and_says_so_once(
             )
     assert not files(lane)
     said = [r.getMessage() for r in caplog.records if r.name == "tritonactor.engine.lanes"]
-    assert len(said) == 1 and "over its socket" in said[0]
+    assert len(said) == 1 and "over their socket" in said[0]
 
 
 def test_a_reader_refuses_what_is_not_a_slot_of_a_lane() -> None:
@@ -125,15 +125,64 @@ def test_slots_of_processes_no_longer_running_are_swept() -> None:
         text=True,
         check=True,
     )
-    gone = os.path.join(SHM, f"{PREFIX}{int(dead.stdout)}-0-0")
-    mine = os.path.join(SHM, f"{PREFIX}{os.getpid()}-999-0")
-    for path in (gone, mine):
+    gone = os.path.join(SHM, f"{owner_prefix(int(dead.stdout))}test-0-0")
+    mine = os.path.join(SHM, f"{owner_prefix(os.getpid())}test-999-0")
+    elsewhere = os.path.join(SHM, f"{lanes.PREFIX}otherhost-{int(dead.stdout)}-test-0-0")
+    for path in (gone, mine, elsewhere):
         with open(path, "wb") as file:
             file.write(b"x")
     try:
         sweep_lanes()
-        assert not os.path.exists(gone) and os.path.exists(mine)
+        # Another host's (a container sharing /dev/shm) are not judged by a pid of this one.
+        assert not os.path.exists(gone) and os.path.exists(mine) and os.path.exists(elsewhere)
+        remove_owned(os.getpid())
+        assert not os.path.exists(mine)
     finally:
-        for path in (gone, mine):
+        for path in (gone, mine, elsewhere):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_room_is_made_by_dropping_free_smaller_slots_only_when_that_makes_enough() -> None:
+    """A lane at its limit drops free slots too small for the tensor (smallest first) when
+    that makes room, and names them so that the receiver unmaps them; when dropping would not
+    make room (a tensor over the whole limit, or slots still busy) it drops nothing."""
+    lane, taken = Lane(limit=4 * OUT_OF_BAND), LaneReader()
+    reader = FrameReader(taken)
+    try:
+        for index in range(4):  # four 64 KiB slots fill the lane
+            cross(answer(index, OUT_OF_BAND // 4), lane, reader)
+        assert len(files(lane)) == 4 and len(taken._mapped) == 4
+        cross(answer(9, 8 * OUT_OF_BAND // 4), lane, reader)  # over the limit: the socket
+        assert len(files(lane)) == 4 and not lane.dropped
+        cross(answer(9, 2 * OUT_OF_BAND // 4), lane, reader)  # all four busy: the socket
+        assert len(files(lane)) == 4 and not lane.dropped
+        lane.release(tuple(taken.taken[:2]))
+        cross(answer(9, 2 * OUT_OF_BAND // 4), lane, reader)  # two free ones make room
+        assert len(files(lane)) == 3 and len(lane.dropped) == 2
+        [dropped] = reader.feed(bytes(encode(m.Dropped(tuple(lane.dropped)))[0]))
+        taken.forget(dropped.names)
+        assert len(taken._mapped) == 3 and not set(dropped.names) & set(taken._mapped)
+    finally:
+        lane.close()
+        taken.close()
+
+
+def test_after_a_refusal_the_lane_tries_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    refusals = [OSError(errno.ENOSPC, "No space left on device")]
+    real = os.posix_fallocate
+
+    def once_full(fd: int, offset: int, length: int) -> None:
+        if refusals:
+            raise refusals.pop()
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", once_full)
+    monkeypatch.setattr(lanes, "_RETRY_AFTER", 2)
+    lane = Lane()
+    try:
+        data = memoryview(np.zeros(OUT_OF_BAND, np.uint8))
+        assert [lane.put(data) for _ in range(3)] == [None, None, None]
+        assert lane.put(data) is not None
+    finally:
+        lane.close()

@@ -16,6 +16,7 @@ from tritonactor.core.types import (
     Tensor,
 )
 from tritonactor.engine import messages as m
+from tritonactor.engine.lanes import Lane
 from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CARRIER, FrameReader, encode
 from tritonactor.scheduling.statistics import FirstResponseHistogram
 
@@ -178,6 +179,7 @@ def test_an_answer_that_does_not_encode_fails_its_request() -> None:
             self.written.append(b"".join(bytes(p) for p in pieces))
 
     connection = _Connection.__new__(_Connection)
+    connection._lane = Lane()
     transport = _Transport()
     connection._transport = transport  # type: ignore[assignment]
     unpicklable = InferenceResponse("m", "1", parameters={"x": lambda: None})  # type: ignore[dict-item]

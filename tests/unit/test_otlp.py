@@ -119,6 +119,22 @@ def test_the_encoder_keeps_its_cache_true_across_batches() -> None:
         same_as_sdk(spans, encoder)
 
 
+def test_values_equal_but_encoded_apart_are_not_taken_for_each_other() -> None:
+    """-0.0 == 0.0 (and protobuf's message equality agrees), but the bytes differ; a long
+    string is written, not remembered."""
+    encoder = _Encoder()
+    context = SpanContext(TRACE_ID, 5, False)
+    for value in (0.0, -0.0, 0.0, "x" * 1000, -0.0):
+        spans = [ReadableSpan("s", context, attributes={"v": value})]
+        decoded = ExportTraceServiceRequest.FromString(same_as_sdk(spans, encoder))
+        written = decoded.resource_spans[0].scope_spans[0].spans[0].attributes[0].value
+        if isinstance(value, float):
+            assert math.copysign(1, written.double_value) == math.copysign(1, value)
+        else:
+            assert written.string_value == value
+    assert all(len(str(key[3])) <= 128 for key in encoder._attributes)
+
+
 def test_spans_of_two_resources_and_scopes_group_as_the_sdk_groups_them() -> None:
     first, second = Resource({"service.name": "a"}), Resource({"service.name": "b"})
     scopes = [InstrumentationScope("x"), None, InstrumentationScope("y", "2")]

@@ -6,7 +6,9 @@ pages from the kernel and returns them when freed (above its mmap threshold, or 
 the heap beyond its trim threshold), so every request paid a page fault per 4 KiB it touched:
 with 1 MiB in and out, about a third of a front end's CPU under `tritonactor serve`
 (docs/benchmarks.md). Raising both thresholds keeps freed buffers in the heap for the next
-request. Only on glibc, and not when the operator set the allocator's own variables.
+request, at the price of keeping up to `TRIM_THRESHOLD` of free memory per malloc arena. Only
+on glibc, and not when the operator set `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` or
+any `GLIBC_TUNABLES`.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_freed_memory"]
 
 log = logging.getLogger(__name__)
 
-# Buffers below this come from the heap (glibc's own largest automatic value).
-MMAP_THRESHOLD = 32 << 20
-# Free memory at the top of the heap kept for reuse, rather than given back to the kernel.
-TRIM_THRESHOLD = 128 << 20
+# Buffers below this come from the heap rather than fresh pages of their own.
+MMAP_THRESHOLD = 4 << 20
+# Free memory at the top of a heap kept for reuse, rather than given back to the kernel: per
+# malloc arena (glibc makes one per thread that allocates, up to 8 per core), and below the
+# 64 MiB of a thread's arena heap, which so still shrinks.
+TRIM_THRESHOLD = 32 << 20
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _OPERATOR_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")

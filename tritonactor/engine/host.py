@@ -24,8 +24,8 @@ from tritonactor.actors import Reply
 from tritonactor.core.errors import TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.engine import messages as m
-from tritonactor.engine.lanes import Lane, LaneReader, sweep_lanes
-from tritonactor.engine.launch import same_user
+from tritonactor.engine.lanes import Lane, LaneReader, remove_owned, sweep_lanes
+from tritonactor.engine.launch import peer_pid, same_user
 from tritonactor.engine.wire import PROTOCOL, TRACE_CARRIER, FrameReader, encode
 from tritonactor.scheduling.router import Router
 
@@ -69,6 +69,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._lane = Lane()
         self._lanes = LaneReader()
         self._reader = FrameReader(self._lanes)
+        self._peer = 0  # the front end's pid
         self._transport: asyncio.Transport | None = None
         # Requests in flight, by id: what a Cancel reaches.
         self._requests: dict[int, InferenceRequest] = {}
@@ -81,10 +82,12 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        if not same_user(transport.get_extra_info("socket")):
+        sock = transport.get_extra_info("socket")
+        if not same_user(sock):
             log.error("a process of another user connected to the engine: closed")
             transport.close()
             return
+        self._peer = peer_pid(sock)
         self._host.open.add(self)
         self.send(m.Hello(os.getpid(), self._host.server.settings.lazy_load, PROTOCOL))
         self.send(table(self._host.server.router))
@@ -119,6 +122,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._transport = None
         self._lane.close()
         self._lanes.close()
+        if self in self._host.connections:
+            # What the front end made, mapped here or not: it may have died.
+            remove_owned(self._peer)
         for future in self._asked.values():
             if not future.done():
                 future.set_result(None)
@@ -150,6 +156,9 @@ class _Connection(asyncio.BufferedProtocol):
             transport.write(pieces[0])
         else:
             transport.writelines(pieces)
+        if self._lane.dropped:
+            transport.write(encode(m.Dropped(tuple(self._lane.dropped)))[0])
+            self._lane.dropped.clear()
 
     def _dispatch(self, message: object) -> None:
         if type(message) is m.Submit:
@@ -174,6 +183,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self._host.deserted.set()
         elif type(message) is m.Released:
             self._lane.release(message.names)
+        elif type(message) is m.Dropped:
+            self._lanes.forget(message.names)
         elif type(message) is m.Answer:
             asked = self._asked.pop(message.id, None)
             if asked is not None and not asked.done():

@@ -11,8 +11,11 @@ wake-up for every socket buffer's worth (~200 KiB) of it.
 What a lane holds is bounded (`LANE_LIMIT` per direction and connection) and its space is
 reserved when a slot is made (`posix_fallocate`: a full /dev/shm, as Docker's 64 MiB default
 fills, is an error then, not a SIGBUS later); a tensor that finds no slot crosses on the socket
-as before. Slot files are unlinked by their owner when the connection ends, by the other side
-if the owner died first, and by the engine at start for owners that are no longer running.
+as before. A free slot the sender drops to make room for a bigger one is named in a `Dropped`
+message, and the receiver unmaps it (an unlinked file's memory lives as long as a mapping).
+Slot files are named by host, owner pid and a random token; they are unlinked by their owner
+when the connection ends, by the engine when a front end's connection ends (it may have died),
+and by an engine at start for owners on this host that are no longer running.
 """
 
 from __future__ import annotations
@@ -22,20 +25,29 @@ import itertools
 import logging
 import mmap
 import os
+import re
+import secrets
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from tritonactor.backends.python.ipc import SHM_DIR
 
-__all__ = ["LANE_LIMIT", "Lane", "LaneReader", "sweep_lanes"]
+__all__ = ["LANE_LIMIT", "Lane", "LaneReader", "owner_prefix", "remove_owned", "sweep_lanes"]
 
 log = logging.getLogger(__name__)
 
 PREFIX = "tritonactor-lane-"
+# This host's name as slot names carry it (processes of other hosts, containers that share
+# /dev/shm, are not swept by pid).
+HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
 # What one direction of one connection may hold in slots.
-LANE_LIMIT = 128 << 20
+LANE_LIMIT = 32 << 20
 _SMALLEST = 64 << 10
+# After /dev/shm refused a slot, tensors go on the socket for this many before a new try.
+_RETRY_AFTER = 1000
 
 _lanes = itertools.count()
 
@@ -52,12 +64,15 @@ class Lane:
     """The sending side: slots this process made, for one connection. Loop thread only."""
 
     def __init__(self, limit: int = LANE_LIMIT) -> None:
-        self.prefix = f"{PREFIX}{os.getpid()}-{next(_lanes)}"
+        self.prefix = f"{owner_prefix(os.getpid())}{secrets.token_hex(4)}-{next(_lanes)}"
         self.limit = limit
         self._slots: dict[str, _Slot] = {}
         self._held = 0  # bytes of all slots
         self._count = itertools.count()
-        self._failed = False  # /dev/shm refused a slot once: the socket from then on
+        # Slots dropped since the last `Dropped` message (the receiver unmaps them).
+        self.dropped: list[str] = []
+        self._skip = 0  # tensors left to send on the socket after /dev/shm refused a slot
+        self._warned = False
 
     def put(self, data: memoryview) -> str | None:
         """The name of a slot now holding `data` (until `release`), or None: it goes on the
@@ -81,14 +96,26 @@ class Lane:
 
     def _make(self, size: int) -> _Slot | None:
         capacity = max(_SMALLEST, 1 << (size - 1).bit_length())
-        if self._failed:
+        if self._skip:
+            self._skip -= 1
+            return None
+        if capacity > self.limit:
             return None
         if self._held + capacity > self.limit:
-            # Room for it by dropping free slots that are too small.
-            for slot in [s for s in self._slots.values() if not s.busy and s.capacity < size]:
-                self._drop(slot)
-            if self._held + capacity > self.limit:
+            # Room for it by dropping free slots too small for it, smallest first, when that
+            # makes enough.
+            small = sorted(
+                (s for s in self._slots.values() if not s.busy and s.capacity < size),
+                key=lambda slot: slot.capacity,
+            )
+            needed = self._held + capacity - self.limit
+            if sum(slot.capacity for slot in small) < needed:
                 return None
+            for slot in small:
+                if self._held + capacity <= self.limit:
+                    break
+                self._drop(slot)
+                self.dropped.append(slot.name)
         name = f"{self.prefix}-{next(self._count)}"
         path = os.path.join(SHM_DIR, name)
         try:
@@ -114,10 +141,15 @@ class Lane:
         return slot
 
     def _fail(self, error: OSError) -> None:
-        self._failed = True
-        log.warning(
-            "large tensors go to the engine over its socket: no room in %s (%s)", SHM_DIR, error
-        )
+        self._skip = _RETRY_AFTER
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "large tensors between front end and engine go over their socket for now: "
+                "no room in %s (%s)",
+                SHM_DIR,
+                error,
+            )
 
     def _drop(self, slot: _Slot) -> None:
         del self._slots[slot.name]
@@ -138,6 +170,14 @@ class LaneReader:
     def __init__(self) -> None:
         self._mapped: dict[str, mmap.mmap] = {}
         self.taken: list[str] = []  # slots copied out since the last `Released`
+
+    def forget(self, names: tuple[str, ...]) -> None:
+        """The sender dropped these slots: unmap them (their memory goes with the mapping)."""
+        for name in names:
+            mapping = self._mapped.pop(name, None)
+            if mapping is not None:
+                with contextlib.suppress(BufferError):
+                    mapping.close()
 
     def take(self, name: str, size: int) -> memoryview:
         """A read-only copy of the first `size` bytes of the slot `name`."""
@@ -170,14 +210,34 @@ class LaneReader:
         self._mapped.clear()
 
 
+def owner_prefix(pid: int) -> str:
+    """How the names of the slots process `pid` of this host makes begin."""
+    return f"{PREFIX}{HOST}-{pid}-"
+
+
+def remove_owned(pid: int) -> None:
+    """Unlink every slot process `pid` made (its connection is over)."""
+    _unlink_where(lambda filename: filename.startswith(owner_prefix(pid)))
+
+
 def sweep_lanes() -> None:
-    """Unlink the slots of processes that are no longer running (a server killed outright)."""
+    """Unlink the slots of this host's processes that are no longer running (a server killed
+    outright)."""
+    mine = f"{PREFIX}{HOST}-"
+
+    def dead(filename: str) -> bool:
+        if not filename.startswith(mine):
+            return False
+        pid = filename[len(mine) :].split("-", 1)[0]
+        return pid.isdigit() and not _alive(int(pid))
+
+    _unlink_where(dead)
+
+
+def _unlink_where(chosen: Callable[[str], bool]) -> None:
     with contextlib.suppress(OSError):
         for filename in os.listdir(SHM_DIR):
-            if not filename.startswith(PREFIX):
-                continue
-            pid = filename[len(PREFIX) :].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if chosen(filename):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(SHM_DIR, filename))
 

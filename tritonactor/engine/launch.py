@@ -109,6 +109,13 @@ def same_user(sock: socket.socket) -> bool:
     return uid == os.getuid()
 
 
+def peer_pid(sock: socket.socket) -> int:
+    """The process at the other end of the Unix socket `sock`."""
+    credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, _, _ = struct.unpack("3i", credentials)
+    return int(pid)
+
+
 def _answers(path: str) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:

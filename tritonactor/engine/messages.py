@@ -5,7 +5,8 @@ request), `Cancel` (its client went away). Engine → front end: `Answer`/`Faile
 request's outcome), `Part` (one response of a decoupled model's stream), `Table` (the ready
 model versions, sent whenever they change, before anything that depends on the change), and
 `Regions` (the shared-memory regions clients registered, likewise). Both ways: `Released`
-(lane slots whose tensors the receiver has copied out)."""
+(lane slots whose tensors the receiver has copied out) and `Dropped` (lane slots the sender
+gave up)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ class Cancel:
 class Released:
     """Either way: the receiver has copied these slots of the sender's lane out
     (engine/lanes.py); the sender may reuse them."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """Either way: the sender no longer has these slots of its lane (it made room for larger
+    ones); the receiver unmaps them."""
 
     names: tuple[str, ...]
 

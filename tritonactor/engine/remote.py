@@ -100,6 +100,8 @@ class EngineConnection(asyncio.BufferedProtocol):
                         )
             elif kind is m.Released:
                 self._lane.release(message.names)
+            elif kind is m.Dropped:
+                self._lanes.forget(message.names)
             elif kind is m.Hello and not self.hello.done():
                 self.hello.set_result(message)
             else:
@@ -146,6 +148,9 @@ class EngineConnection(asyncio.BufferedProtocol):
             transport.write(pieces[0])
         else:
             transport.writelines(pieces)
+        if self._lane.dropped:
+            transport.write(encode(m.Dropped(tuple(self._lane.dropped)))[0])
+            self._lane.dropped.clear()
 
     def submit(self, request: InferenceRequest) -> tuple[int, Reply[InferenceResponse]]:
         id = next(self._ids)

@@ -172,6 +172,7 @@ for _cls in (
     messages.Call,
     messages.Cancel,
     messages.Released,
+    messages.Dropped,
 ):
     _TABLE[_cls] = _by_fields(_cls)
 

@@ -55,8 +55,10 @@ _FLAGS_REMOTE = _FIXED32.pack(0x300)
 _SPAN_FLAGS_TAG = b"\x85\x01"  # field 16, fixed32
 _LINK_FLAGS_TAG = b"\x35"  # field 6, fixed32
 
-# The bytes of attributes and names seen before (a model's name, a span's name): bounded.
+# The bytes of attributes and names seen before (a model's name, a span's name): bounded, in
+# entries and in the length of a string value kept.
 _CACHE_LIMIT = 4096
+_CACHED_TEXT = 128
 
 
 class _Unencodable(Exception):
@@ -127,8 +129,10 @@ class _Encoder:
         cache = self._attributes
         pieces = []
         for key, value in attributes.items():
-            if isinstance(value, (str, int, float)):
-                # The type is part of the key: True == 1 == 1.0, but each encodes differently.
+            # Strings (not long ones: a client's request id may be as long as it likes),
+            # integers and booleans; not floats (-0.0 == 0.0, but they encode differently).
+            if isinstance(value, int) or (isinstance(value, str) and len(value) <= _CACHED_TEXT):
+                # The type is part of the key: True == 1, but each encodes differently.
                 known = (tag, key, type(value), value)
                 cached = cache.get(known)
                 if cached is None:
