@@ -271,3 +271,34 @@ async def test_helper_tasks_end_when_the_actor_stops() -> None:
             ref = await system.spawn(Ticking(log=log))
             ref.stop()
     assert log == ["counter started", "counter stopped"]
+
+
+async def test_a_timer_delivers_its_message_and_a_stop_cancels_those_pending() -> None:
+    """`tell_later`: the message arrives; one pending when the actor stops neither holds the
+    stop up nor arrives after it; one that fires into a full mailbox waits for room rather
+    than being lost."""
+
+    class Timed(Counter):
+        mailbox_size = 1
+
+    log: list[str] = []
+    with anyio.fail_after(10):
+        async with ActorSystem() as system:
+            actor = Timed(log=log)
+            ref = await system.spawn(actor)
+            actor.tell_later(Add(5), 0)
+            while actor.total != 5:
+                await anyio.sleep(0)  # yield until the timer's message is handled
+            # A full mailbox when the timer fires: a slow message runs, another waits behind it.
+            slow: Reply[int] = Reply()
+            await ref.tell(Slow(slow, 0.2))
+            await anyio.sleep(0)
+            await ref.tell(Add(1))
+            actor.tell_later(Add(10), 0)
+            assert await slow.wait() == 5
+            while actor.total != 16:
+                await anyio.sleep(0)
+            actor.tell_later(Add(100), 3600)  # would hold a stop for an hour
+            ref.stop()
+            await ref.join()
+    assert actor.total == 16 and log == ["counter started", "counter stopped"]
