@@ -27,6 +27,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
+from tests.otlp_receiver import OtlpReceiver
 from tests.processes import all_pids, children, cmdline, environ
 from tests.server_process import free_port, loopback_env
 from tritonactor.backends.python.ipc import SHM_DIR
@@ -157,11 +158,17 @@ def _repository(root: Path, models: tuple[str, ...] = ()) -> Path:
 
 
 def start(
-    kind: str, root: Path, *extra: str, ready: bool = True, models: tuple[str, ...] = ()
+    kind: str,
+    root: Path,
+    *extra: str,
+    ready: bool = True,
+    models: tuple[str, ...] = (),
+    env_extra: dict[str, str] | None = None,
 ) -> Served:
     repo = _repository(root, models)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     env = loopback_env(root, http_port, grpc_port, metrics_port)
+    env.update(env_extra or {})
     env["TRITONACTOR_MODEL_REPOSITORY"] = str(repo)
     if kind == "serve":
         command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", "2", *extra]
@@ -432,3 +439,55 @@ def test_large_tensors_cross_in_shared_memory_that_is_reused_and_removed(tmp_pat
     finally:
         stop(served)
     assert not lane_files(engine) and not lane_files(survivor)
+
+
+def test_trace_count_counts_the_requests_of_every_front_end(tmp_path: Path) -> None:
+    """trace_count is the server's, not each front end's: set to 3 through one front end,
+    six requests spread over both are traced three times, and both front ends then show 0
+    left. (trace_rate still counts per front end: docs/tracing.md.)"""
+    receiver = OtlpReceiver()
+    served = start(
+        "serve",
+        tmp_path,
+        env_extra={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+        },
+    )
+    try:
+        a, b = served.per_front_end().values()
+        status, body = request(
+            a, "POST", "/v2/trace/setting", {"trace_rate": "1", "trace_count": "3"}
+        )
+        assert status == 200 and body["trace_count"] == "3", body
+        for index in range(6):
+            body = infer_body(float(index))
+            body["id"] = f"count-{index}"
+            status, _ = request((a, b)[index % 2], "POST", "/v2/models/add_sub/infer", body)
+            assert status == 200
+        for connection in (a, b):
+            assert get(connection, "/v2/trace/setting")[1]["trace_count"] == "0"
+        # Each front end exports its own spans, in order: a request traced after the count was
+        # lifted, through each, marks that everything before it has arrived.
+        request(a, "POST", "/v2/trace/setting", {"trace_count": "-1"})
+        for name, connection in (("mark-a", a), ("mark-b", b)):
+            body = infer_body(0.0)
+            body["id"] = name
+            assert request(connection, "POST", "/v2/models/add_sub/infer", body)[0] == 200
+
+        def ids(spans: list) -> list[str]:
+            return sorted(
+                str(span.attributes.get("triton.request_id"))
+                for span in spans
+                if span.name == "InferRequest"
+            )
+
+        spans = receiver.wait_for(lambda got: {"mark-a", "mark-b"} <= set(ids(got)), timeout=60)
+        assert [i for i in ids(spans) if i.startswith("count-")] == [
+            "count-0",
+            "count-1",
+            "count-2",
+        ]
+    finally:
+        stop(served)
+        receiver.close()

@@ -133,6 +133,30 @@ def test_a_model_override_has_its_own_counters(settings: TraceSettings) -> None:
     assert not take(settings, "other") and take(settings, "counted")
 
 
+def test_a_front_ends_uses_are_told_and_counted_where_the_count_is_kept(
+    settings: TraceSettings,
+) -> None:
+    """A front end tells the scope each traced request used up (`on_use`); the engine's
+    settings count them there (`use`), never below 0, and only where a count is set."""
+    told: list[str] = []
+    settings.on_use = told.append
+    settings.update({"trace_count": "5"})
+    settings.update({"trace_count": "1"}, "counted")
+    assert take(settings, "m") and take(settings, "counted") and not take(settings, "counted")
+    assert told == ["", "counted"]
+    settings.update({"trace_count": "-1"})
+    assert take(settings, "m") and told == ["", "counted"]  # unlimited: nothing to tell
+
+    engine = TraceSettings(level=("TIMESTAMPS",), rate=1)
+    engine.update({"trace_count": "1"})
+    engine.update({"trace_count": "2"}, "counted")
+    assert [engine.use(""), engine.use(""), engine.use("counted")] == [0, 0, 1]
+    assert engine.use("uncounted") is None
+    engine.update({"trace_rate": "3"}, "rated")  # an override without a count of its own
+    assert engine.use("rated") is None
+    assert engine.get()["trace_count"] == "0" and engine.get("counted")["trace_count"] == "1"
+
+
 def test_changing_the_rate_starts_counting_again(settings: TraceSettings) -> None:
     settings.update({"trace_rate": "3"})
     assert [take(settings, "m") for _ in range(2)] == [False, False]

@@ -61,6 +61,13 @@ class EngineServer:
             self.broadcast(m.TraceSettings(model, changes))
         return answer
 
+    def trace_used(self, scope: str) -> None:
+        """A front end traced a request against `scope`'s trace_count: count it here, where
+        every front end's are counted, and tell them all what is left."""
+        left = self.server.trace_settings.use(scope)
+        if left is not None:
+            self.broadcast(m.TraceSettings(scope, {"trace_count": str(left)}))
+
     async def _statistics(self, name: str, version: str) -> list[tuple[m.Version, Any]]:
         return [
             (m.Version(h.name, h.version, h.config, h.signature), h.statistics)

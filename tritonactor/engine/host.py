@@ -181,6 +181,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self.send(m.Answer(message.id, None))
             else:
                 self._host.deserted.set()
+        elif type(message) is m.TraceUsed:
+            self._host.server.trace_used(message.model)
         elif type(message) is m.Released:
             self._lane.release(message.names)
         elif type(message) is m.Dropped:

@@ -164,6 +164,15 @@ class TraceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceUsed:
+    """Front end → engine: a request it traced used up one of the trace_count of `model`'s
+    scope ("" = the global one). The engine counts for every front end and sends the count
+    left to all of them (as a `TraceSettings` change)."""
+
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
 class LogSettings:
     """Log settings a front end changed (applied in every front end as in the engine)."""
 

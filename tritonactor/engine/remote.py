@@ -301,6 +301,11 @@ class RemoteServer:
             with contextlib.suppress(TritonError, OSError):
                 log_settings.update(message.settings)  # type: ignore[attr-defined]
 
+    def _trace_used(self, scope: str) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(TritonError):  # the engine is gone: nothing to count
+                self._connection.send(m.TraceUsed(scope))
+
     def _engine_gone(self) -> None:
         """The engine went away while this front end served: what was in flight has failed;
         this process stops (SIGTERM: its ASGI server finishes what it is writing), and its
@@ -368,8 +373,10 @@ class RemoteServer:
             )
         if hello.lazy:
             router.loader = router._load
-        # This process's front-end spans; the engine continues each request's trace.
+        # This process's front-end spans; the engine continues each request's trace, and
+        # counts trace_count for every front end.
         self.tracing = self._local.new_tracing()
+        self._local.trace_settings.on_use = self._trace_used
         settle_heap()
         try:
             yield self

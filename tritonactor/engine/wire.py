@@ -173,6 +173,7 @@ for _cls in (
     messages.Cancel,
     messages.Released,
     messages.Dropped,
+    messages.TraceUsed,
 ):
     _TABLE[_cls] = _by_fields(_cls)
 

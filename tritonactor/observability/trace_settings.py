@@ -51,6 +51,9 @@ class TraceSettings:
     log_frequency: int = 0
     _global: _Scope = field(init=False)
     _models: dict[str, _Scope] = field(init=False, default_factory=dict)
+    # Told the scope ("" = global) whose trace_count a traced request used up: a front end
+    # tells its engine, which keeps the count of every front end (`use`).
+    on_use: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._global = _Scope(self._defaults())
@@ -128,10 +131,9 @@ class TraceSettings:
         if counting.values["trace_count"] == 0:
             return None
         rating = override if "trace_rate" in override.values else self._global
-        return self._take(rating, counting)
+        return self._take(rating, counting, model if counting is override else "")
 
-    @staticmethod
-    def _take(rating: _Scope, counting: _Scope) -> Callable[[], None] | None:
+    def _take(self, rating: _Scope, counting: _Scope, scope: str = "") -> Callable[[], None] | None:
         rating.seen += 1
         if rating.seen % rating.values["trace_rate"]:
             return None
@@ -139,8 +141,20 @@ class TraceSettings:
         def use_up() -> None:
             if counting.values["trace_count"] > 0:
                 counting.values["trace_count"] -= 1
+                if self.on_use is not None:
+                    self.on_use(scope)
 
         return use_up
+
+    def use(self, scope: str) -> int | None:
+        """A request of another process (a front end) used up one of `scope`'s trace_count
+        ("" = the global one): what is left, or None when that scope counts nothing."""
+        counting = self._models.get(scope) if scope else self._global
+        if counting is None or "trace_count" not in counting.values:
+            return None
+        if counting.values["trace_count"] > 0:
+            counting.values["trace_count"] -= 1
+        return int(counting.values["trace_count"])
 
     def _value(self, name: str, model: str) -> Any:
         if model:
