@@ -2,10 +2,13 @@
 for one or more checkouts alternated: what a change costs in work, apart from throughput.
 
     python bench/process_cpu.py --proto grpc --rounds 2 /path/to/old-checkout /path/to/new-checkout
+    python bench/process_cpu.py --proto http --model identity_fp32_dyn --concurrency 16 \
+        --workers 1 .
 
 Each checkout (a tree with `tritonactor/` in it; `.` for this one) is put first on PYTHONPATH
 and `tritonactor serve` starts on `../shared/peers/models/triton` (the python identity
-`identity_fp32` of side_by_side.sh) with its defaults (one front end per core). perf_analyzer
+`identity_fp32` of side_by_side.sh, or `--model`) with its defaults (one front end per core;
+`--workers N` to choose). perf_analyzer
 warms it up, then measures one window; the CPU time (utime + stime from /proc) of the whole
 process tree over that window, divided by the requests the server counted
 (`nv_inference_request_success`), is the CPU per request. Run it from outside the repository
@@ -69,18 +72,27 @@ def cpu_by_role(root: int) -> collections.Counter[str]:
     return seconds
 
 
-def served() -> float:
+def served(model: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS}/metrics").read().decode()
     found = re.search(
-        r'nv_inference_request_success\{model="identity_fp32",version="1"\} (\S+)', text
+        rf'nv_inference_request_success\{{model="{re.escape(model)}",version="1"\}} (\S+)', text
     )
     return float(found.group(1)) if found else 0.0
 
 
-def measure(checkout: Path, proto: str, concurrency: int, window_ms: int) -> str:
+def measure(
+    checkout: Path,
+    proto: str,
+    concurrency: int,
+    window_ms: int,
+    model: str = "identity_fp32",
+    workers: int = 0,
+) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
     env.update(PYTHONPATH=str(checkout), OTEL_TRACES_EXPORTER="none")
     command = ["tritonactor", "serve", "--model-repository", str(MODELS)]
+    if workers:
+        command += ["--workers", str(workers)]
     for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
         command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]
     with open(os.devnull, "wb") as quiet:
@@ -93,12 +105,12 @@ def measure(checkout: Path, proto: str, concurrency: int, window_ms: int) -> str
             except OSError:
                 time.sleep(0.2)
         url = f"127.0.0.1:{GRPC if proto == 'grpc' else HTTP}"
-        pa = [str(PERF_ANALYZER), "-m", "identity_fp32", "-u", url, "-i", proto]
+        pa = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", proto]
         pa += ["--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "50"]
         subprocess.run(pa, capture_output=True)  # warm up
-        before, count = cpu_by_role(server.pid), served()
+        before, count = cpu_by_role(server.pid), served(model)
         output = subprocess.run(pa, capture_output=True, text=True).stdout
-        after, requests = cpu_by_role(server.pid), served() - count
+        after, requests = cpu_by_role(server.pid), served(model) - count
     finally:
         server.terminate()
         server.wait()
@@ -119,10 +131,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--window-ms", type=int, default=2000)
+    parser.add_argument("--model", default="identity_fp32", help="a model of side_by_side.sh's")
+    parser.add_argument("--workers", type=int, default=0, help="front ends (0: serve's default)")
     args = parser.parse_args()
     for round_ in range(args.rounds):
         for checkout in args.checkouts:
-            line = measure(checkout.resolve(), args.proto, args.concurrency, args.window_ms)
+            line = measure(
+                checkout.resolve(),
+                args.proto,
+                args.concurrency,
+                args.window_ms,
+                args.model,
+                args.workers,
+            )
             print(f"round {round_ + 1} {args.proto} c{args.concurrency} {line}", flush=True)
             time.sleep(1)
 
