@@ -13,6 +13,7 @@ import contextlib
 import http.client
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -444,7 +445,8 @@ def test_large_tensors_cross_in_shared_memory_that_is_reused_and_removed(tmp_pat
 def test_trace_count_counts_the_requests_of_every_front_end(tmp_path: Path) -> None:
     """trace_count is the server's, not each front end's: set to 3 through one front end,
     six requests spread over both are traced three times, and both front ends then show 0
-    left. (trace_rate still counts per front end: docs/tracing.md.)"""
+    left; a front end started after that (uvicorn replacing one that died) traces nothing
+    either. (trace_rate still counts per front end: docs/tracing.md.)"""
     receiver = OtlpReceiver()
     served = start(
         "serve",
@@ -454,40 +456,57 @@ def test_trace_count_counts_the_requests_of_every_front_end(tmp_path: Path) -> N
             "OTEL_BSP_SCHEDULE_DELAY": "50",
         },
     )
+
+    def infer(connection: http.client.HTTPConnection, id: str, sampled: bool = False) -> None:
+        body = infer_body(1.0)
+        body["id"] = id
+        headers = {"Content-Type": "application/json"}
+        if sampled:  # the client's sampled trace: traced whatever trace_count says
+            headers["traceparent"] = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+        connection.request("POST", "/v2/models/add_sub/infer", json.dumps(body), headers)
+        response = connection.getresponse()
+        assert response.status == 200, response.read()
+        response.read()
+
+    def ids(spans: list) -> list[str]:
+        return sorted(
+            str(span.attributes.get("triton.request_id"))
+            for span in spans
+            if span.name == "InferRequest"
+        )
+
+    def marked(*connections: http.client.HTTPConnection) -> list[str]:
+        """Everything the front ends of `connections` traced so far, once received: each
+        exports its spans in order, so a marker traced through each closes the list."""
+        names = [f"mark-{secrets.token_hex(4)}" for _ in connections]
+        for name, connection in zip(names, connections, strict=True):
+            infer(connection, name, sampled=True)
+        return ids(receiver.wait_for(lambda got: set(names) <= set(ids(got)), timeout=60))
+
     try:
-        a, b = served.per_front_end().values()
+        (survivor, a), (doomed, b) = served.per_front_end().items()
         status, body = request(
             a, "POST", "/v2/trace/setting", {"trace_rate": "1", "trace_count": "3"}
         )
         assert status == 200 and body["trace_count"] == "3", body
         for index in range(6):
-            body = infer_body(float(index))
-            body["id"] = f"count-{index}"
-            status, _ = request((a, b)[index % 2], "POST", "/v2/models/add_sub/infer", body)
-            assert status == 200
+            infer((a, b)[index % 2], f"count-{index}")
         for connection in (a, b):
             assert get(connection, "/v2/trace/setting")[1]["trace_count"] == "0"
-        # Each front end exports its own spans, in order: a request traced after the count was
-        # lifted, through each, marks that everything before it has arrived.
-        request(a, "POST", "/v2/trace/setting", {"trace_count": "-1"})
-        for name, connection in (("mark-a", a), ("mark-b", b)):
-            body = infer_body(0.0)
-            body["id"] = name
-            assert request(connection, "POST", "/v2/models/add_sub/infer", body)[0] == 200
-
-        def ids(spans: list) -> list[str]:
-            return sorted(
-                str(span.attributes.get("triton.request_id"))
-                for span in spans
-                if span.name == "InferRequest"
-            )
-
-        spans = receiver.wait_for(lambda got: {"mark-a", "mark-b"} <= set(ids(got)), timeout=60)
-        assert [i for i in ids(spans) if i.startswith("count-")] == [
-            "count-0",
-            "count-1",
-            "count-2",
-        ]
+        traced = marked(a, b)
+        assert [i for i in traced if i.startswith("count-")] == ["count-0", "count-1", "count-2"]
+        # A front end that joins now takes the settings in force, not the ones it started with.
+        os.kill(doomed, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while len(served.front_ends()) != 2 or doomed in served.front_ends():
+            assert time.monotonic() < deadline, "no front end replaced the one that died"
+            time.sleep(0.1)
+        # (the connections open until now may have been closed as idle meanwhile)
+        connections = served.per_front_end()
+        joined = next(c for pid, c in connections.items() if pid != survivor)
+        for index in range(2):
+            infer(joined, f"late-{index}")
+        assert not [i for i in marked(joined) if i.startswith("late-")]
     finally:
         stop(served)
         receiver.close()

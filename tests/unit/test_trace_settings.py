@@ -157,6 +157,31 @@ def test_a_front_ends_uses_are_told_and_counted_where_the_count_is_kept(
     assert engine.get()["trace_count"] == "0" and engine.get("counted")["trace_count"] == "1"
 
 
+def test_what_the_engine_says_is_left_never_raises_a_front_ends_count(
+    settings: TraceSettings,
+) -> None:
+    """Two traces used here before the engine's answer to the first arrives: its "1 left"
+    must not give this front end a third."""
+    settings.update({"trace_count": "2"})
+    assert take(settings, "m") and take(settings, "m")
+    settings.count_left("", 1)
+    assert not take(settings, "m") and settings.get()["trace_count"] == "0"
+    settings.update({"trace_count": "5"})  # a POST raises it: that is an update, not a count
+    settings.count_left("", 3)
+    assert settings.get()["trace_count"] == "3"
+    settings.count_left("nobody", 0)  # a scope this front end does not count in: nothing
+    assert "nobody" not in settings.snapshot()[1]
+
+
+def test_a_front_end_that_joins_takes_the_settings_in_force(settings: TraceSettings) -> None:
+    settings.update({"trace_count": "0", "trace_rate": "7"})
+    settings.update({"trace_level": ["OFF"]}, "quiet")
+    joining = TraceSettings(level=("TIMESTAMPS",), rate=1)
+    joining.restore(settings.snapshot())
+    assert joining.get() == settings.get() and joining.get("quiet") == settings.get("quiet")
+    assert not take(joining, "m") and not take(joining, "quiet")
+
+
 def test_changing_the_rate_starts_counting_again(settings: TraceSettings) -> None:
     settings.update({"trace_rate": "3"})
     assert [take(settings, "m") for _ in range(2)] == [False, False]

@@ -66,7 +66,10 @@ class EngineServer:
         every front end's are counted, and tell them all what is left."""
         left = self.server.trace_settings.use(scope)
         if left is not None:
-            self.broadcast(m.TraceSettings(scope, {"trace_count": str(left)}))
+            self.broadcast(m.TraceLeft(scope, left))
+
+    def trace_state(self) -> m.TraceState:
+        return m.TraceState(self.server.trace_settings.snapshot())
 
     async def _statistics(self, name: str, version: str) -> list[tuple[m.Version, Any]]:
         return [

@@ -92,6 +92,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.send(m.Hello(os.getpid(), self._host.server.settings.lazy_load, PROTOCOL))
         self.send(table(self._host.server.router))
         self.send(self._host.regions())
+        self.send(self._host.server.trace_state())
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._reader.get_buffer(sizehint)

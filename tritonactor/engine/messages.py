@@ -173,6 +173,23 @@ class TraceUsed:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceLeft:
+    """Engine → front ends: what is left of `model`'s trace_count ("" = the global one) after
+    a front end's `TraceUsed`; a front end never raises its own count to it."""
+
+    model: str
+    left: int
+
+
+@dataclass(frozen=True, slots=True)
+class TraceState:
+    """Engine → a front end that joins: the trace settings in force (`TraceSettings.snapshot`),
+    changed since the server started, perhaps."""
+
+    snapshot: tuple[dict[str, Any], dict[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
 class LogSettings:
     """Log settings a front end changed (applied in every front end as in the engine)."""
 

@@ -297,6 +297,10 @@ class RemoteServer:
         elif kind is m.TraceSettings:
             with contextlib.suppress(TritonError):
                 self._local.trace_settings.update(message.changes, message.model)  # type: ignore[attr-defined]
+        elif kind is m.TraceLeft:
+            self._local.trace_settings.count_left(message.model, message.left)  # type: ignore[attr-defined]
+        elif kind is m.TraceState:
+            self._local.trace_settings.restore(message.snapshot)  # type: ignore[attr-defined]
         elif kind is m.LogSettings:
             with contextlib.suppress(TritonError, OSError):
                 log_settings.update(message.settings)  # type: ignore[attr-defined]

@@ -146,6 +146,26 @@ class TraceSettings:
 
         return use_up
 
+    def count_left(self, scope: str, left: int) -> None:
+        """The engine counted `left` of `scope`'s trace_count for every front end: never more
+        than this front end still has (its own later uses may not have reached the engine),
+        and only where this scope counts."""
+        counting = self._models.get(scope) if scope else self._global
+        if counting is None or "trace_count" not in counting.values:
+            return
+        if counting.values["trace_count"] < 0 or left < counting.values["trace_count"]:
+            counting.values["trace_count"] = left
+
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """The global values and every model's override, as a front end joining takes them
+        (`restore`)."""
+        return dict(self._global.values), {m: dict(s.values) for m, s in self._models.items()}
+
+    def restore(self, snapshot: tuple[dict[str, Any], dict[str, dict[str, Any]]]) -> None:
+        global_values, models = snapshot
+        self._global = _Scope(dict(global_values))
+        self._models = {model: _Scope(dict(values)) for model, values in models.items()}
+
     def use(self, scope: str) -> int | None:
         """A request of another process (a front end) used up one of `scope`'s trace_count
         ("" = the global one): what is left, or None when that scope counts nothing."""
