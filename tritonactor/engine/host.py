@@ -108,8 +108,7 @@ class _Connection(asyncio.BufferedProtocol):
         for message in received:
             self._dispatch(message)
         if self._lanes.taken:
-            self.send(m.Released(tuple(self._lanes.taken)))
-            self._lanes.taken.clear()
+            self.send(m.Released(self._lanes.pop_taken()))
 
     async def ask(self, method: str, *args: Any) -> Any:
         """Ask the front end (None when it has gone meanwhile)."""
@@ -158,8 +157,7 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             transport.writelines(pieces)
         if self._lane.dropped:
-            transport.write(encode(m.Dropped(tuple(self._lane.dropped)))[0])
-            self._lane.dropped.clear()
+            transport.write(encode(m.Dropped(self._lane.pop_dropped()))[0])
 
     def _dispatch(self, message: object) -> None:
         if type(message) is m.Submit:

@@ -28,12 +28,11 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from tritonactor.backends.python.ipc import SHM_DIR
+from tritonactor.backends.python.ipc import SHM_DIR, map_new, remove_files
 
 __all__ = ["LANE_LIMIT", "Lane", "LaneReader", "owner_prefix", "remove_owned", "sweep_lanes"]
 
@@ -88,6 +87,11 @@ class Lane:
         best.busy = True
         return best.name
 
+    def pop_dropped(self) -> tuple[str, ...]:
+        """The slots dropped since last asked (for a `Dropped` message)."""
+        dropped, self.dropped = tuple(self.dropped), []
+        return dropped
+
     def release(self, names: tuple[str, ...]) -> None:
         for name in names:
             slot = self._slots.get(name)
@@ -117,25 +121,11 @@ class Lane:
                 self._drop(slot)
                 self.dropped.append(slot.name)
         name = f"{self.prefix}-{next(self._count)}"
-        path = os.path.join(SHM_DIR, name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            mapping = map_new(name, capacity, reserve=True)
         except OSError as error:
             self._fail(error)
             return None
-        try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, capacity)
-            else:  # no way to reserve the space here (macOS): made to its size
-                os.ftruncate(fd, capacity)
-            mapping = mmap.mmap(fd, capacity)
-        except OSError as error:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            self._fail(error)
-            return None
-        finally:
-            os.close(fd)
         slot = self._slots[name] = _Slot(name, mapping, capacity)
         self._held += capacity
         return slot
@@ -170,6 +160,11 @@ class LaneReader:
     def __init__(self) -> None:
         self._mapped: dict[str, mmap.mmap] = {}
         self.taken: list[str] = []  # slots copied out since the last `Released`
+
+    def pop_taken(self) -> tuple[str, ...]:
+        """The slots copied out since last asked (for a `Released` message)."""
+        taken, self.taken = tuple(self.taken), []
+        return taken
 
     def forget(self, names: tuple[str, ...]) -> None:
         """The sender dropped these slots: unmap them (their memory goes with the mapping)."""
@@ -217,29 +212,19 @@ def owner_prefix(pid: int) -> str:
 
 def remove_owned(pid: int) -> None:
     """Unlink every slot process `pid` made (its connection is over)."""
-    _unlink_where(lambda filename: filename.startswith(owner_prefix(pid)))
+    remove_files(owner_prefix(pid).removesuffix("-"))
 
 
 def sweep_lanes() -> None:
     """Unlink the slots of this host's processes that are no longer running (a server killed
     outright)."""
     mine = f"{PREFIX}{HOST}-"
-
-    def dead(filename: str) -> bool:
-        if not filename.startswith(mine):
-            return False
-        pid = filename[len(mine) :].split("-", 1)[0]
-        return pid.isdigit() and not _alive(int(pid))
-
-    _unlink_where(dead)
-
-
-def _unlink_where(chosen: Callable[[str], bool]) -> None:
     with contextlib.suppress(OSError):
-        for filename in os.listdir(SHM_DIR):
-            if chosen(filename):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(SHM_DIR, filename))
+        names = (name for name in os.listdir(SHM_DIR) if name.startswith(mine))
+        pids = {name[len(mine) :].split("-", 1)[0] for name in names}
+        for pid in pids:
+            if pid.isdigit() and not _alive(int(pid)):
+                remove_owned(int(pid))
 
 
 def _alive(pid: int) -> bool:

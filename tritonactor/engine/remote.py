@@ -108,8 +108,7 @@ class EngineConnection(asyncio.BufferedProtocol):
                 self._on_message(message)
         if self._lanes.taken:
             with contextlib.suppress(TritonError):  # the engine is gone: nothing to release
-                self.send(m.Released(tuple(self._lanes.taken)))
-            self._lanes.taken.clear()
+                self.send(m.Released(self._lanes.pop_taken()))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -149,8 +148,7 @@ class EngineConnection(asyncio.BufferedProtocol):
         else:
             transport.writelines(pieces)
         if self._lane.dropped:
-            transport.write(encode(m.Dropped(tuple(self._lane.dropped)))[0])
-            self._lane.dropped.clear()
+            transport.write(encode(m.Dropped(self._lane.pop_dropped()))[0])
 
     def submit(self, request: InferenceRequest) -> tuple[int, Reply[InferenceResponse]]:
         id = next(self._ids)

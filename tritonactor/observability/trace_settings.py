@@ -150,8 +150,8 @@ class TraceSettings:
         """The engine counted `left` of `scope`'s trace_count for every front end: never more
         than this front end still has (its own later uses may not have reached the engine),
         and only where this scope counts."""
-        counting = self._models.get(scope) if scope else self._global
-        if counting is None or "trace_count" not in counting.values:
+        counting = self._counting(scope)
+        if counting is None:
             return
         if counting.values["trace_count"] < 0 or left < counting.values["trace_count"]:
             counting.values["trace_count"] = left
@@ -169,12 +169,19 @@ class TraceSettings:
     def use(self, scope: str) -> int | None:
         """A request of another process (a front end) used up one of `scope`'s trace_count
         ("" = the global one): what is left, or None when that scope counts nothing."""
-        counting = self._models.get(scope) if scope else self._global
-        if counting is None or "trace_count" not in counting.values:
+        counting = self._counting(scope)
+        if counting is None:
             return None
         if counting.values["trace_count"] > 0:
             counting.values["trace_count"] -= 1
         return int(counting.values["trace_count"])
+
+    def _counting(self, scope: str) -> _Scope | None:
+        """The scope ("" = global) if it has a trace_count of its own."""
+        counting = self._models.get(scope) if scope else self._global
+        if counting is None or "trace_count" not in counting.values:
+            return None
+        return counting
 
     def _value(self, name: str, model: str) -> Any:
         if model:

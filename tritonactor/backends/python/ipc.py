@@ -139,13 +139,7 @@ class Arena:
             self.close()
             self.size = self._grown(size)
             self.name = f"{self.prefix}-{next(_counter)}"
-            path = os.path.join(SHM_DIR, self.name)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(fd, self.size)
-                self._mapping = mmap.mmap(fd, self.size)
-            finally:
-                os.close(fd)
+            self._mapping = map_new(self.name, self.size)
         return self._mapping
 
     def close(self) -> None:
@@ -340,6 +334,27 @@ def remove_file(filename: str) -> None:
     if not filename.startswith("@"):
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(SHM_DIR, filename))
+
+
+def map_new(name: str, size: int, reserve: bool = False) -> mmap.mmap:
+    """A new file `name` of `size` bytes in SHM_DIR (only this user may open it), mapped
+    read-write. With `reserve` its space is allocated now (`posix_fallocate`, where there is
+    one): a full folder is an OSError here rather than a SIGBUS at a later write. A file that
+    could not be made whole is removed."""
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if reserve and hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        else:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
 
 
 def remove_files(prefix: str) -> None:
