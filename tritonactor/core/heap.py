@@ -14,7 +14,6 @@ any `GLIBC_TUNABLES`.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -38,8 +37,9 @@ def keep_freed_memory() -> bool:
     if any(name in os.environ for name in _OPERATOR_SETTINGS):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # The process's own symbols, libc's among them (no search: find_library may run
+        # ldconfig or a compiler at every start).
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator, as it is
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
