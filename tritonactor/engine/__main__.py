@@ -39,7 +39,8 @@ async def serve(server: Server, path: str) -> None:
     router.changed = lambda: host.broadcast(table(router))
     server.log_startup()
     # Closed in the reverse order: the metrics port first, then the front ends' connections
-    # (the last front end to leave waits for that), then the models.
+    # (the last front end to leave waits for that), then the models; the gRPC socket is
+    # closed once the front ends have left, before the last one is let go.
     # The gRPC socket the front ends share is bound first: a taken address fails the start
     # before any model loads (engine/listeners.py).
     async with (
@@ -74,6 +75,10 @@ async def serve(server: Server, path: str) -> None:
 
             tasks.start_soon(stop_on_signal)
             await host.deserted.wait()
+            # Before the last front end is let go (its connection closes as `host.serving()`
+            # ends): once the server's process has exited, no port of it still accepts, even
+            # while models that are stuck in a request take their time to stop.
+            listeners.close()
             tasks.cancel_scope.cancel()
     log.info("engine stopped")
 
