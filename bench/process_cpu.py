@@ -3,12 +3,12 @@ for one or more checkouts alternated: what a change costs in work, apart from th
 
     python bench/process_cpu.py --proto grpc --rounds 2 /path/to/old-checkout /path/to/new-checkout
     python bench/process_cpu.py --proto http --model identity_fp32_dyn --concurrency 16 \
-        --workers 1 .
+        --workers 0 .
 
 Each checkout (a tree with `tritonactor/` in it; `.` for this one) is put first on PYTHONPATH
 and `tritonactor serve` starts on `../shared/peers/models/triton` (the python identity
-`identity_fp32` of side_by_side.sh, or `--model`) with its defaults (one front end per core;
-`--workers N` to choose). perf_analyzer
+`identity_fp32` of side_by_side.sh, or `--model`) with its defaults (one front end per core
+less the engine's; `--workers N` to choose, 0 for one process). perf_analyzer
 warms it up, then measures one window; the CPU time (utime + stime from /proc) of the whole
 process tree over that window, divided by the requests the server counted
 (`nv_inference_request_success`), is the CPU per request. Run it from outside the repository
@@ -86,12 +86,12 @@ def measure(
     concurrency: int,
     window_ms: int,
     model: str = "identity_fp32",
-    workers: int = 0,
+    workers: int | None = None,
 ) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
     env.update(PYTHONPATH=str(checkout), OTEL_TRACES_EXPORTER="none")
     command = ["tritonactor", "serve", "--model-repository", str(MODELS)]
-    if workers:
+    if workers is not None:
         command += ["--workers", str(workers)]
     for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
         command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]
@@ -132,7 +132,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--window-ms", type=int, default=2000)
     parser.add_argument("--model", default="identity_fp32", help="a model of side_by_side.sh's")
-    parser.add_argument("--workers", type=int, default=0, help="front ends (0: serve's default)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="front ends (default: serve's; 0: one process)"
+    )
     args = parser.parse_args()
     for round_ in range(args.rounds):
         for checkout in args.checkouts:

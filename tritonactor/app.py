@@ -36,12 +36,13 @@ from tritonactor.store.remote import StoreError
 
 def create_app(settings: Settings | None = None, workers: int | None = None) -> Starlette:
     """The HTTP app of a server built from `settings` (default: the environment). The server's
-    actors start and its models load in the ASGI lifespan. With several front-end `workers`
-    (default: as the command line says) the app is a front end of the server's one engine."""
+    actors start and its models load in the ASGI lifespan. With front-end `workers` (default:
+    as the command line says) the app is one front end of the server's engine process; with
+    0, the app is the whole server."""
     server = Server(settings if settings is not None else Settings.from_env())
     if workers is None:
         workers = frontend_workers(os.environ, sys.argv)
-    if workers > 1:
+    if workers > 0:
         return _front_end_app(server)
     drain = Drain(server.settings.exit_timeout_secs)
 
@@ -70,7 +71,7 @@ def create_app(settings: Settings | None = None, workers: int | None = None) -> 
 
 
 def _front_end_app(server: Server) -> Starlette:
-    """One of several front-end processes: the engine (models, schedulers, journal, metrics)
+    """One of the server's front-end processes: the engine (models, schedulers, journal, metrics)
     runs in its own process, started by the first front end to need it (engine/launch.py)."""
     front = RemoteServer(server, engine_socket(server.settings))
     drain = Drain(server.settings.exit_timeout_secs)
@@ -108,16 +109,17 @@ def _gated(app: Starlette, server: Server | RemoteServer, drain: Drain) -> Starl
 
 
 def frontend_workers(env: Mapping[str, str], argv: Sequence[str]) -> int:
-    """How many front-end processes serve this app: what `tritonactor serve` says, else
-    hypercorn's `--workers`/`-w` as hypercorn reads its command line (its default: 1; 0 runs
-    the app in hypercorn's own process, one front end too)."""
+    """How many front-end processes serve this app in front of an engine process; 0 when the
+    app is the whole server, in one process. What `tritonactor serve` says (`--workers`), else
+    hypercorn's `--workers`/`-w` as hypercorn reads its command line: with several, each worker
+    is a front end; with one (its default) or 0 (the app in hypercorn's own process), 0."""
     given = env.get(WORKERS, "").strip()
     if given.isdigit():
         return int(given)
     config = hypercorn_config(argv)
-    if config is None:
-        return 1
-    return max(int(config.workers), 1)
+    if config is None or int(config.workers) < 2:
+        return 0
+    return int(config.workers)
 
 
 def _exit_worker() -> None:

@@ -73,13 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setting_flags(serve_parser)
     serve_parser.add_argument(
         "--workers",
-        type=_positive_int,
-        default=usable_cpus(),
+        type=_count,
+        default=default_workers(),
         metavar="N",
         help=(
-            "front-end processes (HTTP and gRPC) in front of the one engine that runs the "
-            "models (default: one per core this process may use, here %(default)s; 1: "
-            "everything in one process)"
+            "front-end processes (HTTP and gRPC) in front of the engine process that runs "
+            "the models (default: one per core this process may use, less the engine's "
+            "core, here %(default)s; 0: everything in one process)"
         ),
     )
     serve_parser.add_argument(
@@ -147,8 +147,9 @@ def bind_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def uvicorn_command(settings: Settings, workers: int = 1) -> list[str]:
-    """The command that serves the app with uvicorn (httptools, uvloop)."""
+def uvicorn_command(settings: Settings, workers: int = 0) -> list[str]:
+    """The command that serves the app with uvicorn (httptools, uvloop) in `workers` front-end
+    processes (0 or 1: in uvicorn's own process)."""
     return [
         sys.executable,
         "-m",
@@ -159,7 +160,7 @@ def uvicorn_command(settings: Settings, workers: int = 1) -> list[str]:
         "--port",
         str(settings.http_port),
         "--workers",
-        str(workers),
+        str(max(workers, 1)),
         "--loop",
         "uvloop",
         "--http",
@@ -175,10 +176,11 @@ def uvicorn_command(settings: Settings, workers: int = 1) -> list[str]:
 
 
 def hypercorn_command(
-    settings: Settings, workers: int = 1, http_fd: int | None = None
+    settings: Settings, workers: int = 0, http_fd: int | None = None
 ) -> list[str]:
-    """The command that serves the app; it reads its settings from the environment. `http_fd`:
-    the HTTP socket, bound already (hypercorn's own bind would share it with SO_REUSEPORT)."""
+    """The command that serves the app in `workers` front-end processes (0 or 1: in hypercorn's
+    own process); it reads its settings from the environment. `http_fd`: the HTTP socket, bound
+    already (hypercorn's own bind would share it with SO_REUSEPORT)."""
     # `python -m hypercorn` with our own interpreter rather than a `hypercorn` script on PATH, which
     # might belong to another environment.
     return [
@@ -261,7 +263,7 @@ def serve(args: argparse.Namespace) -> int:
     # default), so that they cannot read the environment differently from what was checked here.
     env.update(settings.to_env())
     env[WORKERS] = str(args.workers)
-    if args.workers > 1:
+    if args.workers > 0:
         try:
             env[SOCKET] = start_engine(settings)
         except EngineFailed as error:
@@ -275,6 +277,14 @@ def serve(args: argparse.Namespace) -> int:
     if settings.log_verbose:
         print(f"tritonactor serve: exec {' '.join(command)}", file=sys.stderr)
     _exec(command, env)
+
+
+def default_workers() -> int:
+    """`serve`'s front ends: one per usable core less the one the engine process takes (it
+    runs every model's scheduling, and a busy core of its own); on a single core, none: the
+    one process does everything (docs/decisions.md, "How many front ends")."""
+    cores = usable_cpus()
+    return cores - 1 if cores > 1 else 0
 
 
 def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -396,13 +406,13 @@ def _switch_dest(flag: str) -> str:
     return "switch" + flag.replace("-", "_")
 
 
-def _positive_int(text: str) -> int:
+def _count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0, 1, 2, ...)")
     return value
 
 

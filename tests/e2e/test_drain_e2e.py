@@ -111,8 +111,9 @@ class Served:
 
 def start(root: Path, kind: str, exit_timeout: int = 30) -> Served:
     """`kind`: "serve-2" (tritonactor serve --workers 2: uvicorn, two front ends and the
-    engine), "serve-1" (uvicorn, one process), "serve-1-hypercorn" (--asgi-server hypercorn,
-    one process), "hypercorn" (plain `hypercorn tritonactor.app:app`: one worker process)."""
+    engine), "serve-1" (one front end, in uvicorn's process, and the engine), "serve-0"
+    (uvicorn, one process), "serve-0-hypercorn" (--asgi-server hypercorn, one process),
+    "hypercorn" (plain `hypercorn tritonactor.app:app`: one worker process)."""
     repo = root / "repo"
     gate = root / "gate-open"
     (repo / "gate" / "1").mkdir(parents=True)
@@ -131,8 +132,10 @@ def start(root: Path, kind: str, exit_timeout: int = 30) -> Served:
         command, front_ends = [*serve, "--workers", "2"], 2
     elif kind == "serve-1":
         command, front_ends = [*serve, "--workers", "1"], 1
-    elif kind == "serve-1-hypercorn":
-        command, front_ends = [*serve, "--workers", "1", "--asgi-server", "hypercorn"], 1
+    elif kind == "serve-0":
+        command, front_ends = [*serve, "--workers", "0"], 1
+    elif kind == "serve-0-hypercorn":
+        command, front_ends = [*serve, "--workers", "0", "--asgi-server", "hypercorn"], 1
     else:
         # hypercorn's default: one worker process; "hypercorn-2": two front ends and the engine.
         front_ends = 2 if kind == "hypercorn-2" else 1
@@ -274,7 +277,17 @@ def ports_free(served: Served) -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["serve-2", "serve-1", "hypercorn", "hypercorn-2", "serve-2-group", "serve-1-group"]
+    "kind",
+    [
+        "serve-2",
+        "serve-1",
+        "serve-0",
+        "hypercorn",
+        "hypercorn-2",
+        "serve-2-group",
+        "serve-1-group",
+        "serve-0-group",
+    ],
 )
 def test_sigterm_lets_every_admitted_request_finish(
     kind: str, tmp_path: Path, cleanup: list[Served]
@@ -364,7 +377,7 @@ def test_sigterm_lets_every_admitted_request_finish(
     assert "Traceback" not in served.output(), served.output()
 
 
-@pytest.mark.parametrize("kind", ["serve-1-hypercorn", "serve-2"])
+@pytest.mark.parametrize("kind", ["serve-0-hypercorn", "serve-1", "serve-2"])
 def test_the_exit_timeout_ends_what_is_left_with_a_clear_error(
     kind: str, tmp_path: Path, cleanup: list[Served]
 ) -> None:

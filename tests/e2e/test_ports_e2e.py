@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 MODELS = Path(__file__).resolve().parent.parent / "python_models"
 # How a server is started: `tritonactor serve` (ASGI server, front ends) or plain hypercorn.
 KINDS = {
+    "serve-uvicorn-0": ("serve", "uvicorn", 0),
     "serve-uvicorn-1": ("serve", "uvicorn", 1),
     "serve-uvicorn-2": ("serve", "uvicorn", 2),
     "serve-hypercorn-2": ("serve", "hypercorn", 2),

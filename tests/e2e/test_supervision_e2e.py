@@ -3,7 +3,7 @@ it: the index and strict readiness say so at once, a replacement starts with no 
 and no request sent after the death fails (it waits in the scheduler for the replacement). Only
 a request the process was running when it died fails, UNAVAILABLE with the reason.
 
-Run against the real server in both topologies (`tritonactor serve --workers 1`: the engine in
+Run against the real server in both topologies (`tritonactor serve --workers 0`: the engine in
 the one process; `--workers 2`: an engine process behind two front ends). The model's process
 is found in /proc by its command line and the server's port (stubs inherit the server's
 environment). A gate file held by the test keeps the replacement in `initialize`, so that the
@@ -210,7 +210,7 @@ def stop(served: Served) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
+@pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:

@@ -13,7 +13,7 @@ HYPERCORN = "/venv/bin/hypercorn"
 @pytest.mark.parametrize(
     ("env", "argv", "workers"),
     [
-        ({}, [HYPERCORN, "tritonactor.app:app"], 1),
+        ({}, [HYPERCORN, "tritonactor.app:app"], 0),  # one worker: the whole server
         ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "3"], 3),
         ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2"], 2),
         ({}, [HYPERCORN, "tritonactor.app:app", "--workers=4"], 4),
@@ -22,10 +22,14 @@ HYPERCORN = "/venv/bin/hypercorn"
         ({}, [HYPERCORN, "tritonactor.app:app", "-w=3"], 3),
         ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2", "--workers", "5"], 5),
         ({}, ["/venv/lib/hypercorn/__main__.py", "tritonactor.app:app", "-w4"], 4),
-        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "0"], 1),  # in hypercorn's process
-        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "x"], 1),  # hypercorn refuses to start
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "1"], 0),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "0"], 0),  # in hypercorn's process
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "x"], 0),  # hypercorn refuses to start
+        # `tritonactor serve --workers N` says how many front ends the engine has; 0: none.
         ({"TA_FRONTEND_WORKERS": "2"}, ["/venv/bin/uvicorn", "tritonactor.app:app"], 2),
-        ({}, ["/venv/bin/uvicorn", "tritonactor.app:app", "--workers", "3"], 1),
+        ({"TA_FRONTEND_WORKERS": "1"}, ["/venv/bin/uvicorn", "tritonactor.app:app"], 1),
+        ({"TA_FRONTEND_WORKERS": "0"}, [HYPERCORN, "tritonactor.app:app", "-w", "2"], 0),
+        ({}, ["/venv/bin/uvicorn", "tritonactor.app:app", "--workers", "3"], 0),
     ],
 )
 def test_front_ends_from_the_command_line(env: dict, argv: list[str], workers: int) -> None:

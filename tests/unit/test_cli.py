@@ -40,6 +40,8 @@ def execs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, st
     monkeypatch.setattr(cli, "_exec", record)
     # Nor bind the server's ports (tests/unit/test_tls_cli.py checks that it does).
     monkeypatch.setattr(cli, "claim_addresses", lambda settings, bind_http=False: None)
+    # Nor start an engine process (the topologies are tested end to end).
+    monkeypatch.setattr(cli, "start_engine", lambda settings: "/engine-not-started.sock")
     return calls
 
 
@@ -199,16 +201,37 @@ def test_uvicorn_command(repo: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("clean_environ")
-def test_serve_execs_uvicorn_with_one_front_end_per_core(
-    repo: Path, execs: list[tuple[list[str], dict[str, str]]], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("cores", "flags", "uvicorn_workers", "front_ends"),
+    [
+        (1, [], "1", "0"),  # one core: one process does everything
+        (2, [], "1", "1"),  # one front end, the engine on the other core
+        (4, [], "3", "3"),
+        (4, ["--workers=0"], "1", "0"),
+        (1, ["--workers=2"], "2", "2"),
+    ],
+)
+def test_serve_execs_uvicorn_with_a_front_end_per_core_less_the_engines(
+    cores: int,
+    flags: list[str],
+    uvicorn_workers: str,
+    front_ends: str,
+    repo: Path,
+    execs: list[tuple[list[str], dict[str, str]]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(cli, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(cli, "usable_cpus", lambda: cores)
+    engines: list[Settings] = []
+    monkeypatch.setattr(cli, "start_engine", lambda settings: engines.append(settings) or "/e")
     monkeypatch.chdir(repo.parent)
-    cli.main(["serve", "--model-repository", repo.name, "--http-port=9100"])
+    cli.main(["serve", "--model-repository", repo.name, "--http-port=9100", *flags])
     [(command, env)] = execs
     assert command[2] == "uvicorn"
-    assert command[command.index("--workers") + 1] == "1"
-    assert env["TA_FRONTEND_WORKERS"] == "1"
+    assert command[command.index("--workers") + 1] == uvicorn_workers
+    assert env["TA_FRONTEND_WORKERS"] == front_ends
+    # An engine process is started (before the front ends) exactly when there are front ends.
+    assert len(engines) == (front_ends != "0")
+    assert env.get("TA_ENGINE_SOCKET") == ("/e" if engines else None)
 
 
 @pytest.mark.usefixtures("clean_environ")
@@ -289,8 +312,8 @@ def test_missing_repository_exits_2(
     assert str(tmp_path / "nope") in err
 
 
-@pytest.mark.parametrize("workers", ["0", "-1", "many"])
-def test_workers_must_be_positive(workers: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("workers", ["-1", "many", "1.5"])
+def test_workers_must_be_a_count(workers: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["serve", f"--workers={workers}"]) == 2
     assert "--workers" in capsys.readouterr().err
 

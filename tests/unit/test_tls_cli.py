@@ -268,7 +268,7 @@ def test_serve_stops_before_anything_starts_when_a_port_is_taken(
                 "--http-port=0",
                 "--grpc-port=0",
                 f"--metrics-port={port}",
-                "--workers=1",
+                "--workers=0",
             ]
         )
     finally:
@@ -295,5 +295,5 @@ def test_serve_binds_hypercorns_http_socket_itself(
 
     monkeypatch.setattr(cli, "_exec", exec_)
     argv = ["serve", f"--model-repository={repo}", "--http-address=127.0.0.1", "--http-port=0"]
-    cli.main([*argv, "--grpc-port=0", "--metrics-port=0", "--workers=1", "--asgi-server=hypercorn"])
+    cli.main([*argv, "--grpc-port=0", "--metrics-port=0", "--workers=0", "--asgi-server=hypercorn"])
     assert seen == [("127.0.0.1", True, 0)]

@@ -79,6 +79,8 @@ def execs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, st
     monkeypatch.setattr(cli, "_exec", lambda command, env: calls.append((command, env)))
     # Nor bind the server's ports (tests/unit/test_tls_cli.py checks that it does).
     monkeypatch.setattr(cli, "claim_addresses", lambda settings, bind_http=False: None)
+    # Nor start an engine process (the topologies are tested end to end).
+    monkeypatch.setattr(cli, "start_engine", lambda settings: "/engine-not-started.sock")
     return calls
 
 

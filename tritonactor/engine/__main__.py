@@ -1,7 +1,8 @@
-"""The engine process: `python -m tritonactor.engine`, started by the first front end of a
-server with several front-end workers (engine/launch.py). It reads the same TRITONACTOR_*
-settings, runs the server's actors, models, journal and metrics listener, serves its front ends
-on a Unix socket, and stops once every front end has gone (or on SIGTERM/SIGINT)."""
+"""The engine process: `python -m tritonactor.engine`, started by `tritonactor serve` before its
+front ends, or by the first front end of a plain `hypercorn --workers N` (engine/launch.py). It
+reads the same TRITONACTOR_* settings, runs the server's actors, models, journal and metrics
+listener, serves its front ends on a Unix socket, and stops once every front end has gone (or
+on SIGTERM/SIGINT)."""
 
 from __future__ import annotations
 
