@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import anyio
 import numpy as np
 
 from tritonactor.backends.base import InstanceContext, ModelContext
@@ -259,11 +260,17 @@ def _process_cpu(pid: int) -> float:
 
 def time_backend(context: ModelContext, data: np.ndarray, seconds: float, batch: int) -> Timing:
     """One stub process; `await instance.execute(batch)` back to back on asyncio (the loop the
-    server runs under hypercorn)."""
-    instance = (
-        PythonBackend()
-        .load_model(context)
-        .create_instance(InstanceContext(f"{context.name}_0_0", "KIND_CPU", 0, 0))
+    server runs under hypercorn). The instance is made and finalized on a worker thread of that
+    loop, as the server does (its reader then runs on the loop)."""
+    return asyncio.run(_time_backend(context, data, seconds, batch))
+
+
+async def _time_backend(
+    context: ModelContext, data: np.ndarray, seconds: float, batch: int
+) -> Timing:
+    model = PythonBackend().load_model(context)
+    instance = await anyio.to_thread.run_sync(
+        model.create_instance, InstanceContext(f"{context.name}_0_0", "KIND_CPU", 0, 0)
     )
     # Count what crosses the process boundary: messages to the stub, and back from it.
     crossings = [0, 0]
@@ -326,9 +333,9 @@ def time_backend(context: ModelContext, data: np.ndarray, seconds: float, batch:
         )
 
     try:
-        return asyncio.run(loop())
+        return await loop()
     finally:
-        instance.finalize()
+        await anyio.to_thread.run_sync(instance.finalize)
 
 
 # -- (c) served over HTTP -----------------------------------------------------------------------
@@ -542,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "/dev/shm); (c) perf_analyzer -i http, one hypercorn worker, one model instance."
     )
     print(
-        "Round trip: server CPU = this process (the event loop, the instance's reader thread); "
+        "Round trip: server CPU = this process (the event loop, which reads the stub's socket); "
         "stub CPU = the stub process; per call = one execute of `batch` requests; messages/call "
         "= messages sent to the stub / received from it per call."
     )

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -96,11 +98,12 @@ async def test_stub_exits_and_clears_its_files_when_the_server_side_closes(
     await instance.execute([add_sub(ones, ones)])  # both arenas exist now
     prefix = instance._stub.shm_prefix
     assert [f for f in os.listdir(ipc.SHM_DIR) if f.startswith(prefix)]
-    # The stub's main thread is idle, reading its socket: it sees the end and exits.
-    instance._stub.channel.close()
+    # The stub's main thread is idle, reading its socket: it sees the end and exits (and the
+    # server's reader, on the event loop, sees the end too).
+    instance._stub.channel.sock.shutdown(socket.SHUT_RDWR)
     instance._stub.answers.close()
-    assert instance._stub.process.wait(60) == 0
-    instance._reader.join(60)
+    assert await anyio.to_thread.run_sync(instance._stub.process.wait, 60) == 0
+    assert await anyio.to_thread.run_sync(instance._reader.done.wait, 60)
     assert not [f for f in os.listdir(ipc.SHM_DIR) if f.startswith(prefix)]
 
 

@@ -119,6 +119,12 @@ class ResponseSender:
         """The client went away: the model may stop producing responses."""
         self._cancelled = True
 
+    def holds_up(self) -> bool:
+        """Whether a send from a thread other than the event loop's may wait for room (the
+        back-pressure of an ensemble's `max_inflight_requests`); a send on the loop never
+        waits. Whoever sends for a model's thread sends such responses from a thread."""
+        return False
+
     def is_cancelled(self) -> bool:
         return self._cancelled
 

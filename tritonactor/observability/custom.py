@@ -3,7 +3,7 @@
 labels the model gives them.
 
 One registry per process (`CUSTOM_METRICS`), as Triton's is one per server: the python backend
-updates it from its instances' reader threads (every operation takes its lock), the metrics
+updates it from its instances' readers (every operation takes its lock), the metrics
 collector reads it at scrape time. A family or metric defined twice is the same one, counted:
 it goes when the last of its definitions is released."""
 

@@ -36,7 +36,7 @@ class ResponseStream:
         self._closed = False
         self._loop_thread = threading.get_ident()
         self._put_from_thread = on_loop(self._put)
-        self.sender = StepSender(self._deliver, ensemble_request)
+        self.sender = StepSender(self._deliver, ensemble_request, holds_up=capacity > 0)
 
     def _deliver(
         self, response: InferenceResponse | None, error: TritonError | None, final: bool
@@ -95,15 +95,20 @@ class StepSender(ResponseSender):
     """A decoupled step's sender, cancelled too when the ensemble's request is: a model that
     polls `is_cancelled()` stops early when the ensemble's client goes away."""
 
-    __slots__ = ("_ensemble_request",)
+    __slots__ = ("_ensemble_request", "_holds_up")
 
     def __init__(
         self,
         deliver: Callable[[InferenceResponse | None, TritonError | None, bool], None],
         ensemble_request: InferenceRequest,
+        holds_up: bool = False,
     ) -> None:
         super().__init__(deliver)
         self._ensemble_request = ensemble_request
+        self._holds_up = holds_up
 
     def is_cancelled(self) -> bool:
         return self._ensemble_request.cancelled or super().is_cancelled()
+
+    def holds_up(self) -> bool:
+        return self._holds_up

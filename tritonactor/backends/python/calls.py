@@ -2,9 +2,9 @@
 through the router, one response (`exec()`) or a stream of them (`exec(decoupled=True)`, on the
 router's streaming with a `ResponseSender`), and model control (`pb_utils.load_model`...).
 
-Each call arrives on the instance's reader thread and is served from a small thread pool, so
-that a call waiting on another model never holds up the reader; the work itself runs on the
-server's event loop (`anyio.from_thread`, with the loop's token).
+Each call arrives through the instance's reader (on the event loop) and is served from a small
+thread pool, so that a call waiting on another model never holds up the reader; the work itself
+runs on the server's event loop (`anyio.from_thread`, with the loop's token).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class ServedCalls:
         self._writing = threading.Lock()
 
     def submit(self, message: dict[str, Any]) -> None:
-        """From the reader thread: serve `message` (op bls or control) on the pool."""
+        """From the instance's reader: serve `message` (op bls or control) on the pool."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(CALL_THREADS, f"{self._context.name}-calls")
         serve = self._serve_bls if message["op"] == "bls" else self._serve_control

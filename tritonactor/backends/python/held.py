@@ -5,8 +5,9 @@ returns, or which the model sends through its response sender, during execute or
 returned. In the latter case the instance gives the request's result as a `Deferred` and
 resolves it when the response comes, so that the instance is free for its next batch meanwhile.
 
-Every method may be called from the instance's reader thread or from the event loop: the state
-is behind one lock, and senders and deferreds are called outside it.
+Every method may be called from the instance's reader (on the event loop, or on a thread of
+its own where none runs), from the event loop, or from the thread that notes the process's
+death: the state is behind one lock, and senders and deferreds are called outside it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ class HeldRequests:
             entry = self._held.get(key)
         return None if entry is None else entry.request
 
+    def holds_up(self, key: int) -> bool:
+        """Whether a response for `key` may wait for room when sent from a thread (its
+        sender's back-pressure: `ResponseSender.holds_up`)."""
+        with self._lock:
+            entry = self._held.get(key)
+        return entry is not None and entry.sender is not None and entry.sender.holds_up()
+
     def is_cancelled(self, key: int) -> bool:
         """Whether the server marked the request behind `key` cancelled; a request the instance
         no longer holds reads as not cancelled."""
@@ -62,7 +70,7 @@ class HeldRequests:
             return False
         return entry.request.cancelled or (entry.sender is not None and entry.sender.is_cancelled())
 
-    # -- what the stub sends (the reader thread) ---------------------------------------------
+    # -- what the stub sends (the instance's reader) -----------------------------------------
 
     def deliver(
         self, key: int, result: InferenceResponse | TritonError | None, final: bool

@@ -1,20 +1,23 @@
-"""One python model instance, as the server sees it: a stub process and the thread that reads it.
+"""One python model instance, as the server sees it: a stub process and the reader of its socket.
 
 `PythonInstance.execute` writes the batch's input tensors into shared memory, sends descriptors
-on the instance's socket and awaits the answer on the event loop. A reader thread per instance
-takes everything the stub sends — results, responses sent through response senders (which may
-come after execute returned), BLS calls, cancellation queries, log lines — and notices at once
-when the process dies: it fails what the process was running and tells whoever watches the
-instance (`on_death`, the instance actor), so that a replacement starts at once, not when the
-next request meets the dead process.
+on the instance's socket and awaits the answer on the event loop. The event loop reads the
+socket (`add_reader`: no thread to wake between the stub's answer and the request it answers)
+and takes everything the stub sends — results, responses sent through response senders (which
+may come after execute returned), BLS calls, cancellation queries, log lines — and notices at
+once when the process dies: it fails what the process was running and tells whoever watches
+the instance (`on_death`, the instance actor), so that a replacement starts at once, not when
+the next request meets the dead process. (An instance made where no event loop runs reads
+with a thread of its own, the same way.)
 
 Cancellation is asked for, not pushed: the model's `is_cancelled()` sends the request's key and
-the reader thread answers from `InferenceRequest.cancelled` (the server sets it from any thread,
-with no event to hook), so nothing costs anything until a model asks.
+the reader answers from `InferenceRequest.cancelled` (the server sets it from any thread, with
+no event to hook), so nothing costs anything until a model asks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -42,12 +45,13 @@ from tritonactor.backends.python.calls import ServedCalls
 from tritonactor.backends.python.held import HeldRequests
 from tritonactor.backends.python.metrics import InstanceMetrics
 from tritonactor.backends.python.process import StubProcess, StubSettings, exit_description
+from tritonactor.backends.python.reader import ChannelReader
 from tritonactor.backends.python.wire import request_entry, response_from_wire
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import InferenceRequest
 
 log = logging.getLogger(__name__)
-# How long finalize waits for the reader thread to deliver what the exited stub sent last.
+# How long finalize waits for the reader to deliver what the exited stub sent last.
 READER_DRAIN_TIMEOUT_S = 30.0
 
 _FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -124,8 +128,13 @@ class PythonInstance(BackendInstance):
                     f"{exc.message}"
                 ) from None
             raise
-        self._reader = threading.Thread(
-            target=self._read_forever, name=f"{self.name}-reader", daemon=True
+        self._reader = ChannelReader(
+            self._stub.channel,
+            self.name,
+            _creator_loop(),
+            self._handle,
+            self._holds_up,
+            self._exited,
         )
         self._reader.start()
 
@@ -134,8 +143,8 @@ class PythonInstance(BackendInstance):
         return self._stub.process.pid
 
     def on_death(self, callback: Callable[[str], None]) -> None:
-        """Call `callback(reason)` (from the reader thread) when the process dies; at once if
-        it already has. A process ended by `finalize` is not a death."""
+        """Call `callback(reason)` (from a thread of the instance's) when the process dies; at
+        once if it already has. A process ended by `finalize` is not a death."""
         with self._lock:
             death = self._death
             if death is None:
@@ -236,19 +245,17 @@ class PythonInstance(BackendInstance):
         # The scheduler takes it back, or refuses it for a model without iterative sequences.
         return RESCHEDULE
 
-    # -- the reader thread -------------------------------------------------------------------
+    # -- what the stub sends (handed on by the reader) ------------------------------------------
 
-    def _read_forever(self) -> None:
-        channel = self._stub.channel
-        while True:
-            message = channel.recv()
-            if message is None:
-                break
-            try:
-                self._dispatch(message)
-            except Exception:
-                log.exception("instance '%s': cannot handle a message from its model", self.name)
-        self._exited()
+    def _holds_up(self, message: dict[str, Any]) -> bool:
+        """A response whose sender may wait for room: handed on from a thread."""
+        return message["op"] == "send" and self._held.holds_up(message["key"])
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        try:
+            self._dispatch(message)
+        except Exception:
+            log.exception("instance '%s': cannot handle a message from its model", self.name)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         op = message["op"]
@@ -340,10 +347,10 @@ class PythonInstance(BackendInstance):
         self._closed = True
         self._finalizing = True
         self._stub.finish(self.model.settings.start_timeout_s)
-        # The process is gone: the reader thread delivers what it sent last (answers from the
-        # model's finalize) and ends at the end of the channel; only then is the channel
-        # closed, its files removed, and what is still unanswered failed.
-        self._reader.join(READER_DRAIN_TIMEOUT_S)
+        # The process is gone: the reader delivers what it sent last (answers from the model's
+        # finalize) and stops at the end of the channel; only then is the channel closed, its
+        # files removed, and what is still unanswered failed.
+        self._reader.finish(READER_DRAIN_TIMEOUT_S)
         self._calls.close()  # before the files go: no late BLS answer writes another
         self._stub.close()
         self._inputs_arena.close()
@@ -361,5 +368,14 @@ def _creator_loop_token() -> Any:
     """The token of the event loop whose worker thread runs this (None elsewhere)."""
     try:
         return anyio.from_thread.run_sync(anyio.lowlevel.current_token)
+    except RuntimeError:
+        return None
+
+
+def _creator_loop() -> asyncio.AbstractEventLoop | None:
+    """The asyncio event loop whose worker thread runs this (None elsewhere, or on another
+    anyio backend)."""
+    try:
+        return anyio.from_thread.run_sync(asyncio.get_running_loop)
     except RuntimeError:
         return None

@@ -51,6 +51,8 @@ SERVER_SIDE = "-p"
 STUB_SIDE = "-s"
 
 _HEADER = struct.Struct("<Q")
+# What one read of a channel's socket takes at most.
+_READ_SIZE = 256 << 10
 _ALIGN = 64
 
 # (name, wire datatype, shape, offset, size in bytes)
@@ -62,11 +64,12 @@ TensorDescriptor = tuple[str, str, tuple[int, ...], int, int]
 
 class Channel:
     """Length-prefixed pickles on a connected stream socket. `send` may be called from any
-    thread; `recv` from one reader thread only."""
+    thread; `recv` and `received` from one reader at a time (what one read brought beyond a
+    message waits in the channel's buffer for the next)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._reader = sock.makefile("rb")
+        self._buffer = bytearray()
         self._lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -75,23 +78,52 @@ class Channel:
             self.sock.sendall(_HEADER.pack(len(data)) + data)
 
     def recv(self) -> dict[str, Any] | None:
-        """The next message, or None when the other side is gone."""
-        try:
-            header = self._reader.read(_HEADER.size)
-            if len(header) < _HEADER.size:
+        """The next message, waiting for it; None when the other side is gone."""
+        while True:
+            message = self._next()
+            if message is not None:
+                return message
+            try:
+                chunk = self.sock.recv(_READ_SIZE)
+            except OSError:
                 return None
-            (size,) = _HEADER.unpack(header)
-            data = self._reader.read(size)
-        except (OSError, ValueError):
+            if not chunk:
+                return None
+            self._buffer += chunk
+
+    def received(self) -> list[dict[str, Any]] | None:
+        """Without waiting: the messages that have arrived (reading what the socket holds); None
+        when the other side is gone. For a reader the event loop wakes."""
+        try:
+            chunk = self.sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            chunk = None
+        except OSError:
             return None
-        if len(data) < size:
+        if chunk is not None:
+            if not chunk:
+                return None
+            self._buffer += chunk
+        messages = []
+        while (message := self._next()) is not None:
+            messages.append(message)
+        return messages
+
+    def _next(self) -> dict[str, Any] | None:
+        """The first whole message in the buffer, taken out of it (None: none is whole yet)."""
+        buffer = self._buffer
+        if len(buffer) < _HEADER.size:
             return None
-        return pickle.loads(data)
+        end = _HEADER.size + _HEADER.unpack_from(buffer)[0]
+        if len(buffer) < end:
+            return None
+        message = pickle.loads(bytes(buffer[_HEADER.size : end]))
+        del buffer[:end]
+        return message
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        self._reader.close()
         self.sock.close()
 
 

@@ -21,7 +21,7 @@ class InstanceMetrics:
         self._metrics: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        """Apply one operation (from the reader thread); the answer for the stub, or None when
+        """Apply one operation (from the instance's reader); the answer for the stub, or None when
         it does not wait for one (a release)."""
         action, name = message["action"], message["name"]
         labels = message.get("labels") or {}
