@@ -92,6 +92,15 @@ def _front_end_app(server: Server) -> Starlette:
                 with held_signals(drain):
                     yield
                     await drain.wait()
+            if front.engine_lost and multiprocessing.parent_process() is None:
+                # The only front end, in the ASGI server's own process (`tritonactor serve
+                # --workers 1`): no supervisor starts it again, so the server stops with status
+                # 1, for its process manager to restart it, rather than 0 as if asked to stop.
+                logging.getLogger(__name__).error(
+                    "the server stops with status 1: its engine went away and no supervisor "
+                    "starts its one front end again"
+                )
+                _exit_now(1)
         except* (EngineFailed, ListenFailed, SettingsError):
             _exit_worker()
             raise
@@ -122,6 +131,13 @@ def frontend_workers(env: Mapping[str, str], argv: Sequence[str]) -> int:
     return int(config.workers)
 
 
+def _exit_now(status: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def _exit_worker() -> None:
     """In a worker process of hypercorn (`--workers N`), end the process with status 1, so
     that hypercorn's parent stops the other workers instead of starting this one again. (With
@@ -130,10 +146,7 @@ def _exit_worker() -> None:
     most often 0: docs/operations.md, "Ports".)"""
     if multiprocessing.parent_process() is None:
         return
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    _exit_now(1)
 
 
 def hypercorn_bind(argv: Sequence[str]) -> tuple[str, int] | None:

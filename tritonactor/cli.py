@@ -1,5 +1,6 @@
 """The ``tritonactor`` command: tritonserver's flag names, turned into settings for the ASGI
-server (uvicorn by default, or hypercorn) that runs the app in one front-end process per core."""
+server (uvicorn by default, or hypercorn) that runs the app in front-end processes, one per core
+less the engine's."""
 
 from __future__ import annotations
 

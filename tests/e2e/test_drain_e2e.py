@@ -73,6 +73,12 @@ class TritonPythonModel:
             )
             for r in requests
         ]
+
+    def finalize(self):
+        # A finalize that takes a moment: the server's process must end after it has run.
+        time.sleep(0.5)
+        with open(self.gate + ".finalized", "w") as done:
+            done.write("finalized")
 '''
 
 CONFIG = """\
@@ -111,7 +117,8 @@ class Served:
 
 def start(root: Path, kind: str, exit_timeout: int = 30) -> Served:
     """`kind`: "serve-2" (tritonactor serve --workers 2: uvicorn, two front ends and the
-    engine), "serve-1" (one front end, in uvicorn's process, and the engine), "serve-0"
+    engine), "serve-1" (one front end, in uvicorn's process, and the engine; "-hypercorn": in
+    hypercorn's), "serve-0"
     (uvicorn, one process), "serve-0-hypercorn" (--asgi-server hypercorn, one process),
     "hypercorn" (plain `hypercorn tritonactor.app:app`: one worker process)."""
     repo = root / "repo"
@@ -134,6 +141,8 @@ def start(root: Path, kind: str, exit_timeout: int = 30) -> Served:
         command, front_ends = [*serve, "--workers", "1"], 1
     elif kind == "serve-0":
         command, front_ends = [*serve, "--workers", "0"], 1
+    elif kind == "serve-1-hypercorn":
+        command, front_ends = [*serve, "--workers", "1", "--asgi-server", "hypercorn"], 1
     elif kind == "serve-0-hypercorn":
         command, front_ends = [*serve, "--workers", "0", "--asgi-server", "hypercorn"], 1
     else:
@@ -282,6 +291,7 @@ def ports_free(served: Served) -> None:
         "serve-2",
         "serve-1",
         "serve-0",
+        "serve-1-hypercorn",
         "hypercorn",
         "hypercorn-2",
         "serve-2-group",
@@ -368,6 +378,13 @@ def test_sigterm_lets_every_admitted_request_finish(
     assert result is None, result
     assert error.status() == "StatusCode.UNAVAILABLE" and SHUTTING_DOWN in error.message()
     assert served.process.wait(timeout=PATIENCE) == 0, served.output()
+    # The model's finalize ran before the server's process ended (with front ends, the last
+    # one waits for the engine to stop its models). hypercorn's parent stops its other workers
+    # as soon as one has ended, and exits: its engine, not tied to it, finalizes on its own.
+    finalized = served.gate.with_name("gate-open.finalized")
+    if kind == "hypercorn-2":
+        wait_for(finalized.exists, served, "the engine's finalize of the model")
+    assert finalized.exists(), served.output()
     flight.stream_client.stop_stream()
     flight.stream_client.close()
     for client in flight.grpc_clients:
@@ -377,7 +394,9 @@ def test_sigterm_lets_every_admitted_request_finish(
     assert "Traceback" not in served.output(), served.output()
 
 
-@pytest.mark.parametrize("kind", ["serve-0-hypercorn", "serve-1", "serve-2"])
+# "hypercorn-2": its engine is not tied to the server's process, and stops a model stuck in a
+# request after the front ends have left: the ports must be closed by then all the same.
+@pytest.mark.parametrize("kind", ["serve-0-hypercorn", "serve-1", "serve-2", "hypercorn-2"])
 def test_the_exit_timeout_ends_what_is_left_with_a_clear_error(
     kind: str, tmp_path: Path, cleanup: list[Served]
 ) -> None:

@@ -171,8 +171,11 @@ def start(
     env = loopback_env(root, http_port, grpc_port, metrics_port)
     env.update(env_extra or {})
     env["TRITONACTOR_MODEL_REPOSITORY"] = str(repo)
-    if kind == "serve":
-        command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", "2", *extra]
+    # "serve-1": one front end, in uvicorn's own process (no worker processes to count).
+    workers = 1 if kind == "serve-1" else 2
+    if kind.startswith("serve"):
+        command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", str(workers)]
+        command += extra
     else:
         command = [
             sys.executable,
@@ -200,7 +203,7 @@ def start(
             connection = served.connection()
             status, _ = get(connection, path)
             connection.close()
-            if status == 200 and len(served.front_ends()) == 2:
+            if status == 200 and len(served.front_ends()) == (0 if workers == 1 else workers):
                 return served
         except OSError:
             pass
@@ -376,6 +379,25 @@ def test_an_engine_that_goes_away_ends_every_request_and_the_server_recovers(
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
     assert client.is_model_ready("add_sub")
     client.close()
+
+
+def test_with_one_front_end_an_engine_that_goes_away_stops_the_server_with_status_1(
+    tmp_path: Path,
+) -> None:
+    # `tritonactor serve --workers 1` (the default on two cores): the front end is the ASGI
+    # server's own process, which no supervisor would start again.
+    served = start("serve-1", tmp_path)
+    try:
+        connection = served.connection()
+        status, answer = request(connection, "POST", "/v2/models/add_sub/infer", infer_body(1.0))
+        assert status == 200, answer
+        os.kill(served.engine(), signal.SIGKILL)
+        assert served.process.wait(timeout=120) == 1, served.output()
+        assert "its engine went away and no supervisor starts" in served.output()
+    finally:
+        if served.process.poll() is None:
+            served.process.kill()
+            served.process.wait()
 
 
 def lane_files(pid: int) -> set[str]:

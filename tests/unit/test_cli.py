@@ -241,7 +241,8 @@ def test_serve_execs_hypercorn_with_checked_settings(
     monkeypatch.setenv("TRITONACTOR_LOG_VERBOSE", "0")
     monkeypatch.setenv("UNRELATED", "kept")
     monkeypatch.chdir(repo.parent)
-    # One worker: no engine process to start first (the multi-process path is end to end).
+    # One front end, in hypercorn's own process (the fixture does not start the engine: the
+    # multi-process path is tested end to end).
     cli.main(
         [
             "serve",

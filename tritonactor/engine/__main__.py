@@ -39,13 +39,15 @@ async def serve(server: Server, path: str) -> None:
     assert isinstance(router, ObservedRouter)
     router.changed = lambda: host.broadcast(table(router))
     server.log_startup()
-    # Closed in the reverse order: the metrics port first, then the front ends' connections
-    # (the last front end to leave waits for that), then the models; the gRPC socket is
-    # closed once the front ends have left, before the last one is let go.
+    # Closed in the reverse order: the metrics port first, then the engine's socket (no new
+    # front end), then the models (their `finalize` runs), then the front ends' connections:
+    # the last front end to leave waits for that, so that the server's process ends after its
+    # models. The gRPC socket is closed once the front ends have left, before all that.
     # The gRPC socket the front ends share is bound first: a taken address fails the start
     # before any model loads (engine/listeners.py).
     async with (
         handing_out(server.settings, path) as listeners,
+        host.connected(),
         server.running(),
         host.serving(),
         metrics_listener(server),
@@ -54,33 +56,35 @@ async def serve(server: Server, path: str) -> None:
         if server.tracing is not None:
             host.continue_trace = server.tracing.continued
         tell_ready("ready")
-        async with anyio.create_task_group() as tasks:
+        try:
+            async with anyio.create_task_group() as tasks:
 
-            async def stop_on_signal() -> None:
-                # The engine shares its process group with the front ends: a Ctrl-C or a
-                # process manager's SIGTERM reaches them all. The front ends then drain: each
-                # answers what it admitted (its requests still run here), failing what is left
-                # at the exit timeout, and leaves (docs/shutdown.md). The engine waits for that
-                # rather than failing their last requests; LEAVE_GRACE past the exit timeout
-                # bounds the wait should a front end never leave.
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for _ in signals:
-                        log.info("shutting down once the front ends have left")
-                        listeners.close()  # new gRPC connections are refused, not queued
-                        if host.connections:
-                            patience = server.settings.exit_timeout_secs + LEAVE_GRACE
-                            with anyio.move_on_after(patience):
-                                await host.deserted.wait()
-                        tasks.cancel_scope.cancel()
-                        return
+                async def stop_on_signal() -> None:
+                    # The engine shares its process group with the front ends: a Ctrl-C or a
+                    # process manager's SIGTERM reaches them all. The front ends then drain: each
+                    # answers what it admitted (its requests still run here), failing what is left
+                    # at the exit timeout, and leaves (docs/shutdown.md). The engine waits for that
+                    # rather than failing their last requests; LEAVE_GRACE past the exit timeout
+                    # bounds the wait should a front end never leave.
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for _ in signals:
+                            log.info("shutting down once the front ends have left")
+                            listeners.close()  # new gRPC connections are refused, not queued
+                            if host.connections:
+                                patience = server.settings.exit_timeout_secs + LEAVE_GRACE
+                                with anyio.move_on_after(patience):
+                                    await host.deserted.wait()
+                            tasks.cancel_scope.cancel()
+                            return
 
-            tasks.start_soon(stop_on_signal)
-            await host.deserted.wait()
-            # Before the last front end is let go (its connection closes as `host.serving()`
-            # ends): once the server's process has exited, no port of it still accepts, even
-            # while models that are stuck in a request take their time to stop.
+                tasks.start_soon(stop_on_signal)
+                await host.deserted.wait()
+                tasks.cancel_scope.cancel()
+        finally:
+            # Before the last front end is let go (its connection closes as `host.connected()`
+            # ends), however this ends: once the server's process has exited, no port of it
+            # still accepts, even while models stuck in a request take their time to stop.
             listeners.close()
-            tasks.cancel_scope.cancel()
     log.info("engine stopped")
 
 

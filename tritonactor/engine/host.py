@@ -336,6 +336,8 @@ class EngineHost:
 
     @asynccontextmanager
     async def serving(self) -> AsyncIterator[EngineHost]:
+        """Accept front ends on the socket while the block runs (the connections made stay
+        open until `connected` ends)."""
         self.loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
         with contextlib.suppress(FileNotFoundError):
@@ -347,8 +349,17 @@ class EngineHost:
             yield self
         finally:
             listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    @asynccontextmanager
+    async def connected(self) -> AsyncIterator[None]:
+        """Close every front end's connection when the block ends: the last front end to leave
+        waits for that, so the server's process ends after what runs inside the block (the
+        models' stop, their `finalize`)."""
+        try:
+            yield
+        finally:
             for connection in list(self.open):
                 if connection._transport is not None:
                     connection._transport.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)

@@ -27,6 +27,7 @@ SUFFIX = ".listeners"
 # What the engine says with the descriptor (or without one: gRPC is not served).
 GRPC = b"grpc"
 NONE = b"none"
+CLOSED = b"closed"  # served, but no longer: the engine is stopping
 
 
 class SharedListeners:
@@ -35,6 +36,7 @@ class SharedListeners:
 
     def __init__(self, grpc: socket.socket | None) -> None:
         self.grpc = grpc
+        self._serves_grpc = grpc is not None
 
     def close(self) -> None:
         if self.grpc is not None:
@@ -45,10 +47,10 @@ class SharedListeners:
         with connection:
             if not same_user(connection):
                 return
-            if self.grpc is None:
-                connection.sendall(NONE)
-            else:
+            if self.grpc is not None:
                 socket.send_fds(connection, [GRPC], [self.grpc.fileno()])
+            else:
+                connection.sendall(CLOSED if self._serves_grpc else NONE)
 
 
 @asynccontextmanager
@@ -121,4 +123,7 @@ def _receive(path: str) -> socket.socket | None:
         os.close(fd)
     if message == NONE:
         return None
+    if message == CLOSED:
+        # Not "gRPC is off": this front end must not bind the port itself.
+        raise EngineFailed("the engine is stopping: it no longer shares its gRPC socket")
     raise EngineFailed(f"the engine answered {message!r} when asked for its gRPC socket")

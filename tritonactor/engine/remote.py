@@ -275,6 +275,7 @@ class RemoteServer:
         self.shared_memory = SharedMemoryRegistry()
         self._regions: dict[str, m.Region] = {}
         self._leaving = False
+        self.engine_lost = False  # the engine went away while this front end served
         self._connection: EngineConnection | None = None
         self.router = RemoteRouter(_Unconnected(), lazy=False)  # type: ignore[arg-type]
 
@@ -312,9 +313,11 @@ class RemoteServer:
         """The engine went away while this front end served: what was in flight has failed;
         this process stops (SIGTERM: its ASGI server finishes what it is writing), and its
         supervisor starts another, which starts an engine again or joins the one another
-        front end started. Serving 503 for ever would be worse."""
+        front end started (with none, the app ends the process with status 1: app.py).
+        Serving 503 for ever would be worse."""
         if self._leaving:
             return
+        self.engine_lost = True
         log.error("%s: this front end stops, to be started again", ENGINE_GONE)
         # A moment first for the failures to reach their clients: under hypercorn, SIGTERM
         # ends a worker at once.

@@ -63,7 +63,7 @@ class TritonOnlySettings(BaseSettings):
     ] = None
     http_thread_count: Annotated[
         int | None,
-        ignored(INT, "HTTP is served by an event loop; `--workers N` runs N processes"),
+        ignored(INT, "HTTP is served by an event loop; `--workers N` runs N front-end processes"),
     ] = None
 
     reuse_grpc_port: Annotated[
