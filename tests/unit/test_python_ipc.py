@@ -99,7 +99,7 @@ async def test_stub_exits_and_clears_its_files_when_the_server_side_closes(
     prefix = instance._stub.shm_prefix
     assert [f for f in os.listdir(ipc.SHM_DIR) if f.startswith(prefix)]
     # The stub's main thread is idle, reading its socket: it sees the end and exits (and the
-    # server's reader, on the event loop, sees the end too).
+    # server's reader, a thread here, sees the end too).
     instance._stub.channel.sock.shutdown(socket.SHUT_RDWR)
     instance._stub.answers.close()
     assert await anyio.to_thread.run_sync(instance._stub.process.wait, 60) == 0
@@ -146,3 +146,20 @@ def test_a_received_request_is_built_like_one_the_model_builds() -> None:
     # No parameters: "{}", as Triton's server writes them.
     empty = pb_utils.InferenceRequest._received({**entry, "parameters": {}}, [], sender, trace)
     assert empty.parameters() == "{}"
+
+
+def test_the_end_of_a_channel_comes_after_every_message_sent_before_it() -> None:
+    """What the stub sent just before it died (its last log line) is read before the end."""
+    ours, theirs = socket.socketpair()
+    sender = ipc.Channel(theirs)
+    sender.send({"op": "log", "message": "first"})
+    sender.send({"op": "log", "message": "last words"})
+    sender.close()
+    channel = ipc.Channel(ours)
+    try:
+        # A blocking read (the start-up wait for "ready") takes both off the socket at once.
+        assert channel.recv() == {"op": "log", "message": "first"}
+        assert channel.received() == [{"op": "log", "message": "last words"}]
+        assert channel.received() is None
+    finally:
+        channel.close()

@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -22,6 +23,7 @@ from tests.python_backend_support import PATIENCE_S, Started, outputs, request, 
 from tritonactor.backends.python import PythonInstance
 from tritonactor.core.errors import TritonError
 from tritonactor.core.types import InferenceResponse, ResponseSender
+from tritonactor.scheduling.statistics import FirstResponseHistogram, _FirstResponseTimer
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +46,7 @@ class Recorded:
         self.first_held = anyio.Event()  # the first answer is being held up
         self.go = threading.Event()
         self._hold_first = hold_first
-        self.sender = _Sender(self._deliver, holds_up)
+        self.sender = ResponseSender(self._deliver, holds_up)
 
     def _deliver(
         self, response: InferenceResponse | None, error: TritonError | None, final: bool
@@ -59,17 +61,6 @@ class Recorded:
 
     def values(self) -> list[int]:
         return [int(outputs(r)["OUT"][0]) for r, _, _ in self.answers if r is not None]
-
-
-class _Sender(ResponseSender):
-    __slots__ = ("_holds",)
-
-    def __init__(self, deliver: Any, holds_up: bool) -> None:
-        super().__init__(deliver)
-        self._holds = holds_up
-
-    def holds_up(self) -> bool:
-        return self._holds
 
 
 def repeat(values: list[int], sender: ResponseSender) -> Any:
@@ -100,12 +91,17 @@ async def test_decoupled_responses_reach_their_sender_on_the_loop_in_order(
     assert set(recorded.threads) == {threading.get_ident()}  # the loop's
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "as-the-router-wraps-it"])
 async def test_a_sender_that_holds_up_gets_its_answers_from_a_thread_while_reading_waits(
-    start: Started,
+    start: Started, wrapped: bool
 ) -> None:
     instance = await made(start, "repeat")
     recorded = Recorded(holds_up=True, hold_first=True)
-    await instance.execute([repeat(list(range(10)), recorded.sender)])
+    sender: ResponseSender = recorded.sender
+    if wrapped:  # the router times a decoupled request's first response through its sender
+        sender = _FirstResponseTimer(sender, time.perf_counter_ns(), FirstResponseHistogram())
+        assert sender.holds_up()
+    await instance.execute([repeat(list(range(10)), sender)])
     with anyio.fail_after(PATIENCE_S):
         await recorded.first_held.wait()
     # The first answer is held up on a thread; the loop runs on, and reads nothing meanwhile.

@@ -579,7 +579,7 @@ def test_the_server_logs_a_warning_naming_each_ignored_flag(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "--http-thread-count (TRITONACTOR_HTTP_THREAD_COUNT=4): accepted, ignored: HTTP is "
-        "served by an event loop; --workers N runs N processes",
+        "served by an event loop; --workers N runs N front-end processes",
         "--reuse-grpc-port (TRITONACTOR_REUSE_GRPC_PORT=false): accepted, ignored: the gRPC "
         "port is bound once and shared by this server's front ends only (operations.md)",
     ]

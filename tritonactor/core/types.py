@@ -74,14 +74,17 @@ class ResponseSender:
     one (or a bare flag) marked final. Safe to call from any thread: `deliver` decides how an
     answer reaches its front end."""
 
-    __slots__ = ("_cancelled", "_deliver", "_final")
+    __slots__ = ("_cancelled", "_deliver", "_final", "_holds_up")
 
     def __init__(
-        self, deliver: Callable[[InferenceResponse | None, TritonError | None, bool], None]
+        self,
+        deliver: Callable[[InferenceResponse | None, TritonError | None, bool], None],
+        holds_up: bool = False,
     ) -> None:
         self._deliver = deliver
         self._final = False
         self._cancelled = False
+        self._holds_up = holds_up
 
     def send(
         self,
@@ -120,10 +123,10 @@ class ResponseSender:
         self._cancelled = True
 
     def holds_up(self) -> bool:
-        """Whether a send from a thread other than the event loop's may wait for room (the
-        back-pressure of an ensemble's `max_inflight_requests`); a send on the loop never
-        waits. Whoever sends for a model's thread sends such responses from a thread."""
-        return False
+        """Whether a send may wait (for room: an ensemble's `max_inflight_requests`; for the
+        process it writes to: a python model's decoupled BLS call). Whoever sends for a
+        model's thread from the event loop sends such responses from a thread instead."""
+        return self._holds_up
 
     def is_cancelled(self) -> bool:
         return self._cancelled

@@ -95,7 +95,7 @@ class StepSender(ResponseSender):
     """A decoupled step's sender, cancelled too when the ensemble's request is: a model that
     polls `is_cancelled()` stops early when the ensemble's client goes away."""
 
-    __slots__ = ("_ensemble_request", "_holds_up")
+    __slots__ = ("_ensemble_request",)
 
     def __init__(
         self,
@@ -103,12 +103,8 @@ class StepSender(ResponseSender):
         ensemble_request: InferenceRequest,
         holds_up: bool = False,
     ) -> None:
-        super().__init__(deliver)
+        super().__init__(deliver, holds_up)
         self._ensemble_request = ensemble_request
-        self._holds_up = holds_up
 
     def is_cancelled(self) -> bool:
         return self._ensemble_request.cancelled or super().is_cancelled()
-
-    def holds_up(self) -> bool:
-        return self._holds_up

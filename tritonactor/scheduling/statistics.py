@@ -420,3 +420,6 @@ class _FirstResponseTimer(ResponseSender):
 
     def is_cancelled(self) -> bool:
         return super().is_cancelled() or self._inner.is_cancelled()
+
+    def holds_up(self) -> bool:
+        return self._inner.holds_up()

@@ -191,7 +191,9 @@ class ServedCalls:
             if not sent and not final:
                 request.cancel()  # the caller is gone: the model may stop early
 
-        sender = request.sender = ResponseSender(deliver)
+        # `deliver` writes to the calling model's process, which may make it wait: a response
+        # read on the event loop is handed on from a thread (backends/python/reader.py).
+        sender = request.sender = ResponseSender(deliver, holds_up=True)
 
         def start() -> None:
             reply = submit(request)

@@ -7,8 +7,8 @@ and takes everything the stub sends — results, responses sent through response
 may come after execute returned), BLS calls, cancellation queries, log lines — and notices at
 once when the process dies: it fails what the process was running and tells whoever watches
 the instance (`on_death`, the instance actor), so that a replacement starts at once, not when
-the next request meets the dead process. (An instance made where no event loop runs reads
-with a thread of its own, the same way.)
+the next request meets the dead process. (An instance made elsewhere than on a worker thread
+of the loop, as the unit tests make theirs, reads with a thread of its own, the same way.)
 
 Cancellation is asked for, not pushed: the model's `is_cancelled()` sends the request's key and
 the reader answers from `InferenceRequest.cancelled` (the server sets it from any thread, with

@@ -95,18 +95,18 @@ class Channel:
         """Without waiting: the messages that have arrived (reading what the socket holds); None
         when the other side is gone. For a reader the event loop wakes."""
         try:
-            chunk = self.sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
+            chunk: bytes | None = self.sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             chunk = None
         except OSError:
-            return None
-        if chunk is not None:
-            if not chunk:
-                return None
+            chunk = b""
+        if chunk:
             self._buffer += chunk
         messages = []
         while (message := self._next()) is not None:
             messages.append(message)
+        if chunk == b"" and not messages:
+            return None  # the end, once every whole message before it was taken
         return messages
 
     def _next(self) -> dict[str, Any] | None:

@@ -5,7 +5,8 @@ the socket (`loop.add_reader`), so the stub's answer wakes the loop directly rat
 thread that then wakes the loop. A message that may have to wait for room (`holds_up`: a
 response for an ensemble step with `max_inflight_requests`) is handed on from a thread, and
 reading stops until it has gone, so that the model's further sends wait as the limit means. An
-instance made where no loop runs reads with a thread of its own.
+instance made elsewhere than on a worker thread of the loop (the unit tests make theirs on
+the loop's own thread) reads with a thread of its own.
 
 At the end of the channel (the process is gone) `ended` runs on a thread of its own: it waits
 for the process's exit status.
@@ -18,7 +19,6 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tritonactor.backends.python import ipc
@@ -52,7 +52,7 @@ class ChannelReader:
         self._unhandled: collections.deque[Message | None] = collections.deque()
         self.paused = False
         self._at_end = False
-        self._sending: ThreadPoolExecutor | None = None
+        self._stopped = False  # finished: never read again (the socket is about to close)
 
     def start(self) -> None:
         """From any thread, once: start reading."""
@@ -67,30 +67,30 @@ class ChannelReader:
         """From any thread, once the process has exited: wait (up to `timeout`) until what it
         sent last was handed on, then stop reading, so that the socket may be closed."""
         loop = self._loop
-        if loop is not None and _running_loop() is loop:
-            # Called on the loop itself, which cannot read while this waits: read here.
-            self._stop_reading()
+        if loop is not None and _running_loop() is loop and not self.paused:
+            # Called on the loop itself, which cannot read while this waits: read here. (Not
+            # while a message is being handed on from a thread: what follows it would overtake
+            # it; it is left unread, as if the process had not sent it.)
+            self._stop()
             while self._unhandled:
                 if (message := self._unhandled.popleft()) is not None:
                     self._handle(message)
             if not self._at_end:
                 self._channel.sock.settimeout(timeout)
                 self._read_forever()
-        reading = loop is None or loop.is_running()  # a stopped loop reads nothing more
+        reading = loop is None or (loop.is_running() and _running_loop() is not loop)
         if not (reading and self.done.wait(timeout)):
             # Something else holds the socket open (a process the model started inherited it),
             # or the loop has stopped: it stops reading the socket before the socket is closed
             # and its number reused.
-            self._stop_reading_from_any_thread(timeout)
-        if self._sending is not None:
-            self._sending.shutdown(wait=False)
+            self._stop_from_any_thread(timeout)
 
     # -- on the loop ----------------------------------------------------------------------------
 
     def _read_on_loop(self) -> None:
         assert self._loop is not None
         fd = self._channel.sock.fileno()
-        if fd == -1:  # finished before this ran, and its wait for the reader gave up
+        if self._stopped or fd == -1:  # finished before this ran
             return
         self._loop.add_reader(fd, self._readable)
         self._readable()  # what the stub's start-up wait read beyond "ready", at once
@@ -104,7 +104,7 @@ class ChannelReader:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        while self._unhandled and not self.paused:
+        while self._unhandled and not self.paused and not self._stopped:
             message = self._unhandled.popleft()
             if message is None:
                 self._at_end = True
@@ -113,9 +113,14 @@ class ChannelReader:
             elif self._holds_up(message):
                 self._stop_reading()
                 self.paused = True
-                if self._sending is None:
-                    self._sending = ThreadPoolExecutor(1, f"{self._name}-send")
-                self._sending.submit(self._hand_on_from_thread, message)
+                # A daemon thread, one message at a time (reading waits): one that never
+                # returns holds up this instance, not the process's exit.
+                threading.Thread(
+                    target=self._hand_on_from_thread,
+                    args=(message,),
+                    name=f"{self._name}-send",
+                    daemon=True,
+                ).start()
             else:
                 self._handle(message)
 
@@ -132,7 +137,7 @@ class ChannelReader:
         self.paused = False
         self._hand_on()
         fd = self._channel.sock.fileno()
-        if not self.paused and not self._at_end and fd != -1:
+        if not (self.paused or self._at_end or self._stopped or fd == -1):
             self._loop.add_reader(fd, self._readable)
 
     def _stop_reading(self) -> None:
@@ -141,18 +146,25 @@ class ChannelReader:
         if fd != -1:
             self._loop.remove_reader(fd)
 
-    def _stop_reading_from_any_thread(self, timeout: float) -> None:
+    def _stop(self) -> None:
+        """Never read again: the socket is about to be closed, and its number reused."""
+        self._stopped = True
+        self._stop_reading()
+
+    def _stop_from_any_thread(self, timeout: float) -> None:
         loop = self._loop
-        if loop is None or loop.is_closed():
+        if loop is None:
             return
-        if not loop.is_running():
-            self._stop_reading()
+        if loop.is_closed() or not loop.is_running() or _running_loop() is loop:
+            self._stopped = True
+            if not loop.is_closed():
+                self._stop_reading()
             return
         stopped = threading.Event()
 
         def stop() -> None:
             try:
-                self._stop_reading()
+                self._stop()
             finally:
                 stopped.set()
 
