@@ -3,6 +3,7 @@ scheduler -> step models, decoupled steps (the ensemble streams) and max_infligh
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,6 +14,8 @@ import anyio
 import numpy as np
 import pytest
 
+from tests.python_backend_support import MODELS as PYTHON_MODELS
+from tests.python_backend_support import PATIENCE_S
 from tritonactor.actors import ActorSystem
 from tritonactor.backends.base import (
     Backend,
@@ -23,10 +26,12 @@ from tritonactor.backends.base import (
     Result,
 )
 from tritonactor.backends.ensemble import EnsembleBackend, check_steps, plan_ensemble, plan_flow
-from tritonactor.config.model_config import parse_pbtxt
+from tritonactor.backends.python import PythonBackend
+from tritonactor.config.model_config import parse_pbtxt, read_pbtxt
 from tritonactor.config.normalize import fill_defaults, instance_specs
 from tritonactor.core.errors import ErrorCode, TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender, Tensor
+from tritonactor.scheduling.ensemble_stream import ResponseStream
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
@@ -871,3 +876,66 @@ async def test_cancelling_a_streaming_request_cancels_its_decoupled_step(
         await collected.done.wait()
     assert await anyio.to_thread.run_sync(ticker.stopped.wait, 5)
     assert len(collected.responses) == 2
+
+
+PYTHON_STREAMED = """
+name: "python_streamed"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "INDEX" data_type: TYPE_UINT32 dims: [ 1 ] }
+]
+ensemble_scheduling { step [
+  { model_name: "repeat" input_map { key: "IN" value: "IN" }
+    output_map [ { key: "OUT" value: "piece" }, { key: "IDX" value: "INDEX" } ] },
+  { model_name: "double" input_map { key: "X" value: "piece" }
+    output_map { key: "Y" value: "OUT" } }
+] }
+"""
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+async def test_max_inflight_requests_holds_up_a_python_decoupled_step(
+    system: ActorSystem, tmp_path: Path, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with the python backend's `repeat` as the decoupled step, served as the server
+    serves it (its process read by the event loop, its sender wrapped by the router): the
+    responses waiting for the next step stay within the limit."""
+    waiting: list[int] = []
+    deliver = ResponseStream._deliver
+
+    def counted(self: ResponseStream, *answer: Any) -> None:
+        deliver(self, *answer)
+        waiting.append(self._waiting)
+
+    monkeypatch.setattr(ResponseStream, "_deliver", counted)
+    shutil.copytree(PYTHON_MODELS / "repeat", tmp_path / "repeat")
+    config = fill_defaults(read_pbtxt(tmp_path / "repeat" / "config.pbtxt"), gpus=0)
+    version = tmp_path / "repeat" / "1"
+    context = ModelContext("repeat", 1, config, tmp_path / "repeat", version, version / "model.py")
+    router = Router()
+    actor = ModelVersionActor(PythonBackend(), context, infer=router.infer)
+    await system.spawn(actor)
+    assert actor.scheduler is not None
+    router.known.add("repeat")
+    router.add(
+        ModelHandle("repeat", 1, config, ModelSignature.from_config(config), actor.scheduler)
+    )
+    gauge = Gauge(0.02)
+    await serve(
+        system, router, FunctionBackend(gauge), ONE.format(name="double", count=4), tmp_path
+    )
+    await serve(system, router, EnsembleBackend(), limited(PYTHON_STREAMED, limit), tmp_path)
+    collected = Collected()
+    data = np.arange(40, dtype=np.int32)
+    streamed = InferenceRequest("python_streamed", inputs=[Tensor("IN", "INT32", (40,), data)])
+    streamed.sender = collected.sender
+    router.submit(streamed)
+    with anyio.fail_after(PATIENCE_S):
+        await collected.done.wait()
+    assert collected.by_index() == {i: 2 * i for i in range(40)}
+    if limit:
+        assert max(waiting) <= limit + 1
+    else:
+        assert max(waiting) > 10  # nothing holds the model up
