@@ -2,9 +2,10 @@
 
 The server makes each instance on a worker thread of its event loop; the loop itself then reads
 the socket (`loop.add_reader`), so the stub's answer wakes the loop directly rather than a
-thread that then wakes the loop. A message that may have to wait for room (`holds_up`: a
-response for an ensemble step with `max_inflight_requests`) is handed on from a thread, and
-reading stops until it has gone, so that the model's further sends wait as the limit means. An
+thread that then wakes the loop. A message whose handing on may wait (`holds_up`: a response
+for an ensemble step with `max_inflight_requests`, which waits for room; one for a decoupled
+BLS call, written to the calling model's process) is handed on from a thread, and reading
+stops until it has gone, so that the model's further sends wait and the loop never does. An
 instance made elsewhere than on a worker thread of the loop (the unit tests make theirs on
 the loop's own thread) reads with a thread of its own.
 
