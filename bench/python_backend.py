@@ -7,7 +7,8 @@ For each input size (an FP32 tensor of shape [1, N]) it times, in one run:
 
   (a) in-process: the model's `TritonPythonModel.execute`, imported into this process and called
       with `triton_python_backend_utils` requests built here, one request per call;
-  (b) backend: `PythonBackend` -> `load_model` -> `create_instance`, then
+  (b) backend: `PythonBackend` -> `load_model` -> `create_instance` (on a worker thread of the
+      loop, as the server does), then
       `await instance.execute(batch)` back to back on an asyncio loop, for each batch size of
       --batches: the stub process hop and the /dev/shm transfer, with no HTTP, router or actors.
       Its round-trip CPU is split into the server's share (this process) and the stub's, per
