@@ -27,7 +27,7 @@ from tritonactor.backends.base import (
 )
 from tritonactor.backends.ensemble import EnsembleBackend, check_steps, plan_ensemble, plan_flow
 from tritonactor.backends.python import PythonBackend
-from tritonactor.config.model_config import parse_pbtxt, read_pbtxt
+from tritonactor.config.model_config import parse_pbtxt
 from tritonactor.config.normalize import fill_defaults, instance_specs
 from tritonactor.core.errors import ErrorCode, TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender, Tensor
@@ -145,7 +145,12 @@ async def system() -> AsyncIterator[ActorSystem]:
 
 
 async def serve(
-    system: ActorSystem, router: Router, backend: Backend, text: str, repository: Path
+    system: ActorSystem,
+    router: Router,
+    backend: Backend,
+    text: str,
+    repository: Path,
+    model_file: str = "model",
 ) -> None:
     config = fill_defaults(parse_pbtxt(text), gpus=0)
     (repository / config.name / "1").mkdir(parents=True, exist_ok=True)
@@ -155,7 +160,7 @@ async def serve(
         config,
         repository / config.name,
         repository / config.name / "1",
-        repository / config.name / "1" / "model",
+        repository / config.name / "1" / model_file,
     )
     actor = ModelVersionActor(backend, context, infer=router.infer)
     await system.spawn(actor)
@@ -911,17 +916,9 @@ async def test_max_inflight_requests_holds_up_a_python_decoupled_step(
 
     monkeypatch.setattr(ResponseStream, "_deliver", counted)
     shutil.copytree(PYTHON_MODELS / "repeat", tmp_path / "repeat")
-    config = fill_defaults(read_pbtxt(tmp_path / "repeat" / "config.pbtxt"), gpus=0)
-    version = tmp_path / "repeat" / "1"
-    context = ModelContext("repeat", 1, config, tmp_path / "repeat", version, version / "model.py")
     router = Router()
-    actor = ModelVersionActor(PythonBackend(), context, infer=router.infer)
-    await system.spawn(actor)
-    assert actor.scheduler is not None
-    router.known.add("repeat")
-    router.add(
-        ModelHandle("repeat", 1, config, ModelSignature.from_config(config), actor.scheduler)
-    )
+    config = (tmp_path / "repeat" / "config.pbtxt").read_text()
+    await serve(system, router, PythonBackend(), config, tmp_path, model_file="model.py")
     gauge = Gauge(0.02)
     await serve(
         system, router, FunctionBackend(gauge), ONE.format(name="double", count=4), tmp_path

@@ -102,7 +102,8 @@ class PythonInstance(BackendInstance):
         # The server's event loop, which model control and BLS calls run on: known from here
         # (the instance is created on a worker thread of that loop), so that `initialize` may
         # already use them, as Triton's examples do (`pb_utils.load_model` in initialize).
-        self._token: Any = _creator_loop_token()
+        self._token: Any
+        self._token, loop = _creator_loop()
         self._stub = StubProcess(model.interpreter, context.name, model.settings)
         self._calls = ServedCalls(
             context, self._stub.answers, self._stub.parent_prefix, self._held, lambda: self._token
@@ -131,7 +132,7 @@ class PythonInstance(BackendInstance):
         self._reader = ChannelReader(
             self._stub.channel,
             self.name,
-            _creator_loop(),
+            loop,
             self._handle,
             self._holds_up,
             self._exited,
@@ -364,18 +365,18 @@ class PythonInstance(BackendInstance):
         )
 
 
-def _creator_loop_token() -> Any:
-    """The token of the event loop whose worker thread runs this (None elsewhere)."""
-    try:
-        return anyio.from_thread.run_sync(anyio.lowlevel.current_token)
-    except RuntimeError:
-        return None
+def _creator_loop() -> tuple[Any, asyncio.AbstractEventLoop | None]:
+    """The anyio token and the asyncio event loop of the loop whose worker thread runs this
+    (None elsewhere; the loop None too on another anyio backend), asked in one call."""
 
+    def ask() -> tuple[Any, asyncio.AbstractEventLoop | None]:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        return anyio.lowlevel.current_token(), loop
 
-def _creator_loop() -> asyncio.AbstractEventLoop | None:
-    """The asyncio event loop whose worker thread runs this (None elsewhere, or on another
-    anyio backend)."""
     try:
-        return anyio.from_thread.run_sync(asyncio.get_running_loop)
+        return anyio.from_thread.run_sync(ask)
     except RuntimeError:
-        return None
+        return None, None
