@@ -1,5 +1,6 @@
 """What tracing costs: one server with tracing off and one with tracing on (OTLP over HTTP to
-a receiver in this process), the same load on each, in turns.
+a receiver in a process of its own, bench/otlp_sink.py, which only counts spans), the same load
+on each, in turns.
 
     python bench/tracing.py [--model simple] [--concurrency 4] [--seconds 4] [--rounds 3]
 
@@ -7,9 +8,10 @@ The load is `--concurrency` threads, each posting the same JSON inference reques
 on its own keep-alive connection. Each round measures the untraced server, then the traced one
 tracing every request (trace_rate 1), then the traced one at trace_rate `--sparse-rate` (100).
 The table shows each round and the medians: infer/s, the ratios to the untraced server, the
-servers' CPU µs per inference and the spans received per inference. A last line gives the
-CPU one traced request costs, measured in this process on the server's own tracing classes:
-on the request's thread and in the export thread. A default run takes about a minute.
+servers' CPU µs per inference (with the span exporter process) and the spans received per
+inference. A last line gives the CPU one traced request costs, measured in this process on the
+server's own tracing classes: on the request's thread, in the thread that ships its spans, and
+in the exporter process. A default run takes about a minute.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import http.client
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,26 +32,18 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests/otlp_receiver.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # http_infer.py's helpers
 
-import numpy as np  # noqa: E402
-from http_infer import start_server, stop_server, tree_cpu_seconds  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import (  # noqa: E402
-    BatchSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
+import numpy as np
+from http_infer import start_server, stop_server, tree_cpu_seconds
+from opentelemetry.sdk.trace import TracerProvider
 
-from tests.otlp_receiver import OtlpReceiver  # noqa: E402
-from tritonactor.core.types import InferenceRequest, Tensor  # noqa: E402
-from tritonactor.observability.otlp import OtlpHttpExporter  # noqa: E402
-from tritonactor.observability.trace_settings import TraceSettings  # noqa: E402
-from tritonactor.observability.tracing import BatchTrace, Tracing  # noqa: E402
+from tritonactor.core.types import InferenceRequest, Tensor
+from tritonactor.observability.exporters import service_resource
+from tritonactor.observability.span_export import SpanShipper
+from tritonactor.observability.trace_settings import TraceSettings
+from tritonactor.observability.tracing import BatchTrace, Tracing
 
 BODY = {
     "simple": {
@@ -102,36 +97,56 @@ def load(url: str, model: str, concurrency: int, seconds: float) -> tuple[int, f
     return sum(counts), time.perf_counter() - began
 
 
+class Sink:
+    """bench/otlp_sink.py, started in a process of its own."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve().parent / "otlp_sink.py")],
+            stdout=subprocess.PIPE,
+        )
+        assert self.process.stdout is not None
+        self.endpoint = f"http://127.0.0.1:{int(self.process.stdout.readline())}"
+
+    def spans(self) -> int:
+        with urllib.request.urlopen(f"{self.endpoint}/spans", timeout=10) as answer:
+            return int(answer.read())
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def measure(
     process: subprocess.Popen[bytes],
     url: str,
     args: argparse.Namespace,
-    receiver: OtlpReceiver | None,
+    receiver: Sink | None,
 ) -> Measurement:
     """One window of load. With a receiver, the server's CPU is counted until the window's
     spans have all arrived, so that their export counts, and the previous window's does not."""
     load(url, args.model, args.concurrency, 0.5)  # warm up
     settle(receiver)
-    spans_before = len(receiver.spans()) if receiver is not None else 0
+    spans_before = receiver.spans() if receiver is not None else 0
     cpu_before = tree_cpu_seconds(process.pid)
     count, elapsed = load(url, args.model, args.concurrency, args.seconds)
     settle(receiver)
     cpu_after = tree_cpu_seconds(process.pid)
-    spans = len(receiver.spans()) - spans_before if receiver is not None else 0
+    spans = receiver.spans() - spans_before if receiver is not None else 0
     server_us = None
     if cpu_before is not None and cpu_after is not None and count:
         server_us = (cpu_after - cpu_before) * 1e6 / count
     return Measurement(count / elapsed, server_us, spans / count if count else 0.0)
 
 
-def settle(receiver: OtlpReceiver | None, quiet_s: float = 0.3, limit_s: float = 30) -> None:
+def settle(receiver: Sink | None, quiet_s: float = 0.3, limit_s: float = 30) -> None:
     """Wait until no span has arrived for `quiet_s` (the exporter is done)."""
     if receiver is None:
         return
     deadline = time.monotonic() + limit_s
     seen = -1
     while time.monotonic() < deadline:
-        count = len(receiver.spans())
+        count = receiver.spans()
         if count == seen:
             return
         seen = count
@@ -163,33 +178,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class _TimedExporter(SpanExporter):
-    """The server's OTLP exporter, with the CPU time of the thread that exports counted."""
-
-    def __init__(self, exporter: SpanExporter) -> None:
-        self._exporter = exporter
-        self.seconds = 0.0
-
-    def export(self, spans: Any) -> SpanExportResult:
-        began = time.thread_time()
-        try:
-            return self._exporter.export(spans)
-        finally:
-            self.seconds += time.thread_time() - began
-
-    def shutdown(self) -> None:
-        self._exporter.shutdown()
+def _children_seconds(since: resource.struct_rusage) -> float:
+    """CPU seconds of the children that ended since `since`."""
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return sum(getattr(now, f) - getattr(since, f) for f in ("ru_utime", "ru_stime"))
 
 
-def in_process(receiver: OtlpReceiver, requests: int = 5000) -> tuple[float, float]:
-    """CPU µs per traced request, on the request's thread and in the export thread: the span
-    work of the front end, router and instance, in the server's own classes, exported over
-    OTLP/HTTP to the receiver, without the server around it."""
-    exporter = _TimedExporter(OtlpHttpExporter(endpoint=f"{receiver.endpoint}/v1/traces"))
+def in_process(receiver: Sink, requests: int = 5000) -> tuple[float, float, float]:
+    """CPU µs per traced request, on the request's thread, in the thread that ships its spans
+    and in the exporter process: the span work of the front end, router and instance, in the
+    server's own classes, exported over OTLP/HTTP to the receiver, without the server around
+    it."""
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint  # for the exporter process
+    # What an exporter process costs that exports nothing (its start), to take away.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    SpanShipper(("otlp",), "http/protobuf", service_resource()).shutdown()
+    idle = _children_seconds(before)
     provider = TracerProvider(shutdown_on_exit=False)
     tracing = Tracing(provider, TraceSettings(level=("TIMESTAMPS",), rate=1))
-    tracing.add_processor(BatchSpanProcessor(exporter, max_queue_size=4 * requests))
+    shipper = SpanShipper(("otlp",), "http/protobuf", service_resource(), max_pending=5 * requests)
+    tracing.ship_to(shipper)
     data = np.zeros((1, 16), np.int32)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process_before = time.process_time()
     began = time.thread_time()
     for index in range(requests):
         trace = tracing.start_request("simple", "", None, "HTTP")
@@ -206,8 +217,11 @@ def in_process(receiver: OtlpReceiver, requests: int = 5000) -> tuple[float, flo
         batch.end(time.perf_counter_ns(), time.perf_counter_ns())
         trace.end()
     caller = time.thread_time() - began
-    provider.shutdown()  # exports what is left
-    return caller * 1e6 / requests, exporter.seconds * 1e6 / requests
+    tracing.shutdown()  # ships what is left; the exporter process exports it and ends
+    shipping = time.process_time() - process_before - caller
+    exporting = _children_seconds(children_before) - idle
+    del os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    return caller * 1e6 / requests, shipping * 1e6 / requests, exporting * 1e6 / requests
 
 
 def set_trace_rate(url: str, rate: int) -> None:
@@ -223,9 +237,8 @@ def set_trace_rate(url: str, rate: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    receiver = OtlpReceiver()
-    caller_us, exporter_us = in_process(receiver)
-    receiver.clear()
+    receiver = Sink()
+    caller_us, shipping_us, exporter_us = in_process(receiver)
     with tempfile.TemporaryDirectory(prefix="tritonactor-bench-tracing-") as scratch:
         workdir = Path(scratch)
         untraced = start_server(None, workdir, "untraced", {})
@@ -250,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             receiver.close()
     print(
         f"model {args.model}, {args.concurrency} connections, {args.seconds:g} s windows, "
-        f"{os.cpu_count()} CPUs shared by the servers, the load and the receiver\n"
+        f"{os.cpu_count()} CPUs shared by the servers, the load and the receiver's process\n"
     )
     rate = args.sparse_rate
     print(
@@ -282,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(line("median", *medians))
     print(
         f"\nin-process, per traced request: {caller_us:.0f} µs of CPU on the request's thread, "
-        f"{exporter_us:.0f} µs in the export thread (encoding and posting its 5 spans)"
+        f"{shipping_us:.0f} µs in the thread shipping its 5 spans, {exporter_us:.0f} µs in the "
+        "exporter process (rebuilding, encoding and posting them)"
     )
     return 0
 

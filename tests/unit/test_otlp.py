@@ -30,6 +30,7 @@ from opentelemetry.trace.span import TraceState
 from tests.otlp_receiver import OtlpReceiver
 from tritonactor.core.errors import invalid_arg
 from tritonactor.core.types import InferenceRequest, Tensor
+from tritonactor.observability.exporters import build_exporters
 from tritonactor.observability.otlp import (
     OtlpGrpcExporter,
     OtlpHttpExporter,
@@ -37,7 +38,7 @@ from tritonactor.observability.otlp import (
     encode_export_request,
 )
 from tritonactor.observability.trace_settings import TraceSettings
-from tritonactor.observability.tracing import BatchTrace, Tracing, TracingConfig, _exporters
+from tritonactor.observability.tracing import BatchTrace, Tracing
 
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
 
@@ -50,14 +51,15 @@ def same_as_sdk(spans: list[ReadableSpan], encoder: _Encoder | None = None) -> b
     return encoded
 
 
-def request_spans(count: int = 3) -> list[ReadableSpan]:
+def request_spans(count: int = 3, tracing: Tracing | None = None) -> list[ReadableSpan]:
     """What the server's own tracing classes export for `count` requests: the front end's
     span, router, queue, execute and compute; one request failing, one continuing a
-    client's trace."""
+    client's trace; then a control-plane operation. With `tracing`, through that one too."""
     memory = InMemorySpanExporter()
-    tracing = Tracing(
-        TracerProvider(shutdown_on_exit=False), TraceSettings(level=("TIMESTAMPS",), rate=1)
-    )
+    if tracing is None:
+        tracing = Tracing(
+            TracerProvider(shutdown_on_exit=False), TraceSettings(level=("TIMESTAMPS",), rate=1)
+        )
     tracing.add_processor(SimpleSpanProcessor(memory))
     data = np.zeros((1, 16), np.int32)
     for index in range(count):
@@ -281,7 +283,7 @@ def test_a_shut_down_exporter_refuses_as_the_sdks_does(receiver: OtlpReceiver) -
     ("protocol", "kind"), [("http/protobuf", OtlpHttpExporter), ("grpc", OtlpGrpcExporter)]
 )
 def test_the_server_exports_with_the_direct_encoder(protocol: str, kind: type) -> None:
-    exporters = _exporters(TracingConfig(("otlp", "console"), protocol))
+    exporters = build_exporters(("otlp", "console"), protocol)
     assert [type(exporter) for exporter in exporters] == [kind, ConsoleSpanExporter]
     for exporter in exporters:
         exporter.shutdown()

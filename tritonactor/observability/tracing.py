@@ -32,9 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -52,6 +50,13 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tritonactor import __version__
+from tritonactor.observability.exporters import HashedResource, service_resource
+from tritonactor.observability.span_export import (
+    ShippingProcessor,
+    SpanShipper,
+    child_record,
+    record,
+)
 from tritonactor.observability.trace_settings import TraceSettings
 
 if TYPE_CHECKING:
@@ -134,16 +139,14 @@ def tracing_config(environ: Mapping[str, str]) -> TracingConfig | None:
 
 
 def start_tracing(config: TracingConfig, settings: TraceSettings) -> Tracing:
-    """A `Tracing` exporting through a batch processor per configured exporter. The SDK
-    reads the rest of OTEL_* itself: endpoints, headers, timeouts, OTEL_TRACES_SAMPLER[_ARG],
-    OTEL_BSP_*, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES."""
-    resource = Resource.create()
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: "tritonactor"}))
+    """A `Tracing` whose spans an exporter process of its own exports (span_export.py), through
+    the SDK's batch span processor and each configured exporter. The SDK reads the rest of
+    OTEL_* itself: endpoints, headers, timeouts, OTEL_TRACES_SAMPLER[_ARG], OTEL_BSP_*,
+    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES."""
+    resource = service_resource()
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     tracing = Tracing(provider, settings)
-    for exporter in _exporters(config):
-        tracing.add_processor(BatchSpanProcessor(exporter))
+    tracing.ship_to(SpanShipper(config.exporters, config.protocol, resource))
     log.info(
         "tracing with OpenTelemetry: exporters %s (OTLP over %s), sampler %s",
         ", ".join(config.exporters),
@@ -151,19 +154,6 @@ def start_tracing(config: TracingConfig, settings: TraceSettings) -> Tracing:
         provider.sampler.get_description(),
     )
     return tracing
-
-
-def _exporters(config: TracingConfig) -> list[SpanExporter]:
-    exporters: list[SpanExporter] = []
-    for name in config.exporters:
-        if name == "console":
-            exporters.append(ConsoleSpanExporter())
-            continue
-        # The SDK's OTLP exporters, writing the protobuf bytes directly (otlp.py: 3x cheaper).
-        from tritonactor.observability.otlp import OtlpGrpcExporter, OtlpHttpExporter
-
-        exporters.append(OtlpGrpcExporter() if config.protocol == "grpc" else OtlpHttpExporter())
-    return exporters
 
 
 class Tracing:
@@ -177,14 +167,21 @@ class Tracing:
         # A parent-based sampler (the SDK's default) lets a client's sampled flag decide.
         self.client_decides = isinstance(provider.sampler, ParentBased)
         self._ids = provider.id_generator
-        self._resource = _HashedResource(provider.resource)
+        self._resource = HashedResource(provider.resource.attributes, provider.resource.schema_url)
         self._scope = InstrumentationScope("tritonactor", __version__)
         self._processors: list[SpanProcessor] = []
+        self._shipper: SpanShipper | None = None
 
     def add_processor(self, processor: SpanProcessor) -> None:
-        """Where spans go: the SDK's spans (through the provider) and request spans alike."""
+        """Where spans go, in this process: the SDK's spans (through the provider) and request
+        spans alike."""
         self.provider.add_span_processor(processor)
         self._processors.append(processor)
+
+    def ship_to(self, shipper: SpanShipper) -> None:
+        """Where spans go: to an exporter process, the SDK's spans and request spans alike."""
+        self.provider.add_span_processor(ShippingProcessor(shipper))
+        self._shipper = shipper
 
     def continued(self, carrier: Mapping[str, str]) -> RequestTrace | None:
         """The trace of a request whose front end runs in another process and sent its span's
@@ -257,6 +254,12 @@ class Tracing:
     ) -> None:
         """Export a finished child span of `parent`, from `start` to `end` (ns since the
         epoch)."""
+        shipper = self._shipper
+        if shipper is not None and not self._processors:
+            # Nothing here refers to the span: the exporter process gives it its id.
+            status, attributes = _outcome(attributes, error)
+            shipper.put(child_record(name, parent, start, end, attributes, status))
+            return
         context = SpanContext(
             parent.trace_id, self._ids.generate_span_id(), False, _SAMPLED, parent.trace_state
         )
@@ -302,10 +305,12 @@ class Tracing:
         end: int,
         error: BaseException | None,
     ) -> None:
-        status = _UNSET
-        if error is not None:
-            status, kind_of_error = _failure(error)
-            attributes = {**(attributes or {}), "error.type": kind_of_error}
+        status, attributes = _outcome(attributes, error)
+        shipper = self._shipper
+        if shipper is not None:
+            shipper.put(record(name, context, parent, kind, attributes, links, start, end, status))
+        if not self._processors:
+            return
         span = ReadableSpan(
             name,
             context,
@@ -512,6 +517,17 @@ def stage_attributes(request: InferenceRequest) -> dict[str, Any]:
     return attributes
 
 
+def _outcome(
+    attributes: Mapping[str, Any] | None, error: BaseException | None
+) -> tuple[Status, Mapping[str, Any] | None]:
+    """A span's status and attributes: as they are without `error`; failed, and the error's
+    kind added, with it."""
+    if error is None:
+        return _UNSET, attributes
+    status, kind_of_error = _failure(error)
+    return status, {**(attributes or {}), "error.type": kind_of_error}
+
+
 def _failure(error: BaseException) -> tuple[Status, str]:
     """The status of a span that `error` failed, and the error's kind: a TritonError's code,
     a gRPC error's status, else the exception's type."""
@@ -527,15 +543,3 @@ def fail(span: Span, error: BaseException) -> None:
     status, kind = _failure(error)
     span.set_status(status)
     span.set_attribute("error.type", kind)
-
-
-class _HashedResource(Resource):
-    """The provider's resource with its hash computed once: the OTLP encoder groups spans by
-    resource, and `Resource.__hash__` serialises every attribute to JSON each time."""
-
-    def __init__(self, resource: Resource) -> None:
-        super().__init__(resource.attributes, resource.schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash

@@ -1,0 +1,242 @@
+"""Spans exported by a process of their own (observability/span_export.py): a record carries
+everything the SDK's span said, the exporter process delivers what it was sent to a real OTLP
+receiver, and it ends with its serving process, however that ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+
+from tests.otlp_receiver import OtlpReceiver
+from tests.unit.test_otlp import _spans, request_spans
+from tritonactor.observability.exporters import service_resource
+from tritonactor.observability.otlp import encode_export_request
+from tritonactor.observability.span_export import SpanShipper, child_record, record_of, span_of
+from tritonactor.observability.trace_settings import TraceSettings
+from tritonactor.observability.tracing import Tracing
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rebuilt(span: ReadableSpan) -> ReadableSpan:
+    """`span` through a record and back, with its own resource and scope (an exporter process
+    has the serving process's)."""
+    return span_of(record_of(span), span.resource, span.instrumentation_scope)  # type: ignore[arg-type]
+
+
+def test_the_servers_spans_survive_the_trip() -> None:
+    spans = request_spans()
+    assert encode_export_request([rebuilt(s) for s in spans]) == encode_export_request(spans)
+    assert encode_spans([rebuilt(s) for s in spans]) == encode_spans(spans)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_spans(), min_size=1, max_size=4))
+def test_any_span_survives_the_trip(spans: list[ReadableSpan]) -> None:
+    scope = InstrumentationScope("tritonactor", "1")
+    spans = [
+        ReadableSpan(
+            s.name,
+            s.context,
+            s.parent,
+            s.resource,
+            s.attributes,
+            s.events,
+            s.links,
+            s.kind,
+            status=s.status,
+            start_time=s.start_time,
+            end_time=s.end_time,
+            instrumentation_scope=scope,
+        )
+        for s in spans
+    ]
+    assert encode_spans([rebuilt(s) for s in spans]) == encode_spans(spans)
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
+    receiver = OtlpReceiver()
+    for variable in [v for v in os.environ if v.startswith("OTEL_")]:
+        monkeypatch.delenv(variable)
+    # The exporter process inherits the environment: it exports here, without delay.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    yield receiver
+    receiver.close()
+
+
+def shipping_tracing(**kwargs: object) -> Tracing:
+    provider = TracerProvider(resource=service_resource(), shutdown_on_exit=False)
+    tracing = Tracing(provider, TraceSettings(level=("TIMESTAMPS",), rate=1))
+    tracing.ship_to(SpanShipper(("otlp",), "http/protobuf", provider.resource, **kwargs))  # type: ignore[arg-type]
+    return tracing
+
+
+def sent(receiver: OtlpReceiver) -> list[bytes]:
+    return sorted(
+        span.SerializeToString()
+        for message in receiver.messages
+        for resource_spans in message.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    )
+
+
+def test_the_exporter_process_delivers_request_and_control_plane_spans(
+    receiver: OtlpReceiver,
+) -> None:
+    """What a shipping `Tracing` exports is what it exports in-process, byte for byte (both at
+    once here), and all of it has arrived once `shutdown` returns."""
+    tracing = shipping_tracing()
+    shipper = tracing._shipper
+    assert shipper is not None
+    in_process = request_spans(count=20, tracing=tracing)
+    assert any(s.status.status_code.value == 2 for s in in_process)  # one failed
+    assert any(s.name == "load" and s.events for s in in_process)  # the control plane's
+    tracing.shutdown()
+    assert shipper.process.returncode == 0
+    assert sent(receiver) == sorted(
+        span.SerializeToString()
+        for resource_spans in encode_spans(in_process).resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    )
+    for message in receiver.messages:
+        for resource_spans in message.resource_spans:
+            service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            assert service["service.name"] == "tritonactor"
+            assert [s.scope.name for s in resource_spans.scope_spans] == ["tritonactor"]
+
+
+def test_spans_past_the_bound_are_dropped_and_counted(receiver: OtlpReceiver) -> None:
+    # A shipping thread that never sends on its own: only `shutdown` sends.
+    tracing = shipping_tracing(interval_s=3600, max_pending=3)
+    spans = request_spans(count=1)[:5]
+    assert len(spans) == 5
+    for span in spans:
+        tracing.provider._active_span_processor.on_end(span)
+    shipper = tracing._shipper
+    assert shipper is not None and shipper.dropped == 2
+    tracing.shutdown()
+    assert len(sent(receiver)) == 3
+
+
+def test_the_exporter_process_outlasts_sigint_and_sigterm(receiver: OtlpReceiver) -> None:
+    """A terminal's Ctrl-C or a process manager's SIGTERM goes to a process group, or to
+    every process: the exporter process is in a group of its own, ignores both, and still
+    exports what its serving process sends it last."""
+    tracing = shipping_tracing()
+    shipper = tracing._shipper
+    assert shipper is not None
+    assert os.getpgid(shipper.process.pid) != os.getpgid(0)
+    spans = request_spans(count=2)
+    tracing.provider._active_span_processor.on_end(spans[0])
+    receiver.wait_for(lambda received: len(received) >= 1)  # it has started: signals now
+    os.kill(shipper.process.pid, signal.SIGINT)
+    os.kill(shipper.process.pid, signal.SIGTERM)
+    for span in spans[1:]:
+        tracing.provider._active_span_processor.on_end(span)
+    tracing.shutdown()
+    assert shipper.process.returncode == 0
+    assert len(sent(receiver)) == len(spans)
+
+
+def test_a_gone_exporter_process_costs_its_spans_only(receiver: OtlpReceiver) -> None:
+    tracing = shipping_tracing(interval_s=0.01)
+    shipper = tracing._shipper
+    assert shipper is not None
+    shipper.process.kill()
+    shipper.process.wait()
+    span = request_spans(count=1)[0]
+    # Sending fails once the shipping thread tries: from then on spans are dropped.
+    while not shipper._broken:
+        tracing.provider._active_span_processor.on_end(span)
+        shipper._wake.set()
+    dropped = shipper.dropped
+    tracing.provider._active_span_processor.on_end(span)
+    assert shipper.dropped == dropped + 1
+    tracing.shutdown()  # returns: nothing left to wait for
+    assert sent(receiver) == []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_the_exporter_process_ends_with_a_serving_process_that_is_killed(
+    receiver: OtlpReceiver,
+) -> None:
+    """SIGKILL leaves no time to shut down: the socket closes with the process, and the
+    exporter process exports what it had and ends."""
+    script = (
+        "import os, signal\n"
+        "from tritonactor.observability.exporters import service_resource\n"
+        "from tritonactor.observability.span_export import SpanShipper\n"
+        "shipper = SpanShipper(('otlp',), 'http/protobuf', service_resource())\n"
+        "print(shipper.process.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    serving = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert serving.returncode == -signal.SIGKILL
+    exporter = int(serving.stdout.split()[0])
+    deadline = time.monotonic() + 60  # an upper bound on the process's own exit, not a wait
+    while not _gone(exporter):
+        assert time.monotonic() < deadline, "the exporter process outlived its serving process"
+        time.sleep(0.05)
+
+
+def test_the_resource_is_the_serving_processes(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exporter process is told the resource rather than working it out again."""
+    provider = TracerProvider(
+        resource=Resource({"service.name": "told", "x": 1}), shutdown_on_exit=False
+    )
+    tracing = Tracing(provider, TraceSettings(level=("TIMESTAMPS",), rate=1))
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "worked-out")
+    tracing.ship_to(SpanShipper(("otlp",), "http/protobuf", provider.resource))
+    with tracing.operation("load", {"triton.model_name": "m"}):
+        pass
+    tracing.shutdown()
+    (span,) = receiver.wait_for(lambda spans: len(spans) >= 1)
+    assert span.service_name == "told"
+
+
+def test_a_span_nothing_refers_to_gets_its_id_in_the_exporter_process() -> None:
+    """A stage span (router, queue, compute) leaves without an id; it gets a new one, in its
+    parent's trace, with the parent's flags and trace state."""
+    parent = SpanContext(7, 8, True, TraceFlags(1), TraceState([("vendor", "v")]))
+    fields = child_record("router", parent, 1, 2, {"k": "v"}, Status(StatusCode.ERROR, "bad"))
+    scope = InstrumentationScope("tritonactor", "1")
+    first, second = (span_of(fields, Resource({}), scope) for _ in range(2))
+    for span in (first, second):
+        context = span.get_span_context()
+        assert context is not None and context.span_id not in (0, 8)
+        assert (context.trace_id, context.is_remote, context.trace_flags) == (7, False, 1)
+        assert dict(context.trace_state) == {"vendor": "v"}
+        assert span.parent == parent and span.parent.is_remote
+        assert span.status.status_code is StatusCode.ERROR and span.status.description == "bad"
+        assert dict(span.attributes or {}) == {"k": "v"}
+    assert first.get_span_context().span_id != second.get_span_context().span_id  # type: ignore[union-attr]

@@ -1,0 +1,387 @@
+"""Finished spans exported by a process of their own.
+
+Encoding a traced request's spans as OTLP protobuf and posting them costs about as much CPU as
+making them, and it ran in the SDK's export thread, which takes the interpreter lock from the
+event loop in turns (docs/benchmarks.md, "Tracing"). Here a serving process only writes each
+finished span down as a plain tuple (`record`), and a thread of its own pickles what has
+gathered, every `INTERVAL_S`, onto a socket to an exporter process. That process (this module
+run as `-m`) rebuilds them as the SDK's `ReadableSpan`s and hands them to the SDK's batch span
+processor and exporters, as the same OTEL_* variables configure them (it inherits the
+environment; the resource is sent to it as the first message).
+
+What a serving process keeps is bounded: past `MAX_PENDING` spans waiting for the socket, new
+spans are dropped and counted (a slow collector never holds a request up, as with the SDK's
+queue). The exporter process ends when the socket closes: `SpanShipper.shutdown` sends what is
+left and waits for it to export, and a serving process that dies closes the socket too. It
+runs in a process group of its own and ignores SIGINT and SIGTERM, which a terminal or a
+process manager sends to a whole group or to every process, so that the serving process's
+last spans still reach it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+
+from tritonactor import __version__
+from tritonactor.observability.exporters import HashedResource, build_exporters
+
+log = logging.getLogger(__name__)
+
+# How often the shipping thread sends what has gathered (OTEL_BSP_SCHEDULE_DELAY, ms), how
+# many spans may wait for it (OTEL_BSP_MAX_QUEUE_SIZE) and how many spans the exporter process
+# exports at a time (OTEL_BSP_MAX_EXPORT_BATCH_SIZE), unless those variables say otherwise.
+SCHEDULE_DELAY_MS = 100
+MAX_QUEUE_SIZE = 65536
+MAX_EXPORT_BATCH_SIZE = 512
+# How long `shutdown` waits for the exporter process to export what it was sent.
+SHUTDOWN_TIMEOUT_S = 30.0
+
+_LENGTH = struct.Struct("<Q")
+_SOCKET_BUFFER = 4 * 1024 * 1024
+_SCOPE = ("tritonactor", __version__)
+
+# A span, as a tuple of plain values (pickled in batches):
+# (name, context, parent, kind, attributes, events, links, start, end, status code, description)
+# where a context is (trace id, span id, is remote, trace flags, trace state's (key, value)
+# pairs), parent is a context or None, kind is SpanKind's value, attributes a dict or None,
+# events (name, timestamp, attributes) and links (context, attributes) tuples. A context of
+# None is a new span of the parent's trace: the exporter process gives it its id.
+Record = tuple[Any, ...]
+
+
+def _setting(environ: Mapping[str, str], variable: str, default: int) -> int:
+    """A positive integer from `variable`, else `default` (a value that is not one is logged,
+    as the SDK does)."""
+    text = environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        log.warning("%s=%r is not a positive integer: using %d", variable, text, default)
+        return default
+    return value
+
+
+def _context(context: SpanContext) -> tuple[Any, ...]:
+    state = context.trace_state
+    return (
+        context.trace_id,
+        context.span_id,
+        context.is_remote,
+        int(context.trace_flags),
+        tuple(state.items()) if state else (),
+    )
+
+
+def record(
+    name: str,
+    context: SpanContext,
+    parent: SpanContext | None,
+    kind: SpanKind,
+    attributes: Mapping[str, Any] | None,
+    links: Sequence[Link],
+    start: int,
+    end: int,
+    status: Status,
+    events: Sequence[Event] = (),
+) -> Record:
+    """A finished span as a record (see `Record`). `attributes` is kept as it is, not copied:
+    the caller does not change it any more."""
+    return (
+        name,
+        _context(context),
+        None if parent is None else _context(parent),
+        kind.value,
+        attributes or None,
+        tuple((e.name, e.timestamp, dict(e.attributes or {}) or None) for e in events)
+        if events
+        else (),
+        tuple((_context(link.context), dict(link.attributes or {}) or None) for link in links)
+        if links
+        else (),
+        start,
+        end,
+        status.status_code.value,
+        status.description,
+    )
+
+
+def child_record(
+    name: str,
+    parent: SpanContext,
+    start: int,
+    end: int,
+    attributes: Mapping[str, Any] | None,
+    status: Status,
+) -> Record:
+    """A finished INTERNAL span under `parent`, without events or links, whose id nothing
+    refers to: the exporter process chooses it."""
+    return (
+        name,
+        None,
+        _context(parent),
+        _INTERNAL,
+        attributes or None,
+        (),
+        (),
+        start,
+        end,
+        status.status_code.value,
+        status.description,
+    )
+
+
+def record_of(span: ReadableSpan) -> Record:
+    """An SDK span (the control plane's) as a record."""
+    context = span.get_span_context()
+    assert context is not None
+    return record(
+        span.name,
+        context,
+        span.parent,
+        span.kind,
+        dict(span.attributes) if span.attributes else None,  # the SDK's own mapping
+        span.links,
+        span.start_time or 0,
+        span.end_time or 0,
+        span.status,
+        span.events,
+    )
+
+
+_NO_STATE = TraceState()
+_FLAGS = [TraceFlags(flags) for flags in range(256)]
+_KINDS = {kind.value: kind for kind in SpanKind}
+_UNSET = Status(StatusCode.UNSET)
+_INTERNAL = SpanKind.INTERNAL.value
+_IDS = RandomIdGenerator()
+
+
+def _span_context(fields: tuple[Any, ...]) -> SpanContext:
+    trace_id, span_id, is_remote, flags, state = fields
+    return SpanContext(
+        trace_id, span_id, is_remote, _FLAGS[flags], TraceState(list(state)) if state else _NO_STATE
+    )
+
+
+def span_of(
+    fields: Record,
+    resource: Resource,
+    scope: InstrumentationScope,
+    ids: IdGenerator = _IDS,
+) -> ReadableSpan:
+    """The SDK span a record was made of (a new span's id from `ids`)."""
+    (name, context, parent, kind, attributes, events, links, start, end, code, description) = fields
+    if context is None:
+        trace_id, _, _, flags, state = parent
+        context = (trace_id, ids.generate_span_id(), False, flags, state)
+    unset = code == 0 and description is None
+    return ReadableSpan(
+        name,
+        _span_context(context),
+        None if parent is None else _span_context(parent),
+        resource,
+        attributes,
+        events=[Event(event_name, attrs, timestamp) for event_name, timestamp, attrs in events],
+        links=[Link(_span_context(linked), attrs) for linked, attrs in links],
+        kind=_KINDS[kind],
+        status=_UNSET if unset else Status(StatusCode(code), description),
+        start_time=start,
+        end_time=end,
+        instrumentation_scope=scope,
+    )
+
+
+class SpanShipper:
+    """Sends records to an exporter process of its own (started here), from a thread."""
+
+    def __init__(
+        self,
+        exporters: Sequence[str],
+        protocol: str,
+        resource: Resource,
+        interval_s: float | None = None,
+        max_pending: int | None = None,
+    ) -> None:
+        if interval_s is None:
+            delay = _setting(os.environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS)
+            interval_s = delay / 1000
+        self._interval_s = interval_s
+        if max_pending is None:
+            max_pending = _setting(os.environ, "OTEL_BSP_MAX_QUEUE_SIZE", MAX_QUEUE_SIZE)
+        self._max_pending = max_pending
+        self._pending: list[Record] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._broken = False
+        self.dropped = 0
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
+            command = [
+                sys.executable,
+                "-m",
+                __name__,
+                "--fd",
+                str(theirs.fileno()),
+                "--exporters",
+                ",".join(exporters),
+                "--protocol",
+                protocol,
+            ]
+            # A process group of its own: a terminal's Ctrl-C, or a SIGTERM to the serving
+            # process's group, leaves it be until the serving process has sent its last spans.
+            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), process_group=0)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._socket = ours
+        self._send((dict(resource.attributes), resource.schema_url))  # the first message
+        self._thread = threading.Thread(target=self._run, name="span shipper", daemon=True)
+        self._thread.start()
+
+    def put(self, fields: Record) -> None:
+        """Send this span with the next batch (dropped past `max_pending`, or once the
+        exporter process has gone)."""
+        with self._lock:
+            if len(self._pending) >= self._max_pending or self._broken:
+                self.dropped += 1
+                if self.dropped == 1:
+                    log.warning("spans are made faster than they are exported: dropping some")
+                return
+            self._pending.append(fields)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval_s)
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if batch:
+                self._send(batch)
+            if self._stopping:
+                return
+
+    def _send(self, message: object) -> None:
+        if self._broken:
+            return
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._socket.sendall(_LENGTH.pack(len(data)) + data)
+        except OSError as error:
+            self._broken = True
+            log.error("the span exporter process has gone (%s): no more spans are exported", error)
+
+    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Send what is left, and wait (blocking) until the exporter process has exported it
+        and ended."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+        with contextlib.suppress(OSError):  # the exporter process has gone already
+            self._socket.shutdown(socket.SHUT_WR)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("the span exporter process did not finish in %g s: stopping it", timeout_s)
+            self.process.kill()
+            self.process.wait()
+        finally:
+            self._socket.close()
+
+
+class ShippingProcessor(SpanProcessor):
+    """The provider's processor: its (SDK) spans go the way of the request spans."""
+
+    def __init__(self, shipper: SpanShipper) -> None:
+        self._shipper = shipper
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._shipper.put(record_of(span))
+
+    def shutdown(self) -> None:
+        self._shipper.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _messages(sock: socket.socket) -> Any:
+    reader = sock.makefile("rb")
+    while True:
+        header = reader.read(_LENGTH.size)
+        if len(header) < _LENGTH.size:
+            return
+        (size,) = _LENGTH.unpack(header)
+        data = reader.read(size)
+        if len(data) < size:
+            return
+        yield pickle.loads(data)
+
+
+def _export(exporters: Sequence[SpanExporter], spans: Sequence[ReadableSpan]) -> None:
+    for exporter in exporters:
+        try:
+            exporter.export(spans)
+        except Exception:  # as the SDK's batch processor: logged, and the next batch goes on
+            log.exception("exporting %d spans failed", len(spans))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="tritonactor's span exporter process")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--exporters", required=True)
+    parser.add_argument("--protocol", required=True)
+    args = parser.parse_args(argv)
+    # The serving process ends this process by closing the socket, after its last spans.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s span exporter: %(message)s")
+    exporters = build_exporters(args.exporters.split(","), args.protocol)
+    size = _setting(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH_SIZE)
+    scope = InstrumentationScope(*_SCOPE)
+    # The ids of the spans the serving process left without: OTEL_PYTHON_ID_GENERATOR's, as there.
+    ids = TracerProvider(shutdown_on_exit=False).id_generator
+    # Each batch is exported as it arrives, on this thread: while the collector is slow, the
+    # socket fills and the serving process keeps (then drops) what comes next.
+    with socket.socket(fileno=args.fd) as sock:
+        messages = _messages(sock)
+        first = next(messages, None)
+        if first is not None:
+            resource = HashedResource(*first)
+            for batch in messages:
+                spans = [span_of(fields, resource, scope, ids) for fields in batch]
+                for start in range(0, len(spans), size):
+                    _export(exporters, spans[start : start + size])
+    for exporter in exporters:
+        exporter.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
