@@ -3,19 +3,20 @@
 Encoding a traced request's spans as OTLP protobuf and posting them costs about as much CPU as
 making them, and it ran in the SDK's export thread, which takes the interpreter lock from the
 event loop in turns (docs/benchmarks.md, "Tracing"). Here a serving process only writes each
-finished span down as a plain tuple (`record`), and a thread of its own pickles what has
-gathered, every `INTERVAL_S`, onto a socket to an exporter process. That process (this module
-run as `-m`) rebuilds them as the SDK's `ReadableSpan`s and hands them to the SDK's batch span
-processor and exporters, as the same OTEL_* variables configure them (it inherits the
-environment; the resource is sent to it as the first message).
+finished span down as a plain tuple (`record`, `child_record`), and a thread of its own
+pickles what has gathered, every OTEL_BSP_SCHEDULE_DELAY ms, onto a socket to an exporter
+process. That process (this module, run by `_LAUNCH`) rebuilds them as the SDK's `ReadableSpan`s
+and exports them, OTEL_BSP_MAX_EXPORT_BATCH_SIZE at a time, with the exporters the same OTEL_*
+variables configure (it inherits the environment; the resource is sent to it as the first
+message).
 
-What a serving process keeps is bounded: past `MAX_PENDING` spans waiting for the socket, new
-spans are dropped and counted (a slow collector never holds a request up, as with the SDK's
-queue). The exporter process ends when the socket closes: `SpanShipper.shutdown` sends what is
-left and waits for it to export, and a serving process that dies closes the socket too. It
-runs in a process group of its own and ignores SIGINT and SIGTERM, which a terminal or a
-process manager sends to a whole group or to every process, so that the serving process's
-last spans still reach it.
+What a serving process keeps is bounded: past OTEL_BSP_MAX_QUEUE_SIZE spans waiting for the
+socket, new spans are dropped and counted (a slow collector never holds a request up, as with
+the SDK's queue). The exporter process ends when the socket closes: `SpanShipper.shutdown`
+sends what is left and waits for it to export, and a serving process that dies closes the
+socket too (then what it had sent is exported for SHUTDOWN_TIMEOUT_S at most). It ignores
+SIGINT and SIGTERM from its first line on, which a terminal or a process manager sends to a
+whole process group, so that the serving process's last spans still reach it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -42,6 +45,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
+import tritonactor
 from tritonactor import __version__
 from tritonactor.observability.exporters import HashedResource, build_exporters
 
@@ -56,6 +60,16 @@ MAX_EXPORT_BATCH_SIZE = 512
 # How long `shutdown` waits for the exporter process to export what it was sent.
 SHUTDOWN_TIMEOUT_S = 30.0
 
+# The exporter process ignores SIGINT and SIGTERM from its first line on: a terminal's Ctrl-C
+# and a process manager's SIGTERM reach every process of the group, and it ends when the
+# serving process closes the socket, after its last spans.
+_LAUNCH = (
+    "import runpy, signal\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    f"runpy.run_module({__name__!r}, run_name='__main__', alter_sys=True)\n"
+)
+_PACKAGE_ROOT = str(Path(tritonactor.__file__).resolve().parent.parent)
 _LENGTH = struct.Struct("<Q")
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _SCOPE = ("tritonactor", __version__)
@@ -238,14 +252,17 @@ class SpanShipper:
         self._wake = threading.Event()
         self._stopping = False
         self._broken = False
+        self._warned = self._warned_unpicklable = False
+        # Spans dropped: past `max_pending`, after the exporter process went or shutdown began.
         self.dropped = 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
             command = [
                 sys.executable,
-                "-m",
-                __name__,
+                "-P",  # not the working directory's modules: this tritonactor's (PYTHONPATH)
+                "-c",
+                _LAUNCH,
                 "--fd",
                 str(theirs.fileno()),
                 "--exporters",
@@ -253,9 +270,11 @@ class SpanShipper:
                 "--protocol",
                 protocol,
             ]
-            # A process group of its own: a terminal's Ctrl-C, or a SIGTERM to the serving
-            # process's group, leaves it be until the serving process has sent its last spans.
-            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), process_group=0)
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
+            )
+            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=env)
         except BaseException:
             ours.close()
             raise
@@ -267,12 +286,16 @@ class SpanShipper:
         self._thread.start()
 
     def put(self, fields: Record) -> None:
-        """Send this span with the next batch (dropped past `max_pending`, or once the
-        exporter process has gone)."""
+        """Send this span with the next batch (dropped past `max_pending`, once the exporter
+        process has gone, or once `shutdown` has begun)."""
         with self._lock:
-            if len(self._pending) >= self._max_pending or self._broken:
+            if self._broken or self._stopping:
                 self.dropped += 1
-                if self.dropped == 1:
+                return
+            if len(self._pending) >= self._max_pending:
+                self.dropped += 1
+                if not self._warned:
+                    self._warned = True
                     log.warning("spans are made faster than they are exported: dropping some")
                 return
             self._pending.append(fields)
@@ -280,33 +303,69 @@ class SpanShipper:
     def _run(self) -> None:
         while True:
             self._wake.wait(self._interval_s)
+            self._wake.clear()
+            # Read before taking the batch: once stopping, `put` adds nothing, so this batch
+            # is the last.
+            stopping = self._stopping
             with self._lock:
                 batch, self._pending = self._pending, []
             if batch:
                 self._send(batch)
-            if self._stopping:
+            if stopping:
                 return
 
     def _send(self, message: object) -> None:
         if self._broken:
             return
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            assert isinstance(message, list)
+            data = pickle.dumps(self._picklable(message), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             self._socket.sendall(_LENGTH.pack(len(data)) + data)
         except OSError as error:
-            self._broken = True
-            log.error("the span exporter process has gone (%s): no more spans are exported", error)
+            if not self._broken:
+                self._broken = True
+                log.error(
+                    "the span exporter process has gone (%s): no more spans are exported", error
+                )
+            if isinstance(message, list):
+                self.dropped += len(message)
+
+    def _picklable(self, batch: list[Record]) -> list[Record]:
+        """The records of `batch` that pickle (a span attribute's value of a kind no OTLP
+        exporter writes, an object, does not): the others are dropped, and said so once."""
+        kept = []
+        for fields in batch:
+            try:
+                pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as error:
+                self.dropped += 1
+                if not self._warned_unpicklable:
+                    self._warned_unpicklable = True
+                    log.warning("a span %r cannot be sent to the exporter: %s", fields[0], error)
+                continue
+            kept.append(fields)
+        return kept
 
     def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
-        """Send what is left, and wait (blocking) until the exporter process has exported it
-        and ended."""
+        """Send what is left and wait (blocking, `timeout_s` at most in all) until the exporter
+        process has exported it and ended; past the time, what is left is dropped and the
+        exporter process killed."""
+        deadline = time.monotonic() + timeout_s
         self._stopping = True
         self._wake.set()
-        self._thread.join()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():  # stuck sending to an exporter process that does not read
+            self._broken = True
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)  # wakes the send with an error
+            self._thread.join()
         with contextlib.suppress(OSError):  # the exporter process has gone already
             self._socket.shutdown(socket.SHUT_WR)
         try:
-            self.process.wait(timeout_s)
+            self.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             log.warning("the span exporter process did not finish in %g s: stopping it", timeout_s)
             self.process.kill()
@@ -328,10 +387,12 @@ class ShippingProcessor(SpanProcessor):
         self._shipper.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+        """Not done: spans leave every OTEL_BSP_SCHEDULE_DELAY, and only `shutdown` waits
+        until they are exported."""
+        return False
 
 
-def _messages(sock: socket.socket) -> Any:
+def _messages(sock: socket.socket) -> Iterator[Any]:
     reader = sock.makefile("rb")
     while True:
         header = reader.read(_LENGTH.size)
@@ -368,7 +429,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The ids of the spans the serving process left without: OTEL_PYTHON_ID_GENERATOR's, as there.
     ids = TracerProvider(shutdown_on_exit=False).id_generator
     # Each batch is exported as it arrives, on this thread: while the collector is slow, the
-    # socket fills and the serving process keeps (then drops) what comes next.
+    # socket fills and the serving process keeps (then drops) what comes next. Once the
+    # serving process has gone (killed: it never said goodbye), what it had sent is exported
+    # for SHUTDOWN_TIMEOUT_S at most.
+    parent = os.getppid()
+    orphaned_at: float | None = None
     with socket.socket(fileno=args.fd) as sock:
         messages = _messages(sock)
         first = next(messages, None)
@@ -377,6 +442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for batch in messages:
                 spans = [span_of(fields, resource, scope, ids) for fields in batch]
                 for start in range(0, len(spans), size):
+                    if orphaned_at is None and os.getppid() != parent:
+                        orphaned_at = time.monotonic()
+                    if orphaned_at is not None and (
+                        time.monotonic() - orphaned_at > SHUTDOWN_TIMEOUT_S
+                    ):
+                        log.warning("its serving process has gone: the spans left are dropped")
+                        return 0
                     _export(exporters, spans[start : start + size])
     for exporter in exporters:
         exporter.shutdown()

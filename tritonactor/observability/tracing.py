@@ -18,9 +18,12 @@ to it, and it links to all of them. Which requests are traced is decided as they
 
 Request spans are cheap on purpose: the SDK's span objects cost ~25 µs each (locks, bounded
 attributes, a sampler call), and a request makes five. Once a request is sampled, its spans are
-built as finished `ReadableSpan`s (with the provider's resource and id generator) and handed to
-the span processors, which batch and export them with the SDK's exporters as any span (their
-OTLP protobuf written by `otlp.py`). The control plane, which is rare, uses the SDK tracer."""
+written down when they end as plain tuples for an exporter process (`span_export.py`), which
+rebuilds and exports them with the SDK's exporters (their OTLP protobuf written by `otlp.py`);
+stage spans nothing refers to get their id there. With span processors of this process
+(`add_processor`: tests, benchmarks) they are built as finished `ReadableSpan`s, with the
+provider's resource and id generator, and handed to those too. The control plane, which is
+rare, uses the SDK tracer; its spans go the same way."""
 
 from __future__ import annotations
 
@@ -139,10 +142,11 @@ def tracing_config(environ: Mapping[str, str]) -> TracingConfig | None:
 
 
 def start_tracing(config: TracingConfig, settings: TraceSettings) -> Tracing:
-    """A `Tracing` whose spans an exporter process of its own exports (span_export.py), through
-    the SDK's batch span processor and each configured exporter. The SDK reads the rest of
-    OTEL_* itself: endpoints, headers, timeouts, OTEL_TRACES_SAMPLER[_ARG], OTEL_BSP_*,
-    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES."""
+    """A `Tracing` whose spans an exporter process of its own exports (span_export.py) with
+    each configured exporter. span_export.py reads OTEL_BSP_SCHEDULE_DELAY,
+    OTEL_BSP_MAX_QUEUE_SIZE and OTEL_BSP_MAX_EXPORT_BATCH_SIZE; the SDK reads the rest of
+    OTEL_*: endpoints, headers, timeouts, OTEL_TRACES_SAMPLER[_ARG], OTEL_SERVICE_NAME,
+    OTEL_RESOURCE_ATTRIBUTES."""
     resource = service_resource()
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     tracing = Tracing(provider, settings)
