@@ -532,3 +532,70 @@ def test_trace_count_counts_the_requests_of_every_front_end(tmp_path: Path) -> N
     finally:
         stop(served)
         receiver.close()
+
+
+def _exporters(root: int) -> list[int]:
+    """The span exporter processes under `root` (observability/span_export.py)."""
+    found, stack = [], [root]
+    while stack:
+        for child in children(stack.pop()):
+            stack.append(child)
+            if "tritonactor.observability.span_export" in cmdline(child):
+                found.append(child)
+    return found
+
+
+def _ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_every_serving_process_exports_from_an_exporter_process_that_ends_with_it(
+    tmp_path: Path,
+) -> None:
+    """Each front end and the engine export their spans from an exporter process of their
+    own. Spans leave only every 10 minutes here, so a request's spans (made in a front end and
+    in the engine) arrive because the server, stopping, sends them and waits for them to be
+    exported; then every exporter process has ended."""
+    receiver = OtlpReceiver()
+    served = start(
+        "serve",
+        tmp_path,
+        env_extra={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",
+        },
+    )
+    try:
+        engine = served.engine()
+        per_process = {pid: _exporters(pid) for pid in [engine, *served.front_ends()]}
+        assert all(len(found) == 1 for found in per_process.values()), per_process
+        connection = served.connection()
+        body = infer_body(1.0)
+        trace_id = secrets.token_hex(16)
+        headers = {
+            "Content-Type": "application/json",
+            "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+        }
+        connection.request("POST", "/v2/models/add_sub/infer", json.dumps(body), headers)
+        response = connection.getresponse()
+        assert response.status == 200, response.read()
+        response.read()
+        connection.close()
+    finally:
+        stop(served)
+    names = {"InferRequest", "router", "queue", "execute", "compute"}
+    spans = receiver.wait_for(
+        lambda got: names <= {s.name for s in got if s.trace_id == trace_id}, timeout=60
+    )
+    receiver.close()
+    ours = [s for s in spans if s.trace_id == trace_id]
+    assert len({s.span_id for s in ours}) == len(ours)  # ids given in two processes differ
+    exporters = [pid for found in per_process.values() for pid in found]
+    deadline = time.monotonic() + 60  # a bound on a failure: the exporters end with the server
+    while not all(_ended(pid) for pid in exporters):
+        assert time.monotonic() < deadline, "an exporter process outlived its server"
+        time.sleep(0.05)

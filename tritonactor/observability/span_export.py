@@ -314,8 +314,14 @@ class SpanShipper:
             if stopping:
                 return
 
+    def _drop(self, count: int) -> None:
+        with self._lock:
+            self.dropped += count
+
     def _send(self, message: object) -> None:
         if self._broken:
+            if isinstance(message, list):
+                self._drop(len(message))
             return
         try:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -331,17 +337,17 @@ class SpanShipper:
                     "the span exporter process has gone (%s): no more spans are exported", error
                 )
             if isinstance(message, list):
-                self.dropped += len(message)
+                self._drop(len(message))
 
     def _picklable(self, batch: list[Record]) -> list[Record]:
-        """The records of `batch` that pickle (a span attribute's value of a kind no OTLP
-        exporter writes, an object, does not): the others are dropped, and said so once."""
+        """The records of `batch` that pickle (one holding an attribute value no exporter
+        writes, a lock say, does not): the others are dropped, and said so once."""
         kept = []
         for fields in batch:
             try:
                 pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as error:
-                self.dropped += 1
+                self._drop(1)
                 if not self._warned_unpicklable:
                     self._warned_unpicklable = True
                     log.warning("a span %r cannot be sent to the exporter: %s", fields[0], error)
