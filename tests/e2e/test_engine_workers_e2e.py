@@ -464,20 +464,21 @@ def test_large_tensors_cross_in_shared_memory_that_is_reused_and_removed(tmp_pat
     assert not lane_files(engine) and not lane_files(survivor)
 
 
+def traced_env(receiver: OtlpReceiver, delay_ms: int) -> dict[str, str]:
+    """Tracing on, exporting to `receiver`, spans leaving every `delay_ms`."""
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": str(delay_ms),
+    }
+
+
 def test_trace_count_counts_the_requests_of_every_front_end(tmp_path: Path) -> None:
     """trace_count is the server's, not each front end's: set to 3 through one front end,
     six requests spread over both are traced three times, and both front ends then show 0
     left; a front end started after that (uvicorn replacing one that died) traces nothing
     either. (trace_rate still counts per front end: docs/tracing.md.)"""
     receiver = OtlpReceiver()
-    served = start(
-        "serve",
-        tmp_path,
-        env_extra={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-            "OTEL_BSP_SCHEDULE_DELAY": "50",
-        },
-    )
+    served = start("serve", tmp_path, env_extra=traced_env(receiver, delay_ms=50))
 
     def infer(connection: http.client.HTTPConnection, id: str, sampled: bool = False) -> None:
         body = infer_body(1.0)
@@ -561,14 +562,7 @@ def test_every_serving_process_exports_from_an_exporter_process_that_ends_with_i
     in the engine) arrive because the server, stopping, sends them and waits for them to be
     exported; then every exporter process has ended."""
     receiver = OtlpReceiver()
-    served = start(
-        "serve",
-        tmp_path,
-        env_extra={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-            "OTEL_BSP_SCHEDULE_DELAY": "600000",
-        },
-    )
+    served = start("serve", tmp_path, env_extra=traced_env(receiver, delay_ms=600000))
     try:
         engine = served.engine()
         per_process = {pid: _exporters(pid) for pid in [engine, *served.front_ends()]}
