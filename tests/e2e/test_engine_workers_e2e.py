@@ -169,6 +169,9 @@ def start(
     repo = _repository(root, models)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     env = loopback_env(root, http_port, grpc_port, metrics_port)
+    if any(variable.startswith("OTEL_") for variable in env_extra or {}):
+        # Only the test's tracing settings: none from the environment the tests run in.
+        env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
     env.update(env_extra or {})
     env["TRITONACTOR_MODEL_REPOSITORY"] = str(repo)
     # "serve-1": one front end, in uvicorn's own process (no worker processes to count).

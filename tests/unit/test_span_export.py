@@ -141,17 +141,15 @@ def test_spans_past_the_bound_are_dropped_and_counted(receiver: OtlpReceiver) ->
 
 def test_the_exporter_process_outlasts_sigint_and_sigterm(receiver: OtlpReceiver) -> None:
     """A terminal's Ctrl-C or a process manager's SIGTERM goes to a whole process group: the
-    exporter process ignores both, and still exports what its serving process sends it
-    last."""
+    exporter process ignores both from its start (signalled here at once), and still exports
+    what its serving process sends it last."""
     tracing = shipping_tracing()
     shipper = tracing._shipper
     assert shipper is not None
-    spans = request_spans(count=2)
-    tracing.provider._active_span_processor.on_end(spans[0])
-    receiver.wait_for(lambda received: len(received) >= 1)  # it has started: signals now
     os.kill(shipper.process.pid, signal.SIGINT)
     os.kill(shipper.process.pid, signal.SIGTERM)
-    for span in spans[1:]:
+    spans = request_spans(count=2)
+    for span in spans:
         tracing.provider._active_span_processor.on_end(span)
     tracing.shutdown()
     assert shipper.process.returncode == 0
@@ -182,15 +180,16 @@ def test_the_exporter_process_ends_with_a_serving_process_that_is_killed(
     receiver: OtlpReceiver,
 ) -> None:
     """SIGKILL leaves no time to shut down: the socket closes with the process, and the
-    exporter process exports what it had been sent and ends."""
+    exporter process (stopped meanwhile, so that it reads only once its serving process has
+    gone) exports what it had been sent and ends."""
     script = (
         "import os, signal, sys\n"
         "from tritonactor.observability.exporters import service_resource\n"
         "from tritonactor.observability.span_export import SpanShipper, record_of\n"
         "from tests.unit.test_otlp import request_spans\n"
-        "shipper = SpanShipper(('otlp',), 'http/protobuf', service_resource())\n"
-        "shipper.put(record_of(request_spans(count=1)[0]))\n"
-        "shipper._wake.set()\n"
+        "shipper = SpanShipper(('otlp',), 'http/protobuf', service_resource(), 3600)\n"
+        "os.kill(shipper.process.pid, signal.SIGSTOP)\n"
+        "shipper._send([record_of(request_spans(count=1)[0])])\n"  # in the socket now
         "print(shipper.process.pid, flush=True)\n"
         "sys.stdin.read()\n"  # until the test has the exporter's pid: then killed
         "os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -207,6 +206,8 @@ def test_the_exporter_process_ends_with_a_serving_process_that_is_killed(
     watch = os.pidfd_open(exporter)
     serving.stdin.close()  # the serving process kills itself now
     assert serving.wait(timeout=60) == -signal.SIGKILL
+    assert receiver.spans() == []
+    os.kill(exporter, signal.SIGCONT)
     # The exporter process's own end, an event: its pidfd becomes readable when it exits.
     ready, _, _ = select.select([watch], [], [], 60)
     os.close(watch)

@@ -15,8 +15,8 @@ socket, new spans are dropped and counted (a slow collector never holds a reques
 the SDK's queue). The exporter process ends when the socket closes: `SpanShipper.shutdown`
 sends what is left and waits for it to export, and a serving process that dies closes the
 socket too (then what it had sent is exported for SHUTDOWN_TIMEOUT_S at most). It ignores
-SIGINT and SIGTERM from its first line on, which a terminal or a process manager sends to a
-whole process group, so that the serving process's last spans still reach it.
+SIGINT and SIGTERM from its start, which a terminal or a process manager sends to a whole
+process group, so that the serving process's last spans still reach it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import pickle
+import select
 import signal
 import socket
 import struct
@@ -60,13 +61,19 @@ MAX_EXPORT_BATCH_SIZE = 512
 # How long `shutdown` waits for the exporter process to export what it was sent.
 SHUTDOWN_TIMEOUT_S = 30.0
 
-# The exporter process ignores SIGINT and SIGTERM from its first line on: a terminal's Ctrl-C
-# and a process manager's SIGTERM reach every process of the group, and it ends when the
-# serving process closes the socket, after its last spans.
+# The exporter process never takes SIGINT or SIGTERM: it starts with both blocked (a thread's
+# signal mask passes through fork and exec, and Python leaves it as it finds it), since a
+# terminal's Ctrl-C and a process manager's SIGTERM reach every process of the group, and it
+# ends when the serving process closes the socket, after its last spans.
+_HELD = {signal.SIGINT, signal.SIGTERM}
+# It imports the serving process's tritonactor (from `_PACKAGE_ROOT`, which may be
+# site-packages itself: on sys.path only for that import, never ahead of the standard library
+# for the rest) and nothing from the working directory (`-P`).
 _LAUNCH = (
-    "import runpy, signal\n"
-    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "import runpy, sys\n"
+    "sys.path.insert(0, sys.argv.pop(1))\n"
+    "import tritonactor\n"
+    "del sys.path[0]\n"
     f"runpy.run_module({__name__!r}, run_name='__main__', alter_sys=True)\n"
 )
 _PACKAGE_ROOT = str(Path(tritonactor.__file__).resolve().parent.parent)
@@ -260,21 +267,24 @@ class SpanShipper:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
             command = [
                 sys.executable,
-                "-P",  # not the working directory's modules: this tritonactor's (PYTHONPATH)
+                "-P",
                 "-c",
                 _LAUNCH,
+                _PACKAGE_ROOT,
                 "--fd",
                 str(theirs.fileno()),
+                "--parent",
+                str(os.getpid()),
                 "--exporters",
                 ",".join(exporters),
                 "--protocol",
                 protocol,
             ]
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
-            )
-            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=env)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)  # for the child only
+            try:
+                self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         except BaseException:
             ours.close()
             raise
@@ -331,13 +341,16 @@ class SpanShipper:
         try:
             self._socket.sendall(_LENGTH.pack(len(data)) + data)
         except OSError as error:
-            if not self._broken:
+            with self._lock:  # from now on `put` drops: count this batch and what waits
+                first = not self._broken
                 self._broken = True
+                self.dropped += len(message) if isinstance(message, list) else 0
+                self.dropped += len(self._pending)
+                self._pending = []
+            if first:
                 log.error(
                     "the span exporter process has gone (%s): no more spans are exported", error
                 )
-            if isinstance(message, list):
-                self._drop(len(message))
 
     def _picklable(self, batch: list[Record]) -> list[Record]:
         """The records of `batch` that pickle (one holding an attribute value no exporter
@@ -419,13 +432,30 @@ def _export(exporters: Sequence[SpanExporter], spans: Sequence[ReadableSpan]) ->
             log.exception("exporting %d spans failed", len(spans))
 
 
+def _outlive(parent: int) -> None:
+    """Wait for the serving process `parent` to end (its pidfd becomes readable), then give
+    this process SHUTDOWN_TIMEOUT_S to finish before ending it."""
+    try:
+        watch = os.pidfd_open(parent)
+    except ProcessLookupError:  # already gone
+        pass
+    else:
+        select.select([watch], [], [])
+        os.close(watch)
+    time.sleep(SHUTDOWN_TIMEOUT_S)
+    log.warning("its serving process has gone: the spans left are dropped")
+    os._exit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="tritonactor's span exporter process")
     parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--exporters", required=True)
     parser.add_argument("--protocol", required=True)
     args = parser.parse_args(argv)
-    # The serving process ends this process by closing the socket, after its last spans.
+    # The serving process ends this process by closing the socket, after its last spans (as
+    # started by `SpanShipper`, these are blocked already).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s span exporter: %(message)s")
@@ -434,12 +464,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     scope = InstrumentationScope(*_SCOPE)
     # The ids of the spans the serving process left without: OTEL_PYTHON_ID_GENERATOR's, as there.
     ids = TracerProvider(shutdown_on_exit=False).id_generator
+    # Once the serving process has gone (killed: it never said goodbye), what it had sent is
+    # exported for SHUTDOWN_TIMEOUT_S at most.
+    threading.Thread(target=_outlive, args=(args.parent,), daemon=True).start()
     # Each batch is exported as it arrives, on this thread: while the collector is slow, the
-    # socket fills and the serving process keeps (then drops) what comes next. Once the
-    # serving process has gone (killed: it never said goodbye), what it had sent is exported
-    # for SHUTDOWN_TIMEOUT_S at most.
-    parent = os.getppid()
-    orphaned_at: float | None = None
+    # socket fills and the serving process keeps (then drops) what comes next.
     with socket.socket(fileno=args.fd) as sock:
         messages = _messages(sock)
         first = next(messages, None)
@@ -448,13 +477,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for batch in messages:
                 spans = [span_of(fields, resource, scope, ids) for fields in batch]
                 for start in range(0, len(spans), size):
-                    if orphaned_at is None and os.getppid() != parent:
-                        orphaned_at = time.monotonic()
-                    if orphaned_at is not None and (
-                        time.monotonic() - orphaned_at > SHUTDOWN_TIMEOUT_S
-                    ):
-                        log.warning("its serving process has gone: the spans left are dropped")
-                        return 0
                     _export(exporters, spans[start : start + size])
     for exporter in exporters:
         exporter.shutdown()
