@@ -7,7 +7,6 @@ import json
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -488,11 +487,34 @@ def test_nothing_is_exported_when_tracing_is_off(
             settings = http.get("/v2/trace/setting")
             assert settings.status_code == 200
             assert settings.json()["trace_level"] == ["OFF"]
-        time.sleep(0.5)  # ten times the schedule delay a traced server would export within
     finally:
+        # A traced server sends every span it made before its stop returns (tested below).
         process.stop()
         silent.close()
     assert silent.requests == 0 and silent.spans() == []
+
+
+def test_the_console_exporter_prints_on_the_servers_output(
+    repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """OTEL_TRACES_EXPORTER=console: the exporter process prints the spans as JSON on the
+    output it shares with the server; spans leave only every 10 minutes here, so they are on
+    it because the server, stopping, sent them and waited for them to be printed."""
+    env = {
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+        "TRITONACTOR_LOAD_MODEL": "simple",
+    }
+    process = start_server([repo], tmp_path_factory.mktemp("console"), env)
+    try:
+        trace_id, _, headers = new_trace()
+        http_infer(process.url, headers=headers)
+    finally:
+        assert process.stop() == 0
+    output = process.log()
+    for name in STAGES:
+        assert f'"name": "{name}"' in output, output[-3000:]
+    assert f'"trace_id": "0x{trace_id}"' in output
 
 
 def test_ensemble_steps_nest_under_the_ensemble_request(
