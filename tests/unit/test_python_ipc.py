@@ -7,6 +7,7 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -163,3 +164,38 @@ def test_the_end_of_a_channel_comes_after_every_message_sent_before_it() -> None
         assert channel.received() is None
     finally:
         channel.close()
+
+
+def test_messages_arrive_whole_and_in_order_however_the_reads_cut_them() -> None:
+    """Many small messages in one read, and messages longer than a read (a message's end in a
+    later read than its start), taken by `recv` and `received` in turns."""
+    ours, theirs = socket.socketpair()
+    sender = ipc.Channel(theirs)
+    sizes = [10, 3, 700_000, 1, 0, 300_000, *range(200)]
+    sent = [
+        {"op": "log", "index": i, "data": bytes([i % 251]) * size} for i, size in enumerate(sizes)
+    ]
+
+    def send_all() -> None:
+        for message in sent:
+            sender.send(message)
+        sender.close()
+
+    writer = threading.Thread(target=send_all)
+    writer.start()
+    channel = ipc.Channel(ours)
+    got: list[dict] = []
+    try:
+        while True:
+            message = channel.recv()
+            if message is None:
+                break
+            got.append(message)
+            more = channel.received()
+            if more is None:
+                break
+            got += more
+    finally:
+        writer.join()
+        channel.close()
+    assert got == sent

@@ -454,10 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exporters", required=True)
     parser.add_argument("--protocol", required=True)
     args = parser.parse_args(argv)
-    # The serving process ends this process by closing the socket, after its last spans (as
-    # started by `SpanShipper`, these are blocked already).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The serving process ends this process by closing the socket, after its last spans
+    # (SIGINT and SIGTERM are blocked: `_HELD`).
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s span exporter: %(message)s")
     exporters = build_exporters(args.exporters.split(","), args.protocol)
     size = _setting(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH_SIZE)

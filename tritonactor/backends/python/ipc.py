@@ -117,7 +117,7 @@ class Channel:
         end = _HEADER.size + _HEADER.unpack_from(buffer)[0]
         if len(buffer) < end:
             return None
-        message = pickle.loads(bytes(buffer[_HEADER.size : end]))
+        message = pickle.loads(buffer[_HEADER.size : end])
         del buffer[:end]
         return message
 
