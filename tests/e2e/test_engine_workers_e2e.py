@@ -119,6 +119,30 @@ class Served:
                 return found
         raise AssertionError(f"reached {len(found)} of {wanted} front ends in {TRIES} connections")
 
+    def replaced(self, doomed: int) -> dict[int, http.client.HTTPConnection]:
+        """A kept-alive connection to each of the two front ends once uvicorn has started one in
+        place of `doomed` (killed) and it accepts. The set is read again until it holds still:
+        a front end just started can still go (uvicorn kills one that does not answer its
+        health check in time and starts another)."""
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline, (
+                f"no front end replaced the one that died:\n{self.output()}"
+            )
+            now = self.front_ends()
+            if len(now) == 2 and doomed not in now:
+                try:
+                    found = self.per_front_end()  # once the new one accepts
+                except AssertionError:
+                    found = {}
+                if sorted(found) == sorted(now) == sorted(self.front_ends()):
+                    # (none of them failed on its own: one that did would have logged why)
+                    assert "Traceback" not in self.output(), self.output()
+                    return found
+                for connection in found.values():
+                    connection.close()
+            time.sleep(0.1)
+
 
 def request(
     connection: http.client.HTTPConnection, method: str, path: str, body: object = None
@@ -326,20 +350,13 @@ def _lose_one_front_end(served: Served) -> None:
     assert body["outputs"][0]["data"] == [8.0] * 4
     assert served.engine() not in (doomed, survivor)
     # uvicorn starts another front end, which joins the same engine: its new connections serve.
-    deadline = time.monotonic() + 120
-    while True:
-        assert time.monotonic() < deadline, "no front end replaced the one that died"
-        if len(served.front_ends()) == 2 and doomed not in served.front_ends():
-            try:
-                replacement = served.per_front_end()  # once the new one accepts
-                break
-            except AssertionError:
-                pass
-        time.sleep(0.1)
+    replacement = served.replaced(doomed)
     for connection in replacement.values():
         status, body = request(connection, "POST", "/v2/models/add_sub/infer", infer_body(1.0))
         assert status == 200, body
-    status, stats = get(kept, "/v2/models/add_sub/stats")
+    # (a new connection: `kept` may have been closed as idle meanwhile; every front end answers
+    # the same statistics)
+    status, stats = get(served.connection(), "/v2/models/add_sub/stats")
     assert stats["model_stats"][0]["inference_count"] == 1 + len(replacement)
 
 
@@ -523,12 +540,8 @@ def test_trace_count_counts_the_requests_of_every_front_end(tmp_path: Path) -> N
         assert [i for i in traced if i.startswith("count-")] == ["count-0", "count-1", "count-2"]
         # A front end that joins now takes the settings in force, not the ones it started with.
         os.kill(doomed, signal.SIGKILL)
-        deadline = time.monotonic() + 120
-        while len(served.front_ends()) != 2 or doomed in served.front_ends():
-            assert time.monotonic() < deadline, "no front end replaced the one that died"
-            time.sleep(0.1)
         # (the connections open until now may have been closed as idle meanwhile)
-        connections = served.per_front_end()
+        connections = served.replaced(doomed)
         joined = next(c for pid, c in connections.items() if pid != survivor)
         for index in range(2):
             infer(joined, f"late-{index}")
