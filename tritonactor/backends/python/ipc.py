@@ -70,6 +70,9 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._buffer = bytearray()
+        # What each read lands in: a `recv` of `_READ_SIZE` would allocate (and, that large,
+        # map and unmap) a new buffer every time, three system calls and a page fault a message.
+        self._scratch = memoryview(bytearray(_READ_SIZE))
         self._lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -84,28 +87,28 @@ class Channel:
             if message is not None:
                 return message
             try:
-                chunk = self.sock.recv(_READ_SIZE)
+                size = self.sock.recv_into(self._scratch)
             except OSError:
                 return None
-            if not chunk:
+            if not size:
                 return None
-            self._buffer += chunk
+            self._buffer += self._scratch[:size]
 
     def received(self) -> list[dict[str, Any]] | None:
         """Without waiting: the messages that have arrived (reading what the socket holds); None
         when the other side is gone. For a reader the event loop wakes."""
         try:
-            chunk: bytes | None = self.sock.recv(_READ_SIZE, socket.MSG_DONTWAIT)
+            size: int | None = self.sock.recv_into(self._scratch, 0, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            chunk = None
+            size = None
         except OSError:
-            chunk = b""
-        if chunk:
-            self._buffer += chunk
+            size = 0
+        if size:
+            self._buffer += self._scratch[:size]
         messages = []
         while (message := self._next()) is not None:
             messages.append(message)
-        if chunk == b"" and not messages:
+        if size == 0 and not messages:
             return None  # the end, once every whole message before it was taken
         return messages
 
