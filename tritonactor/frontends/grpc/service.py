@@ -209,7 +209,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         lease = Lease(self._server.shared_memory)
         try:
             request = self._decode(message, lease)
-            if metadata is not None:
+            if metadata is not None and self._headers.enabled:
                 self._headers.forward(request, text_metadata(metadata))
             if trace is not None:
                 request.trace = trace
@@ -296,7 +296,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             request = self._decode(message, lease)
             # Released once the request's last answer is written (stream.py).
             shared_memory.attach(request, lease)
-            if metadata is not None:
+            if metadata is not None and self._headers.enabled:
                 self._headers.forward(request, text_metadata(metadata))
             if trace is not None:
                 request.trace = trace

@@ -168,6 +168,29 @@ def create_http_app(
     return app
 
 
+class InferResponse(Response):
+    """An infer response: its body, JSON or JSON followed by binary outputs (`json_length`
+    bytes of JSON, sent as `Inference-Header-Content-Length`). Its headers are written down
+    directly rather than worked out as starlette's `Response` does for any body."""
+
+    def __init__(self, body: bytes, json_length: int | None) -> None:
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        if json_length is None:
+            self.raw_headers = [(b"content-length", b"%d" % len(body)), _JSON_TYPE]
+        else:
+            self.raw_headers = [
+                (b"inference-header-content-length", b"%d" % json_length),
+                (b"content-length", b"%d" % len(body)),
+                _BINARY_TYPE,
+            ]
+
+
+_JSON_TYPE = (b"content-type", JSON.encode())
+_BINARY_TYPE = (b"content-type", b"application/octet-stream")
+
+
 async def _answer(endpoint: Handler, request: Request, send: Send) -> None:
     """Run `endpoint` and send its response (the direct infer route); an error is answered as
     the app's exception handlers answer it (an unexpected one is raised again once answered, as
@@ -392,7 +415,8 @@ class _Routes:
                     shared_memory_outputs=lease.reserve,
                     max_depth=self.max_depth,
                 )
-            self.headers.forward(infer_request, request.headers.items())
+            if self.headers.enabled:  # (the headers are decoded only then)
+                self.headers.forward(infer_request, request.headers.items())
             if trace is not None:
                 infer_request.trace = trace
                 trace.describe(infer_request)
@@ -405,13 +429,7 @@ class _Routes:
             )
         finally:
             lease.release()
-        if json_length is None:
-            return Response(payload, media_type=JSON)
-        return Response(
-            payload,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(json_length)},
-        )
+        return InferResponse(payload, json_length)
 
     def _raw_request(self, body: bytes, name: str, version: str) -> Any:
         handle = self.router.resolve(name, version)
