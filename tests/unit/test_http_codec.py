@@ -509,6 +509,88 @@ def test_shared_memory_inputs_without_a_reader_are_rejected() -> None:
     assert_invalid("input 'X' uses shared memory", body)
 
 
+# --- decoding: a header seen before -------------------------------------------------------------
+
+
+def test_a_header_sent_again_decodes_to_the_same_request_with_its_own_data_and_parameters() -> None:
+    extra = {
+        "id": "again",
+        "parameters": {"binary_data_output": True, "level": 2},
+        "outputs": [{"name": "Y", "parameters": {"binary_data": False, "keep": "x"}}],
+    }
+    first_data, second_data = sample("INT32", (2, 2)), sample("INT32", (2, 2)) + 7
+    words = sample("BYTES", (3,))
+    body, length = binary_body([("A", "INT32", first_data), ("W", "BYTES", words)], extra)
+    again, same_length = binary_body([("A", "INT32", second_data), ("W", "BYTES", words)], extra)
+    assert body[:length] == again[:same_length]  # the same header, other data
+
+    for request in (decode(body, length), decode(body, length)):  # decoded, then from before
+        request.parameters["changed"] = True  # what one request's holder does stays there
+        request.inputs[0].parameters["changed"] = True
+        request.outputs[0].parameters["changed"] = True
+    second = decode_infer_request(again, length, "other_model", "3")
+
+    assert (second.model_name, second.model_version, second.id) == ("other_model", "3", "again")
+    assert_same(second.inputs[0].data, second_data)
+    assert_same(second.inputs[1].data, words)
+    assert [(t.name, t.datatype, t.shape, t.parameters) for t in second.inputs] == [
+        ("A", "INT32", (2, 2), {}),
+        ("W", "BYTES", (3,), {}),
+    ]
+    assert second.parameters == {"level": 2}
+    assert second.outputs == [RequestedOutput("Y", {"binary_data": False, "keep": "x"})]
+    assert second.context[BINARY_DATA_OUTPUT] is True
+
+
+def test_a_header_sent_again_with_data_that_does_not_fit_is_refused_as_the_first_time() -> None:
+    body, length = binary_body([("A", "FP32", sample("FP32", (4,)))])
+    decode(body, length)
+    # More data than the header says, and BYTES that do not hold the elements the shape needs.
+    error = assert_invalid(
+        "unexpected additional input data for model 'model'", body + b"x", length
+    )
+    words, words_length = binary_body([("W", "BYTES", sample("BYTES", (2,)))])
+    decode(words, words_length)
+    broken = words[:words_length] + b"\xff\xff\xff\x7f" + words[words_length + 4 :]
+    first_time = assert_invalid("input 'W'", broken, words_length)
+    assert assert_invalid("input 'W'", broken, words_length).message == first_time.message
+    assert error.code is ErrorCode.INVALID_ARG
+
+
+def test_a_header_naming_shared_memory_is_read_again_each_time() -> None:
+    region = bytearray(np.arange(4, dtype=np.int32).tobytes())
+
+    def read(name: str, offset: int, size: int) -> memoryview:
+        return memoryview(region)[offset : offset + size]
+
+    parameters = {"shared_memory_region": "r0", "shared_memory_byte_size": 16}
+    body, length = binary_body([("A", "INT32", sample("INT32", (2,)))])
+    header = orjson.loads(body[:length])
+    header["inputs"].append(
+        {"name": "S", "datatype": "INT32", "shape": [4], "parameters": parameters}
+    )
+    document = orjson.dumps(header)
+    whole = document + body[length:]
+
+    assert decode(whole, len(document), shared_memory=read).inputs[1].data.tolist() == [0, 1, 2, 3]
+    region[:] = np.arange(10, 14, dtype=np.int32).tobytes()
+    assert decode(whole, len(document), shared_memory=read).inputs[1].data.tolist() == [
+        10,
+        11,
+        12,
+        13,
+    ]
+
+
+def test_headers_sent_once_each_are_not_all_kept() -> None:
+    from tritonactor.frontends.http import codec
+
+    for index in range(3 * codec._PLANS_LIMIT):
+        body, length = binary_body([("A", "FP32", sample("FP32", (2,)))], {"id": f"r{index}"})
+        assert decode(body, length).id == f"r{index}"
+    assert len(codec._PLANS) <= codec._PLANS_LIMIT
+
+
 # --- decoding: raw binary ----------------------------------------------------------------------
 
 
