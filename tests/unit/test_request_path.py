@@ -358,3 +358,53 @@ def test_onnxruntime_and_pytorch_may_run_on_the_loop_others_not() -> None:
 )
 def test_infer_paths_match_as_the_routes_would(path: str, params: dict[str, object] | None) -> None:
     assert infer_path(path) == params
+
+
+# -- the direct route's request body -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"type": "http.request", "body": b"one piece"}],
+        [{"type": "http.request", "body": b""}],
+        [{"type": "http.request"}],
+        [
+            {"type": "http.request", "body": b"in ", "more_body": True},
+            {"type": "http.request", "body": b"", "more_body": True},
+            {"type": "http.request", "body": b"pieces"},
+        ],
+        [{"type": "http.request", "body": bytearray(b"not bytes")}],
+        [
+            {"type": "http.request", "body": b"cut ", "more_body": True},
+            {"type": "http.disconnect"},
+        ],
+    ],
+)
+async def test_the_direct_routes_body_is_read_as_starlettes_request_reads_it(
+    messages: list[dict[str, object]],
+) -> None:
+    """InferRequest.body gives what starlette's Request.body gives, and leaves the request as
+    it leaves it (read again: the same body; the client gone: ClientDisconnect, noted)."""
+    from starlette.requests import ClientDisconnect, Request
+
+    from tritonactor.frontends.http.direct import InferRequest
+
+    async def outcome(kind: type[Request]) -> tuple[object, ...]:
+        pending = list(messages)
+
+        async def receive() -> dict[str, object]:
+            return pending.pop(0)
+
+        async def send(message: object) -> None:
+            raise AssertionError("nothing is sent")
+
+        request = kind({"type": "http", "method": "POST", "headers": []}, receive, send)
+        try:
+            body = await request.body()
+        except ClientDisconnect:
+            return ("gone", request._is_disconnected, pending)
+        again = await request.body()
+        return (type(body), body, again, request._stream_consumed, pending)
+
+    assert await outcome(InferRequest) == await outcome(Request)
