@@ -71,6 +71,98 @@ def test_a_request_crosses_with_its_tensors_and_leaves_its_process_state_behind(
     assert got.context == {TRACE_CARRIER: _Trace().carrier()}
 
 
+def _pickled(message: object) -> object:
+    """What the frame of `message` pickles (how it crosses)."""
+    [frame] = encode(message)
+    length, count, _ = HEADER.unpack_from(frame)
+    assert count == 0
+    return pickle.loads(bytes(frame)[HEADER.size : HEADER.size + length])
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [
+        ("FP32", np.arange(16, dtype=np.float32).reshape(1, 16)),
+        ("BOOL", np.array([[True, False, True]])),
+        ("INT64", np.arange(6, dtype=np.int64).reshape(2, 3)[:, ::2]),  # strided: its values
+        ("BF16", np.arange(4, dtype=np.float32).astype("bfloat16").reshape(1, 4)),
+        ("FP16", np.zeros((0, 4), dtype=np.float16)),
+    ],
+)
+def test_a_plain_request_and_its_answer_cross_as_plain_values_and_come_out_whole(
+    datatype: str, data: np.ndarray
+) -> None:
+    """A request with no trace and small tensors of numbers (every request perf_analyzer
+    sends) crosses as a tuple of plain values, and so does its answer; either comes out as it
+    went in, its process state left behind as with any request."""
+    sent = request(Tensor("A", datatype, data.shape, data, {"p": 1}))
+    sent.resolved_version = 2
+    sent.context["lease"] = object()
+    sent.sender = ResponseSender(lambda *_: None)
+    for streamed in (False, True):
+        assert type(_pickled(m.Submit(4, sent, streamed))) is tuple
+        received = cross(m.Submit(4, sent, streamed))
+        assert isinstance(received, m.Submit) and (received.id, received.streamed) == (4, streamed)
+        got = received.request
+        assert (got.model_name, got.model_version, got.id, got.resolved_version) == (
+            "m",
+            "2",
+            "id-1",
+            2,
+        )
+        assert got.parameters == sent.parameters and got.headers == sent.headers
+        assert got.outputs == sent.outputs and not got.cancelled
+        assert got.context == {} and got.sender is None and got.trace is None
+        [tensor] = got.inputs
+        assert (tensor.name, tensor.datatype, tensor.shape, tensor.parameters) == (
+            "A",
+            datatype,
+            data.shape,
+            {"p": 1},
+        )
+        assert tensor.data.dtype == data.dtype and tensor.data.shape == data.shape
+        np.testing.assert_array_equal(tensor.data, data)
+    sent.cancelled = True
+    assert cross(m.Submit(5, sent)).request.cancelled  # type: ignore[attr-defined]
+
+    response = InferenceResponse(
+        "m", "3", "r", [Tensor("O", datatype, data.shape, data)], {"q": "x"}
+    )
+    answer = m.Answer(6, response, ((1, 2), (3, 4)))
+    assert type(_pickled(answer)) is tuple
+    back = cross(answer)
+    assert isinstance(back, m.Answer) and (back.id, back.links) == (6, ((1, 2), (3, 4)))
+    assert (back.value.model_name, back.value.model_version, back.value.id) == ("m", "3", "r")
+    assert back.value.parameters == {"q": "x"}
+    [out] = back.value.outputs
+    assert (out.name, out.datatype, out.shape, out.data.dtype) == (
+        "O",
+        datatype,
+        data.shape,
+        data.dtype,
+    )
+    np.testing.assert_array_equal(out.data, data)
+
+
+def test_what_is_not_plain_crosses_as_itself() -> None:
+    """A traced request, BYTES, a large tensor, an answer that is no response: each crosses as
+    its own objects (the frame pickles no tuple), and still comes out whole."""
+    small = Tensor("A", "FP32", (1, 2), np.ones((1, 2), dtype=np.float32))
+    traced = request(small)
+    traced.trace = _Trace()  # type: ignore[assignment]
+    words = Tensor("B", "BYTES", (1,), np.array([b"x"], dtype=object))
+    for message in (
+        m.Submit(1, traced),
+        m.Submit(2, request(small, words)),
+        m.Answer(3, None),
+        m.Answer(4, ("a", 1)),
+    ):
+        assert type(_pickled(message)) is not tuple
+        assert type(cross(message)) is type(message)
+    large = np.zeros((1, OUT_OF_BAND // 4), dtype=np.float32)
+    assert len(encode(m.Submit(5, request(Tensor("L", "FP32", large.shape, large))))) > 1
+
+
 def test_a_large_tensor_travels_out_of_band_and_arrives_whole() -> None:
     data = np.random.default_rng(0).random((2, OUT_OF_BAND // 4), dtype=np.float32)
     response = InferenceResponse("m", "1", "", [Tensor("OUT", "FP32", data.shape, data)])
