@@ -2,8 +2,10 @@
 of the HTTP front end). Responses are encoded in `responses.py`, raw binary requests decoded in
 `raw.py`.
 
-Pure functions over bytes and dicts: no models, actors or web framework. Decisions that a reader
-of the wire protocol alone would not guess:
+Functions over bytes and dicts: no models, actors or web framework; their one state is a
+bounded memory of JSON headers seen before (a header sent again is not decoded again: see
+"requests seen before" below). Decisions that a reader of the wire protocol alone would not
+guess:
 
 - Numeric binary inputs are zero-copy `np.frombuffer` views of the request body. They are
   read-only (the body is `bytes`) and may be unaligned (the JSON header has any length); a
