@@ -92,9 +92,9 @@ def _pickled(message: object) -> object:
 def test_a_plain_request_and_its_answer_cross_as_plain_values_and_come_out_whole(
     datatype: str, data: np.ndarray
 ) -> None:
-    """A request with no trace and small tensors of numbers (every request perf_analyzer
-    sends) crosses as a tuple of plain values, and so does its answer; either comes out as it
-    went in, its process state left behind as with any request."""
+    """A request with small tensors of numbers (every request perf_analyzer sends) crosses as
+    a tuple of plain values, and so does its answer; either comes out as it went in, its
+    process state left behind as with any request, its trace as its carrier."""
     sent = request(Tensor("A", datatype, data.shape, data, {"p": 1}))
     sent.resolved_version = 2
     sent.context["lease"] = object()
@@ -124,6 +124,10 @@ def test_a_plain_request_and_its_answer_cross_as_plain_values_and_come_out_whole
         np.testing.assert_array_equal(tensor.data, data)
     sent.cancelled = True
     assert cross(m.Submit(5, sent)).request.cancelled  # type: ignore[attr-defined]
+    sent.trace = _Trace()  # type: ignore[assignment]
+    assert type(_pickled(m.Submit(6, sent))) is tuple
+    traced = cross(m.Submit(6, sent)).request  # type: ignore[attr-defined]
+    assert traced.context == {TRACE_CARRIER: _Trace().carrier()} and traced.trace is None
 
     response = InferenceResponse(
         "m", "3", "r", [Tensor("O", datatype, data.shape, data)], {"q": "x"}
@@ -145,14 +149,11 @@ def test_a_plain_request_and_its_answer_cross_as_plain_values_and_come_out_whole
 
 
 def test_what_is_not_plain_crosses_as_itself() -> None:
-    """A traced request, BYTES, a large tensor, an answer that is no response: each crosses as
-    its own objects (the frame pickles no tuple), and still comes out whole."""
+    """BYTES, a large tensor, an answer that is no response: each crosses as its own objects
+    (the frame pickles no tuple), and still comes out whole."""
     small = Tensor("A", "FP32", (1, 2), np.ones((1, 2), dtype=np.float32))
-    traced = request(small)
-    traced.trace = _Trace()  # type: ignore[assignment]
     words = Tensor("B", "BYTES", (1,), np.array([b"x"], dtype=object))
     for message in (
-        m.Submit(1, traced),
         m.Submit(2, request(small, words)),
         m.Answer(3, None),
         m.Answer(4, ("a", 1)),

@@ -9,6 +9,9 @@ out-of-band buffer: copied into a lane slot, or, when the lane has no room, writ
 socket from the tensor's own memory and read into memory of the frame's own. Either way the
 received array is a read-only view of one copy that lives as long as it does.
 
+A request's `Submit` and its `Answer`, when plain (only small tensors of numbers),
+cross as a tagged tuple of plain values instead (`_flat`): what pickle writes and reads fastest.
+
 What a request carries that only makes sense in its own process is left behind when it is
 pickled: its `context` (a front end's shared-memory lease), its response sender (the engine
 gives it a sender of its own, which streams back), and its trace (it crosses as its W3C
@@ -182,8 +185,8 @@ def _in_band(buffer: pickle.PickleBuffer) -> bool:
     return buffer.raw().nbytes < OUT_OF_BAND
 
 
-# Every request's two messages, a `Submit` and its `Answer`, in the usual case (no trace, only
-# small tensors of numbers): a tuple of plain values, tagged, which pickle writes and reads
+# Every request's two messages, a `Submit` and its `Answer`, in the usual case (only small
+# tensors of numbers): a tuple of plain values, tagged, which pickle writes and reads
 # without calling back into Python for each object as the reducers above make it do (~6 us a
 # message in and out, ~2.5 flat). Any other message, or one of these that is not plain,
 # crosses as itself.
@@ -220,8 +223,6 @@ def _flat(message: object) -> tuple[Any, ...] | None:
     kind = type(message)
     if kind is messages.Submit:
         request = message.request  # type: ignore[attr-defined]
-        if request.trace is not None:
-            return None
         inputs = _flat_tensors(request.inputs)
         if inputs is None:
             return None
@@ -238,6 +239,7 @@ def _flat(message: object) -> tuple[Any, ...] | None:
             request.resolved_version,
             request.cancelled,
             request.headers,
+            request.trace.carrier() if request.trace is not None else None,
         )
     if kind is messages.Answer:
         response = message.value  # type: ignore[attr-defined]
@@ -277,7 +279,7 @@ def _unflat(flat: tuple[Any, ...]) -> object:
     tag = flat[0] if flat else None
     if tag == _FLAT_SUBMIT:
         _, id, streamed, name, version, request_id, inputs, outputs, parameters = flat[:9]
-        resolved, cancelled, headers = flat[9:]
+        resolved, cancelled, headers, carrier = flat[9:]
         request = InferenceRequest(
             name,
             version,
@@ -289,6 +291,8 @@ def _unflat(flat: tuple[Any, ...]) -> object:
             cancelled=cancelled,
             headers=headers,
         )
+        if carrier is not None:
+            request.context[TRACE_CARRIER] = carrier
         return messages.Submit(id, request, streamed)
     if tag == _FLAT_ANSWER:
         _, id, links, name, version, response_id, outputs, parameters = flat
