@@ -512,9 +512,44 @@ def test_shared_memory_inputs_without_a_reader_are_rejected() -> None:
 # --- decoding: a header seen before -------------------------------------------------------------
 
 
-def test_a_header_sent_again_decodes_to_the_same_request_with_its_own_data_and_parameters() -> None:
+@pytest.fixture
+def plans(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """No header seen before; the JSON documents decoded from here on, in order."""
+    from tritonactor.frontends.http import codec
+
+    codec._PLANS.clear()
+    decoded: list[object] = []
+
+    def counted(body: Any, max_depth: int = 64) -> Any:
+        document = decode_json(body, max_depth)
+        decoded.append(document)
+        return document
+
+    monkeypatch.setattr(codec, "decode_json", counted)
+    return decoded
+
+
+def test_a_header_sent_again_is_decoded_once_unless_it_names_a_request_id(
+    plans: list[object],
+) -> None:
+    body, length = binary_body([("A", "FP32", sample("FP32", (4,)))])
+    for _ in range(3):
+        decode(body, length)
+    assert len(plans) == 1
+    # A request id makes every header new (clients giving each request its own): not kept.
+    named, named_length = binary_body([("A", "FP32", sample("FP32", (4,)))], {"id": "same"})
+    for _ in range(2):
+        assert decode(named, named_length).id == "same"
+    assert len(plans) == 3
+    # The JSON depth limit is part of what was found valid.
+    with pytest.raises(TritonError, match="nesting depth exceeds"):
+        decode(body, length, max_depth=1)
+
+
+def test_a_header_sent_again_decodes_to_the_same_request_with_its_own_data_and_parameters(
+    plans: list[object],
+) -> None:
     extra = {
-        "id": "again",
         "parameters": {"binary_data_output": True, "level": 2},
         "outputs": [{"name": "Y", "parameters": {"binary_data": False, "keep": "x"}}],
     }
@@ -530,7 +565,8 @@ def test_a_header_sent_again_decodes_to_the_same_request_with_its_own_data_and_p
         request.outputs[0].parameters["changed"] = True
     second = decode_infer_request(again, length, "other_model", "3")
 
-    assert (second.model_name, second.model_version, second.id) == ("other_model", "3", "again")
+    assert len(plans) == 1
+    assert (second.model_name, second.model_version, second.id) == ("other_model", "3", "")
     assert_same(second.inputs[0].data, second_data)
     assert_same(second.inputs[1].data, words)
     assert [(t.name, t.datatype, t.shape, t.parameters) for t in second.inputs] == [
@@ -542,26 +578,44 @@ def test_a_header_sent_again_decodes_to_the_same_request_with_its_own_data_and_p
     assert second.context[BINARY_DATA_OUTPUT] is True
 
 
-def test_a_header_sent_again_with_data_that_does_not_fit_is_refused_as_the_first_time() -> None:
-    body, length = binary_body([("A", "FP32", sample("FP32", (4,)))])
-    decode(body, length)
-    # More data than the header says, and BYTES that do not hold the elements the shape needs.
-    error = assert_invalid(
-        "unexpected additional input data for model 'model'", body + b"x", length
-    )
-    words, words_length = binary_body([("W", "BYTES", sample("BYTES", (2,)))])
-    decode(words, words_length)
-    broken = words[:words_length] + b"\xff\xff\xff\x7f" + words[words_length + 4 :]
-    first_time = assert_invalid("input 'W'", broken, words_length)
-    assert assert_invalid("input 'W'", broken, words_length).message == first_time.message
-    assert error.code is ErrorCode.INVALID_ARG
+def test_a_header_sent_again_with_data_that_does_not_fit_is_refused_as_a_full_decode_refuses_it(
+    plans: list[object],
+) -> None:
+    from tritonactor.frontends.http import codec
+
+    def refusals(body: bytes, good: bytes, length: int, decoded_again: int) -> tuple[str, str]:
+        codec._PLANS.clear()
+        full = assert_invalid(".", body, length).message  # nothing seen before: a full decode
+        decode(good, length)  # the header is now known
+        seen = len(plans)
+        again = assert_invalid(".", body, length).message
+        assert len(plans) == seen + decoded_again
+        return full, again
+
+    good, length = binary_body([("A", "FP32", sample("FP32", (4,)))])
+    # More data than the header says: decoded in full again, for the full decode's error.
+    full, again = refusals(good + b"x", good, length, decoded_again=1)
+    assert full == again and "unexpected additional input data for model 'model'" in full
+    # Two BYTES inputs whose data hold two elements where their shapes say one: the last one
+    # is reported, as by a full decode, naming the model.
+    word = np.array([b"abcd"], dtype=object)
+    good, length = binary_body([("V", "BYTES", word), ("W", "BYTES", word)])
+    broken = good[:length] + b"\x00" * 16  # each: two empty elements, in the same 8 bytes
+    full, again = refusals(broken, good, length, decoded_again=0)
+    assert full == again and "input 'W' for model 'model'" in full
 
 
-def test_a_header_naming_shared_memory_is_read_again_each_time() -> None:
+def test_a_header_naming_shared_memory_is_read_and_reserved_again_each_time(
+    plans: list[object],
+) -> None:
     region = bytearray(np.arange(4, dtype=np.int32).tobytes())
+    reserved: list[tuple[str, str, int, int]] = []
 
     def read(name: str, offset: int, size: int) -> memoryview:
         return memoryview(region)[offset : offset + size]
+
+    def reserve(name: str, region: str, offset: int, size: int) -> None:
+        reserved.append((name, region, offset, size))
 
     parameters = {"shared_memory_region": "r0", "shared_memory_byte_size": 16}
     body, length = binary_body([("A", "INT32", sample("INT32", (2,)))])
@@ -580,15 +634,27 @@ def test_a_header_naming_shared_memory_is_read_again_each_time() -> None:
         12,
         13,
     ]
+    # An output written to shared memory: reserved by every request, not only the first.
+    out = {
+        "outputs": [
+            {"name": "O", "parameters": {"shared_memory_region": "o", "shared_memory_byte_size": 8}}
+        ]
+    }
+    body, length = binary_body([("A", "INT32", sample("INT32", (2,)))], out)
+    for _ in range(2):
+        assert decode(body, length, shared_memory_outputs=reserve).outputs[0].name == "O"
+    assert reserved == [("O", "o", 0, 8)] * 2
 
 
-def test_headers_sent_once_each_are_not_all_kept() -> None:
+def test_headers_sent_once_each_are_not_all_kept(plans: list[object]) -> None:
     from tritonactor.frontends.http import codec
 
     for index in range(3 * codec._PLANS_LIMIT):
-        body, length = binary_body([("A", "FP32", sample("FP32", (2,)))], {"id": f"r{index}"})
-        assert decode(body, length).id == f"r{index}"
-    assert len(codec._PLANS) <= codec._PLANS_LIMIT
+        body, length = binary_body(
+            [("A", "FP32", sample("FP32", (2,)))], {"parameters": {"n": index}}
+        )
+        assert decode(body, length).parameters == {"n": index}
+    assert 0 < len(codec._PLANS) <= codec._PLANS_LIMIT
 
 
 # --- decoding: raw binary ----------------------------------------------------------------------

@@ -139,7 +139,7 @@ def decode_infer_request(
     )
     if binary_output:
         request.context[BINARY_DATA_OUTPUT] = True
-    if key is not None and binary_sizes is not None and not reserved:
+    if key is not None and binary_sizes is not None and not reserved and not request_id:
         _remember(key, _Plan.of(request, binary_sizes, bool(binary_output)))
     return request
 
@@ -152,8 +152,8 @@ def decode_infer_request(
 # of the data against the shapes). Only headers whose inputs are all binary and that name no
 # shared memory are kept (a region's contents and registration change between requests);
 # a binary section of another length is decoded in full, for its error. A header that names a
-# request id is kept too: the id is part of the bytes, so a client giving each request its own id
-# only ever adds headers, which push out the oldest.
+# request id is not kept: the id is part of the bytes, and a client giving each request its own
+# id would only ever add headers (and pay for keeping each).
 
 _PLAN_HEADER_LIMIT = 4096
 _PLANS_LIMIT = 128
@@ -161,9 +161,8 @@ _PLANS_LIMIT = 128
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """A decoded JSON header: everything but the binary data."""
+    """A decoded JSON header (one that names no request id): everything but the binary data."""
 
-    request_id: str
     # (name, datatype, shape, parameters, byte size) of each input, in the order of the body
     inputs: tuple[tuple[str, str, tuple[int, ...], Parameters, int], ...]
     outputs: tuple[tuple[str, Parameters], ...]
@@ -178,12 +177,12 @@ class _Plan:
             for tensor, size in zip(request.inputs, sizes, strict=True)
         )
         outputs = tuple((output.name, dict(output.parameters)) for output in request.outputs)
-        return cls(request.id, inputs, outputs, dict(request.parameters), binary_output, sum(sizes))
+        return cls(inputs, outputs, dict(request.parameters), binary_output, sum(sizes))
 
     def request(self, binary: memoryview, model_name: str, model_version: str) -> InferenceRequest:
         """The request of this header with `binary` (of the size it says) as its data; each
         input checked against its shape as a full decode does it, last one first."""
-        context = RequestContext(model_name, self.request_id)
+        context = RequestContext(model_name, "")
         chunks = []
         offset = 0
         for _, _, _, _, size in self.inputs:
@@ -205,7 +204,6 @@ class _Plan:
         request = InferenceRequest(
             model_name=model_name,
             model_version=model_version,
-            id=self.request_id,
             inputs=tensors,
             outputs=[RequestedOutput(name, dict(parameters)) for name, parameters in self.outputs],
             parameters=dict(self.parameters),
