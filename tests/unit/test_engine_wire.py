@@ -148,6 +148,23 @@ def test_a_plain_request_and_its_answer_cross_as_plain_values_and_come_out_whole
     np.testing.assert_array_equal(out.data, data)
 
 
+def test_a_tensors_shape_and_its_datas_shape_cross_as_they_are_both_ways() -> None:
+    """A 0-d tensor stays 0-d, and a tensor whose data is shaped otherwise than it says keeps
+    both, whether its message crosses as plain values or (with BYTES beside it) as itself; data
+    of another type than the datatype's crosses as itself, its type kept."""
+    scalar = Tensor("Z", "FP32", (), np.array(3.5, dtype=np.float32))
+    flat = Tensor("F", "FP32", (1, 4), np.arange(4, dtype=np.float32))
+    words = Tensor("B", "BYTES", (1,), np.array([b"x"], dtype=object))
+    for tensors in ((scalar, flat), (scalar, flat, words)):
+        got = cross(m.Submit(1, request(*tensors))).request.inputs  # type: ignore[attr-defined]
+        assert [(t.shape, t.data.shape) for t in got[:2]] == [((), ()), ((1, 4), (4,))]
+        assert float(got[0].data) == 3.5
+    other = Tensor("I", "FP32", (2,), np.array([1, 2], dtype=np.int64))
+    assert type(_pickled(m.Submit(2, request(other)))) is not tuple
+    [got] = cross(m.Submit(2, request(other))).request.inputs  # type: ignore[attr-defined]
+    assert got.data.dtype == np.int64 and got.data.tolist() == [1, 2]
+
+
 def test_what_is_not_plain_crosses_as_itself() -> None:
     """BYTES, a large tensor, an answer that is no response: each crosses as its own objects
     (the frame pickles no tuple), and still comes out whole."""

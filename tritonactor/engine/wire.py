@@ -139,13 +139,14 @@ def _reduce_tensor(tensor: Tensor) -> tuple[Callable[..., Tensor], tuple[Any, ..
     pickling costs several times more. Anything else (BYTES) as numpy pickles it."""
     data = tensor.data
     if data.dtype.kind != "O" and data.dtype == to_numpy_dtype(tensor.datatype):
+        shape = data.shape  # (ascontiguousarray makes a 0-d array 1-d)
         data = np.ascontiguousarray(data)
         payload: Any = (
             pickle.PickleBuffer(data.reshape(-1).view(np.uint8))
             if data.nbytes >= OUT_OF_BAND
             else data.tobytes()
         )
-        fields = (tensor.name, tensor.datatype, tensor.shape, tensor.parameters, data.shape)
+        fields = (tensor.name, tensor.datatype, tensor.shape, tensor.parameters, shape)
         return _rebuild_tensor, (*fields, payload)
     return Tensor, (tensor.name, tensor.datatype, tensor.shape, data, tensor.parameters)
 
