@@ -106,10 +106,10 @@ def decode_infer_request(
     `max_depth`: how deep the JSON may nest.
     """
     header, binary = _split_body(body, header_length)
-    key = None
+    plan_key = None
     if header_length is not None and header_length <= _PLAN_HEADER_LIMIT:
-        key = (bytes(header), max_depth)
-        plan = _PLANS.get(key)
+        plan_key = (bytes(header), max_depth)
+        plan = _PLANS.get(plan_key)
         if plan is not None and len(binary) == plan.size:
             return plan.request(binary, model_name, model_version)
     # The whole body when it is all JSON: its depth is checked without a copy.
@@ -139,8 +139,8 @@ def decode_infer_request(
     )
     if binary_output:
         request.context[BINARY_DATA_OUTPUT] = True
-    if key is not None and binary_sizes is not None and not reserved and not request_id:
-        _remember(key, _Plan.of(request, binary_sizes, bool(binary_output)))
+    if plan_key is not None and binary_sizes is not None and not reserved and not request_id:
+        _remember(plan_key, _Plan.of(request, binary_sizes, bool(binary_output)))
     return request
 
 
