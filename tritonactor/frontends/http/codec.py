@@ -26,6 +26,7 @@ guess:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,8 +164,9 @@ _PLANS_LIMIT = 128
 class _Plan:
     """A decoded JSON header (one that names no request id): everything but the binary data."""
 
-    # (name, datatype, shape, parameters, byte size) of each input, in the order of the body
-    inputs: tuple[tuple[str, str, tuple[int, ...], Parameters, int], ...]
+    # (name, datatype, shape, parameters, where its bytes start and end in the binary data) of
+    # each input, in the order of the body
+    inputs: tuple[tuple[str, str, tuple[int, ...], Parameters, int, int], ...]
     outputs: tuple[tuple[str, Parameters], ...]
     parameters: Parameters
     binary_output: bool
@@ -172,9 +174,10 @@ class _Plan:
 
     @classmethod
     def of(cls, request: InferenceRequest, sizes: list[int], binary_output: bool) -> _Plan:
+        ends = list(itertools.accumulate(sizes))
         inputs = tuple(
-            (tensor.name, tensor.datatype, tensor.shape, dict(tensor.parameters), size)
-            for tensor, size in zip(request.inputs, sizes, strict=True)
+            (tensor.name, tensor.datatype, tensor.shape, dict(tensor.parameters), end - size, end)
+            for tensor, size, end in zip(request.inputs, sizes, ends, strict=True)
         )
         outputs = tuple((output.name, dict(output.parameters)) for output in request.outputs)
         return cls(inputs, outputs, dict(request.parameters), binary_output, sum(sizes))
@@ -183,22 +186,15 @@ class _Plan:
         """The request of this header with `binary` (of the size it says) as its data; each
         input checked against its shape as a full decode does it, last one first."""
         context = RequestContext(model_name, "")
-        chunks = []
-        offset = 0
-        for _, _, _, _, size in self.inputs:
-            chunks.append(binary[offset : offset + size])
-            offset += size
         tensors = [
             Tensor(
                 name,
                 datatype,
                 shape,
-                array_from_bytes(context, name, datatype, shape, chunk),
+                array_from_bytes(context, name, datatype, shape, binary[start:end]),
                 dict(parameters),
             )
-            for (name, datatype, shape, parameters, _), chunk in zip(
-                reversed(self.inputs), reversed(chunks), strict=True
-            )
+            for name, datatype, shape, parameters, start, end in reversed(self.inputs)
         ]
         tensors.reverse()
         request = InferenceRequest(
