@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import sys
-import time
+import threading
 from pathlib import Path
 
 import anyio
@@ -221,11 +221,9 @@ async def test_decoupled_model_sees_cancellation_while_it_streams(
     assert await instance.execute([req]) == [None]
     await collected.until(2)
     assert not any(final for _, _, final in collected.received)
-    started = time.monotonic()
     req.cancel()
-    last = await collected.final(seconds=5)
-    assert time.monotonic() - started < 2
-    assert last["CANCELLED"].tolist() == [True]
+    last = await collected.final(seconds=5)  # the model stops by itself only after 10 s
+    assert last["CANCELLED"].tolist() == [True]  # it stopped because it saw the cancellation
     assert last["INDEX"].tolist() == [len(collected.received) - 1] and last["INDEX"][0] >= 2
 
 
@@ -347,12 +345,13 @@ async def test_process_death_mid_request_raises_instance_died(
 @pytest.mark.anyio
 async def test_death_while_idle_is_noticed_at_once(start: Started) -> None:
     instance = start("crash")
+    died = threading.Event()
+    instance.on_death(lambda reason: died.set())
     os.kill(instance.pid, signal.SIGKILL)
-    await anyio.sleep(0.2)
-    started = time.monotonic()
-    with pytest.raises(InstanceDied, match="exited with signal SIGKILL"):
+    # Noticed with no request under way (the hang guard only keeps a bug from hanging here).
+    assert await anyio.to_thread.run_sync(died.wait, 30)
+    with anyio.fail_after(30), pytest.raises(InstanceDied, match="exited with signal SIGKILL"):
         await instance.execute([request("crash", tensor("INPUT0", np.array([0], np.int32)))])
-    assert time.monotonic() - started < 1
 
 
 def test_initialize_failure_fails_create_instance(backend: PythonBackend, tmp_path: Path) -> None:
@@ -420,31 +419,6 @@ def test_pb_utils_helpers() -> None:
     assert response.has_error() and response.error() is error
     t = pb_utils.Tensor("X", np.arange(3, dtype=np.int64))
     assert pb_utils.Tensor.from_dlpack("Y", t.to_dlpack()).as_numpy().tolist() == [0, 1, 2]
-
-
-@pytest.mark.anyio
-async def test_process_hop_overhead(start: Started) -> None:
-    """Not a benchmark: prints the round trip of a small request through the stub, and keeps it
-    well under a millisecond-scale budget so a regression shows."""
-    instance = start("add_sub")
-    ones = np.ones(4, dtype=np.float32)
-    for _ in range(50):
-        await instance.execute([add_sub_request(ones, ones)])
-    rounds = 500
-    started = time.perf_counter()
-    for _ in range(rounds):
-        await instance.execute([add_sub_request(ones, ones)])
-    small = (time.perf_counter() - started) / rounds
-    big = np.ones(1 << 20, dtype=np.float32)  # 4 MiB per input
-    started = time.perf_counter()
-    for _ in range(20):
-        await instance.execute([add_sub_request(big, big)])
-    large = (time.perf_counter() - started) / 20
-    print(
-        f"\npython backend round trip: {small * 1e6:.0f} us (2x16 B in, 2x16 B out), "
-        f"{large * 1e3:.2f} ms (2x4 MiB in, 2x4 MiB out)"
-    )
-    assert small < 0.005
 
 
 @pytest.mark.anyio

@@ -384,11 +384,11 @@ async def test_a_second_start_restarts_the_sequence(system: ActorSystem) -> None
 
 async def test_an_idle_sequence_is_released(system: ActorSystem) -> None:
     backend = AccumulatingBackend()
-    router, _ = await serve(
+    router, actor = await serve(
         system, backend, config_text(idle="max_sequence_idle_microseconds: 50000")
     )
     await answers([router.submit(seq(1, "a", 4, start=True))])
-    await anyio.sleep(0.3)
+    await until(lambda: batcher(actor).active_sequences == 0)  # released by the batcher's timer
     error = await failure(router.submit(seq(1, "b", 4)))
     assert error.code == ErrorCode.INVALID_ARG
     assert "must specify the START flag" in str(error)
@@ -396,12 +396,16 @@ async def test_an_idle_sequence_is_released(system: ActorSystem) -> None:
 
 async def test_a_busy_sequence_is_not_released_early(system: ActorSystem) -> None:
     backend = AccumulatingBackend()
-    router, _ = await serve(
-        system, backend, config_text(idle="max_sequence_idle_microseconds: 2000000")
+    router, actor = await serve(
+        system, backend, config_text(idle="max_sequence_idle_microseconds: 60000000")
     )
     await answers([router.submit(seq(1, "a", 4, start=True))])
-    await anyio.sleep(0.3)
+    # Another sequence makes the batcher look for idle sequences while 'a' has been idle for
+    # less than its minute: it keeps 'a' in the one slot, and the other sequence waits for it.
+    other = router.submit(seq(7, "other", 5, start=True, end=True))
+    await until(lambda: batcher(actor).backlog == 1)
     assert [total(r) for r in await answers([router.submit(seq(1, "b", 4, end=True))])] == [2]
+    assert [total(r) for r in await answers([other])] == [7]
 
 
 async def test_the_timer_releases_without_new_requests(system: ActorSystem) -> None:
@@ -456,11 +460,13 @@ async def test_direct_batches_one_request_per_slot_with_null_rows(system: ActorS
 
 async def test_direct_waits_for_minimum_slot_utilization(system: ActorSystem) -> None:
     backend = AccumulatingBackend()
-    strategy = "direct { max_queue_delay_microseconds: 3000000 minimum_slot_utilization: 0.5 }"
-    router, _ = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    strategy = "direct { max_queue_delay_microseconds: 60000000 minimum_slot_utilization: 0.5 }"
+    router, actor = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
     one = router.submit(seq(1, "a", 1, start=True, max_batch_size=4))
-    await anyio.sleep(0.3)
-    assert backend.entered == 0  # 1 of 4 slots ready: below the minimum, within the delay
+    # Queued while the instance is idle: 1 of 4 slots ready is below the minimum, and the
+    # batcher, which decides as a request arrives, chose to wait (within the delay).
+    await until(lambda: batcher(actor).idle_instances == 1 and batcher(actor).queue_depth == 1)
+    assert backend.entered == 0
     two = router.submit(seq(2, "b", 2, start=True, max_batch_size=4))
     assert [total(r) for r in await answers([one, two])] == [1, 2]
     assert [[entry["id"] for entry in batch] for batch in backend.batches] == [["a", "b"]]
@@ -481,7 +487,7 @@ async def test_direct_sends_a_thin_batch_once_the_delay_runs_out(system: ActorSy
 async def test_oldest_batches_one_request_per_sequence_oldest_first(system: ActorSystem) -> None:
     backend = AccumulatingBackend()
     strategy = "oldest { max_candidate_sequences: 4 }"
-    router, _ = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    router, actor = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
     backend.gate.clear()
     replies = [router.submit(seq(1, "a0", 1, start=True, max_batch_size=4))]
     await until(lambda: backend.entered == 1)
@@ -494,7 +500,7 @@ async def test_oldest_batches_one_request_per_sequence_oldest_first(system: Acto
     ]
     for value, rid, corrid, start in plan:
         replies.append(router.submit(seq(value, rid, corrid, start, max_batch_size=4)))
-    await anyio.sleep(0.05)
+    await until(lambda: batcher(actor).queue_depth == len(plan))  # all queued behind a0
     backend.gate.set()
     assert [total(r) for r in await answers(replies)] == [1, 3, 6, 10, 30, 100]
     # Compact batches (no null rows), at most one request of a sequence in each, oldest first.
@@ -509,11 +515,12 @@ async def test_oldest_waits_for_a_preferred_batch_up_to_the_delay(system: ActorS
     backend = AccumulatingBackend()
     strategy = (
         "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
-        "max_queue_delay_microseconds: 3000000 }"
+        "max_queue_delay_microseconds: 60000000 }"
     )
-    router, _ = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    router, actor = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
     one = router.submit(seq(1, "a", 1, start=True, max_batch_size=4))
-    await anyio.sleep(0.3)
+    # Queued while the instance is idle: the batcher chose to wait for a batch of 2.
+    await until(lambda: batcher(actor).idle_instances == 1 and batcher(actor).queue_depth == 1)
     assert backend.entered == 0
     two = router.submit(seq(2, "b", 2, start=True, max_batch_size=4))
     assert [total(r) for r in await answers([one, two])] == [1, 2]

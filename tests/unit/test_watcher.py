@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from tritonactor.actors import Actor, ActorSystem
+from tritonactor.actors.reply import Reply
 from tritonactor.control.watcher import (
     RepositoryChanged,
     RepositoryWatcher,
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.anyio
 
 INTERVAL = 0.05
 QUIET = 0.25
-# Time for watchfiles to take its first look at the repositories once the watcher starts.
-SETTLE_IN = 0.3
+# Waits end on events; these only keep a broken watcher from hanging the suite.
+HANG = 30.0
 
 
 class Reports:
@@ -35,18 +36,28 @@ class Reports:
 
     def __init__(self) -> None:
         self.calls: list[tuple[float, frozenset[str]]] = []
+        self._came = anyio.Event()
 
     async def __call__(self, names: frozenset[str]) -> None:
         self.calls.append((time.monotonic(), names))
+        self._came.set()
+        self._came = anyio.Event()
 
     @property
     def names(self) -> list[set[str]]:
         return [set(names) for _, names in self.calls]
 
-    async def wait(self, count: int = 1, timeout: float = 3.0) -> None:
-        with anyio.fail_after(timeout):
+    async def wait(self, count: int = 1) -> None:
+        with anyio.fail_after(HANG):
             while len(self.calls) < count:
-                await anyio.sleep(0.01)
+                await self._came.wait()
+
+
+async def caught_up(watcher: RepositoryWatcher) -> None:
+    """Until the watcher has dealt with everything done before now (so that, after it, a
+    report that has not come never will)."""
+    with anyio.fail_after(HANG):
+        await watcher.caught_up()
 
 
 @contextlib.asynccontextmanager
@@ -63,7 +74,7 @@ async def watching(
     watcher = RepositoryWatcher(repositories, INTERVAL, notify, snapshot=snapshot, **options)
     async with ActorSystem() as system:
         await system.spawn(watcher)
-        await anyio.sleep(SETTLE_IN)
+        await caught_up(watcher)  # watchfiles has taken its first look
         yield watcher
 
 
@@ -99,11 +110,11 @@ async def test_a_model_copied_in_slowly_is_reported_once_after_its_last_write(
     tmp_path: Path,
 ) -> None:
     reports = Reports()
-    async with watching([tmp_path], reports):
+    async with watching([tmp_path], reports) as watcher:
         # A real writer thread, so that a busy event loop cannot pause it along with the watcher.
         last_write = await anyio.to_thread.run_sync(copy_slowly, tmp_path / "slow")
         await reports.wait()
-        await anyio.sleep(2 * QUIET)  # and nothing more comes
+        await caught_up(watcher)  # and nothing more comes
     assert reports.names == [{"slow"}]
     reported_at = reports.calls[0][0]
     # Settled means two equal looks a quiet period apart, both after the last write.
@@ -114,19 +125,24 @@ async def test_a_deleted_model_is_reported_to_the_manager_actor(tmp_path: Path) 
     make_model(tmp_path / "gone")
     make_model(tmp_path / "kept")
     received: list[RepositoryChanged] = []
+    first = anyio.Event()
 
     class Manager(Actor[Any]):
         async def receive(self, message: Any) -> None:
-            received.append(message)
+            if isinstance(message, Reply):  # asked: every earlier message has been received
+                message.set(None)
+            else:
+                received.append(message)
+                first.set()
 
     async with ActorSystem() as system:
         manager = await system.spawn(Manager("manager"))
-        async with watching([tmp_path], tell_changes(manager)):
+        async with watching([tmp_path], tell_changes(manager)) as watcher:
             shutil.rmtree(tmp_path / "gone")
-            with anyio.fail_after(3):
-                while not received:
-                    await anyio.sleep(0.01)
-            await anyio.sleep(2 * QUIET)
+            with anyio.fail_after(HANG):
+                await first.wait()
+            await caught_up(watcher)  # and nothing more is told
+            await manager.ask(lambda reply: reply)  # (the manager's mailbox is read in order)
     assert received == [RepositoryChanged(frozenset({"gone"}))]
 
 
@@ -134,26 +150,26 @@ async def test_an_edited_config_is_reported_once(tmp_path: Path) -> None:
     make_model(tmp_path / "edited")
     make_model(tmp_path / "untouched")
     reports = Reports()
-    async with watching([tmp_path], reports):
+    async with watching([tmp_path], reports) as watcher:
         (tmp_path / "edited" / "config.pbtxt").write_text(
             'backend: "onnxruntime"\nmax_batch_size: 8\n'
         )
         (tmp_path / "edited" / "1" / "model.onnx").write_bytes(b"new weights")
         await reports.wait()
-        await anyio.sleep(2 * QUIET)
+        await caught_up(watcher)
     assert reports.names == [{"edited"}]
 
 
 async def test_a_hidden_folder_is_ignored_until_renamed(tmp_path: Path) -> None:
     reports = Reports()
-    async with watching([tmp_path], reports):
+    async with watching([tmp_path], reports) as watcher:
         make_model(tmp_path / ".incoming")
         (tmp_path / ".incoming" / "1" / "model.onnx").write_bytes(b"more weights")
-        await anyio.sleep(3 * QUIET)
+        await caught_up(watcher)
         assert reports.calls == []
         (tmp_path / ".incoming").rename(tmp_path / "fresh")
         await reports.wait()
-        await anyio.sleep(2 * QUIET)
+        await caught_up(watcher)
     assert reports.names == [{"fresh"}]
 
 
@@ -178,9 +194,9 @@ async def test_a_change_before_the_watcher_started_is_caught_by_the_first_rescan
     (tmp_path / "early" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 4\n')
     make_model(tmp_path / "late")
     reports = Reports()
-    async with watching([tmp_path], reports, snapshot=snapshot):
+    async with watching([tmp_path], reports, snapshot=snapshot) as watcher:
         await reports.wait(count=2)
-        await anyio.sleep(2 * QUIET)
+        await caught_up(watcher)
     assert sorted(map(sorted, reports.names)) == [["early"], ["late"]]
 
 
@@ -194,10 +210,12 @@ async def test_a_missing_repository_is_logged_and_its_models_not_reported_remove
     shutil.rmtree(second)
     reports = Reports()
     with caplog.at_level(logging.ERROR, logger="tritonactor.control.watcher"):
-        async with watching([first, second], reports, snapshot=snapshot, rescan_every=0.2):
+        watch = watching([first, second], reports, snapshot=snapshot, rescan_every=0.2)
+        async with watch as watcher:
             (first / "here" / "config.pbtxt").write_text('backend: "pytorch"\n')
             await reports.wait()
-            await anyio.sleep(3 * QUIET)  # several rescans: 'there' stays unreported
+            for _ in range(3):  # rescans, each with 'second' missing: 'there' stays unreported
+                await caught_up(watcher)
     assert reports.names == [{"here"}]
     assert f"model repository '{second}' does not exist" in caplog.text
 
@@ -209,31 +227,28 @@ async def test_a_repository_that_comes_back_is_watched_again(
     make_model(repository / "old")
     reports = Reports()
     with caplog.at_level(logging.WARNING, logger="tritonactor.control.watcher"):
-        async with watching([repository], reports):
+        async with watching([repository], reports) as watcher:
             repository.rename(away)
-            # Past the first rescan (interval + 1 s after the start), which finds it missing
-            # and must not take 'old' for removed.
-            await anyio.sleep(1.0)
+            # A rescan that finds it missing must not take 'old' for removed.
+            await caught_up(watcher)
             assert reports.calls == []
             away.rename(repository)
             make_model(repository / "back")
             await reports.wait()
-            await anyio.sleep(2 * QUIET)
+            await caught_up(watcher)
     assert reports.names == [{"back"}]
     assert f"model repository '{repository}' does not exist" in caplog.text
     assert f"model repository '{repository}' can be read again" in caplog.text
 
 
-async def test_stopping_the_watcher_ends_its_tasks_promptly(tmp_path: Path) -> None:
+async def test_stopping_the_watcher_ends_its_tasks(tmp_path: Path) -> None:
     make_model(tmp_path / "model")
-    # A long interval: watchfiles' thread would sit in its wait for seconds if the stop did not
-    # reach it.
-    watcher = RepositoryWatcher([tmp_path], 3.0, Reports(), quiet=QUIET)
-    async with ActorSystem() as system:
-        await system.spawn(watcher)
-        await anyio.sleep(0.3)
-        assert watcher.running
-        stopping = time.monotonic()
-        watcher.ref.stop()
-    assert time.monotonic() - stopping < 0.5
+    # An hour's interval: watchfiles' thread would sit in its wait for an hour (far past the
+    # hang guard) if the stop did not reach it.
+    watcher = RepositoryWatcher([tmp_path], 3600.0, Reports(), quiet=QUIET)
+    with anyio.fail_after(HANG):
+        async with ActorSystem() as system:
+            await system.spawn(watcher)
+            assert watcher.running
+            watcher.ref.stop()
     assert not watcher.running

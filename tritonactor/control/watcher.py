@@ -93,6 +93,11 @@ class _Rescan:
     periodic: bool = True  # False: a rescan of its own, that schedules no next one
 
 
+@dataclass(frozen=True, slots=True)
+class _Looked:
+    """watchfiles has looked at the repositories once more (sent after what it found)."""
+
+
 @dataclass(slots=True)
 class _Pending:
     """A model with unsettled changes: `probe` is the signature last taken of its folders."""
@@ -130,6 +135,10 @@ class RepositoryWatcher(Actor[Any]):
         self._pending: dict[str, _Pending] = {}
         self._generation = 0
         self._unreadable: set[Path] = set()
+        # What `caught_up` waits on: looks and rescans done, and an event set at each step.
+        self._looks = 0
+        self._rescans = 0
+        self._stepped = anyio.Event()
 
     async def started(self) -> None:
         self.start_soon(self._watch_files)
@@ -150,8 +159,29 @@ class RepositoryWatcher(Actor[Any]):
                     await self._settle(name, pending)
             case _Rescan(periodic):
                 await self._rescan()
+                self._rescans += 1
+                self._step()
                 if periodic:
                     self.tell_later(_Rescan(), self._rescan_every)
+            case _Looked():
+                self._looks += 1
+                self._step()
+
+    async def caught_up(self) -> None:
+        """Returns once the watcher has dealt with everything done to the repositories before
+        the call: watchfiles has looked at them twice more (a look under way at the call may
+        have missed the last writes), a rescan has run (for what watchfiles cannot see), and no
+        change is left to settle. What it reports meanwhile, it reports; once this returns, a
+        change made before the call is never reported again. For whoever must know the watcher
+        has nothing more to say (the tests); unused, it costs nothing."""
+        looks, rescans = self._looks + 2, self._rescans + 1
+        await self.ref.tell(_Rescan(periodic=False))
+        while self._looks < looks or self._rescans < rescans or self._pending:
+            await self._stepped.wait()
+
+    def _step(self) -> None:
+        self._stepped.set()
+        self._stepped = anyio.Event()
 
     # -- settling ------------------------------------------------------------------------------
 
@@ -169,6 +199,7 @@ class RepositoryWatcher(Actor[Any]):
             # The folder may be in the repository that cannot be read: not known to be removed.
             # The rescan looks again once every repository can be read.
             del self._pending[name]
+            self._step()
             return
         if signature != pending.probe:
             self._wait_for_quiet(name, signature)  # still changing
@@ -176,6 +207,7 @@ class RepositoryWatcher(Actor[Any]):
         del self._pending[name]
         if signature != self._reported.get(name):
             await self._report(name, signature)
+        self._step()
 
     async def _report(self, name: str, signature: str | None) -> None:
         log.info("model repository: '%s' %s", name, "removed" if signature is None else "changed")
@@ -236,17 +268,18 @@ class RepositoryWatcher(Actor[Any]):
                 # that came back, with models in it): a rescan once that look is done does.
                 self.tell_later(_Rescan(periodic=False), self._interval + MIN_QUIET_SECS)
             watched = present
-            if present:
-                try:
+            try:
+                if present:
                     await self._forward_events(present, stop)
                     continue
-                except ActorStopped:
-                    return  # the watcher is stopping: its mailbox is closed
-                except Exception as error:
-                    failure = f"{type(error).__name__}: {error}"
-                    level = logging.DEBUG if failure == last_failure else logging.WARNING
-                    log.log(level, "watching the model repositories failed (%s); retrying", failure)
-                    last_failure = failure
+                await self.ref.tell(_Looked())  # none to look at: a look all the same
+            except ActorStopped:
+                return  # the watcher is stopping: its mailbox is closed
+            except Exception as error:
+                failure = f"{type(error).__name__}: {error}"
+                level = logging.DEBUG if failure == last_failure else logging.WARNING
+                log.log(level, "watching the model repositories failed (%s); retrying", failure)
+                last_failure = failure
             await anyio.sleep(self._interval)
 
     async def _forward_events(self, present: tuple[Path, ...], stop: anyio.Event) -> None:
@@ -268,6 +301,7 @@ class RepositoryWatcher(Actor[Any]):
                 names = self._model_names(path for _, path in changes)
                 if names:
                     await self.ref.tell(_FilesChanged(names))
+                await self.ref.tell(_Looked())
                 if await anyio.to_thread.run_sync(self._present_repositories) != present:
                     return
 

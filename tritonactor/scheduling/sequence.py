@@ -476,6 +476,11 @@ class SequenceBatcher(Actor[SequenceMessage]):
         """Sequences waiting for a slot."""
         return len(self._backlog)
 
+    @property
+    def idle_instances(self) -> int:
+        """Instances ready for a batch that were sent none."""
+        return sum(lane.idle for lane in self._lanes.values())
+
     async def stopped(self) -> None:
         error = unavailable(f"model '{self.name}' is unloading; the request was not run")
         for sequence in self._waiting():
