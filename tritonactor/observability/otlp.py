@@ -10,14 +10,16 @@ beyond int64) makes it return None, and the exporter encodes that batch the SDK'
 bytes are the SDK's either way (tests/unit/test_otlp.py parses both and compares them).
 
 `OtlpHttpExporter` and `OtlpGrpcExporter` are the SDK's OTLP exporters (their settings, OTEL_*
-variables, retries, TLS and compression) with this encoding.
+variables, retries, TLS and compression) with this encoding. The exporter process
+(span_export.py) hands `OtlpHttpExporter.export_records` its records as they came, without
+making SDK spans of them first: the same bytes, for a third of the work.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -49,6 +51,9 @@ _KIND = {
     SpanKind.PRODUCER: b"\x30\x04",
     SpanKind.CONSUMER: b"\x30\x05",
 }
+# The same by SpanKind's value (a record's kind).
+_KIND_OF = {kind.value: field for kind, field in _KIND.items()}
+_ERROR = 2  # StatusCode.ERROR: the only status with a description
 # SpanFlags: the context's is-remote bit is known (0x100), and set (0x200) for a remote parent.
 _FLAGS_LOCAL = _FIXED32.pack(0x100)
 _FLAGS_REMOTE = _FIXED32.pack(0x300)
@@ -217,6 +222,82 @@ class _Encoder:
         )
         return _field(b"\x12", b"".join(pieces))  # ScopeSpans.spans
 
+    def record(self, fields: tuple[Any, ...], new_span_id: Callable[[], int]) -> bytes:
+        """`span`'s bytes for a record (span_export.py's `Record`): what `span` writes for the
+        SDK span `span_export.span_of` makes of it, a new span's id from `new_span_id`."""
+        (name, context, parent, kind, attributes, events, links, start, end, code, text) = fields
+        if context is None:  # a new span of its parent's trace
+            trace_id, _, _, _, state = parent
+            span_id = new_span_id()
+        else:
+            trace_id, span_id, _, _, state = context
+        pieces = [
+            b"\x0a\x10",
+            trace_id.to_bytes(16, "big"),
+            b"\x12\x08",
+            span_id.to_bytes(8, "big"),
+        ]
+        if state:
+            pieces.append(_string(b"\x1a", ",".join(f"{k}={v}" for k, v in state)))
+        if parent is not None:
+            pieces += (b"\x22\x08", parent[1].to_bytes(8, "big"))
+        pieces += (
+            self.name(name),
+            _KIND_OF[kind],
+            b"\x39",
+            _FIXED64.pack(start),
+            b"\x41",
+            _FIXED64.pack(end),
+            self.attributes(b"\x4a", attributes),
+        )
+        for event_name, timestamp, event_attributes in events:
+            fields = (
+                b"\x09"
+                + _FIXED64.pack(timestamp)
+                + _string(b"\x12", event_name)
+                + self.attributes(b"\x1a", event_attributes)
+            )
+            pieces.append(_field(b"\x5a", fields))
+        for linked, link_attributes in links:
+            fields = (
+                b"\x0a\x10"
+                + linked[0].to_bytes(16, "big")
+                + b"\x12\x08"
+                + linked[1].to_bytes(8, "big")
+                + self.attributes(b"\x22", link_attributes)
+                + _LINK_FLAGS_TAG
+                + (_FLAGS_REMOTE if linked[2] else _FLAGS_LOCAL)
+            )
+            pieces.append(_field(b"\x6a", fields))
+        # As the SDK's Status keeps it: a description for an error only.
+        status = _string(b"\x12", text) if code == _ERROR and text else b""
+        if code:
+            status += b"\x18" + _varint(code)
+        pieces += (
+            _field(b"\x7a", status),
+            _SPAN_FLAGS_TAG,
+            _FLAGS_REMOTE if parent is not None and parent[2] else _FLAGS_LOCAL,
+        )
+        return _field(b"\x12", b"".join(pieces))  # ScopeSpans.spans
+
+    def records(
+        self,
+        batch: Sequence[tuple[Any, ...]],
+        resource: Any,
+        scope: Any,
+        new_span_id: Callable[[], int],
+    ) -> bytes:
+        """`request`'s bytes for records, all of one resource and scope."""
+        resource_field, scope_field = self.headers(resource, scope)
+        spans = b"".join([self.record(fields, new_span_id) for fields in batch])
+        schema = _string(b"\x1a", scope.schema_url or "")
+        resource_spans = (
+            resource_field
+            + _field(b"\x12", scope_field + spans + schema)
+            + _string(b"\x1a", resource.schema_url or "")
+        )
+        return _field(b"\x0a", resource_spans)
+
     def headers(self, resource: Any, scope: Any) -> tuple[bytes, bytes]:
         """The encoded Resource (ResourceSpans.resource) and InstrumentationScope
         (ScopeSpans.scope) fields."""
@@ -288,6 +369,30 @@ class OtlpHttpExporter(_HttpSpanExporter):
             data = encode_export_request(spans, self._encoder)
         if data is None:
             return super().export(spans)
+        return self._post(data)
+
+    def export_records(
+        self,
+        batch: Sequence[tuple[Any, ...]],
+        resource: Any,
+        scope: Any,
+        new_span_id: Callable[[], int],
+    ) -> SpanExportResult | None:
+        """Export span_export.py's records of one resource and scope; None, having sent
+        nothing, when this encoder cannot write them (then `export` their SDK spans)."""
+        if self._shutdown or self._poster is None:
+            return None
+        try:
+            data = self._encoder.records(batch, resource, scope, new_span_id)
+        except _Unencodable:
+            return None
+        except Exception:  # a record of a kind not met before: the SDK's way says what is wrong
+            log.debug("records the direct encoder cannot write", exc_info=True)
+            return None
+        return self._post(data)
+
+    def _post(self, data: bytes) -> SpanExportResult:
+        assert self._poster is not None
         result = self._poster(data)
         return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
 

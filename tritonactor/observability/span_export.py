@@ -5,10 +5,11 @@ making them, and it ran in the SDK's export thread, which takes the interpreter 
 event loop in turns (docs/benchmarks.md, "Tracing"). Here a serving process only writes each
 finished span down as a plain tuple (`record`, `child_record`), and a thread of its own
 pickles what has gathered, every OTEL_BSP_SCHEDULE_DELAY ms, onto a socket to an exporter
-process. That process (this module, run by `_LAUNCH`) rebuilds them as the SDK's `ReadableSpan`s
-and exports them, OTEL_BSP_MAX_EXPORT_BATCH_SIZE at a time, with the exporters the same OTEL_*
-variables configure (it inherits the environment; the resource is sent to it as the first
-message).
+process. That process (this module, run by `_LAUNCH`) exports them, OTEL_BSP_MAX_EXPORT_BATCH_SIZE
+at a time, with the exporters the same OTEL_* variables configure (it inherits the environment;
+the resource is sent to it as the first message): the OTLP/HTTP exporter writes the records'
+bytes straight from the records (`export_batch`), any other exporter gets them rebuilt as the
+SDK's `ReadableSpan`s.
 
 What a serving process keeps is bounded: past OTEL_BSP_MAX_QUEUE_SIZE spans waiting for the
 socket, new spans are dropped and counted (a slow collector never holds a request up, as with
@@ -432,6 +433,27 @@ def _export(exporters: Sequence[SpanExporter], spans: Sequence[ReadableSpan]) ->
             log.exception("exporting %d spans failed", len(spans))
 
 
+def export_batch(
+    exporters: Sequence[SpanExporter],
+    batch: Sequence[Record],
+    resource: Resource,
+    scope: InstrumentationScope,
+    ids: IdGenerator = _IDS,
+) -> None:
+    """Export records: straight from the records where the one exporter takes them (otlp.py's
+    OTLP/HTTP one writes their bytes), else as the SDK spans `span_of` makes of them."""
+    direct = getattr(exporters[0], "export_records", None) if len(exporters) == 1 else None
+    if direct is not None:
+        try:
+            done = direct(batch, resource, scope, ids.generate_span_id)
+        except Exception:  # as `_export`
+            log.exception("exporting %d spans failed", len(batch))
+            return
+        if done is not None:
+            return
+    _export(exporters, [span_of(fields, resource, scope, ids) for fields in batch])
+
+
 def _outlive(parent: int) -> None:
     """Wait for the serving process `parent` to end (its pidfd becomes readable), then give
     this process SHUTDOWN_TIMEOUT_S to finish before ending it."""
@@ -473,9 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if first is not None:
             resource = HashedResource(*first)
             for batch in messages:
-                spans = [span_of(fields, resource, scope, ids) for fields in batch]
-                for start in range(0, len(spans), size):
-                    _export(exporters, spans[start : start + size])
+                for start in range(0, len(batch), size):
+                    export_batch(exporters, batch[start : start + size], resource, scope, ids)
     for exporter in exporters:
         exporter.shutdown()
     return 0
