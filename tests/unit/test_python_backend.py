@@ -23,7 +23,7 @@ from tests.python_backend_support import (
     tensor,
 )
 from tritonactor.backends.base import InstanceContext, InstanceDied
-from tritonactor.backends.python import PythonBackend
+from tritonactor.backends.python import PythonBackend, ipc
 from tritonactor.backends.python import triton_python_backend_utils as pb_utils
 from tritonactor.backends.python.backend import interpreter_for
 from tritonactor.config.model_config import config_to_json, parse_pbtxt, read_pbtxt
@@ -477,3 +477,27 @@ async def test_backend_settings_size_the_arenas(tmp_path: Path) -> None:
         assert instance._inputs_arena.size == 3 << 20
     finally:
         instance.finalize()
+
+
+@pytest.mark.anyio
+async def test_a_finalized_model_process_clears_the_instances_shared_memory(
+    start: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stub, once finalized, clears this instance's files, the server's side too: a server
+    that unloads (on a SIGTERM) and is killed before it clears its side leaves none behind."""
+    instance = start("add_sub")
+    ones = np.ones(4, dtype=np.float32)
+    await instance.execute([add_sub_request(ones, ones)])  # the server's arena now exists
+    prefix = instance._stub.parent_prefix.removesuffix(ipc.SERVER_SIDE)
+    # This process plays a server killed now: it clears nothing of its own any more.
+    monkeypatch.setattr(ipc, "remove_files", lambda prefix: None)
+    monkeypatch.setattr(ipc.Arena, "close", lambda self: None)
+
+    def files() -> list[str]:
+        return [name for name in os.listdir(ipc.SHM_DIR) if name.startswith(prefix + "-")]
+
+    assert any(name.startswith(instance._stub.parent_prefix) for name in files())
+    # What the server's finalize sends, without the server's own clearing that follows it.
+    instance._stub.channel.send({"op": "finalize"})
+    assert await anyio.to_thread.run_sync(instance._stub.process.wait, 30) == 0
+    assert files() == []

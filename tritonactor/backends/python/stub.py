@@ -492,6 +492,10 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=stub.read_answers, name="stub-answers", daemon=True).start()
     threading.Thread(target=stub.forward_forever, name="stub-forwarder", daemon=True).start()
     stub.serve()
+    # Finalized (or its model failed to initialize): this instance's shared memory, its side's
+    # and the server's, is never used again. The server clears its side too, but it may die
+    # between the two (a SIGTERM that makes it unload, then a SIGKILL).
+    ipc.remove_files(stub.shm_prefix.removesuffix(ipc.STUB_SIDE))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
