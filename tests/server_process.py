@@ -122,8 +122,9 @@ def start_server(
                 "tritonactor.app:app",
                 "--bind",
                 f"127.0.0.1:{http_port}",
-                # TA_TEST_WORKERS=2 runs every such test against front-end processes in front
-                # of one engine process (docs/architecture.md); the default is one process.
+                # One worker: on two cores or more, one front-end process beside the engine
+                # process (docs/architecture.md), on one core the whole server in one process;
+                # TA_TEST_WORKERS=2 runs every such test against two front ends, 0 in one process.
                 "--workers",
                 os.environ.get("TA_TEST_WORKERS", "1"),
             ],

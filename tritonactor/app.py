@@ -16,7 +16,13 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 
-from tritonactor.engine.launch import WORKERS, EngineFailed, engine_socket, ensure_engine
+from tritonactor.engine.launch import (
+    WORKERS,
+    EngineFailed,
+    engine_socket,
+    ensure_engine,
+    usable_cpus,
+)
 from tritonactor.engine.listeners import shared_grpc_socket
 from tritonactor.engine.remote import RemoteServer
 from tritonactor.frontends.drain import Drain
@@ -117,18 +123,21 @@ def _gated(app: Starlette, server: Server | RemoteServer, drain: Drain) -> Starl
     return app
 
 
-def frontend_workers(env: Mapping[str, str], argv: Sequence[str]) -> int:
+def frontend_workers(env: Mapping[str, str], argv: Sequence[str], cores: int | None = None) -> int:
     """How many front-end processes serve this app in front of an engine process; 0 when the
     app is the whole server, in one process. What `tritonactor serve` says (`--workers`), else
-    hypercorn's `--workers`/`-w` as hypercorn reads its command line: with several, each worker
-    is a front end; with one (its default) or 0 (the app in hypercorn's own process), 0."""
+    hypercorn's `--workers`/`-w` as hypercorn reads its command line: each worker is a front
+    end, and one worker (its default) is one only where the process may use two `cores` or
+    more (default: `usable_cpus()`), as `serve` runs one front end beside the engine on two
+    cores; 0 (the app in hypercorn's own process) is the one-process server."""
     given = env.get(WORKERS, "").strip()
     if given.isdigit():
         return int(given)
     config = hypercorn_config(argv)
-    if config is None or int(config.workers) < 2:
+    workers = 0 if config is None else int(config.workers)
+    if workers == 1 and (usable_cpus() if cores is None else cores) < 2:
         return 0
-    return int(config.workers)
+    return max(workers, 0)
 
 
 def _exit_now(status: int) -> None:

@@ -19,7 +19,7 @@ from typing import NoReturn
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.control.inspect import inspect_repositories, render_text, report_to_json
 from tritonactor.control.repository import RepositoryError
-from tritonactor.engine.launch import SOCKET, WORKERS, EngineFailed, start_engine
+from tritonactor.engine.launch import SOCKET, WORKERS, EngineFailed, start_engine, usable_cpus
 from tritonactor.frontends.listen import ListenFailed, check_free, listening_socket
 from tritonactor.frontends.tls import check_tls, tls_files
 from tritonactor.settings import OPTIONS, VARIABLES, Settings, SettingsError
@@ -286,22 +286,6 @@ def default_workers() -> int:
     one process does everything (docs/decisions.md, "How many front ends")."""
     cores = usable_cpus()
     return cores - 1 if cores > 1 else 0
-
-
-def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
-    """The cores this process may use: its CPU affinity, bounded by a cgroup v2 CPU quota
-    (a container's or a Kubernetes pod's CPU limit), rounded up; at least 1."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, -(-int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 limit to read
-    return max(1, cores)
 
 
 def _repository_argument(text: str) -> Path | StoreLocation:

@@ -11,30 +11,39 @@ HYPERCORN = "/venv/bin/hypercorn"
 
 
 @pytest.mark.parametrize(
-    ("env", "argv", "workers"),
+    ("env", "argv", "cores", "workers"),
     [
-        ({}, [HYPERCORN, "tritonactor.app:app"], 0),  # one worker: the whole server
-        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "3"], 3),
-        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2"], 2),
-        ({}, [HYPERCORN, "tritonactor.app:app", "--workers=4"], 4),
+        # One worker (hypercorn's default): one front end beside the engine on two cores or
+        # more (as `tritonactor serve`), the whole server in one process on one core.
+        ({}, [HYPERCORN, "tritonactor.app:app"], 2, 1),
+        ({}, [HYPERCORN, "tritonactor.app:app"], 8, 1),
+        ({}, [HYPERCORN, "tritonactor.app:app"], 1, 0),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "1"], 2, 1),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "1"], 1, 0),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "3"], 2, 3),
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2"], 1, 2),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers=4"], 2, 4),
         # Every spelling hypercorn's parser accepts, the last of a repeated flag winning.
-        ({}, [HYPERCORN, "tritonactor.app:app", "-w2"], 2),
-        ({}, [HYPERCORN, "tritonactor.app:app", "-w=3"], 3),
-        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2", "--workers", "5"], 5),
-        ({}, ["/venv/lib/hypercorn/__main__.py", "tritonactor.app:app", "-w4"], 4),
-        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "1"], 0),
-        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "0"], 0),  # in hypercorn's process
-        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "x"], 0),  # hypercorn refuses to start
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w2"], 2, 2),
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w=3"], 2, 3),
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2", "--workers", "5"], 2, 5),
+        ({}, ["/venv/lib/hypercorn/__main__.py", "tritonactor.app:app", "-w4"], 2, 4),
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "2", "-w", "1"], 2, 1),
+        ({}, [HYPERCORN, "tritonactor.app:app", "--workers", "0"], 2, 0),  # hypercorn's process
+        ({}, [HYPERCORN, "tritonactor.app:app", "-w", "x"], 2, 0),  # hypercorn refuses to start
         # `tritonactor serve --workers N` says how many front ends the engine has; 0: none.
-        ({"TA_FRONTEND_WORKERS": "2"}, ["/venv/bin/uvicorn", "tritonactor.app:app"], 2),
-        ({"TA_FRONTEND_WORKERS": "1"}, ["/venv/bin/uvicorn", "tritonactor.app:app"], 1),
-        ({"TA_FRONTEND_WORKERS": "0"}, [HYPERCORN, "tritonactor.app:app", "-w", "2"], 0),
-        ({}, ["/venv/bin/uvicorn", "tritonactor.app:app", "--workers", "3"], 0),
+        ({"TA_FRONTEND_WORKERS": "2"}, ["/venv/bin/uvicorn", "tritonactor.app:app"], 2, 2),
+        ({"TA_FRONTEND_WORKERS": "1"}, ["/venv/bin/uvicorn", "tritonactor.app:app"], 2, 1),
+        ({"TA_FRONTEND_WORKERS": "0"}, [HYPERCORN, "tritonactor.app:app", "-w", "2"], 2, 0),
+        ({"TA_FRONTEND_WORKERS": "0"}, [HYPERCORN, "tritonactor.app:app"], 2, 0),
+        ({}, ["/venv/bin/uvicorn", "tritonactor.app:app", "--workers", "3"], 2, 0),
     ],
 )
-def test_front_ends_from_the_command_line(env: dict, argv: list[str], workers: int) -> None:
+def test_front_ends_from_the_command_line(
+    env: dict, argv: list[str], cores: int, workers: int
+) -> None:
     # uvicorn is only ever run with several workers by `tritonactor serve`, which says so.
-    assert frontend_workers(env, argv) == workers
+    assert frontend_workers(env, argv, cores) == workers
 
 
 def test_hypercorns_port_names_the_server_whenever_the_port_is_not_set() -> None:

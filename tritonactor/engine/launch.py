@@ -200,3 +200,21 @@ def tell_ready(message: str) -> None:
         return
     with contextlib.suppress(OSError), os.fdopen(int(fd), "wb") as pipe:
         pipe.write(message.encode() + b"\n")
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity, bounded by a cgroup v2 CPU quota
+    (a container's or a Kubernetes pod's CPU limit), rounded up; at least 1. How many front
+    ends a server runs beside its engine follows from it (docs/decisions.md, "How many front
+    ends")."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit to read
+    return max(1, cores)
