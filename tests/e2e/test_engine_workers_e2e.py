@@ -33,6 +33,7 @@ from tests.processes import all_pids, children, cmdline, environ
 from tests.server_process import free_port, loopback_env
 from tritonactor.backends.python.ipc import SHM_DIR
 from tritonactor.engine.lanes import owner_prefix
+from tritonactor.engine.launch import usable_cpus
 
 pytestmark = pytest.mark.e2e
 
@@ -189,6 +190,7 @@ def start(
     ready: bool = True,
     models: tuple[str, ...] = (),
     env_extra: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> Served:
     repo = _repository(root, models)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
@@ -198,8 +200,9 @@ def start(
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
     env.update(env_extra or {})
     env["TRITONACTOR_MODEL_REPOSITORY"] = str(repo)
-    # "serve-1": one front end, in uvicorn's own process (no worker processes to count).
-    workers = 1 if kind == "serve-1" else 2
+    # "serve-1": one front end, in uvicorn's own process (no worker processes to count);
+    # "hypercorn-1": a plain `hypercorn tritonactor.app:app`, one worker process.
+    workers = 1 if kind in ("serve-1", "hypercorn-1") else 2
     if kind.startswith("serve"):
         command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", str(workers)]
         command += extra
@@ -211,15 +214,17 @@ def start(
             "tritonactor.app:app",
             "--bind",
             f"127.0.0.1:{http_port}",
-            "--workers",
-            "2",
         ]
+        if kind != "hypercorn-1":
+            command += ["--workers", "2"]
         for flag in extra:
             name, _, value = flag.removeprefix("--").partition("=")
             env["TRITONACTOR_" + name.upper().replace("-", "_")] = value
     log = root / "server.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [*prefix, *command], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     served = Served(process, http_port, grpc_port, metrics_port, log, kind)
     deadline = time.monotonic() + 120
     path = "/v2/health/ready" if ready else "/v2/health/live"
@@ -230,7 +235,8 @@ def start(
             connection = served.connection()
             status, _ = get(connection, path)
             connection.close()
-            if status == 200 and len(served.front_ends()) == (0 if workers == 1 else workers):
+            front_ends = 0 if kind == "serve-1" else workers
+            if status == 200 and len(served.front_ends()) == front_ends:
                 return served
         except OSError:
             pass
@@ -277,6 +283,46 @@ def test_one_copy_of_each_model_whatever_the_front_ends(served: Served) -> None:
     for front_end in served.front_ends():
         assert not [c for c in children(front_end) if "backends.python.stub" in cmdline(c)]
     assert engine not in served.front_ends()
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="one front end beside the engine needs two cores")
+def test_a_plain_hypercorn_is_one_front_end_beside_the_engine(tmp_path: Path) -> None:
+    """`hypercorn tritonactor.app:app` (one worker) where two cores or more may be used: its
+    worker is a front end, and the models live in the engine process."""
+    served = start("hypercorn-1", tmp_path)
+    try:
+        engine = served.engine()
+        [front_end] = served.front_ends()
+        stubs = [pid for pid in children(engine) if "backends.python.stub" in cmdline(pid)]
+        assert len(stubs) == INSTANCES + 1
+        assert not [c for c in children(front_end) if "backends.python.stub" in cmdline(c)]
+        assert_infers(served)
+    finally:
+        stop(served)
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_a_plain_hypercorn_on_one_core_is_one_process(tmp_path: Path) -> None:
+    """The same command on one core: the worker is the whole server, models and all."""
+    served = start("hypercorn-1", tmp_path, prefix=("taskset", "-c", "0"))
+    try:
+        with pytest.raises(AssertionError, match="no engine process"):
+            served.engine()
+        [worker] = served.front_ends()
+        stubs = [pid for pid in children(worker) if "backends.python.stub" in cmdline(pid)]
+        assert len(stubs) == INSTANCES + 1
+        assert_infers(served)
+    finally:
+        stop(served)
+
+
+def assert_infers(served: Served) -> None:
+    connection = served.connection()
+    status, answer = request(connection, "POST", "/v2/models/add_sub/infer", infer_body(2.0))
+    connection.close()
+    assert status == 200, answer
+    outputs = {output["name"]: output["data"] for output in answer["outputs"]}
+    assert outputs == {"OUTPUT0": [4.0] * 4, "OUTPUT1": [0.0] * 4}
 
 
 def test_statistics_index_and_metrics_are_the_same_from_every_front_end(served: Served) -> None:
