@@ -4,6 +4,7 @@ receiver, and it ends with its serving process, however that ends."""
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
@@ -29,6 +31,7 @@ from opentelemetry.trace.span import TraceState
 
 from tests.otlp_receiver import OtlpReceiver
 from tests.unit.test_otlp import _spans, request_spans
+from tritonactor.observability import span_export
 from tritonactor.observability.exporters import build_exporters, service_resource
 from tritonactor.observability.otlp import _Encoder, encode_export_request
 from tritonactor.observability.span_export import (
@@ -389,4 +392,64 @@ def test_records_the_direct_encoder_cannot_write_go_the_sdks_way(receiver: OtlpR
     export_batch([exporter], [odd, plain], _RESOURCE, _SCOPE, _CountingIds())
     spans = receiver.wait_for(lambda spans: len(spans) >= 2)
     assert sorted(span.name for span in spans) == ["queue", "router"]
+    exporter.shutdown()
+
+
+class _Collecting(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def _two_records() -> list[Any]:
+    parent = SpanContext(7, 8, False, TraceFlags(1))
+    return [
+        child_record("router", parent, 1, 2, {"k": "v"}, Status(StatusCode.OK)),
+        child_record("queue", parent, 3, 4, {"k": "v"}, Status(StatusCode.OK)),
+    ]
+
+
+def test_the_one_otlp_http_exporter_gets_the_records_themselves(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_spans(*args: object) -> ReadableSpan:
+        raise AssertionError("SDK spans were made")
+
+    monkeypatch.setattr(span_export, "span_of", no_spans)
+    (exporter,) = build_exporters(["otlp"], "http/protobuf")
+    export_batch([exporter], _two_records(), _RESOURCE, _SCOPE, _CountingIds())
+    spans = receiver.wait_for(lambda spans: len(spans) >= 2)
+    assert sorted(span.name for span in spans) == ["queue", "router"]
+    exporter.shutdown()
+
+
+def test_with_another_exporter_each_gets_the_sdk_spans(receiver: OtlpReceiver) -> None:
+    (otlp,) = build_exporters(["otlp"], "http/protobuf")
+    other = _Collecting()
+    export_batch([otlp, other], _two_records(), _RESOURCE, _SCOPE, _CountingIds())
+    spans = receiver.wait_for(lambda spans: len(spans) >= 2)
+    assert sorted(span.name for span in spans) == ["queue", "router"]
+    assert sorted(span.name for span in other.spans) == ["queue", "router"]
+    otlp.shutdown()
+
+
+def test_a_post_that_fails_is_logged_and_not_sent_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (exporter,) = build_exporters(["otlp"], "http/protobuf")
+    posts: list[bytes] = []
+
+    def failing(data: bytes) -> object:
+        posts.append(data)
+        raise ConnectionError("the collector hung up")
+
+    monkeypatch.setattr(exporter, "_poster", failing)
+    monkeypatch.setattr(exporter, "export", lambda spans: pytest.fail("sent again"))
+    with caplog.at_level(logging.ERROR, logger=span_export.__name__):
+        export_batch([exporter], _two_records(), _RESOURCE, _SCOPE, _CountingIds())
+    assert len(posts) == 1
+    assert "exporting 2 spans failed" in caplog.text
     exporter.shutdown()

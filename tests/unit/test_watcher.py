@@ -6,7 +6,9 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import time
+import traceback
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tritonactor.actors import Actor, ActorSystem
+from tritonactor.actors import Actor, ActorStopped, ActorSystem
 from tritonactor.actors.reply import Reply
 from tritonactor.control.watcher import (
     RepositoryChanged,
@@ -65,6 +67,7 @@ async def watching(
     repositories: Sequence[Path],
     notify: Any,
     snapshot: dict[str, str] | None = None,
+    catch_up: bool = True,
     **options: Any,
 ) -> AsyncIterator[RepositoryWatcher]:
     options.setdefault("quiet", QUIET)
@@ -74,7 +77,8 @@ async def watching(
     watcher = RepositoryWatcher(repositories, INTERVAL, notify, snapshot=snapshot, **options)
     async with ActorSystem() as system:
         await system.spawn(watcher)
-        await caught_up(watcher)  # watchfiles has taken its first look
+        if catch_up:  # watchfiles has taken its first look, and what was there is dealt with
+            await caught_up(watcher)
         yield watcher
 
 
@@ -194,7 +198,9 @@ async def test_a_change_before_the_watcher_started_is_caught_by_the_first_rescan
     (tmp_path / "early" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 4\n')
     make_model(tmp_path / "late")
     reports = Reports()
-    async with watching([tmp_path], reports, snapshot=snapshot) as watcher:
+    # Not caught up at the start: only the watcher's own first rescan can find these (made
+    # before watchfiles' first look, they raise no event).
+    async with watching([tmp_path], reports, snapshot=snapshot, catch_up=False) as watcher:
         await reports.wait(count=2)
         await caught_up(watcher)
     assert sorted(map(sorted, reports.names)) == [["early"], ["late"]]
@@ -241,14 +247,42 @@ async def test_a_repository_that_comes_back_is_watched_again(
     assert f"model repository '{repository}' can be read again" in caplog.text
 
 
+def watchfiles_waiting() -> bool:
+    """Whether a thread of this process is in watchfiles' wait for file changes (a worker
+    thread running `RustNotify.watch`)."""
+    return any(
+        type(getattr(frame.f_locals.get("func"), "__self__", None)).__name__ == "RustNotify"
+        for top in sys._current_frames().values()
+        for frame, _ in traceback.walk_stack(top)
+    )
+
+
 async def test_stopping_the_watcher_ends_its_tasks(tmp_path: Path) -> None:
     make_model(tmp_path / "model")
-    # An hour's interval: watchfiles' thread would sit in its wait for an hour (far past the
-    # hang guard) if the stop did not reach it.
-    watcher = RepositoryWatcher([tmp_path], 3600.0, Reports(), quiet=QUIET)
-    with anyio.fail_after(HANG):
-        async with ActorSystem() as system:
-            await system.spawn(watcher)
-            assert watcher.running
-            watcher.ref.stop()
+    # A minute's interval: watchfiles' thread sits in its wait for a minute unless the stop
+    # reaches it (the waits below give up after half that).
+    watcher = RepositoryWatcher([tmp_path], 60.0, Reports(), quiet=QUIET)
+    async with ActorSystem() as system:
+        await system.spawn(watcher)
+        with anyio.fail_after(HANG):
+            while not watchfiles_waiting():
+                await anyio.sleep(0.01)
+        watcher.ref.stop()
+        with anyio.fail_after(HANG):
+            await watcher.ref.join()
     assert not watcher.running
+    assert not watchfiles_waiting()
+
+
+async def test_caught_up_says_when_the_watcher_has_stopped(tmp_path: Path) -> None:
+    """A `notify` that raises stops the watcher: waiting for it to catch up then raises
+    rather than waiting for ever."""
+
+    async def failing(names: frozenset[str]) -> None:
+        raise RuntimeError("the manager is gone")
+
+    make_model(tmp_path / "model")
+    async with watching([tmp_path], failing) as watcher:
+        (tmp_path / "model" / "config.pbtxt").write_text('backend: "pytorch"\n')
+        with pytest.raises(ActorStopped), anyio.fail_after(HANG):
+            await watcher.caught_up()

@@ -91,6 +91,7 @@ class _Settle:
 @dataclass(frozen=True, slots=True)
 class _Rescan:
     periodic: bool = True  # False: a rescan of its own, that schedules no next one
+    done: anyio.Event | None = None  # set once it has run (`caught_up`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +136,8 @@ class RepositoryWatcher(Actor[Any]):
         self._pending: dict[str, _Pending] = {}
         self._generation = 0
         self._unreadable: set[Path] = set()
-        # What `caught_up` waits on: looks and rescans done, and an event set at each step.
+        # What `caught_up` waits on: looks done, and an event set at each step.
         self._looks = 0
-        self._rescans = 0
         self._stepped = anyio.Event()
 
     async def started(self) -> None:
@@ -157,9 +157,10 @@ class RepositoryWatcher(Actor[Any]):
                 pending = self._pending.get(name)
                 if pending is not None and pending.generation == generation:
                     await self._settle(name, pending)
-            case _Rescan(periodic):
+            case _Rescan(periodic, done):
                 await self._rescan()
-                self._rescans += 1
+                if done is not None:
+                    done.set()
                 self._step()
                 if periodic:
                     self.tell_later(_Rescan(), self._rescan_every)
@@ -169,15 +170,29 @@ class RepositoryWatcher(Actor[Any]):
 
     async def caught_up(self) -> None:
         """Returns once the watcher has dealt with everything done to the repositories before
-        the call: watchfiles has looked at them twice more (a look under way at the call may
-        have missed the last writes), a rescan has run (for what watchfiles cannot see), and no
-        change is left to settle. What it reports meanwhile, it reports; once this returns, a
-        change made before the call is never reported again. For whoever must know the watcher
-        has nothing more to say (the tests); unused, it costs nothing."""
-        looks, rescans = self._looks + 2, self._rescans + 1
-        await self.ref.tell(_Rescan(periodic=False))
-        while self._looks < looks or self._rescans < rescans or self._pending:
-            await self._stepped.wait()
+        the call: a rescan of its own has run after the call (it sees what watchfiles cannot),
+        watchfiles has looked at them twice more since (the first look may have begun before),
+        and no change is left to settle, each one reported or found unchanged. So once this
+        returns, every change made before the call has been reported, and none will be again.
+        Raises ActorStopped when the watcher stops first (a `notify` that raised stops it).
+        For whoever must know the watcher has nothing more to say (the tests); unused, it
+        costs nothing."""
+        rescanned = anyio.Event()
+        await self.ref.tell(_Rescan(periodic=False, done=rescanned))
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._step_once_finished)
+            while not rescanned.is_set() and self.running:
+                await self._stepped.wait()
+            looks = self._looks + 2
+            while (self._looks < looks or self._pending) and self.running:
+                await self._stepped.wait()
+            group.cancel_scope.cancel()
+        if not self.running:
+            raise ActorStopped(f"actor '{self.name}' stopped before it caught up")
+
+    async def _step_once_finished(self) -> None:
+        await self.ref.join()
+        self._step()
 
     def _step(self) -> None:
         self._stepped.set()
@@ -204,9 +219,10 @@ class RepositoryWatcher(Actor[Any]):
         if signature != pending.probe:
             self._wait_for_quiet(name, signature)  # still changing
             return
-        del self._pending[name]
         if signature != self._reported.get(name):
             await self._report(name, signature)
+        # Settled once reported: until then `caught_up` waits for it.
+        del self._pending[name]
         self._step()
 
     async def _report(self, name: str, signature: str | None) -> None:
@@ -272,7 +288,6 @@ class RepositoryWatcher(Actor[Any]):
                 if present:
                     await self._forward_events(present, stop)
                     continue
-                await self.ref.tell(_Looked())  # none to look at: a look all the same
             except ActorStopped:
                 return  # the watcher is stopping: its mailbox is closed
             except Exception as error:
@@ -280,6 +295,10 @@ class RepositoryWatcher(Actor[Any]):
                 level = logging.DEBUG if failure == last_failure else logging.WARNING
                 log.log(level, "watching the model repositories failed (%s); retrying", failure)
                 last_failure = failure
+            try:  # none to look at, or the look failed: a look all the same (`caught_up`)
+                await self.ref.tell(_Looked())
+            except ActorStopped:
+                return
             await anyio.sleep(self._interval)
 
     async def _forward_events(self, present: tuple[Path, ...], stop: anyio.Event) -> None:

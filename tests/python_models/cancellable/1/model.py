@@ -5,7 +5,8 @@ counting them, until `is_cancelled()` — the response sender's, or the request'
 parameter "check" is "request" — says True; then the final response carries INDEX = how many
 were sent and CANCELLED. Not decoupled: execute() polls the request until it is cancelled and
 answers INDEX = polls and CANCELLED. Either way, a request parameter "marker" names a file written
-once the loop ends, holding "cancelled" or "timeout"."""
+once the loop ends, holding "cancelled" or "timeout"; not decoupled, "polling" names a file
+made once it has polled once."""
 
 import json
 import os
@@ -51,6 +52,8 @@ class TritonPythonModel:
         polls = 0
         while not request.is_cancelled() and time.monotonic() < deadline:
             polls += 1
+            if polls == 1 and parameters.get("polling"):  # a file saying it polls now
+                open(parameters["polling"], "w").close()
             time.sleep(interval)
         cancelled = request.is_cancelled()
         mark(parameters, cancelled)
