@@ -485,8 +485,9 @@ async def test_backend_settings_size_the_arenas(tmp_path: Path) -> None:
 async def test_a_finalized_model_process_clears_the_instances_shared_memory(
     start: Started, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stub, once finalized, clears this instance's files, the server's side too: a server
-    that unloads (on a SIGTERM) and is killed before it clears its side leaves none behind."""
+    """The stub, once finalized, clears the server's side of this instance's files (what the
+    server wrote for it): a server that unloads (on a SIGTERM) and is killed before it clears
+    its side leaves none behind."""
     instance = start("add_sub")
     ones = np.ones(4, dtype=np.float32)
     await instance.execute([add_sub_request(ones, ones)])  # the server's arena now exists

@@ -492,10 +492,12 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=stub.read_answers, name="stub-answers", daemon=True).start()
     threading.Thread(target=stub.forward_forever, name="stub-forwarder", daemon=True).start()
     stub.serve()
-    # Finalized (or its model failed to initialize): this instance's shared memory, its side's
-    # and the server's, is never used again. The server clears its side too, but it may die
-    # between the two (a SIGTERM that makes it unload, then a SIGKILL).
-    ipc.remove_files(stub.shm_prefix.removesuffix(ipc.STUB_SIDE))
+    # Finalized (or its model failed to initialize): what the server wrote for this instance
+    # (its inputs' arena) has all been read and is never used again. The server clears it too,
+    # but it may die between the two (a SIGTERM that makes it unload, then a SIGKILL). What
+    # this side wrote is the server's to read still: answers sent from finalize may be on
+    # their way.
+    ipc.remove_files(stub.shm_prefix.removesuffix(ipc.STUB_SIDE) + ipc.SERVER_SIDE)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
