@@ -4,6 +4,7 @@ did; and a dead instance, once finalized, holds no mapping or file descriptor of
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 from pathlib import Path
@@ -80,8 +81,11 @@ async def test_dead_instances_leave_no_descriptors_or_mappings(start: Started) -
         instance.finalize()
         instance._stub.output_thread.join()  # it closes the output pipe at its end
         assert _mapped(instance._stub.shm_prefix) == []
+        gc.collect()  # what earlier tests left for the collector closes its descriptors now
         counts.append(_descriptors())
-    assert counts[1:] == [counts[0]] * 3, counts
+    # Never more than after the first round (fewer when something else in this process closed
+    # one meanwhile, as seen once on a busy machine: [86, 86, 86, 83]).
+    assert max(counts[1:]) <= counts[0], counts
 
 
 def test_counter_is_shared_between_two_mappings() -> None:
