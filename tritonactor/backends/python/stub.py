@@ -81,6 +81,7 @@ class Stub:
         # Responses leave in the order the model's threads called send(): writing the tensors
         # releases the GIL, and without it a later send could overtake an earlier one.
         self._send_lock = threading.Lock()
+        self._gone = threading.Lock()  # held by the thread that ends the process (`_server_gone`)
 
     # -- the answers' reader thread and the forwarding thread --------------------------------
 
@@ -101,10 +102,16 @@ class Stub:
 
     def _server_gone(self) -> NoReturn:
         # The server is gone (killed, most likely): nobody is left to serve, or to clear the
-        # shared memory of this instance, its side's or ours.
-        self._results_arena.close()
-        ipc.remove_files(self.shm_prefix.removesuffix(ipc.STUB_SIDE))
-        os._exit(0)
+        # shared memory of this instance, its side's or ours. Several threads may find it gone
+        # at once (the requests' socket, the answers' socket): one clears and ends the process,
+        # the others wait here for that (they raced on the results' arena, and the one that
+        # failed could end the process before the other had cleared anything).
+        with self._gone:
+            try:
+                self._results_arena.close()
+            finally:
+                ipc.remove_files(self.shm_prefix.removesuffix(ipc.STUB_SIDE))
+                os._exit(0)
 
     # -- the main thread ---------------------------------------------------------------------
 
@@ -491,13 +498,15 @@ def main(argv: list[str] | None = None) -> None:
     _pb_runtime.stub = stub
     threading.Thread(target=stub.read_answers, name="stub-answers", daemon=True).start()
     threading.Thread(target=stub.forward_forever, name="stub-forwarder", daemon=True).start()
-    stub.serve()
-    # Finalized (or its model failed to initialize): what the server wrote for this instance
-    # (its inputs' arena) has all been read and is never used again. The server clears it too,
-    # but it may die between the two (a SIGTERM that makes it unload, then a SIGKILL). What
-    # this side wrote is the server's to read still: answers sent from finalize may be on
-    # their way.
-    ipc.remove_files(stub.shm_prefix.removesuffix(ipc.STUB_SIDE) + ipc.SERVER_SIDE)
+    try:
+        stub.serve()
+    finally:
+        # Finalized (or its model failed to initialize, or this side failed): what the server
+        # wrote for this instance (its inputs' arena) has all been read and is never used
+        # again. The server clears it too, but it may die between the two (a SIGTERM that makes
+        # it unload, then a SIGKILL). What this side wrote is the server's to read still:
+        # answers sent from finalize may be on their way.
+        ipc.remove_files(stub.shm_prefix.removesuffix(ipc.STUB_SIDE) + ipc.SERVER_SIDE)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
