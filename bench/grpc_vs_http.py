@@ -72,7 +72,8 @@ class Server:
 
 
 def start_server(repository: Path | None, workdir: Path) -> Server:
-    """One hypercorn worker on free ports (None: the bundled examples); waits for ready."""
+    """One hypercorn worker (on two cores or more a front end, beside the engine process it
+    starts) on free ports (None: the bundled examples); waits for ready."""
     http_port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
     env.update(

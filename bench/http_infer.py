@@ -251,7 +251,8 @@ def start_server(
     name: str = "server",
     env_extra: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """One hypercorn worker serving `repository` (None: the bundled examples), with none of this
+    """One hypercorn worker (on two cores or more a front end, beside the engine process it
+    starts: docs/decisions.md) serving `repository` (None: the bundled examples), with none of this
     process's TRITONACTOR_* / OTEL_* settings but `env_extra`; waits until it is ready."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}

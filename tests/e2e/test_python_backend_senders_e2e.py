@@ -364,7 +364,8 @@ def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
 
 def shm_files_of(pids: list[int]) -> list[str]:
     """The python-backend shared-memory files of the server processes `pids` (hypercorn's
-    parent and its worker: the instances are the worker's)."""
+    parent, its worker and, on two cores or more, the engine: the instances are the engine's,
+    or the worker's when it is the whole server)."""
     prefixes = tuple(f"tritonactor-py-{pid}-" for pid in pids)
     return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(prefixes))
 

@@ -318,7 +318,7 @@ class RemoteServer:
         if self._leaving:
             return
         self.engine_lost = True
-        log.error("%s: this front end stops, to be started again", ENGINE_GONE)
+        log.error("%s: this front end stops (its ASGI server may start it again)", ENGINE_GONE)
         # A moment first for the failures to reach their clients: under hypercorn, SIGTERM
         # ends a worker at once.
         asyncio.get_running_loop().call_later(STOP_GRACE_S, os.kill, os.getpid(), signal.SIGTERM)
