@@ -453,3 +453,14 @@ def test_a_post_that_fails_is_logged_and_not_sent_again(
     assert len(posts) == 1
     assert "exporting 2 spans failed" in caplog.text
     exporter.shutdown()
+
+
+def test_a_record_that_is_not_one_costs_only_itself(caplog: pytest.LogCaptureFixture) -> None:
+    """A malformed record (never sent by this server) is logged and dropped: the others of its
+    batch are exported, and the exporter process goes on."""
+    broken = ("broken", None, None, 99, None, (), (), 1, 2, 0, None)  # no context, no parent
+    other = _Collecting()
+    with caplog.at_level(logging.ERROR, logger=span_export.__name__):
+        export_batch([other], [broken, *_two_records()], _RESOURCE, _SCOPE, _CountingIds())
+    assert sorted(span.name for span in other.spans) == ["queue", "router"]
+    assert "a span record that cannot be read" in caplog.text

@@ -451,7 +451,21 @@ def export_batch(
             return
         if done is not None:
             return
-    _export(exporters, [span_of(fields, resource, scope, ids) for fields in batch])
+    _export(exporters, _spans_of(batch, resource, scope, ids))
+
+
+def _spans_of(
+    batch: Sequence[Record], resource: Resource, scope: InstrumentationScope, ids: IdGenerator
+) -> list[ReadableSpan]:
+    """The SDK spans of `batch`; a record that is not one (which this server never sends) is
+    logged and dropped, rather than ending the exporter process and every later span."""
+    spans = []
+    for fields in batch:
+        try:
+            spans.append(span_of(fields, resource, scope, ids))
+        except Exception:
+            log.exception("a span record that cannot be read: dropped")
+    return spans
 
 
 def _outlive(parent: int) -> None:
