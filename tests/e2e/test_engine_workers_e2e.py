@@ -598,12 +598,12 @@ def test_trace_count_counts_the_requests_of_every_front_end(tmp_path: Path) -> N
 
 
 def _exporters(root: int) -> list[int]:
-    """The span exporter processes under `root` (observability/span_export.py)."""
+    """The span exporter processes under `root` (observability/span_exporter.py)."""
     found, stack = [], [root]
     while stack:
         for child in children(stack.pop()):
             stack.append(child)
-            if "tritonactor.observability.span_export" in cmdline(child):
+            if "tritonactor.observability.span_exporter" in cmdline(child):
                 found.append(child)
     return found
 

@@ -1,6 +1,7 @@
-"""Spans exported by a process of their own (observability/span_export.py): a record carries
-everything the SDK's span said, the exporter process delivers what it was sent to a real OTLP
-receiver, and it ends with its serving process, however that ends."""
+"""Spans exported by a process of their own (observability/span_export.py and
+span_exporter.py): a record carries everything the SDK's span said, the exporter process
+delivers what it was sent to a real OTLP receiver, and it ends with its serving process,
+however that ends."""
 
 from __future__ import annotations
 
@@ -31,16 +32,11 @@ from opentelemetry.trace.span import TraceState
 
 from tests.otlp_receiver import OtlpReceiver
 from tests.unit.test_otlp import _spans, request_spans
-from tritonactor.observability import span_export
+from tritonactor.observability import span_exporter
 from tritonactor.observability.exporters import build_exporters, service_resource
 from tritonactor.observability.otlp import _Encoder, encode_export_request
-from tritonactor.observability.span_export import (
-    SpanShipper,
-    child_record,
-    export_batch,
-    record_of,
-    span_of,
-)
+from tritonactor.observability.span_export import SpanShipper, child_record, record_of
+from tritonactor.observability.span_exporter import export_batch, span_of
 from tritonactor.observability.trace_settings import TraceSettings
 from tritonactor.observability.tracing import Tracing
 
@@ -418,7 +414,7 @@ def test_the_one_otlp_http_exporter_gets_the_records_themselves(
     def no_spans(*args: object) -> ReadableSpan:
         raise AssertionError("SDK spans were made")
 
-    monkeypatch.setattr(span_export, "span_of", no_spans)
+    monkeypatch.setattr(span_exporter, "span_of", no_spans)
     (exporter,) = build_exporters(["otlp"], "http/protobuf")
     export_batch([exporter], _two_records(), _RESOURCE, _SCOPE, _CountingIds())
     spans = receiver.wait_for(lambda spans: len(spans) >= 2)
@@ -448,7 +444,7 @@ def test_a_post_that_fails_is_logged_and_not_sent_again(
 
     monkeypatch.setattr(exporter, "_poster", failing)
     monkeypatch.setattr(exporter, "export", lambda spans: pytest.fail("sent again"))
-    with caplog.at_level(logging.ERROR, logger=span_export.__name__):
+    with caplog.at_level(logging.ERROR, logger=span_exporter.__name__):
         export_batch([exporter], _two_records(), _RESOURCE, _SCOPE, _CountingIds())
     assert len(posts) == 1
     assert "exporting 2 spans failed" in caplog.text
@@ -460,7 +456,7 @@ def test_a_record_that_is_not_one_costs_only_itself(caplog: pytest.LogCaptureFix
     batch are exported, and the exporter process goes on."""
     broken = ("broken", None, None, 99, None, (), (), 1, 2, 0, None)  # no context, no parent
     other = _Collecting()
-    with caplog.at_level(logging.ERROR, logger=span_export.__name__):
+    with caplog.at_level(logging.ERROR, logger=span_exporter.__name__):
         export_batch([other], [broken, *_two_records()], _RESOURCE, _SCOPE, _CountingIds())
     assert sorted(span.name for span in other.spans) == ["queue", "router"]
     assert "a span record that cannot be read" in caplog.text

@@ -11,7 +11,7 @@ bytes are the SDK's either way (tests/unit/test_otlp.py parses both and compares
 
 `OtlpHttpExporter` and `OtlpGrpcExporter` are the SDK's OTLP exporters (their settings, OTEL_*
 variables, retries, TLS and compression) with this encoding. The exporter process
-(span_export.py) hands `OtlpHttpExporter.export_records` its records as they came, without
+(span_exporter.py) hands `OtlpHttpExporter.export_records` its records as they came, without
 making SDK spans of them first: the same bytes, for a third of the work.
 """
 
@@ -224,7 +224,7 @@ class _Encoder:
 
     def record(self, fields: tuple[Any, ...], new_span_id: Callable[[], int]) -> bytes:
         """`span`'s bytes for a record (span_export.py's `Record`): what `span` writes for the
-        SDK span `span_export.span_of` makes of it, a new span's id from `new_span_id`."""
+        SDK span `span_exporter.span_of` makes of it, a new span's id from `new_span_id`."""
         (name, context, parent, kind, attributes, events, links, start, end, code, text) = fields
         if context is None:  # a new span of its parent's trace
             trace_id, _, _, _, state = parent

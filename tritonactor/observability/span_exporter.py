@@ -1,0 +1,191 @@
+"""The span exporter process (started by span_export.py's `SpanShipper`, one per serving
+process): it reads the records its serving process sends over a socket and exports them,
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE at a time, with the exporters the OTEL_* variables configure (it
+inherits the environment; the resource comes as the first message). The OTLP/HTTP exporter
+writes the records' bytes straight from the records (`export_batch`); any other exporter gets
+them rebuilt as the SDK's `ReadableSpan`s (`span_of`). It ends when the socket closes, after
+its serving process's last spans, or SHUTDOWN_TIMEOUT_S after that process has gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pickle
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+
+from tritonactor.observability.exporters import HashedResource, build_exporters
+from tritonactor.observability.span_export import (
+    _LENGTH,
+    _SCOPE,
+    MAX_EXPORT_BATCH_SIZE,
+    SHUTDOWN_TIMEOUT_S,
+    Record,
+    _setting,
+)
+
+log = logging.getLogger(__name__)
+
+_NO_STATE = TraceState()
+_FLAGS = [TraceFlags(flags) for flags in range(256)]
+_KINDS = {kind.value: kind for kind in SpanKind}
+_UNSET = Status(StatusCode.UNSET)
+_IDS = RandomIdGenerator()
+
+
+def _span_context(fields: tuple[Any, ...]) -> SpanContext:
+    trace_id, span_id, is_remote, flags, state = fields
+    return SpanContext(
+        trace_id, span_id, is_remote, _FLAGS[flags], TraceState(list(state)) if state else _NO_STATE
+    )
+
+
+def span_of(
+    fields: Record,
+    resource: Resource,
+    scope: InstrumentationScope,
+    ids: IdGenerator = _IDS,
+) -> ReadableSpan:
+    """The SDK span a record was made of (a new span's id from `ids`)."""
+    (name, context, parent, kind, attributes, events, links, start, end, code, description) = fields
+    if context is None:
+        trace_id, _, _, flags, state = parent
+        context = (trace_id, ids.generate_span_id(), False, flags, state)
+    unset = code == 0 and description is None
+    return ReadableSpan(
+        name,
+        _span_context(context),
+        None if parent is None else _span_context(parent),
+        resource,
+        attributes,
+        events=[Event(event_name, attrs, timestamp) for event_name, timestamp, attrs in events],
+        links=[Link(_span_context(linked), attrs) for linked, attrs in links],
+        kind=_KINDS[kind],
+        status=_UNSET if unset else Status(StatusCode(code), description),
+        start_time=start,
+        end_time=end,
+        instrumentation_scope=scope,
+    )
+
+
+def _messages(sock: socket.socket) -> Iterator[Any]:
+    reader = sock.makefile("rb")
+    while True:
+        header = reader.read(_LENGTH.size)
+        if len(header) < _LENGTH.size:
+            return
+        (size,) = _LENGTH.unpack(header)
+        data = reader.read(size)
+        if len(data) < size:
+            return
+        yield pickle.loads(data)
+
+
+def _export(exporters: Sequence[SpanExporter], spans: Sequence[ReadableSpan]) -> None:
+    for exporter in exporters:
+        try:
+            exporter.export(spans)
+        except Exception:  # as the SDK's batch processor: logged, and the next batch goes on
+            log.exception("exporting %d spans failed", len(spans))
+
+
+def export_batch(
+    exporters: Sequence[SpanExporter],
+    batch: Sequence[Record],
+    resource: Resource,
+    scope: InstrumentationScope,
+    ids: IdGenerator = _IDS,
+) -> None:
+    """Export records: straight from the records where the one exporter takes them (otlp.py's
+    OTLP/HTTP one writes their bytes), else as the SDK spans `span_of` makes of them."""
+    direct = getattr(exporters[0], "export_records", None) if len(exporters) == 1 else None
+    if direct is not None:
+        try:
+            done = direct(batch, resource, scope, ids.generate_span_id)
+        except Exception:  # as `_export`
+            log.exception("exporting %d spans failed", len(batch))
+            return
+        if done is not None:
+            return
+    _export(exporters, _spans_of(batch, resource, scope, ids))
+
+
+def _spans_of(
+    batch: Sequence[Record], resource: Resource, scope: InstrumentationScope, ids: IdGenerator
+) -> list[ReadableSpan]:
+    """The SDK spans of `batch`; a record that is not one (which this server never sends) is
+    logged and dropped, rather than ending the exporter process and every later span."""
+    spans = []
+    for fields in batch:
+        try:
+            spans.append(span_of(fields, resource, scope, ids))
+        except Exception:
+            log.exception("a span record that cannot be read: dropped")
+    return spans
+
+
+def _outlive(parent: int) -> None:
+    """Wait for the serving process `parent` to end (its pidfd becomes readable), then give
+    this process SHUTDOWN_TIMEOUT_S to finish before ending it."""
+    try:
+        watch = os.pidfd_open(parent)
+    except ProcessLookupError:  # already gone
+        pass
+    else:
+        select.select([watch], [], [])
+        os.close(watch)
+    time.sleep(SHUTDOWN_TIMEOUT_S)
+    log.warning("its serving process has gone: the spans left are dropped")
+    os._exit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="tritonactor's span exporter process")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--exporters", required=True)
+    parser.add_argument("--protocol", required=True)
+    args = parser.parse_args(argv)
+    # The serving process ends this process by closing the socket, after its last spans
+    # (SIGINT and SIGTERM are blocked: `_HELD`).
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s span exporter: %(message)s")
+    exporters = build_exporters(args.exporters.split(","), args.protocol)
+    size = _setting(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH_SIZE)
+    scope = InstrumentationScope(*_SCOPE)
+    # The ids of the spans the serving process left without: OTEL_PYTHON_ID_GENERATOR's, as there.
+    ids = TracerProvider(shutdown_on_exit=False).id_generator
+    # Once the serving process has gone (killed: it never said goodbye), what it had sent is
+    # exported for SHUTDOWN_TIMEOUT_S at most.
+    threading.Thread(target=_outlive, args=(args.parent,), daemon=True).start()
+    # Each batch is exported as it arrives, on this thread: while the collector is slow, the
+    # socket fills and the serving process keeps (then drops) what comes next.
+    with socket.socket(fileno=args.fd) as sock:
+        messages = _messages(sock)
+        first = next(messages, None)
+        if first is not None:
+            resource = HashedResource(*first)
+            for batch in messages:
+                for start in range(0, len(batch), size):
+                    export_batch(exporters, batch[start : start + size], resource, scope, ids)
+    for exporter in exporters:
+        exporter.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
