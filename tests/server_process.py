@@ -13,11 +13,21 @@ from pathlib import Path
 
 import httpx
 
+# The ports this process has handed out: the kernel may give a port just released again, so
+# two calls for one server's endpoints could return the same one (seen once: the server then
+# refuses to start, "each endpoint needs its own port").
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free on 127.0.0.1 now, never one this process has handed out before."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def loopback_env(root: Path, http_port: int, grpc_port: int, metrics_port: int) -> dict[str, str]:
