@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,12 @@ def generate(out: Path) -> None:
         check=True,
         capture_output=True,
         cwd=PROTOS.parent,  # the compiler formats its output with the project's ruff settings
+        # The compiler's plugin and ruff from this Python's environment, also when it is not
+        # activated (`venv/bin/python -m pytest`).
+        env={
+            **os.environ,
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        },
     )
 
 
