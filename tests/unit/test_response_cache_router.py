@@ -357,6 +357,27 @@ async def test_the_cache_works_off_the_event_loop_when_it_is_large(
         assert threads == {"key": [], "pack": [False], "unpack": [False, False]}
 
 
+async def test_submit_answers_once_a_large_answer_is_stored_so_a_twin_sent_then_hits(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the engine's connection to a front end and a gRPC stream answer through: the answer
+    # comes after its copy into the cache (off the loop here), as `infer`'s does.
+    monkeypatch.setattr(offload, "OFF_LOOP_BYTES", 1)
+    router = Router(ResponseCache(1 << 20))
+    handle = await serve(system, router, EchoBackend())
+    first = request(6, "a")
+    answered = router.submit(first)
+    stored_when_answered: list[bool] = []
+    answered.add_done_callback(
+        lambda _: stored_when_answered.append(first.context[caching_module.STORING].done())
+    )
+    await answered.wait()
+    assert stored_when_answered == [True]
+    twin = await router.submit(request(6, "b")).wait()
+    assert (counts(handle)["cache_hit"], counts(handle)["execution_count"]) == (1, 1)
+    assert twin.id == "b"
+
+
 async def test_an_answer_looked_up_before_its_entries_were_dropped_is_not_stored(
     system: ActorSystem,
 ) -> None:

@@ -214,7 +214,9 @@ class Router:
             error = self._stopped(handle)
             message.reply.fail(error)
             raise error from None
-        return message.reply
+        if miss is None:
+            return message.reply
+        return _after_storing(request, message.reply)
 
     async def prepare(self, request: InferenceRequest) -> None:
         """Before `submit`: work out the response-cache key of a large request to a model that
@@ -278,6 +280,33 @@ class Router:
         if version:
             return not_found(f"Request for unknown model: '{name}' version {version} is not found")
         return not_found(f"Request for unknown model: '{name}' has no available versions")
+
+
+def _after_storing(
+    request: InferenceRequest, reply: Reply[InferenceResponse]
+) -> Reply[InferenceResponse]:
+    """`reply`, answered once a large answer's copy into the response cache is over (as `infer`
+    waits for it), so that a twin sent after the answer hits: whoever answers through the
+    reply (the engine's connection to a front end, a gRPC stream) need not know."""
+    answered: Reply[InferenceResponse] = Reply()
+
+    def forward(_: object = None) -> None:
+        error = reply.error
+        if error is not None:
+            answered.fail(error)
+        else:
+            answered.set(reply.result())
+
+    def over(_: Reply[InferenceResponse]) -> None:
+        # The cache's `store` ran before this (it was added to `reply` first).
+        storing: asyncio.Task[None] | None = request.context.get(STORING)
+        if storing is None or storing.done():
+            forward()
+        else:
+            storing.add_done_callback(forward)
+
+    reply.add_done_callback(over)
+    return answered
 
 
 def parse_version(version: str) -> int:
