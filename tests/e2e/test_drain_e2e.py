@@ -164,7 +164,10 @@ def start(root: Path, kind: str, exit_timeout: int = 30) -> Served:
         if process.poll() is not None:
             raise AssertionError(f"server exited {process.returncode}:\n{served.output()}")
         with contextlib.suppress(requests.RequestException):
-            if requests.get(f"{served.http}/v2/health/ready", timeout=5).status_code == 200:
+            ready = requests.get(f"{served.http}/v2/health/ready", timeout=5).status_code == 200
+            # Every front end serving, not only the first: a signal must find each one with
+            # its drain in place (a front end still starting just exits).
+            if ready and served.output().count(LISTENING) == front_ends:
                 return served
         time.sleep(0.1)
     process.kill()
@@ -257,6 +260,7 @@ def put_in_flight(served: Served) -> InFlight:
     return InFlight(http, answers, streamed, grpc_clients, stream_client, pool)
 
 
+LISTENING = "gRPC listening on"  # each serving process's line once its listeners are up
 DRAINING = "in flight may finish within"  # each front end's line when its drain begins
 
 
