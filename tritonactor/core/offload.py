@@ -7,7 +7,8 @@ score, encoding or decoding a BYTES element) counts ELEMENT_BYTES a step: such a
 about what copying that many bytes does not, but it is the scale that keeps a million steps
 (most of a second) off the loop and a few thousand on it.
 
-Used by shared-memory output writes (memory/lease.py), classification rankings
+Used by shared-memory output writes (memory/lease.py, and engine/host.py for a front end's
+request), classification rankings
 (frontends/classification.py) and the response cache's keys, copies and hits
 (scheduling/caching.py)."""
 
@@ -48,6 +49,12 @@ async def off_loop(work: Callable[[], T], size: int) -> T:
     future = asyncio.get_running_loop().run_in_executor(_pool(), work)
     with anyio.CancelScope(shield=True):
         return await future
+
+
+def start(work: Callable[[], T]) -> asyncio.Future[T]:
+    """`work()` on a worker thread of the same pool, as a future of the running loop: for
+    code that cannot await (a done-callback) and answers once the work is over."""
+    return asyncio.get_running_loop().run_in_executor(_pool(), work)
 
 
 _executor: ThreadPoolExecutor | None = None

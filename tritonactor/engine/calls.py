@@ -20,6 +20,8 @@ class EngineServer:
         self.server = server
         self.router = server.router
         self.settings = server.settings
+        # The regions mapped here: tensors in them cross as where they lie (engine/wire.py).
+        self.shared_memory = server.shared_memory
         # Every region registered, as it was asked for: what a front end maps in its process.
         self._regions: dict[str, m.Region] = {}
         # Set by the host: tell every front end (the regions, the log settings changed), and ask

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -20,13 +22,19 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tritonactor.actors import Reply
+from tritonactor.core import offload
+from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import TritonError, internal
+from tritonactor.core.tensors import tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.engine import messages as m
 from tritonactor.engine.lanes import Lane, LaneReader, remove_owned, sweep_lanes
 from tritonactor.engine.launch import peer_pid, same_user
 from tritonactor.engine.wire import PROTOCOL, TRACE_CARRIER, FrameReader, encode
+from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.scheduling.router import Router
 
 if TYPE_CHECKING:
@@ -68,11 +76,15 @@ class _Connection(asyncio.BufferedProtocol):
         # the front end's (engine/lanes.py).
         self._lane = Lane()
         self._lanes = LaneReader()
-        self._reader = FrameReader(self._lanes)
+        # Tensors in clients' system shared-memory regions cross as where they lie.
+        self._regions: SharedMemoryRegistry = host.server.shared_memory
+        self._reader = FrameReader(self._lanes, self._regions)
         self._peer = 0  # the front end's pid
         self._transport: asyncio.Transport | None = None
         # Requests in flight, by id: what a Cancel reaches.
         self._requests: dict[int, InferenceRequest] = {}
+        # Where requests in flight want outputs written (`Submit.targets`), by id.
+        self._targets: dict[int, tuple[tuple[str, Place], ...]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         # What the engine asked this front end, by id.
         self._asked: dict[int, asyncio.Future[Any]] = {}
@@ -143,7 +155,7 @@ class _Connection(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         try:
-            pieces = encode(message, self._lane)
+            pieces = encode(message, self._lane, self._regions)
         except Exception as error:
             # An answer that does not pickle (a backend's odd output) fails its request rather
             # than leaving the front end waiting for it.
@@ -190,6 +202,10 @@ class _Connection(asyncio.BufferedProtocol):
             asked = self._asked.pop(message.id, None)
             if asked is not None and not asked.done():
                 asked.set_result(message.value)
+        elif type(message) is m.Failed:
+            # A request whose tensor lies in a region the engine no longer has (wire.py): it
+            # fails back to its front end.
+            self.send(message)
         else:
             log.error("a front end sent an unknown message %r", type(message).__name__)
 
@@ -232,6 +248,8 @@ class _Connection(asyncio.BufferedProtocol):
             self.send(m.Failed(id, error))
             return
         self._requests[id] = request
+        if message.targets:
+            self._targets[id] = message.targets
         reply.add_done_callback(lambda done: self._answer(id, done))
 
     async def _submit_waiting(self, id: int, request: InferenceRequest) -> None:
@@ -271,18 +289,92 @@ class _Connection(asyncio.BufferedProtocol):
             self._requests.pop(id, None)
         else:
             self._settle(id, request)
+        targets = self._targets.pop(id, None) if self._targets else None
+        if targets is None or error is not None:
+            self._reply(id, request, reply.result() if error is None else None, error)
+            return
+        response = reply.result()
+        write = functools.partial(self._write_targets, response, targets)
+        if not offload.large(_bytes_due(response, targets)):
+            try:
+                self._reply(id, request, write(), None)
+            except TritonError as failed:
+                self._reply(id, request, None, failed)
+            return
+        # A large copy leaves the engine's loop; the answer follows it.
+        offload.start(write).add_done_callback(
+            lambda done: self._reply(
+                id,
+                request,
+                None if done.exception() else done.result(),
+                done.exception(),
+            )
+        )
+
+    def _reply(
+        self,
+        id: int,
+        request: InferenceRequest | None,
+        response: InferenceResponse | None,
+        error: BaseException | None,
+    ) -> None:
         trace = request.trace if request is not None else None
         if trace is not None and error is None:
             # After what answered it has closed its spans (the execute ends once its replies
             # are answered): the front end's span ends when the answer arrives.
-            answer = m.Answer(id, reply.result(), tuple(trace.links_back()))  # type: ignore[attr-defined]
+            answer = m.Answer(id, response, tuple(trace.links_back()))  # type: ignore[attr-defined]
             self._host.loop.call_soon(self.send, answer)
         elif error is None:
-            self.send(m.Answer(id, reply.result()))
+            self.send(m.Answer(id, response))
         elif isinstance(error, TritonError):
             self.send(m.Failed(id, error))
         else:
             self.send(m.Failed(id, internal(f"{type(error).__name__}: {error}")))
+
+    def _write_targets(
+        self, response: InferenceResponse, targets: tuple[tuple[str, Place], ...]
+    ) -> InferenceResponse:
+        """`response` with its outputs of numbers that are due in system regions written
+        there, and viewing them: they cross as where they lie, and the front end copies
+        nothing (`OutputTarget.holds`). An output too large for its place fails the request
+        as the front end would (`Lease.write`); one whose region is gone here is left for the
+        front end to write."""
+        places = dict(targets)
+        outputs = list(response.outputs)
+        for index, tensor in enumerate(outputs):
+            place = places.get(tensor.name)
+            data = tensor.data
+            if (
+                place is None
+                or type(data) is not np.ndarray
+                or data.dtype.kind == "O"
+                or data.dtype != to_numpy_dtype(tensor.datatype)
+            ):
+                continue
+            chunk = tensor_to_bytes(tensor.datatype, data)
+            if chunk.size > place[4]:
+                raise internal(
+                    f"shared memory size specified with the request for output '{tensor.name}' "
+                    f"({place[4]} bytes) should be at least {chunk.size} bytes to hold the "
+                    "results"
+                )
+            try:
+                written = self._regions.write_at(place, chunk)  # type: ignore[arg-type]
+            except TritonError:
+                continue
+            view = np.frombuffer(written, data.dtype).reshape(data.shape)
+            outputs[index] = dataclasses.replace(tensor, data=view)
+        return dataclasses.replace(response, outputs=outputs)
+
+
+def _bytes_due(response: InferenceResponse, targets: tuple[tuple[str, Place], ...]) -> int:
+    """The bytes `_write_targets` copies."""
+    names = {name for name, _ in targets}
+    return sum(
+        tensor.data.nbytes
+        for tensor in response.outputs
+        if tensor.name in names and type(tensor.data) is np.ndarray
+    )
 
 
 async def _settled(reply: Reply[Any]) -> None:

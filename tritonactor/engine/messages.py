@@ -17,6 +17,7 @@ from tritonactor._proto.inference import ModelConfig
 from tritonactor.core.errors import TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.memory.region import Kind
+from tritonactor.memory.registry import Place
 from tritonactor.scheduling.signature import ModelSignature
 
 
@@ -29,11 +30,14 @@ class Call:
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    """`streamed`: the model's responses come back as `Part`s (a decoupled model's sender)."""
+    """`streamed`: the model's responses come back as `Part`s (a decoupled model's sender).
+    `targets`: outputs the client asked for in its system shared-memory regions, and where
+    (`SharedMemoryRegistry.locate`'s places): the engine writes them there itself."""
 
     id: int
     request: InferenceRequest
     streamed: bool = False
+    targets: tuple[tuple[str, Place], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from tritonactor.engine import messages as m
 from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.launch import EngineFailed, same_user
 from tritonactor.engine.wire import PROTOCOL, FrameReader, encode
+from tritonactor.memory.lease import LEASE
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.observability import logging as log_settings
@@ -47,12 +48,13 @@ class EngineConnection(asyncio.BufferedProtocol):
     """One front end's connection to the engine: calls and requests by id, answers matched
     back to them."""
 
-    def __init__(self, on_message: Any) -> None:
+    def __init__(self, on_message: Any, regions: SharedMemoryRegistry | None = None) -> None:
         # Large tensors: those sent go through this side's lane, those received come from
-        # the engine's (engine/lanes.py).
+        # the engine's (engine/lanes.py); those in clients' regions cross as where they lie.
         self._lane = Lane()
         self._lanes = LaneReader()
-        self._reader = FrameReader(self._lanes)
+        self._regions = regions
+        self._reader = FrameReader(self._lanes, regions)
         self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, Reply[Any]] = {}
@@ -142,7 +144,7 @@ class EngineConnection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise unavailable(ENGINE_GONE)
-        pieces = encode(message, self._lane)
+        pieces = encode(message, self._lane, self._regions)
         if len(pieces) == 1:
             transport.write(pieces[0])
         else:
@@ -154,7 +156,9 @@ class EngineConnection(asyncio.BufferedProtocol):
         id = next(self._ids)
         reply: Reply[InferenceResponse] = Reply()
         streamed = request.sender is not None
-        self.send(m.Submit(id, request, streamed))
+        lease = request.context.get(LEASE)
+        targets = lease.places() if lease is not None and not streamed else ()
+        self.send(m.Submit(id, request, streamed, targets))
         self._waiting[id] = reply
         if streamed:
             self._parts[id] = request
@@ -359,7 +363,7 @@ class RemoteServer:
         router = self.router
 
         def connect() -> EngineConnection:
-            connection = EngineConnection(self._on_message)
+            connection = EngineConnection(self._on_message, self.shared_memory)
             router.connect(connection)
             return connection
 

@@ -7,7 +7,11 @@ set and the name of the slot holding it. A tensor of numbers crosses as its raw 
 (numpy's own pickling costs several times more); one of at least `OUT_OF_BAND` bytes as an
 out-of-band buffer: copied into a lane slot, or, when the lane has no room, written to the
 socket from the tensor's own memory and read into memory of the frame's own. Either way the
-received array is a read-only view of one copy that lives as long as it does.
+received array is a read-only view of one copy that lives as long as it does. A tensor that is
+the memory of a client's system shared-memory region (an input read from it, an output the
+engine wrote into it), which both processes map, crosses as where it lies in that region
+(length with the next bit set, the region's offset and the tensor's, the region's name and
+key): the receiver views its own mapping of the region, and nothing is copied.
 
 A request's `Submit` and its `Answer`, when plain (only small tensors of numbers),
 cross as a tagged tuple of plain values instead (`_flat`): what pickle writes and reads fastest.
@@ -34,10 +38,11 @@ import numpy as np
 
 from tritonactor import __version__
 from tritonactor.core.datatypes import to_numpy_dtype
-from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.errors import ErrorCode, TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.engine import messages
 from tritonactor.engine.lanes import Lane, LaneReader
+from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.scheduling.statistics import FirstResponseHistogram
 
 # The version of the messages and frames: tritonactor's, and a digest of the modules that
@@ -61,6 +66,10 @@ LENGTH = struct.Struct("<Q")
 # A buffer in a lane slot: its length with the top bit set, then the slot's name (length, bytes).
 IN_LANE = struct.Struct("<QH")
 _LANE_FLAG = 1 << 63
+# A buffer in a shared-memory region: its length with the next bit set, the region's offset as
+# registered, the buffer's offset in the region, then the region's name and key (lengths, bytes).
+IN_REGION = struct.Struct("<QQQHH")
+_REGION_FLAG = 1 << 62
 
 
 def _rebuild_error(code: int, message: str) -> TritonError:
@@ -223,6 +232,8 @@ def _flat(message: object) -> tuple[Any, ...] | None:
     """`message` as a tagged tuple of plain values, or None when it must cross as itself."""
     kind = type(message)
     if kind is messages.Submit:
+        if message.targets:  # type: ignore[attr-defined]
+            return None
         request = message.request  # type: ignore[attr-defined]
         inputs = _flat_tensors(request.inputs)
         if inputs is None:
@@ -302,9 +313,12 @@ def _unflat(flat: tuple[Any, ...]) -> object:
     return flat
 
 
-def encode(message: object, lane: Lane | None = None) -> list[bytes | memoryview]:
+def encode(
+    message: object, lane: Lane | None = None, regions: SharedMemoryRegistry | None = None
+) -> list[bytes | memoryview]:
     """The frame of `message`, as the pieces to write one after another; its large tensors
-    in `lane`'s shared memory when it has room (see engine/lanes.py)."""
+    as where they lie when they are the memory of one of `regions`, else in `lane`'s shared
+    memory when it has room (see engine/lanes.py)."""
     flat = _flat(message)
     if flat is not None:
         body = pickle.dumps(flat, protocol=5)
@@ -328,6 +342,12 @@ def encode(message: object, lane: Lane | None = None) -> list[bytes | memoryview
     total = 0
     for buffer in buffers:
         raw = buffer.raw()
+        place = regions.locate(raw) if regions is not None else None
+        if place is not None:
+            reference = _region_reference(place)
+            pieces.append(reference)
+            total += len(reference)
+            continue
         name = lane.put(raw) if lane is not None else None
         if name is None:
             pieces += (LENGTH.pack(raw.nbytes), raw)
@@ -340,6 +360,15 @@ def encode(message: object, lane: Lane | None = None) -> list[bytes | memoryview
     return pieces
 
 
+def _region_reference(place: Place) -> bytes:
+    region, key, region_offset, offset, byte_size = place
+    name, key_bytes = region.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass")
+    header = IN_REGION.pack(
+        byte_size | _REGION_FLAG, region_offset, offset, len(name), len(key_bytes)
+    )
+    return header + name + key_bytes
+
+
 class FrameReader:
     """Turns the bytes of a stream into messages, however the stream splits them. It is read
     into directly (`asyncio.BufferedProtocol`: `get_buffer`, then `buffer_updated`): small
@@ -348,11 +377,15 @@ class FrameReader:
     once on its way in, by the kernel, instead of three times (into a chunk, appended to a
     buffer, copied out of it)."""
 
-    __slots__ = ("_buffer", "_end", "_filled", "_frame", "_lanes", "_layout", "_start")
+    __slots__ = ("_buffer", "_end", "_filled", "_frame", "_lanes", "_layout", "_regions", "_start")
 
-    def __init__(self, lanes: LaneReader | None = None) -> None:
-        # Where tensors sent through the other side's lane are read from.
+    def __init__(
+        self, lanes: LaneReader | None = None, regions: SharedMemoryRegistry | None = None
+    ) -> None:
+        # Where tensors sent through the other side's lane are read from, and tensors that
+        # lie in clients' shared-memory regions.
         self._lanes = lanes
+        self._regions = regions
         self._buffer = bytearray(_SMALL)
         self._start = 0  # the first byte not decoded yet
         self._end = 0  # the end of what was read
@@ -426,10 +459,36 @@ class FrameReader:
         length (or the lane slot it is in); the buffers are read-only views of that memory,
         which lives as long as they do."""
         view = memoryview(frame).toreadonly()
-        buffers = []
+        buffers: list[Any] = []
         position = length
+        gone: TritonError | None = None
         for _ in range(count):
             (size,) = LENGTH.unpack_from(frame, position)
+            if size & _REGION_FLAG:
+                size, region_offset, offset, name_length, key_length = IN_REGION.unpack_from(
+                    frame, position
+                )
+                position += IN_REGION.size
+                name = bytes(view[position : position + name_length])
+                position += name_length
+                key = bytes(view[position : position + key_length])
+                position += key_length
+                size &= ~_REGION_FLAG
+                place = (
+                    name.decode("utf-8", "surrogatepass"),
+                    key.decode("utf-8", "surrogatepass"),
+                    region_offset,
+                    offset,
+                    size,
+                )
+                try:
+                    if self._regions is None:
+                        raise internal("a tensor in a region, on a connection without regions")
+                    buffers.append(self._regions.view(place))
+                except TritonError as error:
+                    gone = error
+                    buffers.append(bytes(size))  # to finish reading the message
+                continue
             if size & _LANE_FLAG:
                 size, name_length = IN_LANE.unpack_from(frame, position)
                 position += IN_LANE.size
@@ -442,7 +501,15 @@ class FrameReader:
             position += LENGTH.size
             buffers.append(view[position : position + size])
             position += size
-        return pickle.loads(view[:length], buffers=buffers)
+        message = pickle.loads(view[:length], buffers=buffers)
+        if gone is not None:
+            # A request (or answer) whose tensor this side cannot see: it fails, and the
+            # connection goes on.
+            id = getattr(message, "id", None)
+            if id is None:
+                raise gone
+            return messages.Failed(id, gone)
+        return message
 
     def _make_room(self) -> None:
         start, end = self._start, self._end

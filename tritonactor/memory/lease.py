@@ -20,9 +20,10 @@ import numpy as np
 from tritonactor.core import offload
 from tritonactor.core.errors import internal
 from tritonactor.core.tensors import tensor_to_bytes
-from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.memory.region import Region
-from tritonactor.memory.registry import SharedMemoryRegistry
+from tritonactor.memory.registry import Place, SharedMemoryRegistry
+from tritonactor.memory.system import SystemRegion
 
 T = TypeVar("T")
 
@@ -47,6 +48,20 @@ class OutputTarget:
     region: Region
     offset: int
     byte_size: int
+
+    def holds(self, tensor: Tensor) -> bool:
+        """Whether `tensor`'s data already is this target's memory (written there by the
+        engine, which maps the same region): nothing to copy."""
+        region = self.region
+        data = tensor.data
+        return (
+            isinstance(region, SystemRegion)
+            and type(data) is np.ndarray
+            and data.dtype.kind != "O"
+            and data.flags.c_contiguous
+            and data.nbytes <= self.byte_size
+            and data.__array_interface__["data"][0] == region.address + self.offset
+        )
 
 
 class Lease:
@@ -87,6 +102,9 @@ class Lease:
             target = self.outputs.get(tensor.name)
             if target is None:
                 continue
+            if target.holds(tensor):  # the engine wrote it there (engine/host.py)
+                written.append(tensor.name)
+                continue
             data = tensor_to_bytes(tensor.datatype, np.asarray(tensor.data))
             chunk = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
             if chunk.size > target.byte_size:
@@ -103,10 +121,29 @@ class Lease:
         """The bytes writing `response`'s outputs into their regions copies."""
         if not self.outputs:
             return 0
+        outputs = self.outputs
         return sum(
             np.asarray(tensor.data).nbytes
             for tensor in response.outputs
-            if tensor.name in self.outputs
+            if tensor.name in outputs and not outputs[tensor.name].holds(tensor)
+        )
+
+    def places(self) -> tuple[tuple[str, Place], ...]:
+        """The outputs due in system regions, as another process of the server that maps the
+        same regions finds them: the engine writes them there itself."""
+        return tuple(
+            (
+                name,
+                (
+                    target.region.name,
+                    target.region.key,
+                    target.region.offset,
+                    target.offset,
+                    target.byte_size,
+                ),
+            )
+            for name, target in self.outputs.items()
+            if isinstance(target.region, SystemRegion)
         )
 
     def large(self, response: InferenceResponse) -> bool:
@@ -138,9 +175,12 @@ async def answer_holding(lease: Lease, request: InferenceRequest, answer: Awaita
     `lease` holds). When the caller is cancelled (the client gave up), the request is
     cancelled, but it may still be running in a model: its regions stay held until it is
     over, as in Triton, not only until the caller's `lease.release()`. A lease holding no
-    region (most requests) has nothing to keep: the answer is awaited as it is."""
+    region (most requests) has nothing to keep: the answer is awaited as it is. The lease goes
+    with the request (`attach`) before `answer` starts: a front end in front of the engine
+    tells the engine where the outputs go (engine/remote.py)."""
     if not lease:
         return await answer
+    attach(request, lease)
     running = asyncio.ensure_future(answer)
     try:
         return await asyncio.shield(running)

@@ -12,10 +12,19 @@ import logging
 import threading
 from collections.abc import Callable
 
-from tritonactor.core.errors import ErrorCode, TritonError, internal, invalid_arg, not_found
+import numpy as np
+
+from tritonactor.core.errors import (
+    ErrorCode,
+    TritonError,
+    internal,
+    invalid_arg,
+    not_found,
+    unavailable,
+)
 from tritonactor.memory.cuda import CudaRegion, CudaRuntime, CudaUnavailable, load_runtime
 from tritonactor.memory.region import Kind, Region
-from tritonactor.memory.system import SystemRegion
+from tritonactor.memory.system import SystemRegion, address_of
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,9 @@ class SharedMemoryRegistry:
         # Held while the CUDA runtime loads (seconds: call `register_cuda` off the event
         # loop), apart from `_lock` so that requests and the other calls go on meanwhile.
         self._cuda_lock = threading.Lock()
+        # The system regions by where they lie in this process's memory (start, end,
+        # region): replaced whole under `_lock`, read without it (`locate`).
+        self._spans: tuple[tuple[int, int, SystemRegion], ...] = ()
 
     # --- register ------------------------------------------------------------------------------
 
@@ -42,7 +54,9 @@ class SharedMemoryRegistry:
         """Map [offset, offset + byte_size) of the shared-memory object `key` as `name`."""
         with self._lock:
             self._check_free(name)
-            self._regions[name] = SystemRegion.open(name, key, offset, byte_size)
+            region = SystemRegion.open(name, key, offset, byte_size)
+            self._regions[name] = region
+            self._spans += ((region.address, region.address + byte_size, region),)
         log.info("registered system shared memory region '%s' (key '%s')", name, key)
 
     def register_cuda(self, name: str, handle: bytes, device_id: int, byte_size: int) -> None:
@@ -136,6 +150,7 @@ class SharedMemoryRegistry:
                 f"Cannot unregister shared memory region '{name}', it is currently in use."
             )
         del self._regions[name]
+        self._spans = tuple(span for span in self._spans if span[2] is not region)
         log.info("unregistered %s region '%s'", _KIND_TITLES[kind], name)
         return region
 
@@ -151,6 +166,7 @@ class SharedMemoryRegistry:
         with self._lock:
             regions = list(self._regions.values())
             self._regions.clear()
+            self._spans = ()
         for region in regions:
             region.close()
 
@@ -172,3 +188,53 @@ class SharedMemoryRegistry:
     def release(self, region: Region) -> None:
         with self._lock:
             region.users -= 1
+
+    # --- between the processes of one server ---------------------------------------------------
+
+    def locate(self, buffer: memoryview) -> Place | None:
+        """Where `buffer` lies when it is the memory of a registered system region (an input
+        read from it, an output written into it), else None: another process of the server
+        that maps the same region then reads it there (`view`) instead of a copy."""
+        spans = self._spans
+        if not spans:
+            return None
+        start = address_of(buffer)
+        end = start + buffer.nbytes
+        for first, last, region in spans:
+            if first <= start and end <= last:
+                return (region.name, region.key, region.offset, start - first, buffer.nbytes)
+        return None
+
+    def view(self, place: Place) -> memoryview:
+        """A read-only view of `place` (what `locate` said in another process of the server) in
+        this process's mapping of the same region. UNAVAILABLE when this process has no such
+        region (it was unregistered, or registered anew, while the tensor crossed)."""
+        return self._placed(place).read(place[3], place[4])
+
+    def write_at(self, place: Place, data: np.ndarray) -> memoryview:
+        """Copy `data` (contiguous uint8, at most `place`'s size) to `place` in this process's
+        mapping of its region; a read-only view of what was written. UNAVAILABLE as `view`."""
+        region = self._placed(place)
+        region.write(place[3], data)
+        return region.read(place[3], data.size)
+
+    def _placed(self, place: Place) -> SystemRegion:
+        name, key, region_offset, offset, byte_size = place
+        with self._lock:
+            region = self._regions.get(name)
+        if (
+            not isinstance(region, SystemRegion)
+            or region.key != key
+            or region.offset != region_offset
+            or offset + byte_size > region.byte_size
+        ):
+            raise unavailable(
+                f"shared memory region '{name}' was unregistered while a request using it "
+                "was in flight"
+            )
+        return region
+
+
+# Where a buffer lies in a registered system region, as another process of the server can find
+# it: (region name, the region's key and offset as registered, offset in the region, bytes).
+Place = tuple[str, str, int, int, int]

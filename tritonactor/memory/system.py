@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import pickle
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,9 @@ class SystemRegion(Region):
         # The mapping starts at the page below `offset`: the region starts `delta` bytes in.
         delta = offset % mmap.ALLOCATIONGRANULARITY
         self._view: memoryview | None = memoryview(mapping)[delta : delta + byte_size]
+        # Where the region starts in this process's memory: what `SharedMemoryRegistry.locate`
+        # compares a buffer's address with.
+        self.address = address_of(self._view)
 
     @classmethod
     def open(cls, name: str, key: str, offset: int, byte_size: int) -> SystemRegion:
@@ -132,6 +136,12 @@ class SystemRegion(Region):
         if self._view is None:
             raise internal(f"shared memory region '{self.name}' is unregistered")
         return self._view
+
+
+def address_of(buffer: memoryview | pickle.PickleBuffer) -> int:
+    """The address of `buffer`'s first byte in this process (the array made to read it is
+    gone at return, so the buffer keeps no export)."""
+    return int(np.frombuffer(buffer, np.uint8).__array_interface__["data"][0])
 
 
 def _open_key(key: str) -> int:
