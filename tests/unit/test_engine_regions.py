@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as client_shm
 
+from tritonactor.actors import Reply
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.engine import messages as m
@@ -174,16 +175,41 @@ def test_an_output_larger_than_its_place_fails_as_the_front_end_would_fail_it(
 ) -> None:
     lease = Lease(front)
     lease.reserve("OUT", "r", 0, 8)
-    answer = InferenceResponse(
-        "m", "1", outputs=[Tensor("OUT", "INT32", (4,), np.ones(4, np.int32))]
-    )
+    data = np.ones(ELEMENTS, np.float32)
+    answer = InferenceResponse("m", "1", outputs=[Tensor("OUT", "FP32", data.shape, data)])
     with pytest.raises(TritonError) as caught:
         connection(engine)._write_targets(answer, lease.places())
     assert (caught.value.code, caught.value.message) == (
         ErrorCode.INTERNAL,
         "shared memory size specified with the request for output 'OUT' (8 bytes) should be at "
-        "least 16 bytes to hold the results",
+        f"least {OUT_OF_BAND} bytes to hold the results",
     )
+    lease.release()
+
+
+def test_a_small_output_is_left_to_the_front_end_which_writes_it_once(
+    front: SharedMemoryRegistry, engine: SharedMemoryRegistry
+) -> None:
+    # It crosses inside the frame anyway: writing it in the engine too would copy it twice.
+    lease = Lease(front)
+    lease.reserve("OUT", "r", 0, 16)
+    small = np.arange(4, dtype=np.int32)
+    answer = InferenceResponse("m", "1", outputs=[Tensor("OUT", "INT32", (4,), small)])
+    assert connection(engine)._write_targets(answer, lease.places()).outputs[0].data is small
+    assert lease.write(answer) == {"OUT"}
+    assert np.frombuffer(region(front).read(0, 16), np.int32).tolist() == [0, 1, 2, 3]
+    lease.release()
+
+
+def test_data_at_the_targets_place_in_another_dtype_is_still_converted(
+    front: SharedMemoryRegistry,
+) -> None:
+    lease = Lease(front)
+    lease.reserve("OUT", "r", 0, 64)
+    doubles = np.frombuffer(region(front).read(0, 32), np.float64)  # FP64 data, FP32 output
+    assert not lease.outputs["OUT"].holds(Tensor("OUT", "FP32", (4,), doubles))
+    same = np.frombuffer(region(front).read(0, 16), np.float32)
+    assert lease.outputs["OUT"].holds(Tensor("OUT", "FP32", (4,), same))
     lease.release()
 
 
@@ -201,16 +227,6 @@ def test_a_request_with_outputs_in_a_region_crosses_with_their_places(
 
 
 def test_the_engine_fails_back_a_request_it_could_not_read(engine: SharedMemoryRegistry) -> None:
-    class _Transport:
-        def __init__(self) -> None:
-            self.written: list[bytes] = []
-
-        def is_closing(self) -> bool:
-            return False
-
-        def write(self, data: bytes) -> None:
-            self.written.append(bytes(data))
-
     crossing = connection(engine)
     crossing._lane = Lane()
     crossing._transport = transport = _Transport()
@@ -219,3 +235,79 @@ def test_the_engine_fails_back_a_request_it_could_not_read(engine: SharedMemoryR
     [failed] = FrameReader().feed(b"".join(transport.written))
     assert isinstance(failed, m.Failed)
     assert (failed.id, failed.error.code, failed.error.message) == (5, gone.code, gone.message)
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        self.written.append(b"".join(bytes(p) for p in pieces))
+
+
+def test_a_write_that_fails_oddly_still_answers_its_request(
+    front: SharedMemoryRegistry, engine: SharedMemoryRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Else the front end would wait for ever, holding its lease on the region.
+    def broken(*_: object) -> None:
+        raise ValueError("not what anyone expected")
+
+    monkeypatch.setattr(engine, "write_at", broken)
+    lease = Lease(front)
+    lease.reserve("OUT", "r", 0, OUT_OF_BAND)
+    crossing = connection(engine)
+    crossing._lane = Lane()
+    crossing._transport = transport = _Transport()
+    request = InferenceRequest("m")
+    crossing._requests = {4: request}
+    crossing._targets = {4: lease.places()}
+    data = np.ones(ELEMENTS, np.float32)
+    answered: Reply[InferenceResponse] = Reply()
+    answered.set(InferenceResponse("m", "1", outputs=[Tensor("OUT", "FP32", data.shape, data)]))
+    crossing._answer(4, answered)
+    [failed] = FrameReader().feed(b"".join(transport.written))
+    assert isinstance(failed, m.Failed) and failed.id == 4
+    assert failed.error.code is ErrorCode.INTERNAL
+    assert "not what anyone expected" in failed.error.message
+    lease.release()
+
+
+def test_a_part_whose_tensor_cannot_be_seen_ends_its_stream(
+    front: SharedMemoryRegistry, engine: SharedMemoryRegistry
+) -> None:
+    lease = Lease(front)
+    data = np.frombuffer(lease.read("r", 0, OUT_OF_BAND), np.float32)
+    part = m.Part(
+        3, InferenceResponse("m", "1", outputs=[Tensor("O", "FP32", data.shape, data)]), None, False
+    )
+    sent = frame(part, front)
+    engine.unregister(Kind.SYSTEM, "r")
+    [ended] = FrameReader(regions=engine).feed(sent)
+    assert isinstance(ended, m.Part)
+    assert (ended.id, ended.response, ended.final) == (3, None, True)
+    assert ended.error is not None and ended.error.code is ErrorCode.UNAVAILABLE
+    lease.release()
+
+
+def test_a_region_retired_while_held_frees_its_name_and_closes_when_let_go(
+    front: SharedMemoryRegistry, key: str
+) -> None:
+    # A front end following the engine's unregistration while one of its requests holds it.
+    lease = Lease(front)
+    data = np.frombuffer(lease.read("r", 0, 16), np.uint8)
+    old = region(front)
+    front.retire(Kind.SYSTEM, "r")
+    assert front.status(Kind.SYSTEM) == []
+    front.register_system("r", key, 0, 4096)  # the engine's new registration under the name
+    assert region(front) is not old and front.locate(memoryview(data)) is None
+    assert data.tolist() == [0] * 16  # the held request still reads its memory
+    del data
+    lease.release()
+    with pytest.raises(TritonError, match="is unregistered"):  # closed at the last release
+        old.read(0, 16)

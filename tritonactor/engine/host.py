@@ -27,13 +27,13 @@ import numpy as np
 from tritonactor.actors import Reply
 from tritonactor.core import offload
 from tritonactor.core.datatypes import to_numpy_dtype
-from tritonactor.core.errors import TritonError, internal
+from tritonactor.core.errors import TritonError, cancelled, internal
 from tritonactor.core.tensors import tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.engine import messages as m
 from tritonactor.engine.lanes import Lane, LaneReader, remove_owned, sweep_lanes
 from tritonactor.engine.launch import peer_pid, same_user
-from tritonactor.engine.wire import PROTOCOL, TRACE_CARRIER, FrameReader, encode
+from tritonactor.engine.wire import OUT_OF_BAND, PROTOCOL, TRACE_CARRIER, FrameReader, encode
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.scheduling.router import Router
 
@@ -146,6 +146,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._requests.clear()
         for task in self._tasks.values():
             task.cancel()
+        self._targets.clear()
         self._host.lost(self)
 
     # --- messages ------------------------------------------------------------------------------
@@ -290,24 +291,29 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             self._settle(id, request)
         targets = self._targets.pop(id, None) if self._targets else None
-        if targets is None or error is not None:
+        if targets is None or error is not None or request is None:
+            # (No request: its front end has gone, and with it the leases that kept its
+            # regions from being unregistered: nothing is written into them any more.)
             self._reply(id, request, reply.result() if error is None else None, error)
             return
         response = reply.result()
         write = functools.partial(self._write_targets, response, targets)
         if not offload.large(_bytes_due(response, targets)):
             try:
-                self._reply(id, request, write(), None)
-            except TritonError as failed:
+                written = write()
+            except Exception as failed:
                 self._reply(id, request, None, failed)
+            else:
+                self._reply(id, request, written, None)
             return
-        # A large copy leaves the engine's loop; the answer follows it.
+        # A large copy leaves the engine's loop; the answer follows it, whatever happens.
         offload.start(write).add_done_callback(
-            lambda done: self._reply(
-                id,
-                request,
-                None if done.exception() else done.result(),
-                done.exception(),
+            lambda done: (
+                self._reply(id, request, None, cancelled("the copy was cancelled"))
+                if done.cancelled()
+                else self._reply(
+                    id, request, None if done.exception() else done.result(), done.exception()
+                )
             )
         )
 
@@ -334,11 +340,11 @@ class _Connection(asyncio.BufferedProtocol):
     def _write_targets(
         self, response: InferenceResponse, targets: tuple[tuple[str, Place], ...]
     ) -> InferenceResponse:
-        """`response` with its outputs of numbers that are due in system regions written
-        there, and viewing them: they cross as where they lie, and the front end copies
-        nothing (`OutputTarget.holds`). An output too large for its place fails the request
-        as the front end would (`Lease.write`); one whose region is gone here is left for the
-        front end to write."""
+        """`response` with its large outputs of numbers (those that would cross out of band)
+        that are due in system regions written there, and viewing them: they cross as where
+        they lie, and the front end copies nothing (`OutputTarget.holds`). An output too
+        large for its place fails the request as the front end would (`Lease.write`); one
+        whose region is gone here is left for the front end to write."""
         places = dict(targets)
         outputs = list(response.outputs)
         for index, tensor in enumerate(outputs):
@@ -347,6 +353,7 @@ class _Connection(asyncio.BufferedProtocol):
             if (
                 place is None
                 or type(data) is not np.ndarray
+                or data.nbytes < OUT_OF_BAND  # it crosses in the frame: the front end writes it
                 or data.dtype.kind == "O"
                 or data.dtype != to_numpy_dtype(tensor.datatype)
             ):
@@ -373,7 +380,9 @@ def _bytes_due(response: InferenceResponse, targets: tuple[tuple[str, Place], ..
     return sum(
         tensor.data.nbytes
         for tensor in response.outputs
-        if tensor.name in names and type(tensor.data) is np.ndarray
+        if tensor.name in names
+        and type(tensor.data) is np.ndarray
+        and tensor.data.nbytes >= OUT_OF_BAND
     )
 
 

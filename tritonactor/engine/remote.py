@@ -342,8 +342,9 @@ class RemoteServer:
         for name, region in list(self._regions.items()):
             if wanted.get(name) != region:
                 del self._regions[name]
-                with contextlib.suppress(TritonError):
-                    registry.unregister(region.kind, name)
+                # Even when a request here holds it (it took its lease after the engine asked):
+                # the name must be free for what the engine registers under it now.
+                registry.retire(region.kind, name)
         for name, region in wanted.items():
             if name in self._regions:
                 continue

@@ -502,14 +502,16 @@ class FrameReader:
             buffers.append(view[position : position + size])
             position += size
         message = pickle.loads(view[:length], buffers=buffers)
-        if gone is not None:
-            # A request (or answer) whose tensor this side cannot see: it fails, and the
-            # connection goes on.
-            id = getattr(message, "id", None)
-            if id is None:
-                raise gone
-            return messages.Failed(id, gone)
-        return message
+        if gone is None:
+            return message
+        # A request, answer or part whose tensor this side cannot see: it fails (a part ends
+        # its stream), and the connection goes on.
+        kind = type(message)
+        if kind is messages.Submit or kind is messages.Answer:
+            return messages.Failed(message.id, gone)  # type: ignore[attr-defined]
+        if kind is messages.Part:
+            return messages.Part(message.id, None, gone, True)  # type: ignore[attr-defined]
+        raise gone
 
     def _make_room(self) -> None:
         start, end = self._start, self._end

@@ -18,6 +18,7 @@ from typing import TypeVar
 import numpy as np
 
 from tritonactor.core import offload
+from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import internal
 from tritonactor.core.tensors import tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
@@ -58,6 +59,7 @@ class OutputTarget:
             isinstance(region, SystemRegion)
             and type(data) is np.ndarray
             and data.dtype.kind != "O"
+            and data.dtype == to_numpy_dtype(tensor.datatype)
             and data.flags.c_contiguous
             and data.nbytes <= self.byte_size
             and data.__array_interface__["data"][0] == region.address + self.offset

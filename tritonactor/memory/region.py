@@ -31,6 +31,9 @@ class Region(abc.ABC):
         self.name = name
         self.byte_size = byte_size
         self.users = 0
+        # Out of the registry while requests still held it (`SharedMemoryRegistry.retire`):
+        # closed when the last of them lets go.
+        self.retired = False
 
     @abc.abstractmethod
     def read(self, offset: int, byte_size: int) -> memoryview:

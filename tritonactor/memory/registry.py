@@ -154,6 +154,22 @@ class SharedMemoryRegistry:
         log.info("unregistered %s region '%s'", _KIND_TITLES[kind], name)
         return region
 
+    def retire(self, kind: Kind, name: str) -> None:
+        """Take the region `name` of `kind` out of the registry even while requests hold it:
+        its name is free at once, and it is closed when the last of them lets go. What a
+        front end does when the engine unregistered a region (the engine asked every front
+        end first; one that took a lease since is not refused the engine's decision)."""
+        with self._lock:
+            region = self._regions.get(name)
+            if region is None or region.kind is not kind:
+                return
+            del self._regions[name]
+            self._spans = tuple(span for span in self._spans if span[2] is not region)
+            region.retired = True
+            close = region.users == 0
+        if close:
+            region.close()
+
     def in_use(self, kind: Kind) -> frozenset[str]:
         """The regions of `kind` that requests hold now."""
         with self._lock:
@@ -188,6 +204,9 @@ class SharedMemoryRegistry:
     def release(self, region: Region) -> None:
         with self._lock:
             region.users -= 1
+            close = region.retired and region.users == 0
+        if close:
+            region.close()
 
     # --- between the processes of one server ---------------------------------------------------
 
@@ -232,6 +251,9 @@ class SharedMemoryRegistry:
                 f"shared memory region '{name}' was unregistered while a request using it "
                 "was in flight"
             )
+        # The client may have shrunk its object since the front end took its lease: touching
+        # the mapping past the object's end would kill this process (SIGBUS).
+        region.check_whole()
         return region
 
 
