@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as client_shm
 
+from tests.unit.test_engine_wire import Transport
 from tritonactor.actors import Reply
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
@@ -229,26 +230,12 @@ def test_a_request_with_outputs_in_a_region_crosses_with_their_places(
 def test_the_engine_fails_back_a_request_it_could_not_read(engine: SharedMemoryRegistry) -> None:
     crossing = connection(engine)
     crossing._lane = Lane()
-    crossing._transport = transport = _Transport()
+    crossing._transport = transport = Transport()
     gone = TritonError(ErrorCode.UNAVAILABLE, "shared memory region 'r' was unregistered")
     crossing._dispatch(m.Failed(5, gone))  # what the reader made of the request
     [failed] = FrameReader().feed(b"".join(transport.written))
     assert isinstance(failed, m.Failed)
     assert (failed.id, failed.error.code, failed.error.message) == (5, gone.code, gone.message)
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    def is_closing(self) -> bool:
-        return False
-
-    def write(self, data: bytes) -> None:
-        self.written.append(bytes(data))
-
-    def writelines(self, pieces: list[bytes]) -> None:
-        self.written.append(b"".join(bytes(p) for p in pieces))
 
 
 def test_a_write_that_fails_oddly_still_answers_its_request(
@@ -263,7 +250,7 @@ def test_a_write_that_fails_oddly_still_answers_its_request(
     lease.reserve("OUT", "r", 0, OUT_OF_BAND)
     crossing = connection(engine)
     crossing._lane = Lane()
-    crossing._transport = transport = _Transport()
+    crossing._transport = transport = Transport()
     request = InferenceRequest("m")
     crossing._requests = {4: request}
     crossing._targets = {4: lease.places()}

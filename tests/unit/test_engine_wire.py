@@ -26,6 +26,22 @@ def cross(message: object) -> object:
     return received
 
 
+class Transport:
+    """What an engine connection writes to, kept."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        self.written.append(b"".join(bytes(p) for p in pieces))
+
+
 def request(*tensors: Tensor) -> InferenceRequest:
     return InferenceRequest(
         "m",
@@ -275,22 +291,9 @@ def test_a_frame_that_does_not_unpickle_raises() -> None:
 def test_an_answer_that_does_not_encode_fails_its_request() -> None:
     from tritonactor.engine.host import _Connection
 
-    class _Transport:
-        def __init__(self) -> None:
-            self.written: list[bytes] = []
-
-        def is_closing(self) -> bool:
-            return False
-
-        def write(self, data: bytes) -> None:
-            self.written.append(bytes(data))
-
-        def writelines(self, pieces: list[bytes]) -> None:
-            self.written.append(b"".join(bytes(p) for p in pieces))
-
     connection = _Connection.__new__(_Connection)
     connection._lane = Lane()
-    transport = _Transport()
+    transport = Transport()
     connection._transport = transport  # type: ignore[assignment]
     unpicklable = InferenceResponse("m", "1", parameters={"x": lambda: None})  # type: ignore[dict-item]
     connection.send(m.Answer(9, unpicklable))
