@@ -6,6 +6,7 @@ on SIGTERM/SIGINT)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -15,7 +16,7 @@ import anyio
 
 from tritonactor.engine.calls import EngineServer
 from tritonactor.engine.host import EngineHost, ObservedRouter, table
-from tritonactor.engine.launch import SOCKET, engine_socket, tell_ready
+from tritonactor.engine.launch import READY_FD, SOCKET, engine_socket, tell_ready
 from tritonactor.engine.listeners import handing_out
 from tritonactor.frontends.listen import ListenFailed
 from tritonactor.observability.endpoint import metrics_listener
@@ -30,7 +31,8 @@ log = logging.getLogger("tritonactor.engine")
 LEAVE_GRACE = 10.0
 
 
-async def serve(server: Server, path: str) -> None:
+async def serve(server: Server, path: str, starter: int | None = None) -> None:
+    """`starter`: the process that started the engine (`_stop_if_abandoned`)."""
     engine = EngineServer(server)
     host = EngineHost(engine, path)
     engine.broadcast = host.broadcast
@@ -78,6 +80,7 @@ async def serve(server: Server, path: str) -> None:
                             return
 
                 tasks.start_soon(stop_on_signal)
+                tasks.start_soon(_stop_if_abandoned, host, starter, tasks.cancel_scope)
                 await host.deserted.wait()
                 tasks.cancel_scope.cancel()
         finally:
@@ -86,6 +89,44 @@ async def serve(server: Server, path: str) -> None:
             # still accepts, even while models stuck in a request take their time to stop.
             listeners.close()
     log.info("engine stopped")
+
+
+async def _stop_if_abandoned(
+    host: EngineHost, starter: int | None, scope: anyio.CancelScope
+) -> None:
+    """Stop the engine when the process that started it ends before any front end joined and
+    none is connecting. A plain hypercorn's worker starts the engine without tying it to
+    itself (the other workers share it); a worker whose start fails after that (TLS files it
+    cannot read, a refused socket) would otherwise leave an engine that nothing stops, holding
+    the server's ports."""
+    if starter is None:
+        return
+    try:
+        pidfd = os.pidfd_open(starter)
+    except ProcessLookupError:
+        pidfd = None  # already gone
+    except (AttributeError, OSError):
+        return  # no pidfd here (Linux before 5.3): nothing to watch with
+    if pidfd is not None:
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+        try:
+            await ended
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+    while host.open and not host.joined:  # one connecting may still join
+        host.idle.clear()
+        await host.idle.wait()
+    if host.joined:
+        return  # its front ends stop it when they leave
+    log.error(
+        "the process that started the engine (pid %d) has ended and no front end joined: "
+        "the engine stops",
+        starter,
+    )
+    scope.cancel()
 
 
 def main() -> int:
@@ -98,9 +139,11 @@ def main() -> int:
     configure_logging(settings)
     server = Server(settings, router_class=ObservedRouter)
     path = os.environ.get(SOCKET) or engine_socket(settings)
+    # Only an engine a front end started (not one run by hand) watches its starter.
+    starter = os.getppid() if os.environ.get(READY_FD) else None
     failed: list[BaseException] = []
     try:
-        anyio.run(serve, server, path, backend_options=_backend_options())
+        anyio.run(serve, server, path, starter, backend_options=_backend_options())
     except* (StartupFailed, ListenFailed, StoreError) as group:
         failed.extend(group.exceptions)
     if failed:

@@ -187,6 +187,7 @@ class _Connection(asyncio.BufferedProtocol):
         elif type(message) is m.Join:
             if message.protocol == PROTOCOL:
                 self._host.connections.add(self)
+                self._host.joined = True
         elif type(message) is m.Leave:
             self._host.connections.discard(self)
             if self._host.connections:
@@ -405,7 +406,9 @@ class EngineHost:
         # Set once a front end has connected and every one has gone since.
         self.deserted = asyncio.Event()
         self._thread = threading.get_ident()
-        self._seen = False
+        # Whether a front end has ever joined; set whenever the last open connection closes.
+        self.joined = False
+        self.idle = asyncio.Event()
 
     def on_loop(self, call: Callable[[object], None], message: object) -> None:
         """`call(message)` now when on the engine's loop, else soon on it (a backend's
@@ -429,6 +432,8 @@ class EngineHost:
 
     def lost(self, connection: _Connection) -> None:
         self.open.discard(connection)
+        if not self.open:
+            self.idle.set()
         if connection not in self.connections:
             return  # never joined: a probe
         self.connections.discard(connection)
