@@ -96,9 +96,9 @@ async def _stop_if_abandoned(
 ) -> None:
     """Stop the engine when the process that started it ends before any front end joined and
     none is connecting. A plain hypercorn's worker starts the engine without tying it to
-    itself (the other workers share it); a worker whose start fails after that (TLS files it
-    cannot read, a refused socket) would otherwise leave an engine that nothing stops, holding
-    the server's ports."""
+    itself (the other workers share it); a worker killed, or failing, between starting the
+    engine and joining it would otherwise leave an engine that nothing stops, holding the
+    server's ports."""
     if starter is None:
         return
     try:
