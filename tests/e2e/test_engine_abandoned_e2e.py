@@ -82,5 +82,8 @@ def test_an_engine_no_front_end_joined_stops_once_its_starter_has_ended(tmp_path
         with pytest.raises(requests.ConnectionError):
             requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
     finally:
-        if engine is not None and engine_of(http_port) == engine:
-            os.kill(engine, signal.SIGKILL)
+        starter.kill()
+        starter.wait()
+        left = engine_of(http_port)
+        if left is not None:
+            os.kill(left, signal.SIGKILL)

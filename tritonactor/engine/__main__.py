@@ -16,7 +16,7 @@ import anyio
 
 from tritonactor.engine.calls import EngineServer
 from tritonactor.engine.host import EngineHost, ObservedRouter, table
-from tritonactor.engine.launch import READY_FD, SOCKET, engine_socket, tell_ready
+from tritonactor.engine.launch import SOCKET, STARTER_FD, engine_socket, tell_ready
 from tritonactor.engine.listeners import handing_out
 from tritonactor.frontends.listen import ListenFailed
 from tritonactor.observability.endpoint import metrics_listener
@@ -94,37 +94,33 @@ async def serve(server: Server, path: str, starter: int | None = None) -> None:
 async def _stop_if_abandoned(
     host: EngineHost, starter: int | None, scope: anyio.CancelScope
 ) -> None:
-    """Stop the engine when the process that started it ends before any front end joined and
-    none is connecting. A plain hypercorn's worker starts the engine without tying it to
-    itself (the other workers share it); a worker killed, or failing, between starting the
-    engine and joining it would otherwise leave an engine that nothing stops, holding the
-    server's ports."""
+    """Stop the engine when the process that started it (`starter`: a pidfd of it, which its
+    starter handed over) ends before any front end joined and none is connected. A plain
+    hypercorn's worker starts the engine without tying it to itself (the other workers share
+    it); a worker killed, or failing, between starting the engine and joining it would
+    otherwise leave an engine that nothing stops, holding the server's ports."""
     if starter is None:
         return
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
     try:
-        pidfd = os.pidfd_open(starter)
-    except ProcessLookupError:
-        pidfd = None  # already gone
-    except (AttributeError, OSError):
-        return  # no pidfd here (Linux before 5.3): nothing to watch with
-    if pidfd is not None:
-        loop = asyncio.get_running_loop()
-        ended = loop.create_future()
-        loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
-        try:
-            await ended
-        finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-    while host.open and not host.joined:  # one connecting may still join
+        loop.add_reader(starter, lambda: ended.done() or ended.set_result(None))
+    except OSError as error:
+        log.warning("the engine cannot watch the process that started it: %s", error)
+        os.close(starter)
+        return
+    try:
+        await ended
+    finally:
+        loop.remove_reader(starter)
+        os.close(starter)
+    while host.open and not host.joined:  # one connected may still join
         host.idle.clear()
         await host.idle.wait()
     if host.joined:
         return  # its front ends stop it when they leave
-    log.error(
-        "the process that started the engine (pid %d) has ended and no front end joined: "
-        "the engine stops",
-        starter,
+    log.warning(
+        "the process that started the engine has ended and no front end joined: the engine stops"
     )
     scope.cancel()
 
@@ -140,7 +136,8 @@ def main() -> int:
     server = Server(settings, router_class=ObservedRouter)
     path = os.environ.get(SOCKET) or engine_socket(settings)
     # Only an engine a front end started (not one run by hand) watches its starter.
-    starter = os.getppid() if os.environ.get(READY_FD) else None
+    handed = os.environ.pop(STARTER_FD, "")
+    starter = int(handed) if handed.isdigit() else None
     failed: list[BaseException] = []
     try:
         anyio.run(serve, server, path, starter, backend_options=_backend_options())

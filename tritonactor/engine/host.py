@@ -406,7 +406,8 @@ class EngineHost:
         # Set once a front end has connected and every one has gone since.
         self.deserted = asyncio.Event()
         self._thread = threading.get_ident()
-        # Whether a front end has ever joined; set whenever the last open connection closes.
+        # Whether a front end has ever joined; and an event set whenever the last open
+        # connection closes.
         self.joined = False
         self.idle = asyncio.Event()
 

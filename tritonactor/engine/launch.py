@@ -37,6 +37,8 @@ class EngineFailed(RuntimeError):
 
 # The engine reads the write end of its readiness pipe from this variable.
 READY_FD = "TA_ENGINE_READY_FD"
+# The pidfd of the process that started the engine.
+STARTER_FD = "TA_ENGINE_STARTER_FD"
 SOCKET = "TA_ENGINE_SOCKET"
 # How many front-end processes the ASGI server runs: set by `tritonactor serve` (app.py reads
 # it; a plain hypercorn command line says it with --workers). Not a TRITONACTOR_* setting: it
@@ -142,11 +144,16 @@ def _start(settings: Settings, path: str, tied: bool = False) -> None:
         return
     read_end, write_end = os.pipe()
     env = {**os.environ, **settings.to_env(), READY_FD: str(write_end), SOCKET: path}
+    # A pidfd of this process, which the engine watches (engine/__main__.py): unlike a pid
+    # read later, it cannot name another process once this one has ended.
+    starter = _own_pidfd()
+    if starter is not None:
+        env[STARTER_FD] = str(starter)
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "tritonactor.engine"],
             env=env,
-            pass_fds=(write_end,),
+            pass_fds=(write_end,) if starter is None else (write_end, starter),
             stdin=subprocess.DEVNULL,
             # In the front ends' process group, so that whoever stops the server by its group
             # stops the engine too (it waits for the front ends to leave: engine/__main__.py).
@@ -154,6 +161,8 @@ def _start(settings: Settings, path: str, tied: bool = False) -> None:
         )
     finally:
         os.close(write_end)
+        if starter is not None:
+            os.close(starter)
     with os.fdopen(read_end, "rb") as ready:
         said = ready.readline().decode(errors="replace").strip()
     if said == "ready":
@@ -162,6 +171,13 @@ def _start(settings: Settings, path: str, tied: bool = False) -> None:
     if said.startswith("failed:"):
         raise EngineFailed(said.removeprefix("failed:").strip())
     raise EngineFailed(f"the engine stopped before serving (exit status {process.returncode})")
+
+
+def _own_pidfd() -> int | None:
+    try:
+        return os.pidfd_open(os.getpid())
+    except (AttributeError, OSError):
+        return None  # no pidfd here (not Linux 5.3 or later, a seccomp filter)
 
 
 def _locked_start(settings: Settings, path: str, tied: bool = False) -> None:
