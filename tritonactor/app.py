@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 
 from starlette.applications import Starlette
 
@@ -90,14 +90,19 @@ def _front_end_app(server: Server) -> Starlette:
             if hypercorn_bind(sys.argv) is not None:  # a plain `hypercorn --workers N`
                 settings = server.settings
                 refuse_shared("HTTP", settings.http_host, settings.http_port)
-            front.path = await ensure_engine(server.settings)
-            # The gRPC socket is the engine's, bound once; every front end accepts on it.
-            grpc_socket = await shared_grpc_socket(front.path)
-            async with front.running(), grpc_listener(front, grpc_socket, drain=drain):  # type: ignore[arg-type]
-                # This front end leaves the engine once it has answered what it admitted.
-                with held_signals(drain):
-                    yield
-                    await drain.wait()
+            front.path, found = await ensure_engine(server.settings)
+            # (`found`, a connection to an engine that already ran, is held until this front
+            # end has joined it: engine/launch.py)
+            with found or nullcontext():
+                # The gRPC socket is the engine's, bound once; every front end accepts on it.
+                grpc_socket = await shared_grpc_socket(front.path)
+                async with front.running(), grpc_listener(front, grpc_socket, drain=drain):  # type: ignore[arg-type]
+                    if found is not None:
+                        found.close()  # joined
+                    # This front end leaves the engine once it has answered what it admitted.
+                    with held_signals(drain):
+                        yield
+                        await drain.wait()
             if front.engine_lost and multiprocessing.parent_process() is None:
                 # The only front end, in the ASGI server's own process (`tritonactor serve
                 # --workers 1`): no supervisor starts it again, so the server stops with status

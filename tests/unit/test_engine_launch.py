@@ -64,9 +64,13 @@ def test_a_socket_answered_by_this_user_is_trusted(tmp_dir: Path) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(path)
         listener.listen()
-        assert launch._answers(path)
+        found = launch._probe(path)
+        assert found is not None
+        with found:  # connected: the listener's backlog holds it
+            accepted, _ = listener.accept()
+            accepted.close()
     os.unlink(path)
-    assert not launch._answers(path)
+    assert launch._probe(path) is None
 
 
 def test_a_server_on_port_0_is_also_named_by_its_process(

@@ -114,11 +114,23 @@ async def _stop_if_abandoned(
     finally:
         loop.remove_reader(starter)
         os.close(starter)
-    while host.open and not host.joined:  # one connected may still join
+    if host.open and not host.joined:  # one connected may still join
+        log.info(
+            "the process that started the engine has ended; the engine stops unless one of "
+            "the %d connected joins it",
+            len(host.open),
+        )
+    while host.open and not host.joined:
         host.idle.clear()
         await host.idle.wait()
     if host.joined:
-        return  # its front ends stop it when they leave
+        # Its front ends stop it when the last of them leaves.
+        if host.connections:
+            log.info(
+                "the process that started the engine has ended; "
+                "the front ends that joined it keep it"
+            )
+        return
     log.warning(
         "the process that started the engine has ended and no front end joined: the engine stops"
     )

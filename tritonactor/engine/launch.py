@@ -118,13 +118,17 @@ def peer_pid(sock: socket.socket) -> int:
     return int(pid)
 
 
-def _answers(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-        return same_user(probe)
+def _probe(path: str) -> socket.socket | None:
+    """A connection to the engine that answers on `path` (this user's), or None."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        if same_user(probe):
+            return probe
+    except OSError:
+        pass
+    probe.close()
+    return None
 
 
 def _die_with_parent() -> None:
@@ -136,12 +140,15 @@ def _die_with_parent() -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _start(settings: Settings, path: str, tied: bool = False) -> None:
+def _start(settings: Settings, path: str, tied: bool = False) -> socket.socket | None:
     """Under the lock: start the engine unless one answers on `path`; return once it serves
     (raising EngineFailed when it stopped instead). `tied`: the engine
-    also stops when this process ends."""
-    if _answers(path):
-        return
+    also stops when this process ends. Returns the connection that found an engine already
+    running, None when this call started it: held open until this front end has joined, it
+    keeps an engine whose starter has ended from stopping meanwhile (engine/__main__.py)."""
+    found = _probe(path)
+    if found is not None:
+        return found
     read_end, write_end = os.pipe()
     env = {**os.environ, **settings.to_env(), READY_FD: str(write_end), SOCKET: path}
     # A pidfd of this process, which the engine watches (engine/__main__.py): unlike a pid
@@ -166,7 +173,7 @@ def _start(settings: Settings, path: str, tied: bool = False) -> None:
     with os.fdopen(read_end, "rb") as ready:
         said = ready.readline().decode(errors="replace").strip()
     if said == "ready":
-        return
+        return None
     process.wait()
     if said.startswith("failed:"):
         raise EngineFailed(said.removeprefix("failed:").strip())
@@ -180,12 +187,12 @@ def _own_pidfd() -> int | None:
         return None  # no pidfd here (not Linux 5.3 or later, a seccomp filter)
 
 
-def _locked_start(settings: Settings, path: str, tied: bool = False) -> None:
+def _locked_start(settings: Settings, path: str, tied: bool = False) -> socket.socket | None:
     lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            _start(settings, path, tied)
+            return _start(settings, path, tied)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     finally:
@@ -198,15 +205,19 @@ def start_engine(settings: Settings) -> str:
     (rather than a worker pool starting failing workers again), and it is tied to this
     process: when the ASGI server ends, so does the engine. Returns its socket."""
     path = engine_socket(settings)
-    _locked_start(settings, path, tied=True)
+    found = _locked_start(settings, path, tied=True)
+    if found is not None:
+        found.close()
     return path
 
 
-async def ensure_engine(settings: Settings) -> str:
-    """The socket of the server's engine, started now when none runs yet."""
+async def ensure_engine(settings: Settings) -> tuple[str, socket.socket | None]:
+    """The socket of the server's engine, started now when none runs yet; and, when one
+    already ran, a connection to it, which the caller closes once it has joined the engine
+    (until then, an engine whose starter has ended waits for it rather than stopping)."""
     path = os.environ.get(SOCKET) or engine_socket(settings)
-    await anyio.to_thread.run_sync(_locked_start, settings, path, abandon_on_cancel=True)
-    return path
+    found = await anyio.to_thread.run_sync(_locked_start, settings, path, abandon_on_cancel=True)
+    return path, found
 
 
 def tell_ready(message: str) -> None:
