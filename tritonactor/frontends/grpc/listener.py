@@ -11,9 +11,9 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from grpclib.config import Configuration
-from grpclib.server import Server as GrpcServer
 
 from tritonactor.frontends.drain import Drain
+from tritonactor.frontends.grpc.connection import GrpcServer
 from tritonactor.frontends.grpc.health import HealthService
 from tritonactor.frontends.grpc.service import InferenceService
 from tritonactor.frontends.listen import BACKLOG, ListenFailed, address_text, listening_socket

@@ -1,0 +1,75 @@
+"""grpclib's HTTP/2 server connections, with two changes for large messages.
+
+- Frames of up to FRAME bytes (`SETTINGS_MAX_FRAME_SIZE`; h2's default is 16 KiB): a client
+  then sends a 1 MiB tensor in one DATA frame rather than in 64, each parsed by h2 in Python.
+  (gRPC's own clients accept frames of 4 MiB: answers already go out that way.)
+- h2 formats every frame it receives for its trace log, on or off (`repr(frame)`: for a DATA
+  frame, the hex of its whole payload, then cut to 20 characters): a received DATA frame gets a
+  short form instead.
+
+Both reach into grpclib's and h2's internals (a connection's h2 object, h2's frame dispatch);
+where a release moves them, the connection is left as grpclib makes it (tests/unit/
+test_grpc_connection.py says which).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server
+from h2.connection import H2Connection
+from h2.settings import SettingCodes
+from hyperframe.frame import DataFrame, Frame
+
+log = logging.getLogger(__name__)
+
+FRAME = 4 * 1024 * 1024
+
+
+class _ReceivedData(DataFrame):
+    """A received DATA frame whose repr leaves its payload out."""
+
+    def __repr__(self) -> str:
+        return f"DataFrame(stream_id={self.stream_id}): {len(self.data)} bytes"
+
+
+def quiet_data_frames(connection: H2Connection) -> bool:
+    """Give the DATA frames `connection` receives the short repr of `_ReceivedData`; False
+    (and nothing changed) where h2's internals are not what this expects."""
+    table = getattr(connection, "_frame_dispatch_table", None)
+    receive: Callable[[Frame], Any] | None = getattr(connection, "_receive_frame", None)
+    if not isinstance(table, dict) or DataFrame not in table or receive is None:
+        return False
+    table[_ReceivedData] = table[DataFrame]
+
+    def receive_frame(frame: Frame) -> Any:
+        if frame.__class__ is DataFrame:
+            frame.__class__ = _ReceivedData
+        return receive(frame)
+
+    connection._receive_frame = receive_frame  # type: ignore[method-assign]
+    return True
+
+
+class _Protocol(H2Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        h2_connection = getattr(self.connection, "_connection", None)
+        if not isinstance(h2_connection, H2Connection):
+            log.debug("grpclib's connection holds no h2 connection where expected: left as is")
+            return
+        quiet_data_frames(h2_connection)
+        h2_connection.update_settings({SettingCodes.MAX_FRAME_SIZE: FRAME})
+        self.connection.flush()
+
+
+class GrpcServer(Server):
+    """grpclib's server, its connections made as above."""
+
+    def _protocol_factory(self) -> H2Protocol:
+        made = super()._protocol_factory()
+        return _Protocol(made.handler, made.config, made.h2_config)
