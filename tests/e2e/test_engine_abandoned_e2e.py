@@ -218,7 +218,8 @@ def test_an_engine_waits_for_a_front_end_that_found_it_before_its_starter_ended(
         started.end_starter()
         started.wait_for_log("the engine stops unless one of the 1 connected joins it")
         with front_end(started, tmp_path / "front.log") as base:
-            held.close()  # joined
+            held.close()  # (the test's: the front end has joined)
+            started.wait_for_log("the front ends that joined it keep it")
             assert_serves(base)
             assert engine_of(started.http_port) == started.engine
     wait_until_gone(started)

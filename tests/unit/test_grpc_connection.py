@@ -7,6 +7,7 @@ import asyncio
 import struct
 from typing import Any
 
+import anyio
 import grpclib.const
 import h2.config
 import h2.connection
@@ -97,12 +98,27 @@ def test_a_received_data_frame_is_not_formatted(monkeypatch: pytest.MonkeyPatch)
 def test_h2_internals_not_as_expected_leave_the_connection_alone() -> None:
     server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
     server._frame_dispatch_table = {}  # type: ignore[attr-defined]
-    receive = server._receive_frame
     assert not quiet_data_frames(server)
-    assert server._receive_frame == receive
+    assert type(server) is h2.connection.H2Connection
 
 
-async def test_a_client_may_send_a_large_message_in_one_frame() -> None:
+# A SETTINGS frame's acknowledgement: length 0, type 4, flag ACK, stream 0.
+SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", METHOD),
+    (":authority", "test"),
+    ("te", "trailers"),
+    ("content-type", "application/grpc"),
+]
+
+
+async def test_a_large_frame_may_follow_the_settings_acknowledgement_at_once() -> None:
+    """A client uses the server's frame size as soon as it has read it (RFC 9113, 6.5.3): its
+    acknowledgement and a DATA frame over h2's default size arrive in one write, and in one
+    read of the server's (a frame still arriving is checked once whole, after the
+    acknowledgement was read)."""
     server = GrpcServer([Echo()])
     await server.start("127.0.0.1", 0)
     assert server._server is not None
@@ -115,50 +131,57 @@ async def test_a_client_may_send_a_large_message_in_one_frame() -> None:
         client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 64 * MiB})
         writer.write(client.data_to_send())
 
-        async def until(done: Any) -> list[Any]:
-            seen: list[Any] = []
-            while not done(seen):
-                data = await asyncio.wait_for(reader.read(1 << 20), 30)
-                assert data, "the server closed the connection"
-                seen += client.receive_data(data)
-                writer.write(client.data_to_send())
-            return seen
+        async def read() -> list[Any]:
+            data = await asyncio.wait_for(reader.read(1 << 20), 30)
+            assert data, "the server closed the connection"
+            return client.receive_data(data)
 
-        settings = await until(
-            lambda seen: any(
-                isinstance(e, h2.events.RemoteSettingsChanged)
-                and h2.settings.SettingCodes.MAX_FRAME_SIZE in e.changed_settings
-                for e in seen
-            )
-        )
-        assert client.max_outbound_frame_size == FRAME, settings
-        payload = bytes(range(256)) * (4 * 1024)  # 1 MiB
+        while client.max_outbound_frame_size != FRAME:  # (acknowledged, not written yet)
+            await read()
+        payload = bytes(range(256)) * 160  # 40 KiB
         message = b"\0" + struct.pack(">I", len(payload)) + payload
-        client.send_headers(
-            1,
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", METHOD),
-                (":authority", "test"),
-                ("te", "trailers"),
-                ("content-type", "application/grpc"),
-            ],
-        )
-        # The server's window, as grpclib opens it, takes the message whole.
-        await until(lambda seen: client.local_flow_control_window(1) >= len(message))
+        client.send_headers(1, HEADERS)
+        assert client.local_flow_control_window(1) >= len(message)  # grpclib's windows
         client.send_data(1, message, end_stream=True)
         sent = client.data_to_send()
-        # One DATA frame: its 9-byte header then the message (the HEADERS frame before it).
+        # One DATA frame (its 9-byte header, then the message), after the acknowledgement.
         frame = struct.pack(">I", len(message))[1:] + b"\x00\x01" + struct.pack(">I", 1)
-        assert frame + message in sent
+        assert SETTINGS_ACK in sent and sent.index(SETTINGS_ACK) < sent.index(frame + message)
         writer.write(sent)
-        events = await until(lambda seen: any(isinstance(e, h2.events.StreamEnded) for e in seen))
+        events: list[Any] = []
+        while not any(isinstance(e, h2.events.StreamEnded) for e in events):
+            events += await read()
+            writer.write(client.data_to_send())
         answer = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
         assert answer == b"\0" + struct.pack(">I", len(payload)) + payload[::-1]
         trailers = [e for e in events if isinstance(e, h2.events.TrailersReceived)]
         assert (b"grpc-status", b"0") in trailers[0].headers
     finally:
         writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_grpc_clients_first_calls_on_fresh_channels() -> None:
+    """gRPC's own client (grpcio's C core, as tritonclient's), a fresh channel for each call, its
+    first message just over h2's default frame size and larger."""
+    import grpc
+
+    server = GrpcServer([Echo()])
+    await server.start("127.0.0.1", 0)
+    assert server._server is not None
+    port = server._server.sockets[0].getsockname()[1]
+
+    def call(size: int) -> bytes:
+        payload = bytes(range(256)) * (size // 256)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            answer = channel.unary_unary(METHOD)(payload, timeout=30)
+        assert answer == payload[::-1]
+        return answer
+
+    try:
+        for size in [20 * 1024, 60 * 1024, 1024 * 1024] * 8:
+            await anyio.to_thread.run_sync(call, size)
+    finally:
         server.close()
         await server.wait_closed()

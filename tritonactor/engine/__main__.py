@@ -121,8 +121,8 @@ async def _stop_if_abandoned(
             len(host.open),
         )
     while host.open and not host.joined:
-        host.idle.clear()
-        await host.idle.wait()
+        host.settled.clear()
+        await host.settled.wait()
     if host.joined:
         # Its front ends stop it when the last of them leaves.
         if host.connections:

@@ -188,6 +188,7 @@ class _Connection(asyncio.BufferedProtocol):
             if message.protocol == PROTOCOL:
                 self._host.connections.add(self)
                 self._host.joined = True
+                self._host.settled.set()
         elif type(message) is m.Leave:
             self._host.connections.discard(self)
             if self._host.connections:
@@ -406,10 +407,10 @@ class EngineHost:
         # Set once a front end has connected and every one has gone since.
         self.deserted = asyncio.Event()
         self._thread = threading.get_ident()
-        # Whether a front end has ever joined; and an event set whenever the last open
-        # connection closes.
+        # Whether a front end has ever joined; and an event set whenever a front end joins or
+        # the last open connection closes.
         self.joined = False
-        self.idle = asyncio.Event()
+        self.settled = asyncio.Event()
 
     def on_loop(self, call: Callable[[object], None], message: object) -> None:
         """`call(message)` now when on the engine's loop, else soon on it (a backend's
@@ -434,7 +435,7 @@ class EngineHost:
     def lost(self, connection: _Connection) -> None:
         self.open.discard(connection)
         if not self.open:
-            self.idle.set()
+            self.settled.set()
         if connection not in self.connections:
             return  # never joined: a probe
         self.connections.discard(connection)

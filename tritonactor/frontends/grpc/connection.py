@@ -2,21 +2,24 @@
 
 - Frames of up to FRAME bytes (`SETTINGS_MAX_FRAME_SIZE`; h2's default is 16 KiB): a client
   then sends a 1 MiB tensor in one DATA frame rather than in 64, each parsed by h2 in Python.
-  (gRPC's own clients accept frames of 4 MiB: answers already go out that way.)
+  (gRPC's own clients accept frames of 4 MiB: answers already go out that way.) The larger
+  frames are accepted at once, before the client acknowledges the setting: a client may use
+  a setting as soon as it has read it, and its acknowledgement and a large frame can arrive
+  together.
 - h2 formats every frame it receives for its trace log, on or off (`repr(frame)`: for a DATA
   frame, the hex of its whole payload, then cut to 20 characters): a received DATA frame gets a
   short form instead.
 
-Both reach into grpclib's and h2's internals (a connection's h2 object, h2's frame dispatch);
-where a release moves them, the connection is left as grpclib makes it (tests/unit/
-test_grpc_connection.py says which).
+Both reach into grpclib's and h2's internals (a connection's h2 object, h2's frame dispatch):
+where a release moves the first, the connection is left as grpclib makes it; where it moves
+the second, DATA frames are formatted as before (tests/unit/test_grpc_connection.py fails in
+either case).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from grpclib.protocol import H2Protocol
@@ -37,21 +40,25 @@ class _ReceivedData(DataFrame):
         return f"DataFrame(stream_id={self.stream_id}): {len(self.data)} bytes"
 
 
-def quiet_data_frames(connection: H2Connection) -> bool:
-    """Give the DATA frames `connection` receives the short repr of `_ReceivedData`; False
-    (and nothing changed) where h2's internals are not what this expects."""
-    table = getattr(connection, "_frame_dispatch_table", None)
-    receive: Callable[[Frame], Any] | None = getattr(connection, "_receive_frame", None)
-    if not isinstance(table, dict) or DataFrame not in table or receive is None:
-        return False
-    table[_ReceivedData] = table[DataFrame]
+class _QuietConnection(H2Connection):
+    """An h2 connection whose received DATA frames are `_ReceivedData`."""
 
-    def receive_frame(frame: Frame) -> Any:
+    def _receive_frame(self, frame: Frame) -> Any:
         if frame.__class__ is DataFrame:
             frame.__class__ = _ReceivedData
-        return receive(frame)
+        return super()._receive_frame(frame)
 
-    connection._receive_frame = receive_frame  # type: ignore[method-assign]
+
+def quiet_data_frames(connection: H2Connection) -> bool:
+    """Make `connection` a `_QuietConnection`; False (and nothing changed) where h2's internals
+    are not what this expects."""
+    table = getattr(connection, "_frame_dispatch_table", None)
+    if type(connection) is not H2Connection or not isinstance(table, dict):
+        return False
+    if DataFrame not in table:
+        return False
+    table[_ReceivedData] = table[DataFrame]
+    connection.__class__ = _QuietConnection
     return True
 
 
@@ -64,6 +71,7 @@ class _Protocol(H2Protocol):
             return
         quiet_data_frames(h2_connection)
         h2_connection.update_settings({SettingCodes.MAX_FRAME_SIZE: FRAME})
+        h2_connection.max_inbound_frame_size = FRAME
         self.connection.flush()
 
 
