@@ -28,6 +28,8 @@ from h2.connection import H2Connection
 from h2.settings import SettingCodes
 from hyperframe.frame import DataFrame, Frame
 
+from tritonactor.frontends.grpc.hpack_cache import cache_header_blocks
+
 log = logging.getLogger(__name__)
 
 FRAME = 4 * 1024 * 1024
@@ -70,6 +72,7 @@ class _Protocol(H2Protocol):
             log.debug("grpclib's connection holds no h2 connection where expected: left as is")
             return
         quiet_data_frames(h2_connection)
+        cache_header_blocks(h2_connection.decoder, h2_connection.encoder)
         h2_connection.update_settings({SettingCodes.MAX_FRAME_SIZE: FRAME})
         h2_connection.max_inbound_frame_size = FRAME
         self.connection.flush()
