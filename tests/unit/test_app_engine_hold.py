@@ -71,6 +71,8 @@ def _front_end(
     async def grpc_listener(*args: Any, **kwargs: Any) -> AsyncIterator[None]:
         yield None
 
+    # (The logging set up at start is the process's: left as the other tests expect it.)
+    monkeypatch.setattr(app_module, "configure_logging", lambda settings: None)
     monkeypatch.setattr(app_module, "ensure_engine", ensure_engine)
     monkeypatch.setattr(app_module, "shared_grpc_socket", shared_grpc_socket)
     monkeypatch.setattr(app_module, "grpc_listener", grpc_listener)
