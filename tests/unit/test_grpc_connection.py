@@ -185,3 +185,27 @@ async def test_grpc_clients_first_calls_on_fresh_channels() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+class _Transport:
+    def write(self, data: bytes) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_a_served_connection_is_tuned() -> None:
+    from tritonactor.frontends.grpc.connection import _QuietConnection
+    from tritonactor.frontends.grpc.hpack_cache import _CachedDecoder, _CachedEncoder
+
+    protocol = GrpcServer([Echo()])._protocol_factory()
+    protocol.connection_made(_Transport())  # type: ignore[arg-type]
+    connection = protocol.connection._connection
+    assert type(connection) is _QuietConnection
+    assert type(connection.decoder) is _CachedDecoder
+    assert type(connection.encoder) is _CachedEncoder
+    assert connection.max_inbound_frame_size == FRAME

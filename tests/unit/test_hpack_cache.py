@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tritonactor.frontends.grpc.hpack_cache import (
     KEPT,
+    KEPT_BYTES,
     _CachedDecoder,
     _CachedEncoder,
     cache_header_blocks,
@@ -169,3 +170,26 @@ def test_coders_not_as_expected_are_left_alone() -> None:
     assert type(encoder.header_table).__name__ == "HeaderTable"
     decoder, encoder = pair()
     assert type(decoder) is _CachedDecoder and type(encoder) is _CachedEncoder
+
+
+def test_a_large_block_is_not_kept() -> None:
+    """A client cannot make a connection keep much: hpack alone keeps nothing."""
+    decoder, _ = pair()
+    reference = Encoder()
+    # Never-indexed literals: blocks that leave the table as it was, so that size decides.
+    large, small = (
+        reference.encode([NeverIndexedHeaderTuple("x-a", value)], huffman=False)
+        for value in ("w" * (2 * KEPT_BYTES), "v")
+    )
+    assert decoder.decode(large) == [("x-a", "w" * (2 * KEPT_BYTES))]
+    assert decoder.decode(small) == [("x-a", "v")]
+    kept = decoder._kept  # type: ignore[attr-defined]
+    assert [key[0] for key in kept] == [small]
+
+
+def test_headers_that_hpack_writes_by_their_str_are_not_kept() -> None:
+    # 1 and True are equal keys that hpack writes as b"1" and b"True".
+    _, encoder = pair()
+    plain = Encoder()
+    for headers in ([("x-a", 1)], [("x-a", True)], [("x-a", 1.0)], [("x-a", "1")]):
+        assert encoder.encode(headers) == plain.encode(headers)

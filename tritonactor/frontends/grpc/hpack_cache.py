@@ -7,8 +7,11 @@ time too. A block decoded (or a header list encoded) while the connection's HPAC
 as it was is kept, keyed by the block (the header list) and by the table's generation: a count
 of every change made to the table (an entry added, its size set), so that a kept result is
 used only while the table holds exactly what it held then. A block that changes the table is
-not kept. Everything else the result depends on is in the key too (the decoder's limits, the
-encoder's Huffman flag); a block that fails to decode raises as before and is not kept.
+not kept. What else the result depends on is in the key too (the decoder's limits, the
+encoder's Huffman flag); a block that fails to decode raises as before and is not kept. Only
+what h2 hands over is kept: blocks of bytes up to KEPT_BYTES (a client cannot make a
+connection hold much: hpack alone keeps nothing), header lists of str or bytes names and
+values, a sensitive flag a bool; anything else is decoded or encoded as hpack does it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from typing import Any
 from hpack import Decoder, Encoder, HeaderTuple
 from hpack.table import HeaderTable
 
-# Results kept per decoder or encoder (a connection's calls repeat a few blocks).
+# Results kept per decoder or encoder (a connection's calls repeat a few blocks), and the
+# largest block kept (a gRPC call's headers take ~100 bytes).
 KEPT = 64
+KEPT_BYTES = 4096
+_BLOCK_TYPES = (bytes, bytearray, memoryview)
+_TEXT_TYPES = (str, bytes)
 
 
 class _CountedTable(HeaderTable):
@@ -44,6 +51,8 @@ class _CachedDecoder(Decoder):
     _kept: dict[tuple[Any, ...], tuple[Any, ...]]
 
     def decode(self, data: bytes, raw: bool = False) -> Iterable[HeaderTuple]:
+        if type(data) not in _BLOCK_TYPES or type(raw) is not bool or len(data) > KEPT_BYTES:
+            return super().decode(data, raw)
         generation = self.header_table.generation
         key = (
             bytes(data),
@@ -70,21 +79,33 @@ class _CachedEncoder(Encoder):
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
         if self.header_table.resized or isinstance(headers, dict):
             return super().encode(headers, huffman)
-        listed = list(headers)  # (an iterator would be spent by the key)
-        generation = self.header_table.generation
-        try:
-            key = (tuple((type(h), tuple(h)) for h in listed), huffman, generation)
-            kept = self._kept.get(key)
-        except TypeError:  # a value that cannot be a key
+        # (Listed first, as the key is made from it: hpack adds a header to its table as it
+        # goes, so where the iterable fails part way it would have added those before.)
+        listed = list(headers)
+        if not all(_keyable(h) for h in listed) or type(huffman) is not bool:
             return super().encode(listed, huffman)
+        generation = self.header_table.generation
+        key = (tuple((type(h), tuple(h)) for h in listed), huffman, generation)
+        kept = self._kept.get(key)
         if kept is not None:
             return kept
         encoded = super().encode(listed, huffman)
-        if self.header_table.generation == generation:
+        if self.header_table.generation == generation and len(encoded) <= KEPT_BYTES:
             if len(self._kept) >= KEPT:
                 self._kept.clear()
             self._kept[key] = encoded
         return encoded
+
+
+def _keyable(header: Any) -> bool:
+    """Whether `header` is one that equal keys encode alike: hpack writes a value by its
+    `str()` unless it is bytes, so 1 and True, or a bytes subclass, would not."""
+    if not isinstance(header, tuple) or len(header) not in (2, 3):
+        return False
+    name, value = header[0], header[1]
+    if type(name) not in _TEXT_TYPES or type(value) not in _TEXT_TYPES:
+        return False
+    return len(header) == 2 or type(header[2]) is bool
 
 
 def cache_header_blocks(decoder: Decoder, encoder: Encoder) -> bool:
