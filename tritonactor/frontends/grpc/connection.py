@@ -1,4 +1,5 @@
-"""grpclib's HTTP/2 server connections, with two changes for large messages.
+"""grpclib's HTTP/2 server connections, made cheaper: two changes for large messages, and the
+header blocks a connection decodes and encodes again taken from a cache (hpack_cache.py).
 
 - Frames of up to FRAME bytes (`SETTINGS_MAX_FRAME_SIZE`; h2's default is 16 KiB): a client
   then sends a 1 MiB tensor in one DATA frame rather than in 64, each parsed by h2 in Python.
@@ -10,10 +11,10 @@
   frame, the hex of its whole payload, then cut to 20 characters): a received DATA frame gets a
   short form instead.
 
-Both reach into grpclib's and h2's internals (a connection's h2 object, h2's frame dispatch):
-where a release moves the first, the connection is left as grpclib makes it; where it moves
-the second, DATA frames are formatted as before (tests/unit/test_grpc_connection.py fails in
-either case).
+These reach into grpclib's and h2's internals (a connection's h2 object, h2's frame dispatch,
+its HPACK coders): where a release moves the first, the connection is left as grpclib makes
+it; where it moves the others, DATA frames are formatted and blocks coded as before
+(tests/unit/test_grpc_connection.py fails in either case).
 """
 
 from __future__ import annotations
