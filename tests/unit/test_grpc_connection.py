@@ -1,5 +1,6 @@
 """The gRPC front end's HTTP/2 connections (frontends/grpc/connection.py): frames of up to
-4 MiB, and received DATA frames not formatted for h2's trace log."""
+4 MiB, received DATA frames not formatted for h2's trace log, and the cached HPACK coders a
+served connection gets (their own tests: test_hpack_cache.py)."""
 
 from __future__ import annotations
 
