@@ -4,16 +4,15 @@ default) on an ONNX identity, one tritonclient gRPC call at a time.
     python bench/grpc_large.py [--requests 300] [--mebibytes 1] [--workers 1]
 
 The server's CPU (utime + stime of its whole process tree, from /proc) over the calls,
-divided by their number, and the wall time per call. The server runs in a temporary folder,
-so the tritonactor it imports is the one on PYTHONPATH, else the installed one: to compare
-two trees, run this script with `PYTHONPATH=<tree>` for each, alternated.
+divided by their number, and the wall time per call. `--workers 0` runs the app under uvicorn
+in one process. The server starts as bench/request_path.py starts it: to compare two trees,
+run each tree's own copy with that tree on PYTHONPATH, from outside both, alternated
+(bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +24,8 @@ import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from http_infer import free_port, tree_cpu_seconds
-from request_path import write_repository
+from http_infer import free_port, stop_server, tree_cpu_seconds
+from request_path import start_uvicorn, write_repository
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,36 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         write_repository(root / "repo")
-        http, grpc, metrics = free_port(), free_port(), free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
-        env.update(
-            TRITONACTOR_MODEL_REPOSITORY=str(root / "repo"),
-            TRITONACTOR_HTTP_PORT=str(http),
-            TRITONACTOR_GRPC_PORT=str(grpc),
-            TRITONACTOR_METRICS_PORT=str(metrics),
-            TRITONACTOR_JOURNAL=str(root / "journal.jsonl"),
+        grpc = free_port()
+        server, _ = start_uvicorn(
+            root / "repo", root, args.workers, {"TRITONACTOR_GRPC_PORT": str(grpc)}
         )
-        with (root / "server.log").open("wb") as log:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", str(args.workers)],
-                env=env,
-                cwd=root,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
         try:
             client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
-            deadline = time.monotonic() + 120
-            while True:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    print((root / "server.log").read_text(), file=sys.stderr)
-                    return 1
-                try:
-                    if client.is_model_ready("identity_onnx"):
-                        break
-                except Exception:  # not listening yet
-                    pass
-                time.sleep(0.2)
             elements = int(args.mebibytes * 1024 * 1024 / 4)
             data = np.random.default_rng(0).random((1, elements), dtype=np.float32)
             tensor = grpcclient.InferInput("INPUT0", [1, elements], "FP32")
@@ -95,8 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"per request ({args.requests} requests, --workers {args.workers})"
             )
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            stop_server(server)
     return 0
 
 

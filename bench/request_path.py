@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -237,10 +237,14 @@ def send(connection: http.client.HTTPConnection, call: Call) -> bytes:
 
 
 def start_uvicorn(
-    repository: Path, workdir: Path, workers: int = 0
+    repository: Path,
+    workdir: Path,
+    workers: int = 0,
+    env_extra: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """The same app under uvicorn (httptools, uvloop), one process; or, with `workers`,
-    `tritonactor serve --workers N` (N front ends and the engine); waits until it is ready."""
+    `tritonactor serve --workers N` (N front ends and the engine); `env_extra` over its
+    settings (a gRPC port to know, say); waits until it is ready."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
     env.update(
@@ -249,6 +253,7 @@ def start_uvicorn(
         TRITONACTOR_JOURNAL=str(workdir / "journal.jsonl"),
         TRITONACTOR_MODEL_REPOSITORY=str(repository),
     )
+    env.update(env_extra or {})
     command = [sys.executable, "-m", "uvicorn", "tritonactor.app:app", "--port", str(port)]
     command += ["--loop", "uvloop", "--http", "httptools", "--no-access-log"]
     if workers:

@@ -88,15 +88,19 @@ class ServerProcess:
         return self.process.returncode
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float = 20.0,
+    describe: Callable[[], str] | None = None,
+) -> None:
     """Returns once `condition()` holds (asked every 0.1 s); AssertionError after `timeout`
-    seconds, the bound on a wait for an event, not a measure of speed."""
+    seconds, the bound on a wait for an event, not a measure of speed, saying `describe()`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.1)
-    raise AssertionError("condition not met in time")
+    raise AssertionError(describe() if describe is not None else "condition not met in time")
 
 
 def start_server(
@@ -106,9 +110,11 @@ def start_server(
     wait_ready: bool = True,
     timeout: float = 60,
     probe_headers: Mapping[str, str] | None = None,
+    http_port: int | None = None,
 ) -> ServerProcess:
-    """`hypercorn tritonactor.app:app` with TRITONACTOR_* settings; waits until it is live."""
-    http_port = free_port()
+    """`hypercorn tritonactor.app:app` with TRITONACTOR_* settings, on `http_port` (default: a
+    free one); waits until it is live."""
+    http_port = http_port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
     env.update(
         {

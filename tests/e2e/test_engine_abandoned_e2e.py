@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import pytest
 import requests
 
 from tests.processes import all_pids, cmdline, environ
-from tests.server_process import free_port, loopback_env
+from tests.server_process import free_port, loopback_env, start_server, wait_for
 from tritonactor.engine.launch import WORKERS, _locked_start, engine_socket
 from tritonactor.settings import Settings
 
@@ -67,10 +66,11 @@ class Started:
         assert self.starter.wait(timeout=PATIENCE) == 0
 
     def wait_for_log(self, line: str) -> None:
-        deadline = time.monotonic() + PATIENCE
-        while line not in self.log.read_text():
-            assert time.monotonic() < deadline, f"no {line!r} in:\n{self.log.read_text()}"
-            time.sleep(0.1)
+        wait_for(
+            lambda: line in self.log.read_text(),
+            PATIENCE,
+            lambda: f"no {line!r} in:\n{self.log.read_text()}",
+        )
 
 
 def engine_of(http_port: int) -> int | None:
@@ -119,50 +119,31 @@ def started(tmp_path: Path) -> Iterator[Started]:
 
 
 def wait_until_gone(started: Started) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while engine_of(started.http_port) == started.engine:
-        assert time.monotonic() < deadline, f"the engine still runs:\n{started.log.read_text()}"
-        time.sleep(0.1)
+    wait_for(
+        lambda: engine_of(started.http_port) != started.engine,
+        PATIENCE,
+        lambda: f"the engine still runs:\n{started.log.read_text()}",
+    )
 
 
 @contextmanager
-def front_end(started: Started, log: Path) -> Iterator[str]:
+def front_end(started: Started, log_dir: Path) -> Iterator[str]:
     """A plain hypercorn, one front end (whatever the cores), which finds the engine running
     and joins it rather than starting another; its base URL, once ready. Stopped (SIGTERM,
     status 0) when the block ends."""
-    with log.open("wb") as out:
-        front = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "hypercorn",
-                "tritonactor.app:app",
-                "--bind",
-                f"127.0.0.1:{started.http_port}",
-            ],
-            env={**started.env, WORKERS: "1"},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{started.http_port}"
+    front = start_server(
+        None,
+        log_dir,
+        {**started.env, WORKERS: "1"},
+        timeout=PATIENCE,
+        http_port=started.http_port,
+    )
     try:
-        deadline = time.monotonic() + PATIENCE
-        while True:
-            assert front.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            try:
-                if requests.get(f"{base}/v2/health/ready", timeout=5).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
         assert engine_of(started.http_port) == started.engine  # joined, not started anew
-        yield base
-        front.send_signal(signal.SIGTERM)
-        assert front.wait(timeout=PATIENCE) == 0, log.read_text()
+        yield front.base
+        assert front.stop(PATIENCE) == 0, front.log()
     finally:
-        front.kill()
-        front.wait()
+        front.stop()
 
 
 def assert_serves(base: str) -> None:
@@ -198,7 +179,7 @@ def test_an_engine_no_front_end_joined_stops_once_its_starter_has_ended(started:
 def test_an_engine_a_front_end_joined_outlives_its_starter(
     started: Started, tmp_path: Path
 ) -> None:
-    with front_end(started, tmp_path / "front.log") as base:
+    with front_end(started, tmp_path) as base:
         started.end_starter()
         started.wait_for_log("the front ends that joined it keep it")
         assert engine_of(started.http_port) == started.engine
@@ -217,7 +198,7 @@ def test_an_engine_waits_for_a_front_end_that_found_it_before_its_starter_ended(
     with found(started) as held:
         started.end_starter()
         started.wait_for_log("the engine stops unless one of the 1 connected joins it")
-        with front_end(started, tmp_path / "front.log") as base:
+        with front_end(started, tmp_path) as base:
             held.close()  # (the test's: the front end has joined)
             started.wait_for_log("the front ends that joined it keep it")
             assert_serves(base)

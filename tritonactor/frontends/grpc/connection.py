@@ -72,7 +72,8 @@ class _Protocol(H2Protocol):
         if not isinstance(h2_connection, H2Connection):
             log.debug("grpclib's connection holds no h2 connection where expected: left as is")
             return
-        quiet_data_frames(h2_connection)
+        if not quiet_data_frames(h2_connection):
+            log.debug("h2's frame dispatch is not what this expects: DATA frames formatted")
         if not cache_header_blocks(h2_connection.decoder, h2_connection.encoder):
             log.debug("h2's HPACK coders are not hpack's own: their blocks are not cached")
         h2_connection.update_settings({SettingCodes.MAX_FRAME_SIZE: FRAME})
