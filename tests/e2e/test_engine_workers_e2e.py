@@ -30,7 +30,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.otlp_receiver import OtlpReceiver
 from tests.processes import all_pids, children, cmdline, environ
-from tests.server_process import free_port, loopback_env
+from tests.server_process import free_port, loopback_env, wait_for
 from tritonactor.backends.python.ipc import SHM_DIR
 from tritonactor.engine.lanes import owner_prefix
 from tritonactor.engine.launch import usable_cpus
@@ -626,8 +626,14 @@ def test_every_serving_process_exports_from_an_exporter_process_that_ends_with_i
     receiver = OtlpReceiver()
     served = start("serve", tmp_path, env_extra=traced_env(receiver, delay_ms=600000))
     try:
-        engine = served.engine()
-        per_process = {pid: _exporters(pid) for pid in [engine, *served.front_ends()]}
+        processes = [served.engine(), *served.front_ends()]
+        # `start` returns once one front end answers: another may still be starting its own.
+        wait_for(
+            lambda: all(_exporters(pid) for pid in processes),
+            timeout=60,
+            describe=lambda: f"a process without an exporter: {processes}\n{served.output()}",
+        )
+        per_process = {pid: _exporters(pid) for pid in processes}
         assert all(len(found) == 1 for found in per_process.values()), per_process
         connection = served.connection()
         body = infer_body(1.0)
