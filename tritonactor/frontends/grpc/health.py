@@ -9,6 +9,7 @@ import grpclib.const
 from tritonactor._proto.grpc.health import v1 as health
 from tritonactor.frontends.grpc.guard import guard
 from tritonactor.frontends.grpc.limits import bounded
+from tritonactor.frontends.grpc.unary import unary_answers
 
 if TYPE_CHECKING:
     from tritonactor.server import Server
@@ -22,9 +23,11 @@ class HealthService(health.HealthBase):
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         settings = self._server.settings
-        return bounded(
-            guard(super().__mapping__(), settings.grpc_restricted_protocol),
-            settings.grpc_max_message_size,
+        return unary_answers(
+            bounded(
+                guard(super().__mapping__(), settings.grpc_restricted_protocol),
+                settings.grpc_max_message_size,
+            )
         )
 
     async def check(self, message: health.HealthCheckRequest) -> health.HealthCheckResponse:

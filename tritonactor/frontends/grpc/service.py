@@ -45,6 +45,7 @@ from tritonactor.frontends.grpc.stream import (
     text_metadata,
     write_answers,
 )
+from tritonactor.frontends.grpc.unary import unary_answers
 from tritonactor.frontends.grpc.wire import (
     InferRequestMessage,
     InferResponseMessage,
@@ -117,8 +118,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             StreamInferResponse,
         )
         settings = self._server.settings
-        return bounded(
-            guard(mapping, settings.grpc_restricted_protocol), settings.grpc_max_message_size
+        return unary_answers(
+            bounded(
+                guard(mapping, settings.grpc_restricted_protocol), settings.grpc_max_message_size
+            )
         )
 
     @translate_errors

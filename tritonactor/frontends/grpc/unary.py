@@ -1,0 +1,146 @@
+"""A unary call's answer in one write.
+
+grpclib sends a unary answer in three steps, each through coroutines of its own and each
+ending in a socket write: the headers, the message, the trailers. `UnaryStream` keeps the
+headers and the message until the trailers are due and gives h2 all three at once, so the
+answer leaves in one write. The frames are the ones grpclib sends (HEADERS, DATA, HEADERS with
+END_STREAM, the same header fields), so a client sees the same answer.
+
+What is not that common case goes out as grpclib sends it: initial metadata given by the
+handler, a status other than OK, trailing metadata or status details, and a message larger
+than the stream's flow-control window or the peer's frame size (its headers are written, then
+grpclib sends the message in pieces as the window allows).
+
+`unary_answers` makes every unary-unary handler of a mapping answer that way: it turns the
+`grpclib.server.Stream` it is given into a `UnaryStream` (the same object, its class swapped;
+a stream of another class is left as it is).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpclib.const
+import grpclib.server
+from grpclib.const import Status
+from grpclib.exceptions import ProtocolError
+from h2.exceptions import StreamClosedError
+
+Handler = Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]
+
+_OK_TRAILERS = [("grpc-status", str(Status.OK.value))]
+
+
+class UnaryStream(grpclib.server.Stream):  # type: ignore[type-arg]
+    """A server stream of a unary-unary method whose answer is written once (see above)."""
+
+    _answer_headers: list[tuple[str, str]] | None = None
+    _answer_data: bytes | None = None
+
+    async def send_initial_metadata(self, *, metadata: Any = None) -> None:
+        if metadata or self._send_initial_metadata_done:
+            await super().send_initial_metadata(metadata=metadata)
+            return
+        self._answer_headers = [(":status", "200"), ("content-type", self._content_type)]
+        self._send_initial_metadata_done = True
+
+    async def send_message(self, message: Any) -> None:
+        if not self._send_initial_metadata_done:
+            await self.send_initial_metadata()
+        if self._answer_headers is None:  # the headers went out already: as grpclib sends it
+            await super().send_message(message)
+            return
+        if self._send_message_done:
+            raise ProtocolError("Message was already sent")
+        (message,) = await self._dispatch.send_message(message)
+        data = self._codec.encode(message, self._send_type)
+        self._answer_data = b"\0" + len(data).to_bytes(4, "big") + data
+        self._send_message_done = True
+        self._messages_sent += 1
+        connection = self._stream.connection
+        connection.messages_sent += 1
+        connection.last_message_sent = time.monotonic()
+
+    async def send_trailing_metadata(
+        self,
+        *,
+        status: Status = Status.OK,
+        status_message: str | None = None,
+        status_details: Any = None,
+        metadata: Any = None,
+    ) -> None:
+        if self._answer_headers is None:
+            await super().send_trailing_metadata(
+                status=status,
+                status_message=status_message,
+                status_details=status_details,
+                metadata=metadata,
+            )
+            return
+        common = (
+            status is Status.OK
+            and status_message is None
+            and status_details is None
+            and not metadata
+            and self._send_message_done
+        )
+        if self._send_trailing_metadata_done:
+            raise ProtocolError("Trailing metadata was already sent")
+        await self._send_answer(_OK_TRAILERS if common else None)
+        if not common:
+            await super().send_trailing_metadata(
+                status=status,
+                status_message=status_message,
+                status_details=status_details,
+                metadata=metadata,
+            )
+
+    async def _send_answer(self, trailers: list[tuple[str, str]] | None) -> None:
+        """The kept headers and message, then `trailers` (None: sent by grpclib after)."""
+        raw = self._stream
+        h2 = raw._h2_connection
+        connection = raw.connection
+        headers, data = self._answer_headers, self._answer_data
+        self._answer_headers = self._answer_data = None
+        await connection.write_ready.wait()
+        if raw.id not in h2.streams:  # grpclib's own check before it sends headers
+            raise StreamClosedError(raw.id)
+        h2.send_headers(raw.id, headers)
+        connection.headers_send_process()
+        if data is not None:
+            if len(data) <= min(h2.local_flow_control_window(raw.id), h2.max_outbound_frame_size):
+                h2.send_data(raw.id, data)
+                raw.data_sent += len(data)
+                connection.data_sent += len(data)
+                connection.data_send_process()
+            else:
+                raw._transport.write(h2.data_to_send())
+                await raw.send_data(data)  # in pieces, as the window allows
+        if trailers is not None:
+            h2.send_headers(raw.id, trailers, end_stream=True)
+            self._send_trailing_metadata_done = True
+        raw._transport.write(h2.data_to_send())
+
+
+def unary_answers(mapping: dict[str, grpclib.const.Handler]) -> dict[str, grpclib.const.Handler]:
+    """`mapping` with each unary-unary handler answering through a `UnaryStream`."""
+    return {
+        method: handler._replace(func=_answering_once(handler.func))
+        if handler.cardinality is grpclib.const.Cardinality.UNARY_UNARY
+        else handler
+        for method, handler in mapping.items()
+    }
+
+
+def _answering_once(func: Handler) -> Handler:
+    async def call(stream: grpclib.server.Stream[Any, Any]) -> None:
+        if type(stream) is grpclib.server.Stream:
+            stream.__class__ = UnaryStream
+        await func(stream)
+
+    return call
+
+
+__all__ = ["UnaryStream", "unary_answers"]
