@@ -21,16 +21,11 @@ from tritonactor.cache import ResponseCache
 from tritonactor.control import events as ev
 from tritonactor.control.index import IndexEntry, index, ready
 from tritonactor.control.journal import Journal, JournalEntry, open_journal
+from tritonactor.control.load_parameters import LoadOptions, UnloadOptions, options_digest
 from tritonactor.control.load_plan import restored_overrides
 from tritonactor.control.manager import ModelManager
 from tritonactor.control.messages import Discover, GetState, Load, Override, Startup, Unload
-from tritonactor.control.override_folders import claim_root, override_root
-from tritonactor.control.overrides import (
-    LoadOptions,
-    UnloadOptions,
-    materialize,
-    options_digest,
-)
+from tritonactor.control.override_folders import claim_root, materialize, override_root
 from tritonactor.control.watcher import RepositoryWatcher, take_snapshot, tell_changes
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable
 from tritonactor.core.heap import keep_freed_memory

@@ -11,15 +11,17 @@ import pytest
 
 from tritonactor._proto.inference import ModelRepositoryParameter
 from tritonactor.config.model_config import config_from_json
-from tritonactor.control.override_folders import remove_stale_folders
-from tritonactor.control.overrides import (
+from tritonactor.control.load_parameters import (
     LoadOptions,
     UnloadOptions,
-    materialize,
     options_digest,
-    override_model_folder,
     parse_load_parameters,
     parse_unload_parameters,
+)
+from tritonactor.control.override_folders import (
+    materialize,
+    override_model_folder,
+    remove_stale_folders,
 )
 from tritonactor.control.repository import scan_repositories
 from tritonactor.core.errors import ErrorCode, TritonError

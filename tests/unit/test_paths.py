@@ -13,8 +13,9 @@ from tritonactor._proto.inference import ModelConfig
 from tritonactor.config.model_config import config_from_json
 from tritonactor.control import events as ev
 from tritonactor.control import override_folders
+from tritonactor.control.load_parameters import LoadOptions
 from tritonactor.control.load_plan import restored_overrides
-from tritonactor.control.overrides import LoadOptions, materialize
+from tritonactor.control.override_folders import materialize
 from tritonactor.control.prepare import OperatorNames, confine_config
 from tritonactor.control.repository import ModelSource
 from tritonactor.core.errors import ErrorCode, TritonError

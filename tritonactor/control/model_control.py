@@ -11,8 +11,8 @@ from typing import Any
 from tritonactor.actors import ActorRef
 from tritonactor.config.model_config import ConfigError
 from tritonactor.control import events as ev
+from tritonactor.control.load_parameters import LoadOptions, options_digest
 from tritonactor.control.messages import Load, Override, Unload
-from tritonactor.control.overrides import LoadOptions, options_digest
 from tritonactor.core.errors import invalid_arg, unavailable, unsupported
 from tritonactor.scheduling.router import Router, parse_version
 

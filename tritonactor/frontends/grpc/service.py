@@ -20,7 +20,7 @@ import grpclib.server
 
 from tritonactor._proto import inference as pb
 from tritonactor.actors.loop import on_loop
-from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
+from tritonactor.control.load_parameters import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import ErrorCode, TritonError, cancelled, internal, unavailable
 from tritonactor.core.types import InferenceRequest, ResponseSender
 from tritonactor.frontends.classification import encode_off_loop

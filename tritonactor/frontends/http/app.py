@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.types import Send
 
 from tritonactor.config.model_config import config_to_json
-from tritonactor.control.overrides import parse_load_parameters, parse_unload_parameters
+from tritonactor.control.load_parameters import parse_load_parameters, parse_unload_parameters
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsupported
 from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.headers import HeaderForwarder

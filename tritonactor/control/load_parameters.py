@@ -1,43 +1,26 @@
-"""The parameters of explicit-mode load and unload requests, and the folder a file override is
-served from.
+"""The parameters of explicit-mode load and unload requests, and the digest of a load's overrides.
 
 Everything a client sends is checked here, before anything touches the disk: a rejected request
-writes nothing. A load with `file:` parameters is served from a folder of its own under the
-server's state directory, `<root>/<model>-<digest>/<model>/`, so `<root>/<model>-<digest>` is a
-one-model repository that `scan_repositories` reads like any other. The digest covers the config
-and every file, so the same override always maps to the same folder and a restarted server finds
-it again from the digest its journal recorded. The folder is held from here until the load
-that asked for it is done, and by each version loaded from it; it is removed once nothing holds
-it (`override_folders`).
+writes nothing. A load with `file:` parameters is then served from a folder of its own, named
+after `options_digest` and written by `override_folders.materialize`, which makes the checks of
+a file override again (`check_file_override`) before it writes anything.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import errno
 import hashlib
 import json
-import os
-import stat
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import betterproto2
-from google.protobuf import message_factory, text_format
 
 from tritonactor._proto.inference import ModelConfig, ModelRepositoryParameter
 from tritonactor.config.model_config import ConfigError, config_from_json, config_to_json
-from tritonactor.control.override_folders import (
-    PARTIAL_SUFFIX,
-    folder_lock,
-    hold,
-    remove_entry,
-)
 from tritonactor.control.repository import CONFIG_FILENAME
-from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.core.errors import TritonError, invalid_arg
 from tritonactor.core.json_depth import DEFAULT_JSON_DEPTH, check_json_depth
 
 __all__ = [
@@ -46,9 +29,8 @@ __all__ = [
     "UNLOAD_DEPENDENTS_PARAMETER",
     "LoadOptions",
     "UnloadOptions",
-    "materialize",
+    "check_file_override",
     "options_digest",
-    "override_model_folder",
     "parse_load_parameters",
     "parse_unload_parameters",
 ]
@@ -62,13 +44,7 @@ _MAX_NAME_BYTES = 255  # NAME_MAX on the filesystems a server runs on
 # for a client who tries to make one (64 bits would fall to a birthday search).
 _DIGEST_CHARS = 32
 _MAX_MODEL_NAME_BYTES = _MAX_NAME_BYTES - 1 - _DIGEST_CHARS
-_DIR_MODE = 0o700
-_FILE_MODE = 0o600
-_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _BASE64_WHITESPACE = str.maketrans("", "", " \t\r\n")
-
-_PROTOBUF_CONFIG = message_factory.GetMessageClass(ModelConfig.DESCRIPTOR)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -339,6 +315,20 @@ def _check_model_name(model: str) -> None:
         )
 
 
+def check_file_override(options: LoadOptions, model: str) -> ModelConfig:
+    """The checks `parse_load_parameters` makes of a file override (config, model name, paths,
+    layout), made again on `options` (which may have been built by hand); returns its config."""
+    if options.config_json is None:
+        raise _missing_config(model)
+    _check_model_name(model)
+    for path, _ in options.files:
+        problem = _path_problem(path)
+        if problem is not None:
+            raise _parameter_error(FILE_PREFIX + path, model, problem)
+    _check_layout((path for path, _ in options.files), model)
+    return _checked_config(options.config_json, model)
+
+
 # ---------------------------------------------------------------------------------------------
 # Digest
 
@@ -368,221 +358,3 @@ def _frame_header(tag: bytes, data: bytes) -> bytes:
     # Every field is tagged and length-prefixed, so no two different overrides hash the same
     # byte stream.
     return tag + len(data).to_bytes(8, "big")
-
-
-# ---------------------------------------------------------------------------------------------
-# The override folder
-
-
-def override_model_folder(root: Path, model: str, digest: str) -> Path:
-    """Where the override with `digest` of `model` lives; its parent is a one-model repository."""
-    return root / f"{model}-{digest}" / model
-
-
-def materialize(options: LoadOptions, model: str, root: Path) -> Path:
-    """Write a file override as `<root>/<model>-<digest>/<model>/` and return that model folder.
-
-    The folder appears whole or not at all (written in a hidden sibling, then renamed), holds
-    config.pbtxt written from the config JSON beside the given files, and is reused when it
-    already exists with the same content. No symlink is followed or created: a link found where
-    the folder belongs is removed, never written through. Folders are 0700, files 0600.
-    The folder returned is held for the load (`override_folders.release` once it is done).
-    """
-    if not options.files:
-        raise ValueError("only a load with file overrides needs a folder of its own")
-    if options.config_json is None:
-        raise _missing_config(model)
-    _check_model_name(model)
-    for path, _ in options.files:
-        problem = _path_problem(path)
-        if problem is not None:
-            raise _parameter_error(FILE_PREFIX + path, model, problem)
-    _check_layout((path for path, _ in options.files), model)
-    pbtxt = _config_pbtxt(_checked_config(options.config_json, model), model)
-
-    digest = options_digest(options)
-    folder = override_model_folder(root, model, digest)
-    try:
-        _write_override(root, folder.parent, digest, model, pbtxt, options.files)
-    except OSError as exc:
-        raise internal(f"cannot write the file override of model {_quote(model)}: {exc}") from None
-    return folder
-
-
-def _config_pbtxt(config: ModelConfig, model: str) -> bytes:
-    if not config.name:
-        config.name = model
-    message = _PROTOBUF_CONFIG.FromString(bytes(config))
-    return text_format.MessageToString(message).encode("utf-8")
-
-
-def _write_override(
-    root: Path,
-    repository: Path,
-    digest: str,
-    model: str,
-    pbtxt: bytes,
-    files: tuple[tuple[str, bytes], ...],
-) -> None:
-    root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-    # Checked and held under the folders' lock: a removal cannot slip in between.
-    with folder_lock():
-        if _is_intact(repository, model, pbtxt, files):
-            hold(repository, model)
-            return
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.", suffix=PARTIAL_SUFFIX, dir=root))
-    try:
-        _write_tree(staging, model, pbtxt, files)
-        with folder_lock():
-            _move_into_place(staging, repository, model, pbtxt, files)
-            hold(repository, model)
-        _fsync_directory(root)
-    finally:
-        if os.path.lexists(staging):
-            remove_entry(staging)
-
-
-def _write_tree(
-    staging: Path, model: str, pbtxt: bytes, files: tuple[tuple[str, bytes], ...]
-) -> None:
-    opened: dict[str, int] = {}
-    try:
-        opened[""] = os.open(staging, _OPEN_DIR)
-        model_fd = _make_directory(opened[""], model)
-        opened[model] = model_fd
-        _write_file(model_fd, CONFIG_FILENAME, pbtxt)
-        for path, content in files:
-            parent_fd = model_fd
-            parts = path.split("/")
-            for end in range(1, len(parts)):
-                key = f"{model}/{'/'.join(parts[:end])}"
-                if key not in opened:
-                    opened[key] = _make_directory(parent_fd, parts[end - 1])
-                parent_fd = opened[key]
-            _write_file(parent_fd, parts[-1], content)
-        # Deepest folders first, so each folder's entries are durable before its parent's.
-        for key in sorted(opened, key=lambda name: name.count("/"), reverse=True):
-            os.fsync(opened[key])
-    finally:
-        for fd in opened.values():
-            os.close(fd)
-
-
-def _make_directory(parent_fd: int, name: str) -> int:
-    os.mkdir(name, _DIR_MODE, dir_fd=parent_fd)
-    fd = os.open(name, _OPEN_DIR, dir_fd=parent_fd)
-    try:
-        os.fchmod(fd, _DIR_MODE)  # exact, whatever the umask
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _write_file(parent_fd: int, name: str, content: bytes) -> None:
-    fd = os.open(name, _CREATE_FILE, _FILE_MODE, dir_fd=parent_fd)
-    with open(fd, "wb", closefd=True) as stream:
-        os.fchmod(fd, _FILE_MODE)
-        stream.write(content)
-        stream.flush()
-        os.fsync(fd)
-
-
-def _move_into_place(
-    staging: Path,
-    repository: Path,
-    model: str,
-    pbtxt: bytes,
-    files: tuple[tuple[str, bytes], ...],
-) -> None:
-    try:
-        os.rename(staging, repository)
-        return
-    except OSError as exc:
-        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
-            raise
-    # Something holds the name: the same override written meanwhile (keep it), or a stale or
-    # foreign entry, a symlink included (remove the entry itself, never what it points to).
-    if _is_intact(repository, model, pbtxt, files):
-        return
-    remove_entry(repository)
-    os.rename(staging, repository)
-
-
-def _is_intact(
-    repository: Path, model: str, pbtxt: bytes, files: tuple[tuple[str, bytes], ...]
-) -> bool:
-    """Whether `repository` is a real folder holding exactly this override: the same entries
-    (no link, nothing extra: an extra version folder would be served), files of the right
-    sizes, the same config.pbtxt. Model files are not read again: the digest in the name
-    vouches for what was renamed into place."""
-    try:
-        repository_fd = os.open(repository, _OPEN_DIR)
-    except OSError:
-        return False
-    try:
-        found: dict[str, int] = {}
-        _list_entries(repository_fd, "", found)
-        if found != _expected_entries(model, pbtxt, files):
-            return False
-        model_fd = os.open(model, _OPEN_DIR, dir_fd=repository_fd)
-        try:
-            return _read_regular_file(model_fd, CONFIG_FILENAME) == pbtxt
-        finally:
-            os.close(model_fd)
-    except OSError:
-        return False
-    finally:
-        os.close(repository_fd)
-
-
-_FOLDER = -1
-_NOT_OURS = -2  # a symlink, FIFO, socket or device: materialize never writes one
-
-
-def _expected_entries(
-    model: str, pbtxt: bytes, files: tuple[tuple[str, bytes], ...]
-) -> dict[str, int]:
-    expected = {f"{model}/": _FOLDER, f"{model}/{CONFIG_FILENAME}": len(pbtxt)}
-    for path, content in files:
-        parts = path.split("/")
-        for end in range(1, len(parts)):
-            expected[f"{model}/{'/'.join(parts[:end])}/"] = _FOLDER
-        expected[f"{model}/{path}"] = len(content)
-    return expected
-
-
-def _list_entries(directory_fd: int, prefix: str, found: dict[str, int]) -> None:
-    """Every entry below the folder: relative path -> size, `_FOLDER` or `_NOT_OURS`."""
-    with os.scandir(directory_fd) as entries:
-        for entry in entries:
-            relative = prefix + entry.name
-            if entry.is_dir(follow_symlinks=False):
-                found[relative + "/"] = _FOLDER
-                child_fd = os.open(entry.name, _OPEN_DIR, dir_fd=directory_fd)
-                try:
-                    _list_entries(child_fd, relative + "/", found)
-                finally:
-                    os.close(child_fd)
-            elif entry.is_file(follow_symlinks=False):
-                found[relative] = entry.stat(follow_symlinks=False).st_size
-            else:
-                found[relative] = _NOT_OURS
-
-
-def _read_regular_file(parent_fd: int, name: str) -> bytes | None:
-    # O_NONBLOCK: should a FIFO have replaced the file meanwhile, opening it must not hang.
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(name, flags, dir_fd=parent_fd)
-    with open(fd, "rb", closefd=True) as stream:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return stream.read()
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
