@@ -21,8 +21,11 @@ import h2.settings
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
+from grpclib.events import SendInitialMetadata, SendTrailingMetadata, listen
+from grpclib.exceptions import ProtocolError
 from grpclib.server import Stream
 
+from tritonactor.frontends.drain import Drain
 from tritonactor.frontends.grpc.connection import GrpcServer
 from tritonactor.frontends.grpc.unary import UnaryStream, unary_answers
 
@@ -57,10 +60,14 @@ class Service:
         self.answer = answer
         self.one_write = one_write
         self.classes: list[type] = []
+        self.streams: list[Stream[Raw, Raw]] = []
+        self.returned = False
 
     async def handle(self, stream: Stream[Raw, Raw]) -> None:
         self.classes.append(type(stream))
+        self.streams.append(stream)
         await self.answer(stream)
+        self.returned = True
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         mapping = {
@@ -88,12 +95,25 @@ class Transport:
 
 
 async def call(
-    answer: Answer, one_write: bool, payload: bytes = b"abc", window: int | None = None
+    answer: Answer,
+    one_write: bool,
+    payload: bytes = b"abc",
+    window: int | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
+    paused_until: Callable[[Service], bool] | None = None,
+    serve: Callable[[Service], Any] = lambda service: service,
+    on_server: Callable[[GrpcServer], None] = lambda server: None,
 ) -> tuple[list[tuple[str, Any]], int, Service]:
     """One unary call of METHOD carrying `payload`: what the client received (its events,
-    the answer's DATA joined), how many writes the answer took, and the service."""
+    the answer's DATA joined), how many writes the answer took, and the service.
+
+    `headers` are added to the request's; with `paused_until`, the server's transport is
+    paused (its buffer full) from the request on until `paused_until(service)` holds; `serve`
+    turns the service into what the server serves; `on_server` sees the server first."""
     service = Service(answer, one_write)
-    protocol = GrpcServer([service])._protocol_factory()
+    server = GrpcServer([serve(service)])
+    on_server(server)
+    protocol = server._protocol_factory()
     transport = Transport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
     client = h2.connection.H2Connection(
@@ -110,7 +130,7 @@ async def call(
 
     def exchange() -> None:
         nonlocal ended
-        while transport.writes or client.data_to_send(0):
+        while True:
             pending, transport.writes[:] = b"".join(transport.writes), []
             for event in client.receive_data(pending):
                 if isinstance(event, h2.events.ResponseReceived):
@@ -127,9 +147,12 @@ async def call(
                     ended = True
                 elif isinstance(event, h2.events.StreamReset):
                     received.append(("reset", event.error_code))
+                    ended = True
             out = client.data_to_send()
             if out:
                 protocol.data_received(out)
+            if not out and not transport.writes:
+                return
 
     exchange()
     client.send_headers(
@@ -141,13 +164,20 @@ async def call(
             (":authority", "test"),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
+            *headers,
         ],
     )
     client.send_data(1, b"\0" + len(payload).to_bytes(4, "big") + payload, end_stream=True)
+    paused = paused_until is not None
+    if paused:
+        protocol.pause_writing()
     protocol.data_received(client.data_to_send())
     writes = 0
     for _ in range(1000):  # loop iterations, not time: the handler needs a few
         await asyncio.sleep(0)
+        if paused and paused_until(service):  # type: ignore[misc]
+            paused = False
+            protocol.resume_writing()
         writes += len(transport.writes)
         exchange()
         if ended:
@@ -226,3 +256,126 @@ async def test_only_unary_handlers_answer_in_one_write() -> None:
     wrapped = unary_answers({STREAMING: streaming, METHOD: unary})
     assert wrapped[STREAMING] is streaming
     assert wrapped[METHOD].func is not chat
+
+
+def status_of(received: list[tuple[str, Any]]) -> str:
+    """The grpc-status the client got: from the trailers, or a trailers-only answer."""
+    kinds = dict(received)
+    return dict(kinds.get("trailers") or kinds["headers"])["grpc-status"]
+
+
+async def test_an_answer_between_frame_size_and_window_goes_out_in_frames() -> None:
+    # 20 KiB: within the stream's window (64 KiB), beyond the client's frame size (16 KiB)
+    payload = bytes(range(256)) * 80
+    ours, _, _ = await call(reversed_echo, one_write=True, payload=payload)
+    theirs, _, _ = await call(reversed_echo, one_write=False, payload=payload)
+    assert ours == theirs
+    assert ours[-1] == ("data", grpc_message(payload[::-1]))
+    assert status_of(ours) == "0"
+
+
+async def test_trailing_metadata_after_the_message_goes_out_as_grpclib_sends_it() -> None:
+    async def with_trailers(stream: Stream[Raw, Raw]) -> None:
+        await stream.recv_message()
+        await stream.send_message(Raw(b"answer"))
+        await stream.send_trailing_metadata(metadata={"x-trailer": "kept"})
+
+    ours, _, _ = await call(with_trailers, one_write=True)
+    theirs, _, _ = await call(with_trailers, one_write=False)
+    assert ours == theirs
+    assert ("x-trailer", "kept") in dict(ours)["trailers"]
+    assert ours[-1] == ("data", grpc_message(b"answer"))
+
+
+async def test_a_second_message_is_refused_as_grpclib_refuses_it() -> None:
+    refusals: list[str] = []
+
+    async def twice(stream: Stream[Raw, Raw]) -> None:
+        await stream.recv_message()
+        await stream.send_message(Raw(b"one"))
+        try:
+            await stream.send_message(Raw(b"two"))
+        except ProtocolError as error:
+            refusals.append(str(error))
+
+    ours, _, _ = await call(twice, one_write=True)
+    theirs, _, _ = await call(twice, one_write=False)
+    assert ours == theirs
+    assert ours[-1] == ("data", grpc_message(b"one"))
+    assert len(refusals) == 2 and refusals[0] == refusals[1]
+
+
+async def test_a_cancel_after_the_message_sends_it_then_resets() -> None:
+    async def answer_then_cancel(stream: Stream[Raw, Raw]) -> None:
+        await stream.recv_message()
+        await stream.send_message(Raw(b"sent"))
+        await stream.cancel()
+
+    ours, _, _ = await call(answer_then_cancel, one_write=True)
+    theirs, _, _ = await call(answer_then_cancel, one_write=False)
+    assert ours == theirs
+    assert [kind for kind, _ in ours] == ["headers", "reset", "data"]
+    assert ours[-1] == ("data", grpc_message(b"sent"))
+
+
+async def test_a_deadline_while_the_answer_waits_to_be_written_ends_the_call() -> None:
+    """The answer is written inside the call's deadline, as grpclib's is: a deadline that
+    fires while the transport cannot take the answer ends the call DEADLINE_EXCEEDED."""
+
+    def deadline_fires_once_returned(service: Service) -> bool:
+        if not service.returned:
+            return False
+        # what the deadline's timer does when it fires (grpclib.utils.DeadlineWrapper)
+        wrapper = service.streams[0]._stream.wrapper
+        wrapper.cancel(TimeoutError("Deadline exceeded"))
+        return True
+
+    ours, _, service = await call(
+        reversed_echo,
+        one_write=True,
+        headers=(("grpc-timeout", "100S"),),
+        paused_until=deadline_fires_once_returned,
+    )
+    assert status_of(ours) == str(Status.DEADLINE_EXCEEDED.value)
+    # what was kept goes out first: the message, then the deadline's status
+    assert [kind for kind, _ in ours] == ["headers", "trailers", "data"]
+    assert ours[-1] == ("data", grpc_message(b"cba"))
+    assert service.classes == [UnaryStream]
+
+
+async def test_the_drain_waits_for_an_answer_still_being_written() -> None:
+    drain = Drain(exit_timeout=60.0)
+    drain.open()
+    in_flight_once_returned: list[int] = []
+
+    def returned(service: Service) -> bool:
+        if service.returned:
+            in_flight_once_returned.append(drain.in_flight)
+        return service.returned
+
+    ours, _, _ = await call(
+        reversed_echo, one_write=True, paused_until=returned, serve=drain.grpc_service
+    )
+    assert in_flight_once_returned == [1]  # the answer, not yet written, still counts
+    assert ours[-1] == ("data", grpc_message(b"cba")) and status_of(ours) == "0"
+    assert drain.in_flight == 0
+
+
+async def test_metadata_listeners_see_each_step_as_grpclib_takes_it() -> None:
+    seen: list[str] = []
+
+    async def initial(event: SendInitialMetadata) -> None:
+        seen.append("initial")
+
+    async def trailing(event: SendTrailingMetadata) -> None:
+        seen.append("trailing")
+
+    def listening(server: GrpcServer) -> None:
+        listen(server, SendInitialMetadata, initial)
+        listen(server, SendTrailingMetadata, trailing)
+
+    ours, our_writes, service = await call(reversed_echo, one_write=True, on_server=listening)
+    theirs, _, _ = await call(reversed_echo, one_write=False)
+    assert ours == theirs
+    assert seen == ["initial", "trailing"]
+    assert service.classes == [Stream] and our_writes == 3

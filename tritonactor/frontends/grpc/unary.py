@@ -12,12 +12,18 @@ than the stream's flow-control window or the peer's frame size (its headers are 
 grpclib sends the message in pieces as the window allows).
 
 `unary_answers` makes every unary-unary handler of a mapping answer that way: it turns the
-`grpclib.server.Stream` it is given into a `UnaryStream` (the same object, its class swapped;
-a stream of another class is left as it is).
+`grpclib.server.Stream` it is given into a `UnaryStream` (the same object, its class swapped)
+and, once the handler returns, sends the trailers of an answer still kept, so the answer is
+written while the call's deadline and the server's drain still watch it, as grpclib's own
+answer is. A stream of another class is left as it is, and so is a stream whose events carry
+listeners for initial or trailing metadata (grpclib.events): they see each step as grpclib
+takes it. A deadline or a cancel that comes while the answer is kept sends what was kept
+first, then what grpclib sends (the status, or RST_STREAM).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,6 +31,7 @@ from typing import Any
 import grpclib.const
 import grpclib.server
 from grpclib.const import Status
+from grpclib.events import SendInitialMetadata, SendTrailingMetadata
 from grpclib.exceptions import ProtocolError
 from h2.exceptions import StreamClosedError
 
@@ -97,16 +104,36 @@ class UnaryStream(grpclib.server.Stream):  # type: ignore[type-arg]
                 metadata=metadata,
             )
 
+    async def cancel(self) -> None:
+        if self._answer_headers is not None and not self._cancel_done:
+            # what grpclib would have written already goes out before the reset
+            with contextlib.suppress(StreamClosedError):
+                await self._send_answer(None)
+        await super().cancel()
+
+    async def finish(self) -> None:
+        """Send the trailers of an answer still kept when the handler returned."""
+        if (
+            self._answer_headers is not None
+            and self._send_message_done
+            and not self._cancel_done
+            and not self._stream._transport.is_closing()
+        ):
+            await self.send_trailing_metadata()
+
     async def _send_answer(self, trailers: list[tuple[str, str]] | None) -> None:
-        """The kept headers and message, then `trailers` (None: sent by grpclib after)."""
+        """The kept headers and message, then `trailers` (None: sent by grpclib after).
+
+        The answer stays kept until it is written: a wait cut short (a deadline, a cancel)
+        leaves it for whatever grpclib sends next."""
         raw = self._stream
         h2 = raw._h2_connection
         connection = raw.connection
-        headers, data = self._answer_headers, self._answer_data
-        self._answer_headers = self._answer_data = None
         await connection.write_ready.wait()
         if raw.id not in h2.streams:  # grpclib's own check before it sends headers
             raise StreamClosedError(raw.id)
+        headers, data = self._answer_headers, self._answer_data
+        self._answer_headers = self._answer_data = None
         h2.send_headers(raw.id, headers)
         connection.headers_send_process()
         if data is not None:
@@ -136,11 +163,19 @@ def unary_answers(mapping: dict[str, grpclib.const.Handler]) -> dict[str, grpcli
 
 def _answering_once(func: Handler) -> Handler:
     async def call(stream: grpclib.server.Stream[Any, Any]) -> None:
-        if type(stream) is grpclib.server.Stream:
-            stream.__class__ = UnaryStream
+        if type(stream) is not grpclib.server.Stream or _metadata_listened(stream):
+            await func(stream)
+            return
+        stream.__class__ = UnaryStream
         await func(stream)
+        await stream.finish()  # type: ignore[attr-defined]
 
     return call
+
+
+def _metadata_listened(stream: grpclib.server.Stream[Any, Any]) -> bool:
+    listeners = stream._dispatch._listeners
+    return bool(listeners.get(SendInitialMetadata) or listeners.get(SendTrailingMetadata))
 
 
 __all__ = ["UnaryStream", "unary_answers"]
