@@ -15,7 +15,6 @@ import tritonclient.http as httpclient
 from tests.onnx_models import add_sub_model
 from tests.server_process import start_server
 from tritonactor._proto.inference import DataType, ModelConfig
-from tritonactor.backends import tensorrt as trt_backend
 from tritonactor.backends.base import ModelContext
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.backends.tensorrt import (
@@ -86,7 +85,7 @@ def plan_context(tmp_path: Path) -> ModelContext:
 def test_load_without_gpu_or_tensorrt_is_unavailable_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trt_backend, "gpu_count", lambda: 0)
+    monkeypatch.setattr("tritonactor.backends.tensorrt.runtime.gpu_count", lambda: 0)
     context = plan_context(tmp_path)
     backend = TensorRTBackend()
     for attempt in (
@@ -107,7 +106,7 @@ def test_load_without_gpu_or_tensorrt_is_unavailable_and_says_why(
 def test_a_gpu_without_tensorrt_names_the_missing_package(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trt_backend, "gpu_count", lambda: 1)
+    monkeypatch.setattr("tritonactor.backends.tensorrt.runtime.gpu_count", lambda: 1)
     with pytest.raises(TritonError) as caught:
         TensorRTBackend().load_model(plan_context(tmp_path))
     assert caught.value.code is ErrorCode.UNAVAILABLE
