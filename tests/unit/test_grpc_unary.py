@@ -32,6 +32,7 @@ from tritonactor.frontends.grpc.unary import UnaryStream, unary_answers
 pytestmark = pytest.mark.anyio
 
 METHOD = "/test.Echo/Echo"
+WINDOW = 100  # bytes: a client's window smaller than the answers that test it
 STREAMING = "/test.Echo/Chat"
 
 
@@ -62,6 +63,7 @@ class Service:
         self.classes: list[type] = []
         self.streams: list[Stream[Raw, Raw]] = []
         self.returned = False
+        self.deadline_fired = False
 
     async def handle(self, stream: Stream[Raw, Raw]) -> None:
         self.classes.append(type(stream))
@@ -103,13 +105,17 @@ async def call(
     paused_until: Callable[[Service], bool] | None = None,
     serve: Callable[[Service], Any] = lambda service: service,
     on_server: Callable[[GrpcServer], None] = lambda server: None,
+    gives_window: bool = True,
+    each_turn: Callable[[Service, bytes], None] = lambda service, data: None,
 ) -> tuple[list[tuple[str, Any]], int, Service]:
     """One unary call of METHOD carrying `payload`: what the client received (its events,
     the answer's DATA joined), how many writes the answer took, and the service.
 
     `headers` are added to the request's; with `paused_until`, the server's transport is
     paused (its buffer full) from the request on until `paused_until(service)` holds; `serve`
-    turns the service into what the server serves; `on_server` sees the server first."""
+    turns the service into what the server serves; `on_server` sees the server first; a client
+    that `gives_window` back gives it as it reads; `each_turn` sees the service and the data
+    received so far at each turn of the loop."""
     service = Service(answer, one_write)
     server = GrpcServer([serve(service)])
     on_server(server)
@@ -137,10 +143,12 @@ async def call(
                     received.append(("headers", event.headers))
                 elif isinstance(event, h2.events.DataReceived):
                     data.extend(event.data)
-                    # a window given back as the client reads, as a client does
-                    client.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                    with contextlib.suppress(h2.exceptions.StreamClosedError):  # answered
-                        client.increment_flow_control_window(event.flow_controlled_length, 1)
+                    if gives_window:  # given back as the client reads, as a client does
+                        client.acknowledge_received_data(
+                            event.flow_controlled_length, event.stream_id
+                        )
+                        with contextlib.suppress(h2.exceptions.StreamClosedError):  # answered
+                            client.increment_flow_control_window(event.flow_controlled_length, 1)
                 elif isinstance(event, h2.events.TrailersReceived):
                     received.append(("trailers", event.headers))
                 elif isinstance(event, h2.events.StreamEnded):
@@ -175,6 +183,7 @@ async def call(
     writes = 0
     for _ in range(1000):  # loop iterations, not time: the handler needs a few
         await asyncio.sleep(0)
+        each_turn(service, bytes(data))
         if paused and paused_until(service):  # type: ignore[misc]
             paused = False
             protocol.resume_writing()
@@ -318,29 +327,95 @@ async def test_a_cancel_after_the_message_sends_it_then_resets() -> None:
     assert ours[-1] == ("data", grpc_message(b"sent"))
 
 
-async def test_a_deadline_while_the_answer_waits_to_be_written_ends_the_call() -> None:
-    """The answer is written inside the call's deadline, as grpclib's is: a deadline that
-    fires while the transport cannot take the answer ends the call DEADLINE_EXCEEDED."""
+def deadline_fires(service: Service) -> None:
+    """What the call's deadline timer does when it fires (grpclib.utils.DeadlineWrapper)."""
+    service.streams[0]._stream.wrapper.cancel(TimeoutError("Deadline exceeded"))
 
-    def deadline_fires_once_returned(service: Service) -> bool:
-        if not service.returned:
-            return False
-        # what the deadline's timer does when it fires (grpclib.utils.DeadlineWrapper)
-        wrapper = service.streams[0]._stream.wrapper
-        wrapper.cancel(TimeoutError("Deadline exceeded"))
-        return True
 
+async def test_a_deadline_while_the_answer_waits_for_the_socket_is_grpclibs_answer() -> None:
+    """The socket's buffer is full when the answer is due. grpclib's handler is blocked before
+    its headers; ours has returned, its answer kept: a deadline then ends both the same way, a
+    trailers-only DEADLINE_EXCEEDED, and nothing kept goes out after it."""
+
+    def deadline_once_blocked(one_write: bool) -> Callable[[Service], bool]:
+        def fire(service: Service) -> bool:
+            if not service.streams or (one_write and not service.returned):
+                return False
+            deadline_fires(service)
+            return True
+
+        return fire
+
+    timeout = (("grpc-timeout", "100S"),)
     ours, _, service = await call(
-        reversed_echo,
-        one_write=True,
-        headers=(("grpc-timeout", "100S"),),
-        paused_until=deadline_fires_once_returned,
+        reversed_echo, True, headers=timeout, paused_until=deadline_once_blocked(True)
     )
+    theirs, _, _ = await call(
+        reversed_echo, False, headers=timeout, paused_until=deadline_once_blocked(False)
+    )
+    assert ours == theirs
     assert status_of(ours) == str(Status.DEADLINE_EXCEEDED.value)
-    # what was kept goes out first: the message, then the deadline's status
-    assert [kind for kind, _ in ours] == ["headers", "trailers", "data"]
-    assert ours[-1] == ("data", grpc_message(b"cba"))
+    assert [kind for kind, _ in ours] == ["headers", "data"] and ours[-1] == ("data", b"")
     assert service.classes == [UnaryStream]
+
+
+async def test_a_failure_after_a_large_message_is_still_under_the_deadline() -> None:
+    """A handler fails after sending a message larger than the client's window, and the client
+    gives no window back: the message is written inside the handler's deadline, as grpclib
+    writes it, so the deadline ends the call (rather than a wait for the window without end)."""
+
+    async def answer_then_fail(stream: Stream[Raw, Raw]) -> None:
+        message = await stream.recv_message()
+        await stream.send_message(Raw(message.data))
+        raise GRPCError(Status.INTERNAL, "failed after answering")
+
+    def deadline_once_the_window_is_spent(service: Service, data: bytes) -> None:
+        if len(data) == WINDOW and not service.returned and not service.deadline_fired:
+            service.deadline_fired = True
+            deadline_fires(service)
+
+    payload = bytes(range(256)) * 8  # 2 KiB
+    answers = [
+        await call(
+            answer_then_fail,
+            one_write,
+            payload=payload,
+            window=WINDOW,
+            gives_window=False,
+            headers=(("grpc-timeout", "100S"),),
+            each_turn=deadline_once_the_window_is_spent,
+        )
+        for one_write in (True, False)
+    ]
+    (ours, _, service), (theirs, _, _) = answers
+    assert ours == theirs
+    assert status_of(ours) == str(Status.DEADLINE_EXCEEDED.value)
+    assert ours[-1] == ("data", grpc_message(payload)[:WINDOW])
+    assert service.deadline_fired and service.classes == [UnaryStream]
+
+
+@pytest.mark.parametrize("one_write", [True, False])
+async def test_the_drains_exit_timeout_while_the_answer_waits_for_the_socket(
+    one_write: bool,
+) -> None:
+    """The drain's exit timeout (0 s: at once) while the answer waits for a full socket buffer:
+    trailers-only UNAVAILABLE from both servers."""
+    drain = Drain(exit_timeout=0.0)
+    drain.open()
+    waits: list[asyncio.Task[None]] = []
+
+    def expire_once_blocked(service: Service) -> bool:
+        if not waits and service.streams and (service.returned or not one_write):
+            waits.append(asyncio.ensure_future(drain.wait()))
+        return bool(waits) and drain.expired
+
+    got, _, _ = await call(
+        reversed_echo, one_write, paused_until=expire_once_blocked, serve=drain.grpc_service
+    )
+    await waits[0]
+    assert status_of(got) == str(Status.UNAVAILABLE.value)
+    assert [kind for kind, _ in got] == ["headers", "data"] and got[-1] == ("data", b"")
+    assert drain.in_flight == 0
 
 
 async def test_the_drain_waits_for_an_answer_still_being_written() -> None:

@@ -13,12 +13,15 @@ grpclib sends the message in pieces as the window allows).
 
 `unary_answers` makes every unary-unary handler of a mapping answer that way: it turns the
 `grpclib.server.Stream` it is given into a `UnaryStream` (the same object, its class swapped)
-and, once the handler returns, sends the trailers of an answer still kept, so the answer is
-written while the call's deadline and the server's drain still watch it, as grpclib's own
-answer is. A stream of another class is left as it is, and so is a stream whose events carry
-listeners for initial or trailing metadata (grpclib.events): they see each step as grpclib
-takes it. A deadline or a cancel that comes while the answer is kept sends what was kept
-first, then what grpclib sends (the status, or RST_STREAM).
+and, once the handler returns, sends the trailers of an answer still kept (the headers and
+the message alone where the handler failed after sending it: grpclib sends its error status
+after), so the answer is written while the call's deadline and the server's drain still watch
+it, as grpclib's own answer is. A deadline or the drain's exit timeout that cuts the wait for
+the socket short drops the kept answer, as grpclib, blocked before its headers, has sent
+nothing: grpclib then sends its trailers-only status. A cancel from the handler sends the kept
+answer before the reset, as grpclib has sent it by then. A stream of another class is left as
+it is, and so is a stream whose events carry listeners for initial or trailing metadata
+(grpclib.events): they see each step as grpclib takes it.
 """
 
 from __future__ import annotations
@@ -111,6 +114,17 @@ class UnaryStream(grpclib.server.Stream):  # type: ignore[type-arg]
                 await self._send_answer(None)
         await super().cancel()
 
+    async def written(self) -> None:
+        """Write the kept headers and message, not the trailers: a handler failed after sending
+        them, and grpclib would have written them inside the handler."""
+        if (
+            self._answer_headers is not None
+            and not self._cancel_done
+            and not self._stream._transport.is_closing()
+        ):
+            with contextlib.suppress(StreamClosedError):
+                await self._send_answer(None)
+
     async def finish(self) -> None:
         """Send the trailers of an answer still kept when the handler returned."""
         if (
@@ -129,10 +143,21 @@ class UnaryStream(grpclib.server.Stream):  # type: ignore[type-arg]
         raw = self._stream
         h2 = raw._h2_connection
         connection = raw.connection
-        await connection.write_ready.wait()
+        try:
+            await connection.write_ready.wait()
+        except BaseException:
+            # cut short before a byte of it went out (a deadline, the drain's exit timeout, a
+            # reset): as grpclib's answer, blocked before its headers, nothing was sent, and
+            # grpclib's next send is its trailers-only answer
+            if self._answer_headers is not None:
+                self._answer_headers = self._answer_data = None
+                self._send_initial_metadata_done = False
+            raise
+        headers, data = self._answer_headers, self._answer_data
+        if headers is None:  # written meanwhile, by another task's send
+            raise ProtocolError("Trailing metadata was already sent")
         if raw.id not in h2.streams:  # grpclib's own check before it sends headers
             raise StreamClosedError(raw.id)
-        headers, data = self._answer_headers, self._answer_data
         self._answer_headers = self._answer_data = None
         h2.send_headers(raw.id, headers)
         connection.headers_send_process()
@@ -167,7 +192,11 @@ def _answering_once(func: Handler) -> Handler:
             await func(stream)
             return
         stream.__class__ = UnaryStream
-        await func(stream)
+        try:
+            await func(stream)
+        except Exception:
+            await stream.written()  # type: ignore[attr-defined]
+            raise
         await stream.finish()  # type: ignore[attr-defined]
 
     return call
