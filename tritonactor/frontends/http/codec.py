@@ -18,7 +18,8 @@ guess:
   in Triton: bytes left over are reported before a size that does not fit.
 - `binary_data_size` and resolved `shared_memory_*` parameters describe transport, not the
   tensor, so they are dropped from `Tensor.parameters`.
-- FP16 and BF16 have no JSON form (as in Triton): such inputs must be binary.
+- JSON tensor data becomes arrays in `json_tensors.py` (FP16 and BF16 have no JSON form there,
+  as in Triton: such inputs must be binary).
 - `binary_data_output` is a wire option, not a model parameter: it is taken out of the request's
   parameters (the model never sees it) and kept in `request.context` for the encoder. Parameter
   keys starting with `triton_` are reserved, as in Triton.
@@ -34,17 +35,15 @@ import numpy as np
 import orjson
 
 from tritonactor.core.datatypes import (
-    BINARY_ONLY,
     is_datatype,
     num_elements,
     to_numpy_dtype,
 )
-from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.core.errors import internal, invalid_arg
 from tritonactor.core.protocol import RESERVED_PARAMETER_PREFIX
 from tritonactor.core.tensors import (
     RequestContext,
     array_from_bytes,
-    string_count_error,
 )
 from tritonactor.core.types import (
     InferenceRequest,
@@ -52,14 +51,13 @@ from tritonactor.core.types import (
     RequestedOutput,
     Tensor,
 )
+from tritonactor.frontends.http.json_tensors import array_from_json
 from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH, check_json_depth
 from tritonactor.memory.lease import Reader, Reserver
 
 # request.context key: the request's `binary_data_output` (the default for outputs that do not
 # say), read by `encode_infer_response`.
 BINARY_DATA_OUTPUT = "http.binary_data_output"
-_INTEGER_KINDS = "iu"
-_FLOAT_KINDS = "iuf"
 
 
 # --- JSON --------------------------------------------------------------------------------------
@@ -426,7 +424,7 @@ def _decode_input(
         return _BinaryInput(name, datatype, shape, parameters, reader.take(name, size))
     if sources:
         if "data" in item:
-            data = _array_from_json(context, name, datatype, shape, item["data"])
+            data = array_from_json(context, name, datatype, shape, item["data"])
         else:
             buffer = _read_shared_memory(name, parameters, shared_memory)
             data = array_from_bytes(context, name, datatype, shape, memoryview(buffer))
@@ -483,96 +481,6 @@ def parse_unsigned(value: Any, field: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
         raise invalid_arg(f"Unable to parse '{field}': expected a non-negative integer")
     return value
-
-
-def _array_from_json(
-    context: RequestContext, name: str, datatype: str, shape: tuple[int, ...], data: Any
-) -> np.ndarray:
-    if datatype in BINARY_ONLY:
-        raise invalid_arg(
-            f"receiving {datatype} data via JSON is not supported. Please use the binary data "
-            f"format for input {name}"
-        )
-    if not isinstance(data, list):
-        raise invalid_arg(f"'data' of input '{name}' must be a JSON array")
-    flat = _json_strings(name, data) if datatype == "BYTES" else _json_numbers(name, datatype, data)
-    count = num_elements(shape)
-    if flat.size != count:
-        if datatype == "BYTES":
-            raise string_count_error(context, name, flat.size, count)
-        raise invalid_arg(
-            f"unexpected shape for input '{name}' for model '{context.model}': shape "
-            f"{list(shape)} holds {count} elements, 'data' has {flat.size}"
-        )
-    return flat.reshape(shape)
-
-
-def _json_numbers(name: str, datatype: str, data: list[Any]) -> np.ndarray:
-    try:
-        parsed = np.array(data)
-    except ValueError:
-        # Ragged nesting: numpy refuses it, but the wire only cares about the flat order.
-        parsed = np.array(_flatten(data))
-    parsed = parsed.reshape(-1)
-    dtype = to_numpy_dtype(datatype)
-    if parsed.size == 0:
-        return parsed.astype(dtype)
-    if dtype.kind in _INTEGER_KINDS:
-        return _json_integers(name, datatype, parsed, data)
-    allowed = "b" if datatype == "BOOL" else _FLOAT_KINDS
-    if parsed.dtype.kind not in allowed:
-        raise invalid_arg(f"'data' of input '{name}' must hold {datatype} values")
-    return parsed.astype(dtype, copy=False)
-
-
-def _json_integers(name: str, datatype: str, parsed: np.ndarray, data: list[Any]) -> np.ndarray:
-    dtype = to_numpy_dtype(datatype)
-    if parsed.dtype.kind in _INTEGER_KINDS:
-        if not np.can_cast(parsed.dtype, dtype):
-            limits = np.iinfo(dtype)
-            if int(parsed.min()) < limits.min or int(parsed.max()) > limits.max:
-                raise _out_of_range(name, datatype)
-        return parsed.astype(dtype, copy=False)
-    # numpy infers float64 for a list that mixes values above the int64 range with others
-    # (UINT64 data), so only then are the values checked one by one.
-    values = _flatten(data)
-    if not all(type(value) is int for value in values):
-        raise invalid_arg(f"'data' of input '{name}' must hold {datatype} values")
-    try:
-        return np.array(values, dtype=dtype)
-    except OverflowError:
-        raise _out_of_range(name, datatype) from None
-
-
-def _out_of_range(name: str, datatype: str) -> TritonError:
-    limits = np.iinfo(to_numpy_dtype(datatype))
-    return invalid_arg(
-        f"'data' of input '{name}' holds a value outside the {datatype} range "
-        f"[{limits.min}, {limits.max}]"
-    )
-
-
-def _json_strings(name: str, data: list[Any]) -> np.ndarray:
-    try:
-        try:
-            items = [value.encode() for value in data]
-        except AttributeError:
-            items = [value.encode() for value in _flatten(data)]
-    except (AttributeError, UnicodeEncodeError):
-        raise invalid_arg(f"'data' of BYTES input '{name}' must hold strings") from None
-    array = np.empty(len(items), dtype=np.object_)
-    array[:] = items
-    return array
-
-
-def _flatten(data: list[Any]) -> list[Any]:
-    flat: list[Any] = []
-    for value in data:
-        if isinstance(value, list):
-            flat.extend(_flatten(value))
-        else:
-            flat.append(value)
-    return flat
 
 
 def _json_type(value: Any) -> str:
