@@ -489,7 +489,7 @@ async def test_a_finalized_model_process_clears_the_instances_shared_memory(
     server wrote for it): a server that unloads (on a SIGTERM) and is killed before it clears
     its side leaves none behind."""
     instance = start("add_sub")
-    ones = np.ones(4, dtype=np.float32)
+    ones = np.ones(ipc.INLINE_LIMIT // 4, dtype=np.float32)  # past the inline limit
     await instance.execute([add_sub_request(ones, ones)])  # the server's arena now exists
     prefix = instance._stub.parent_prefix.removesuffix(ipc.SERVER_SIDE)
     # This process plays a server killed now: it clears nothing of its own any more.

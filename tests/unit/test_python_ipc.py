@@ -90,12 +90,94 @@ async def test_small_results_are_copied_out_of_the_arena_large_ones_are_views(
     np.testing.assert_array_equal(out["OUTPUT1"], np.zeros_like(big))
 
 
+def where_tensors_go(instance: PythonInstance) -> dict[str, list[Any]]:
+    """Record where each execute's tensors travel, and its results'."""
+    seen: dict[str, list[Any]] = {"out": [], "back": []}
+    send, dispatch = instance._stub.channel.send, instance._dispatch
+
+    def watched_send(message: dict[str, Any]) -> None:
+        if message["op"] == "execute":
+            seen["out"].append(message["shm"])
+        send(message)
+
+    def watched_dispatch(message: dict[str, Any]) -> None:
+        if message["op"] == "result":
+            seen["back"].append(message["shm"])
+        dispatch(message)
+
+    instance._stub.channel.send = watched_send  # type: ignore[method-assign]
+    instance._dispatch = watched_dispatch  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.mark.anyio
+async def test_a_few_kib_travel_inside_the_messages_more_through_shared_memory(
+    start: Started,
+) -> None:
+    instance = start("add_sub")
+    seen = where_tensors_go(instance)
+    # Two inputs (and two outputs) of 512 floats: 4 KiB a batch, the inline limit.
+    inline = np.arange(ipc.INLINE_LIMIT // 8, dtype=np.float32)
+    [first] = await instance.execute([add_sub(inline, inline)])
+    [second] = await instance.execute([add_sub(inline + 1, inline)])
+    past = np.arange(ipc.INLINE_LIMIT // 8 + 1, dtype=np.float32)  # 64 bytes more
+    [third] = await instance.execute([add_sub(past, past)])
+    assert [type(place) for place in seen["out"]] == [bytearray, bytearray, str]
+    assert [type(place) for place in seen["back"]] == [bytearray, bytearray, str]
+    assert seen["out"][2].startswith("@") and seen["back"][2].startswith("@")  # the arenas
+    # Each answer is its own: the arrays view their message's bytes, and may be written.
+    for result, a, b in (
+        (first, inline, inline),
+        (second, inline + 1, inline),
+        (third, past, past),
+    ):
+        out = outputs(result)
+        assert not mapped(out["OUTPUT0"])
+        np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+        np.testing.assert_array_equal(out["OUTPUT1"], a - b)
+    out = outputs(first)["OUTPUT0"]
+    assert out.flags.writeable
+    out[0] = 42.0  # nothing else sees it
+    assert outputs(second)["OUTPUT0"][0] == 1.0
+
+
+@pytest.mark.anyio
+async def test_bytes_tensors_travel_inline_too(start: Started) -> None:
+    instance = start("identity_bytes")
+    seen = where_tensors_go(instance)
+    values = np.array([b"", b"a", "\u00e9t\u00e9".encode(), bytes(range(256))], dtype=np.object_)
+    [result] = await instance.execute([request("identity_bytes", tensor("INPUT0", values))])
+    assert [type(place) for place in seen["out"] + seen["back"]] == [bytearray, bytearray]
+    assert outputs(result)["OUTPUT0"].tolist() == values.tolist()
+
+
+def test_inline_bytes_are_viewed_where_they_are() -> None:
+    """What `read_tensors` makes of inline bytes: views of the one bytearray, at each
+    descriptor's offset (aligned as in a file), BYTES elements decoded from it."""
+    a = np.arange(6, dtype=np.int16).reshape(2, 3)
+    b = np.array([b"x", b"yz"], dtype=np.object_)
+    place, descriptors = ipc.write_tensors("unused", [("A", a), ("B", b)], inline=1 << 10)
+    assert isinstance(place, bytearray)
+    assert [d[3] for d in descriptors] == [0, 64]  # B starts at the next 64-byte boundary
+    (name_a, type_a, got_a), (name_b, type_b, got_b) = ipc.read_tensors(place, descriptors)
+    assert (name_a, type_a, name_b, type_b) == ("A", "INT16", "B", "BYTES")
+    np.testing.assert_array_equal(got_a, a)
+    assert got_a.base is not None and got_b.tolist() == [b"x", b"yz"]
+    got_a[0, 0] = 7
+    assert np.frombuffer(place, np.int16, 1)[0] == 7  # a view, not a copy
+    # Past the limit the same tensors go to a file of their own (no arena given).
+    place, _ = ipc.write_tensors(f"test-inline-{os.getpid()}", [("A", a), ("B", b)], inline=64)
+    assert isinstance(place, str) and not place.startswith("@")
+    ipc.remove_file(place)
+    ipc.remove_file(bytearray(b"inline"))  # nothing to unlink: no error
+
+
 @pytest.mark.anyio
 async def test_stub_exits_and_clears_its_files_when_the_server_side_closes(
     start: Started,
 ) -> None:
     instance = start("add_sub")
-    ones = np.ones(4, dtype=np.float32)
+    ones = np.ones(ipc.INLINE_LIMIT // 4, dtype=np.float32)  # past the inline limit
     await instance.execute([add_sub(ones, ones)])  # both arenas exist now
     prefix = instance._stub.shm_prefix
     assert [f for f in os.listdir(ipc.SHM_DIR) if f.startswith(prefix)]

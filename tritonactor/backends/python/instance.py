@@ -108,7 +108,8 @@ class PythonInstance(BackendInstance):
         self._calls = ServedCalls(
             context, self._stub.answers, self._stub.parent_prefix, self._held, lambda: self._token
         )
-        # One execute at a time: its tensors travel through reused arenas (see ipc.Arena).
+        # One execute at a time: its tensors travel through reused arenas (see ipc.Arena), or
+        # inside its messages when they are small (ipc.INLINE_LIMIT).
         self._inputs_arena = self._stub.arena()
         self._results_arena = ipc.ArenaReader()
         try:
@@ -176,7 +177,7 @@ class PythonInstance(BackendInstance):
         completed = False
         try:
             shm, descriptors = ipc.write_tensors(
-                self._stub.parent_prefix, arrays, self._inputs_arena
+                self._stub.parent_prefix, arrays, self._inputs_arena, ipc.INLINE_LIMIT
             )
             with contextlib.suppress(OSError):  # a dead stub: the reader reports why
                 self._stub.channel.send(
@@ -265,7 +266,7 @@ class PythonInstance(BackendInstance):
                 pending = self._pending.get(message["seq"])
             if pending is None:  # its execute was cancelled: drop the answer
                 shm = message.get("shm")
-                if shm is not None and not shm.startswith("@"):
+                if isinstance(shm, str) and not shm.startswith("@"):  # a file of its own
                     ipc.read_tensors(shm, message.get("descriptors", []))
                 return
             pending.message = message

@@ -1,10 +1,12 @@
 """The wire between the server and a stub process.
 
-Control messages are small dicts, pickled and length-prefixed on a socket. Tensor bytes never
-travel on the socket: the sender writes a batch's tensors into one file in /dev/shm and sends
+Control messages are small dicts, pickled and length-prefixed on a socket. Tensor bytes
+travel in /dev/shm: the sender writes a batch's tensors into one file there and sends
 descriptors (name, datatype, shape, offset, size); the reader maps the file, unlinks it at once
 (ownership has passed) and wraps numpy arrays around the mapping, so the mapping lives exactly as
-long as the arrays do.
+long as the arrays do. Only an execute's batch and its results of a few KiB at most
+(`INLINE_LIMIT`) travel inside their message, as one bytearray the reader's arrays are views of:
+writing and reading shared memory costs more than the bytes themselves there.
 
 This module is imported by the stub, which may run under another interpreter: it needs only the
 standard library and numpy.
@@ -138,6 +140,9 @@ _counter = itertools.count()
 # Batches up to this size go through an instance's reusable arena (and are copied out by the
 # reader); bigger ones get a file of their own that the reader maps without copying.
 ARENA_LIMIT = 1 << 20
+# Batches up to this size travel inside their message where the writer allows it (an execute
+# and its results): a bytearray of their own, which the reader's arrays view without copying.
+INLINE_LIMIT = 4 << 10
 # An arena's first size, and how much it grows by when a batch needs more (python backend
 # settings `shm-default-byte-size` and `shm-growth-byte-size`; 0 for the growth step: to the
 # next power of two).
@@ -268,12 +273,20 @@ class Counter:
             mapping.close()
 
 
+# Where a batch's tensor bytes are: a shared-memory file's name (an arena's starts with "@"),
+# the bytes themselves (inline), or None when there are none.
+Place = str | bytearray | None
+
+
 def write_tensors(
-    prefix: str, tensors: list[tuple[str, np.ndarray]], arena: Arena | None = None
-) -> tuple[str | None, list[TensorDescriptor]]:
-    """Write `tensors` into `arena` when they fit, else into a new shared-memory file named
-    `<prefix>-<n>`; returns where (an arena's name starts with "@"; None when there are no bytes
-    to carry) and one descriptor per tensor."""
+    prefix: str,
+    tensors: list[tuple[str, np.ndarray]],
+    arena: Arena | None = None,
+    inline: int = 0,
+) -> tuple[Place, list[TensorDescriptor]]:
+    """Write `tensors` into a bytearray when they take `inline` bytes or fewer, else into
+    `arena` when they fit, else into a new shared-memory file named `<prefix>-<n>`; returns
+    where (see `Place`) and one descriptor per tensor."""
     plans: list[tuple[np.ndarray | bytes, int, int]] = []
     descriptors: list[TensorDescriptor] = []
     total = 0
@@ -287,6 +300,10 @@ def write_tensors(
         total += -(-size // _ALIGN) * _ALIGN
     if total == 0:
         return None, descriptors
+    if total <= inline:
+        buffer = bytearray(total)
+        _fill(buffer, plans)
+        return buffer, descriptors
     if arena is not None and total <= arena.limit:
         _fill(arena.reserve(total), plans)
         return "@" + arena.name, descriptors
@@ -308,7 +325,7 @@ def write_tensors(
     return filename, descriptors
 
 
-def _fill(mapping: mmap.mmap, plans: list[tuple[np.ndarray | bytes, int, int]]) -> None:
+def _fill(mapping: mmap.mmap | bytearray, plans: list[tuple[np.ndarray | bytes, int, int]]) -> None:
     for data, offset, size in plans:
         if size == 0:
             continue
@@ -321,14 +338,16 @@ def _fill(mapping: mmap.mmap, plans: list[tuple[np.ndarray | bytes, int, int]]) 
 
 
 def read_tensors(
-    filename: str | None, descriptors: list[TensorDescriptor], arenas: ArenaReader | None = None
+    filename: Place, descriptors: list[TensorDescriptor], arenas: ArenaReader | None = None
 ) -> list[tuple[str, str, np.ndarray]]:
     """Read what `write_tensors` wrote: (name, datatype, array) for each descriptor. Data in an
     arena is copied out (the arena is reused); a file of its own is unlinked at once and the
-    arrays are views of its mapping."""
-    mapping: mmap.mmap | None = None
+    arrays are views of its mapping; bytes that came inline are viewed where they are."""
+    mapping: mmap.mmap | bytearray | None = None
     copy = False
-    if filename is not None and filename.startswith("@"):
+    if isinstance(filename, bytearray):
+        mapping = filename
+    elif filename is not None and filename.startswith("@"):
         if arenas is None:
             raise ValueError("tensors in an arena need an ArenaReader")
         mapping = arenas.open(filename[1:])
@@ -364,9 +383,9 @@ def read_tensors(
     return out
 
 
-def remove_file(filename: str) -> None:
+def remove_file(filename: Place) -> None:
     """Unlink one file `write_tensors` wrote (not an arena's) that will never be read."""
-    if not filename.startswith("@"):
+    if isinstance(filename, str) and not filename.startswith("@"):
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(SHM_DIR, filename))
 

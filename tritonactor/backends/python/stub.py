@@ -347,7 +347,9 @@ class Stub:
             entry, arrays = self._response_entry(response, request._sender._requested)
             tensors.extend(arrays)
             wire.append(entry)
-        shm, descriptors = ipc.write_tensors(self.shm_prefix, tensors, self._results_arena)
+        shm, descriptors = ipc.write_tensors(
+            self.shm_prefix, tensors, self._results_arena, ipc.INLINE_LIMIT
+        )
         return {**reply, "shm": shm, "descriptors": descriptors, "responses": wire}
 
     def _response_entry(
