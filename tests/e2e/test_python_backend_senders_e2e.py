@@ -490,9 +490,10 @@ def test_a_killed_servers_model_processes_clear_its_shared_memory(tmp_path: Path
     process = start_server([repo], tmp_path)
     try:
         client = httpclient.InferenceServerClient(process.url)
-        data = httpclient.InferInput("INPUT0", [4], "FP32")
-        data.set_data_from_numpy(np.arange(4, dtype=np.float32))
-        client.infer("introspect", [data])  # the instance's arenas now exist
+        # Past the few KiB that travel inside the messages: the instance's arenas now exist.
+        data = httpclient.InferInput("INPUT0", [4096], "FP32")
+        data.set_data_from_numpy(np.arange(4096, dtype=np.float32))
+        client.infer("introspect", [data])
         tree = process_tree(process.process.pid)
         assert shm_files_of(tree)
         stubs = [pid for pid in tree if is_stub(pid)]
