@@ -149,9 +149,8 @@ def send(sock: socket.socket, message: dict) -> None:
 async def on_loop(seconds: float, work_ns: int, child_ns: int) -> tuple[int, float, float, float]:
     loop = asyncio.get_running_loop()
     sock, child = start_child(child_ns)
-    sock.setblocking(False)
+    # The socket stays blocking: sendall as Channel.send does; the reader reads MSG_DONTWAIT.
     reader = Reader(sock, loop)
-    sock.setblocking(True)  # sendall as Channel.send does; reads are MSG_DONTWAIT
 
     async def call(seq: int) -> None:
         reader.waiting = loop.create_future()

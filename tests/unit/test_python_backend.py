@@ -289,6 +289,36 @@ async def test_non_decoupled_execute_sees_cancellation(
         instance.finalize()
 
 
+@pytest.mark.anyio
+async def test_an_abandoned_executes_late_answer_is_dropped_quietly(
+    backend: PythonBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server gives up waiting on an execute (its caller is cancelled); the model answers
+    later, its small tensors inside the message: the answer is dropped, nothing is logged as
+    a failure, and the next execute is served."""
+    ctx = context("cancellable")
+    assert ctx.config.model_transaction_policy is not None
+    ctx.config.model_transaction_policy.decoupled = False
+    instance = backend.load_model(ctx).create_instance(
+        InstanceContext("cancellable_0_0", "KIND_CPU", 0, 0)
+    )
+    try:
+        polling = tmp_path / "polling"
+        abandoned = cancellable(interval_ms=10, limit_s=0.3, polling=str(polling))
+        async with anyio.create_task_group() as group:
+            group.start_soon(instance.execute, [abandoned])
+            while not polling.exists():  # the model has the request
+                await anyio.sleep(0.01)
+            group.cancel_scope.cancel()  # nobody waits for its answer any more
+        # The stub answers in order: this execute's answer comes after the abandoned one's.
+        [result] = await instance.execute([cancellable(interval_ms=1, limit_s=0.05)])
+        assert outputs(result)["CANCELLED"].tolist() == [False]
+        failures = [r for r in caplog.records if "cannot handle a message" in r.getMessage()]
+        assert failures == []
+    finally:
+        instance.finalize()
+
+
 def test_pb_utils_is_cancelled_outside_a_server() -> None:
     built = pb_utils.InferenceRequest(model_name="m")  # a BLS request the model built
     assert built.is_cancelled() is False

@@ -68,7 +68,8 @@ def _mapped(prefix: str) -> list[str]:
 
 
 async def test_dead_instances_leave_no_descriptors_or_mappings(start: Started) -> None:
-    """Each round: serve (results come back through the reused arena), die, finalize. The dead
+    """Each round: serve (results come back through the reused arena: PAD is past the inline
+    limit), die, finalize. The dead
     instances stay referenced (as a caller may hold them): what they mapped is released all the
     same, and the descriptor count does not grow from round to round."""
     counts = []

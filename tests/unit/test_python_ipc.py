@@ -1,6 +1,6 @@
 """How a python instance talks with its stub process: what crosses the process boundary for a
-batch, how tensors come back (copied out of the reused arena, or views of a file of their own),
-and the stub's exit when the server's side of its sockets closes."""
+batch, how tensors come back (inside the message, copied out of the reused arena, or views of a
+file of their own), and the stub's exit when the server's side of its sockets closes."""
 
 from __future__ import annotations
 
@@ -71,14 +71,14 @@ async def test_a_batch_crosses_the_process_boundary_once(start: Started) -> None
 
 
 @pytest.mark.anyio
-async def test_small_results_are_copied_out_of_the_arena_large_ones_are_views(
+async def test_small_results_are_each_answers_own_large_ones_are_views(
     start: Started,
 ) -> None:
     instance = start("add_sub")
     small = np.arange(4, dtype=np.float32)
     [first] = await instance.execute([add_sub(small, small)])
     [second] = await instance.execute([add_sub(small + 1, small)])
-    # The arena is reused from batch to batch: the first answer kept its own values.
+    # The message's bytes (past the inline limit, the reused arena's) are each answer's own.
     assert outputs(first)["OUTPUT0"].tolist() == (small + small).tolist()
     assert outputs(second)["OUTPUT0"].tolist() == (small + 1 + small).tolist()
     assert not mapped(outputs(first)["OUTPUT0"])
