@@ -23,7 +23,7 @@ from tests.python_backend_support import (
     tensor,
 )
 from tritonactor.backends.base import InstanceContext, InstanceDied
-from tritonactor.backends.python import PythonBackend, ipc
+from tritonactor.backends.python import PythonBackend, PythonInstance, ipc
 from tritonactor.backends.python import triton_python_backend_utils as pb_utils
 from tritonactor.backends.python.backend import interpreter_for
 from tritonactor.config.model_config import config_to_json, parse_pbtxt, read_pbtxt
@@ -255,16 +255,21 @@ async def test_uncancelled_requests_read_not_cancelled(start: Started) -> None:
     assert last["INDEX"][0] >= 1  # it asked, and was told False every time until its limit
 
 
+def polling_cancellable(backend: PythonBackend) -> PythonInstance:
+    """An instance of `cancellable` made not decoupled: its execute polls until cancelled."""
+    ctx = context("cancellable")
+    assert ctx.config.model_transaction_policy is not None
+    ctx.config.model_transaction_policy.decoupled = False
+    return backend.load_model(ctx).create_instance(
+        InstanceContext("cancellable_0_0", "KIND_CPU", 0, 0)
+    )
+
+
 @pytest.mark.anyio
 async def test_non_decoupled_execute_sees_cancellation(
     backend: PythonBackend, tmp_path: Path
 ) -> None:
-    ctx = context("cancellable")
-    assert ctx.config.model_transaction_policy is not None
-    ctx.config.model_transaction_policy.decoupled = False
-    instance = backend.load_model(ctx).create_instance(
-        InstanceContext("cancellable_0_0", "KIND_CPU", 0, 0)
-    )
+    instance = polling_cancellable(backend)
     try:
         polling = tmp_path / "polling"
         req = cancellable(interval_ms=10, marker=str(tmp_path / "marker"), polling=str(polling))
@@ -296,12 +301,7 @@ async def test_an_abandoned_executes_late_answer_is_dropped_quietly(
     """The server gives up waiting on an execute (its caller is cancelled); the model answers
     later, its small tensors inside the message: the answer is dropped, nothing is logged as
     a failure, and the next execute is served."""
-    ctx = context("cancellable")
-    assert ctx.config.model_transaction_policy is not None
-    ctx.config.model_transaction_policy.decoupled = False
-    instance = backend.load_model(ctx).create_instance(
-        InstanceContext("cancellable_0_0", "KIND_CPU", 0, 0)
-    )
+    instance = polling_cancellable(backend)
     try:
         polling = tmp_path / "polling"
         abandoned = cancellable(interval_ms=10, limit_s=0.3, polling=str(polling))
