@@ -13,21 +13,32 @@ warms it up, then measures one window; the CPU time (utime + stime from /proc) o
 process tree over that window, divided by the requests the server counted
 (`nv_inference_request_success`), is the CPU per request. Run it from outside the repository
 (the working folder is also on Python's path), on a quiet machine.
+
+What tracing costs, by process (the span exporter processes apart):
+
+    python bench/process_cpu.py --proto http --model identity_fp32_onnx --workers 1 \
+        --concurrency 4 --trace --rounds 2 /path/to/old-checkout /path/to/new-checkout
+
+`--trace` exports the server's spans over OTLP/HTTP to bench/otlp_sink.py (a process of its
+own that only counts them) and measures two windows on each server: every request traced
+(trace_rate 1), then none (trace_rate 1,000,000,000; trace_level TIMESTAMPS in both).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODELS = HERE.parent.parent / "shared" / "peers" / "models" / "triton"
+PEER_MODELS = HERE.parent.parent / "shared" / "peers" / "models"
 PERF_ANALYZER = Path.home() / ".cache" / "tritonactor-peers" / "bin" / "perf_analyzer"
 TICK = os.sysconf("SC_CLK_TCK")
 HTTP, GRPC, METRICS = 48000, 48001, 48002
@@ -51,6 +62,8 @@ def tree(root: int) -> list[int]:
 
 
 def role(command: str) -> str:
+    if "span_exporter" in command:
+        return "span exporters"
     if "stub" in command or "backends.python" in command:
         return "python models"
     if "engine" in command:
@@ -80,6 +93,13 @@ def served(model: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def trace_rate(rate: int) -> None:
+    """Trace one request in `rate` from now on (global trace settings)."""
+    body = json.dumps({"trace_level": ["TIMESTAMPS"], "trace_rate": str(rate)}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{HTTP}/v2/trace/setting", body)
+    urllib.request.urlopen(request).read()
+
+
 def measure(
     checkout: Path,
     proto: str,
@@ -87,10 +107,14 @@ def measure(
     window_ms: int,
     model: str = "identity_fp32",
     workers: int | None = None,
-) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
+    sink: str | None = None,
+) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
     env.update(PYTHONPATH=str(checkout), OTEL_TRACES_EXPORTER="none")
-    command = ["tritonactor", "serve", "--model-repository", str(MODELS)]
+    if sink is not None:
+        env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=sink)
+    repository = PEER_MODELS / ("onnx" if model.endswith("_onnx") else "triton")
+    command = ["tritonactor", "serve", "--model-repository", str(repository)]
     if workers is not None:
         command += ["--workers", str(workers)]
     for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
@@ -107,19 +131,38 @@ def measure(
         url = f"127.0.0.1:{GRPC if proto == 'grpc' else HTTP}"
         pa = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", proto]
         pa += ["--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "50"]
-        subprocess.run(pa, capture_output=True)  # warm up
-        before, count = cpu_by_role(server.pid), served(model)
-        output = subprocess.run(pa, capture_output=True, text=True).stdout
-        after, requests = cpu_by_role(server.pid), served(model) - count
+        lines = []
+        for rate in (1, 1_000_000_000) if sink is not None else (None,):
+            if rate is not None:
+                trace_rate(rate)
+            subprocess.run(pa, capture_output=True)  # warm up
+            before, count = cpu_by_role(server.pid), served(model)
+            output = subprocess.run(pa, capture_output=True, text=True).stdout
+            after, requests = cpu_by_role(server.pid), served(model) - count
+            lines.append(report(checkout, output, before, after, requests, rate))
     finally:
         server.terminate()
         server.wait()
-    rate = re.findall(r"Throughput: ([\d.]+) infer/sec", output)
+    return lines
+
+
+def report(
+    checkout: Path,
+    output: str,
+    before: collections.Counter[str],
+    after: collections.Counter[str],
+    requests: float,
+    rate: int | None,
+) -> str:
+    """One window's line: infer/s, p50 and the CPU a request cost, by process."""
+    throughput = re.findall(r"Throughput: ([\d.]+) infer/sec", output)
     p50 = re.findall(r"p50 latency: (\d+)", output)
     parts = {name: round((after[name] - before[name]) / requests * 1e6) for name in after}
     total = sum(parts.values())
+    traced = "" if rate is None else ("traced " if rate == 1 else "untraced ")
     return (
-        f"{checkout.name}: {requests:.0f} requests, {rate[-1] if rate else '?'} infer/s, "
+        f"{checkout.name}: {traced}{requests:.0f} requests, "
+        f"{throughput[-1] if throughput else '?'} infer/s, "
         f"p50 {p50[-1] if p50 else '?'} us, server CPU {total} us/request {parts}"
     )
 
@@ -135,19 +178,36 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="front ends (default: serve's; 0: one process)"
     )
+    parser.add_argument(
+        "--trace", action="store_true", help="measure every request traced, then none"
+    )
     args = parser.parse_args()
-    for round_ in range(args.rounds):
-        for checkout in args.checkouts:
-            line = measure(
-                checkout.resolve(),
-                args.proto,
-                args.concurrency,
-                args.window_ms,
-                args.model,
-                args.workers,
-            )
-            print(f"round {round_ + 1} {args.proto} c{args.concurrency} {line}", flush=True)
-            time.sleep(1)
+    sink = None
+    if args.trace:
+        sink = subprocess.Popen(
+            [sys.executable, str(HERE / "otlp_sink.py")], stdout=subprocess.PIPE
+        )
+        assert sink.stdout is not None
+        endpoint = f"http://127.0.0.1:{int(sink.stdout.readline())}"
+    try:
+        for round_ in range(args.rounds):
+            for checkout in args.checkouts:
+                lines = measure(
+                    checkout.resolve(),
+                    args.proto,
+                    args.concurrency,
+                    args.window_ms,
+                    args.model,
+                    args.workers,
+                    endpoint if sink is not None else None,
+                )
+                for line in lines:
+                    print(f"round {round_ + 1} {args.proto} c{args.concurrency} {line}", flush=True)
+                time.sleep(1)
+    finally:
+        if sink is not None:
+            sink.kill()
+            sink.wait()
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ class ReceivedSpan:
     status_message: str
     events: list[str] = field(default_factory=list)
     service_name: str = ""
+    trace_state: str = ""
 
 
 class OtlpReceiver:
@@ -113,6 +114,7 @@ class OtlpReceiver:
                             status_message=span.status.message,
                             events=[event.name for event in span.events],
                             service_name=str(resource.get("service.name", "")),
+                            trace_state=span.trace_state,
                         )
                     )
         with self._lock:

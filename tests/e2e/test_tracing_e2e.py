@@ -214,6 +214,20 @@ def test_an_http_request_is_one_trace_continuing_the_clients(
     assert one(spans, "execute").attributes["triton.batch_size"] == 1
 
 
+def test_a_clients_trace_state_reaches_every_span_of_its_request(
+    server: ServerProcess, receiver: OtlpReceiver, http: httpx.Client
+) -> None:
+    """The client's tracestate travels with its trace context to the engine's stages (the
+    request's context crosses to the engine process as plain values)."""
+    trace_id, _, headers = new_trace()
+    headers["tracestate"] = "vendor=v1,other=2"
+    http_infer(server.url, headers=headers)
+    spans = wait_for_trace(receiver, trace_id, STAGES)
+    assert {span.name: span.trace_state for span in spans} == dict.fromkeys(
+        STAGES, "vendor=v1,other=2"
+    )
+
+
 def test_grpc_unary_and_streamed_requests_continue_the_metadatas_trace(
     server: ServerProcess, receiver: OtlpReceiver, http: httpx.Client
 ) -> None:

@@ -55,8 +55,8 @@ def request(*tensors: Tensor) -> InferenceRequest:
 
 
 class _Trace:
-    def carrier(self) -> dict[str, str]:
-        return {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    def crossing(self) -> tuple[object, ...]:
+        return (0x1111, 0x2222, False, 1, (("vendor", "v"),))
 
 
 def test_a_request_crosses_with_its_tensors_and_leaves_its_process_state_behind() -> None:
@@ -84,7 +84,7 @@ def test_a_request_crosses_with_its_tensors_and_leaves_its_process_state_behind(
         np.testing.assert_array_equal(after.data, before.data)
     # What only means something in the front end's process stays there.
     assert got.sender is None and got.trace is None
-    assert got.context == {TRACE_CARRIER: _Trace().carrier()}
+    assert got.context == {TRACE_CARRIER: _Trace().crossing()}
 
 
 def _pickled(message: object) -> object:
@@ -110,7 +110,7 @@ def test_a_plain_request_and_its_answer_cross_as_plain_values_and_come_out_whole
 ) -> None:
     """A request with small tensors of numbers (every request perf_analyzer sends) crosses as
     a tuple of plain values, and so does its answer; either comes out as it went in, its
-    process state left behind as with any request, its trace as its carrier."""
+    process state left behind as with any request, its trace as its context's plain values."""
     sent = request(Tensor("A", datatype, data.shape, data, {"p": 1}))
     sent.resolved_version = 2
     sent.context["lease"] = object()
@@ -143,7 +143,7 @@ def test_a_plain_request_and_its_answer_cross_as_plain_values_and_come_out_whole
     sent.trace = _Trace()  # type: ignore[assignment]
     assert type(_pickled(m.Submit(6, sent))) is tuple
     traced = cross(m.Submit(6, sent)).request  # type: ignore[attr-defined]
-    assert traced.context == {TRACE_CARRIER: _Trace().carrier()} and traced.trace is None
+    assert traced.context == {TRACE_CARRIER: _Trace().crossing()} and traced.trace is None
 
     response = InferenceResponse(
         "m", "3", "r", [Tensor("O", datatype, data.shape, data)], {"q": "x"}

@@ -35,7 +35,12 @@ from tests.unit.test_otlp import _spans, request_spans
 from tritonactor.observability import span_exporter
 from tritonactor.observability.exporters import build_exporters, service_resource
 from tritonactor.observability.otlp import _Encoder, encode_export_request
-from tritonactor.observability.span_export import SpanShipper, child_record, record_of
+from tritonactor.observability.span_export import (
+    SpanShipper,
+    child_record,
+    context_fields,
+    record_of,
+)
 from tritonactor.observability.span_exporter import export_batch, span_of
 from tritonactor.observability.trace_settings import TraceSettings
 from tritonactor.observability.tracing import Tracing
@@ -287,7 +292,9 @@ def test_a_span_nothing_refers_to_gets_its_id_in_the_exporter_process() -> None:
     """A stage span (router, queue, compute) leaves without an id; it gets a new one, in its
     parent's trace, with the parent's flags and trace state."""
     parent = SpanContext(7, 8, True, TraceFlags(1), TraceState([("vendor", "v")]))
-    fields = child_record("router", parent, 1, 2, {"k": "v"}, Status(StatusCode.ERROR, "bad"))
+    fields = child_record(
+        "router", context_fields(parent), 1, 2, {"k": "v"}, Status(StatusCode.ERROR, "bad")
+    )
     scope = InstrumentationScope("tritonactor", "1")
     first, second = (span_of(fields, Resource({}), scope) for _ in range(2))
     for span in (first, second):
@@ -348,9 +355,11 @@ def test_the_servers_records_are_written_as_the_sdk_writes_their_spans() -> None
     records = [record_of(span) for span in request_spans()]
     parent = SpanContext(7, 8, True, TraceFlags(1), TraceState([("vendor", "v")]))
     records += [
-        child_record("router", parent, 1, 2, {"k": "v"}, Status(StatusCode.ERROR, "bad")),
-        child_record("queue", parent, 3, 4, None, Status(StatusCode.OK)),
-        child_record("compute", parent, 5, 6, {"n": 1}, Status(StatusCode.UNSET)),
+        child_record(
+            "router", context_fields(parent), 1, 2, {"k": "v"}, Status(StatusCode.ERROR, "bad")
+        ),
+        child_record("queue", context_fields(parent), 3, 4, None, Status(StatusCode.OK)),
+        child_record("compute", context_fields(parent), 5, 6, {"n": 1}, Status(StatusCode.UNSET)),
         # An OK status with a description, which the SDK's Status drops (errors only keep one).
         ("ok", None, (7, 8, False, 1, ()), 0, None, (), (), 7, 8, 1, "dropped"),
     ]
@@ -366,7 +375,9 @@ def test_any_record_is_written_as_the_sdk_writes_its_span(
     if child:  # a record without an id, under the first's context
         context = spans[0].get_span_context()
         assert context is not None
-        records.append(child_record("stage", context, 1, 2, {"a": 1}, Status(StatusCode.OK)))
+        records.append(
+            child_record("stage", context_fields(context), 1, 2, {"a": 1}, Status(StatusCode.OK))
+        )
     if encode_export_request(spans) is None:  # values only the SDK writes: nor from records
         with pytest.raises(Exception):  # noqa: B017 (export_records answers None for any)
             _Encoder().records(records, _RESOURCE, _SCOPE, _CountingIds().generate_span_id)
@@ -378,8 +389,10 @@ def test_records_the_direct_encoder_cannot_write_go_the_sdks_way(receiver: OtlpR
     """A value OTLP's AnyValue does not hold (an integer past int64): the OTLP/HTTP exporter
     sends nothing for the records, and `export_batch` sends their SDK spans instead."""
     parent = SpanContext(7, 8, False, TraceFlags(1))
-    odd = child_record("router", parent, 1, 2, {"big": 1 << 64, "k": "v"}, Status(StatusCode.OK))
-    plain = child_record("queue", parent, 3, 4, {"k": "v"}, Status(StatusCode.OK))
+    odd = child_record(
+        "router", context_fields(parent), 1, 2, {"big": 1 << 64, "k": "v"}, Status(StatusCode.OK)
+    )
+    plain = child_record("queue", context_fields(parent), 3, 4, {"k": "v"}, Status(StatusCode.OK))
     (exporter,) = build_exporters(["otlp"], "http/protobuf")
     assert (
         exporter.export_records([odd, plain], _RESOURCE, _SCOPE, _CountingIds().generate_span_id)
@@ -403,8 +416,8 @@ class _Collecting(SpanExporter):
 def _two_records() -> list[Any]:
     parent = SpanContext(7, 8, False, TraceFlags(1))
     return [
-        child_record("router", parent, 1, 2, {"k": "v"}, Status(StatusCode.OK)),
-        child_record("queue", parent, 3, 4, {"k": "v"}, Status(StatusCode.OK)),
+        child_record("router", context_fields(parent), 1, 2, {"k": "v"}, Status(StatusCode.OK)),
+        child_record("queue", context_fields(parent), 3, 4, {"k": "v"}, Status(StatusCode.OK)),
     ]
 
 

@@ -13,7 +13,15 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+)
+from opentelemetry.trace.span import TraceState
 
 from tritonactor.actors import ActorSystem
 from tritonactor.backends.base import (
@@ -174,6 +182,44 @@ def test_a_sampler_that_is_not_parent_based_ignores_the_clients_flag(
     trace = tracing.start_request("m", "", traceparent(sampled=False), "GRPC")
     assert trace is not None  # the settings (rate 1) took it, in the client's trace
     assert format(trace.span_context.trace_id, "032x") == TRACE_ID
+
+
+def test_a_sampler_other_than_the_default_is_asked(exported: InMemorySpanExporter) -> None:
+    """The SDK's default sampler is not called (it samples whatever the settings let
+    through); any other one is, and may refuse."""
+    tracing = make_tracing(exported, sampler=ParentBased(ALWAYS_OFF))
+    assert tracing.start_request("m", "", None, "HTTP") is None
+    assert tracing.start_request("m", "", traceparent(), "HTTP") is not None  # follows the client
+
+
+class _Stating(Sampler):
+    """Samples everything, with a trace state of its own."""
+
+    def should_sample(self, *args: object, **kwargs: object) -> SamplingResult:
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, None, TraceState([("ours", "1")]))
+
+    def get_description(self) -> str:
+        return "Stating"
+
+
+@pytest.mark.parametrize(
+    ("sampler", "expected"),
+    [(None, [("vendor", "v"), ("other", "2")]), (_Stating(), [("ours", "1")])],
+    ids=["default sampler: the client's", "another sampler: its own"],
+)
+def test_a_requests_trace_state(
+    exported: InMemorySpanExporter, sampler: Sampler | None, expected: list[tuple[str, str]]
+) -> None:
+    tracing = make_tracing(exported, sampler=sampler)
+    trace = tracing.start_request(
+        "m", "", traceparent() | {"tracestate": "vendor=v,other=2"}, "HTTP"
+    )
+    assert trace is not None
+    trace.end()
+    (span,) = exported.get_finished_spans()
+    assert list(span.context.trace_state.items()) == expected
+    assert trace.carrier()["tracestate"] == ",".join(f"{k}={v}" for k, v in expected)
+    assert trace.span_context == span.context
 
 
 def test_a_malformed_traceparent_starts_a_new_trace(exported: InMemorySpanExporter) -> None:

@@ -22,7 +22,12 @@ class Trace(Protocol):
         ...
 
     def carrier(self) -> dict[str, str]:
-        """The W3C trace context (`traceparent`...), for a process that continues it."""
+        """The W3C trace context (`traceparent`...), for a python model that continues it."""
+        ...
+
+    def crossing(self) -> tuple[Any, ...]:
+        """The trace context as plain values, for an engine in another process that continues
+        it."""
         ...
 
     def describe(self, request: InferenceRequest) -> None: ...

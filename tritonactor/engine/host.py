@@ -231,9 +231,9 @@ class _Connection(asyncio.BufferedProtocol):
     def _submit(self, message: m.Submit) -> None:
         request = message.request
         host = self._host
-        carrier = request.context.pop(TRACE_CARRIER, None)
-        if carrier is not None and host.continue_trace is not None:
-            request.trace = host.continue_trace(carrier)
+        crossed = request.context.pop(TRACE_CARRIER, None)
+        if crossed is not None and host.continue_trace is not None:
+            request.trace = host.continue_trace(crossed)
         id = message.id
         if message.streamed:
             request.sender = ResponseSender(
@@ -403,7 +403,7 @@ class EngineHost:
         self.open: set[_Connection] = set()
         self.connections: set[_Connection] = set()
         self.loop = asyncio.get_event_loop()
-        self.continue_trace: Callable[[dict[str, str]], Any] | None = None
+        self.continue_trace: Callable[[tuple[Any, ...]], Any] | None = None
         # Set once a front end has connected and every one has gone since.
         self.deserted = asyncio.Event()
         self._thread = threading.get_ident()

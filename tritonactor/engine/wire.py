@@ -18,8 +18,8 @@ cross as a tagged tuple of plain values instead (`_flat`): what pickle writes an
 
 What a request carries that only makes sense in its own process is left behind when it is
 pickled: its `context` (a front end's shared-memory lease), its response sender (the engine
-gives it a sender of its own, which streams back), and its trace (it crosses as its W3C
-carrier, which the engine continues)."""
+gives it a sender of its own, which streams back), and its trace (it crosses as its span's
+context in plain values, `RequestTrace.crossing`, which the engine continues)."""
 
 from __future__ import annotations
 
@@ -80,10 +80,10 @@ def _reduce_error(error: TritonError) -> tuple[Callable[..., TritonError], tuple
     return _rebuild_error, (error.code.value, error.message)
 
 
-def _rebuild_request(fields: tuple[Any, ...], carrier: dict[str, str] | None) -> InferenceRequest:
+def _rebuild_request(fields: tuple[Any, ...], crossed: tuple[Any, ...] | None) -> InferenceRequest:
     request = InferenceRequest(*fields)
-    if carrier is not None:
-        request.context[TRACE_CARRIER] = carrier
+    if crossed is not None:
+        request.context[TRACE_CARRIER] = crossed
     return request
 
 
@@ -108,7 +108,7 @@ def _reduce_request(
         request.headers,
     )
     trace = request.trace
-    return _rebuild_request, (fields, trace.carrier() if trace is not None else None)
+    return _rebuild_request, (fields, trace.crossing() if trace is not None else None)
 
 
 def _rebuild_histogram(
@@ -251,7 +251,7 @@ def _flat(message: object) -> tuple[Any, ...] | None:
             request.resolved_version,
             request.cancelled,
             request.headers,
-            request.trace.carrier() if request.trace is not None else None,
+            request.trace.crossing() if request.trace is not None else None,
         )
     if kind is messages.Answer:
         response = message.value  # type: ignore[attr-defined]
@@ -291,7 +291,7 @@ def _unflat(flat: tuple[Any, ...]) -> object:
     tag = flat[0] if flat else None
     if tag == _FLAT_SUBMIT:
         _, id, streamed, name, version, request_id, inputs, outputs, parameters = flat[:9]
-        resolved, cancelled, headers, carrier = flat[9:]
+        resolved, cancelled, headers, crossed = flat[9:]
         request = InferenceRequest(
             name,
             version,
@@ -303,8 +303,8 @@ def _unflat(flat: tuple[Any, ...]) -> object:
             cancelled=cancelled,
             headers=headers,
         )
-        if carrier is not None:
-            request.context[TRACE_CARRIER] = carrier
+        if crossed is not None:
+            request.context[TRACE_CARRIER] = crossed
         return messages.Submit(id, request, streamed)
     if tag == _FLAT_ANSWER:
         _, id, links, name, version, response_id, outputs, parameters = flat

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from types import TracebackType
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
@@ -464,11 +464,12 @@ def _text_value(value: object) -> str:
 class RequestLog:
     """One request's log line, written at verbose level >= 1 when the ``with`` block ends:
     ``HTTP POST /v2/models/simple/infer status=200 duration_ms=1.234 model=simple ...`` plus the
-    trace context: ``span_context`` when set (the request's span, once tracing started it),
-    else the span current at the end of the block. Set ``status`` before the block ends; an
+    trace context: ``span_context`` when set, or that of ``trace`` (the request's span, once
+    tracing started it: read only if the line is written), else the span current at the end
+    of the block. Set ``status`` before the block ends; an
     exception escaping it is logged with its error code and message, and re-raised."""
 
-    __slots__ = ("_enabled", "_fields", "_message", "_started", "span_context", "status")
+    __slots__ = ("_enabled", "_fields", "_message", "_started", "span_context", "status", "trace")
 
     def __init__(self, message: str, fields: dict[str, object], enabled: bool) -> None:
         self._message = message
@@ -477,6 +478,7 @@ class RequestLog:
         self._started = 0.0
         self.status: object = "OK"
         self.span_context: SpanContext | None = None
+        self.trace: Any = None  # an object with a `span_context`
 
     def __enter__(self) -> RequestLog:
         if self._enabled:
@@ -492,7 +494,10 @@ class RequestLog:
         if not self._enabled:
             return
         duration_ms = round((time.perf_counter() - self._started) * 1000, 3)
-        fields = trace_fields(self.span_context)
+        span_context = self.span_context
+        if span_context is None and self.trace is not None:
+            span_context = self.trace.span_context
+        fields = trace_fields(span_context)
         fields |= {"status": self.status, "duration_ms": duration_ms}
         if error is not None:
             fields["status"] = error.code.name if isinstance(error, TritonError) else "INTERNAL"

@@ -36,7 +36,10 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
 
 import tritonactor
 from tritonactor import __version__
@@ -81,7 +84,13 @@ _SCOPE = ("tritonactor", __version__)
 # events (name, timestamp, attributes) and links (context, attributes) tuples. A context of
 # None is a new span of the parent's trace: the exporter process gives it its id.
 Record = tuple[Any, ...]
+Context = tuple[int, int, bool, int, tuple[tuple[str, str], ...]]
 _INTERNAL = SpanKind.INTERNAL.value
+_NO_STATE = TraceState()
+_FLAGS = [TraceFlags(flags) for flags in range(256)]
+_KINDS = {kind.value: kind for kind in SpanKind}
+_UNSET = Status(StatusCode.UNSET)
+_IDS = RandomIdGenerator()
 
 
 def _setting(environ: Mapping[str, str], variable: str, default: int) -> int:
@@ -100,7 +109,8 @@ def _setting(environ: Mapping[str, str], variable: str, default: int) -> int:
     return value
 
 
-def _context(context: SpanContext) -> tuple[Any, ...]:
+def context_fields(context: SpanContext) -> Context:
+    """A span context as a record holds it (see `Record`)."""
     state = context.trace_state
     return (
         context.trace_id,
@@ -108,6 +118,14 @@ def _context(context: SpanContext) -> tuple[Any, ...]:
         context.is_remote,
         int(context.trace_flags),
         tuple(state.items()) if state else (),
+    )
+
+
+def span_context(fields: Context) -> SpanContext:
+    """The span context a record's context stands for."""
+    trace_id, span_id, is_remote, flags, state = fields
+    return SpanContext(
+        trace_id, span_id, is_remote, _FLAGS[flags], TraceState(list(state)) if state else _NO_STATE
     )
 
 
@@ -127,14 +145,14 @@ def record(
     the caller does not change it any more."""
     return (
         name,
-        _context(context),
-        None if parent is None else _context(parent),
+        context_fields(context),
+        None if parent is None else context_fields(parent),
         kind.value,
         attributes or None,
         tuple((e.name, e.timestamp, dict(e.attributes or {}) or None) for e in events)
         if events
         else (),
-        tuple((_context(link.context), dict(link.attributes or {}) or None) for link in links)
+        tuple((context_fields(link.context), dict(link.attributes or {}) or None) for link in links)
         if links
         else (),
         start,
@@ -146,18 +164,19 @@ def record(
 
 def child_record(
     name: str,
-    parent: SpanContext,
+    parent: Context,
     start: int,
     end: int,
     attributes: Mapping[str, Any] | None,
     status: Status,
+    context: Context | None = None,
 ) -> Record:
-    """A finished INTERNAL span under `parent`, without events or links, whose id nothing
-    refers to: the exporter process chooses it."""
+    """A finished INTERNAL span under `parent` (a record's context), without events or links;
+    without a `context`, nothing refers to it and the exporter process chooses its id."""
     return (
         name,
-        None,
-        _context(parent),
+        context,
+        parent,
         _INTERNAL,
         attributes or None,
         (),
@@ -184,6 +203,34 @@ def record_of(span: ReadableSpan) -> Record:
         span.end_time or 0,
         span.status,
         span.events,
+    )
+
+
+def span_of(
+    fields: Record,
+    resource: Resource,
+    scope: InstrumentationScope,
+    ids: IdGenerator = _IDS,
+) -> ReadableSpan:
+    """The SDK span a record was made of (a new span's id from `ids`)."""
+    (name, context, parent, kind, attributes, events, links, start, end, code, description) = fields
+    if context is None:
+        trace_id, _, _, flags, state = parent
+        context = (trace_id, ids.generate_span_id(), False, flags, state)
+    unset = code == 0 and description is None
+    return ReadableSpan(
+        name,
+        span_context(context),
+        None if parent is None else span_context(parent),
+        resource,
+        attributes,
+        events=[Event(event_name, attrs, timestamp) for event_name, timestamp, attrs in events],
+        links=[Link(span_context(linked), attrs) for linked, attrs in links],
+        kind=_KINDS[kind],
+        status=_UNSET if unset else Status(StatusCode(code), description),
+        start_time=start,
+        end_time=end,
+        instrumentation_scope=scope,
     )
 
 

@@ -22,65 +22,24 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace.span import TraceState
 
 from tritonactor.observability.exporters import HashedResource, build_exporters
 from tritonactor.observability.span_export import (
+    _IDS,
     _LENGTH,
     _SCOPE,
     MAX_EXPORT_BATCH_SIZE,
     SHUTDOWN_TIMEOUT_S,
     Record,
     _setting,
+    span_of,
 )
 
 log = logging.getLogger(__name__)
-
-_NO_STATE = TraceState()
-_FLAGS = [TraceFlags(flags) for flags in range(256)]
-_KINDS = {kind.value: kind for kind in SpanKind}
-_UNSET = Status(StatusCode.UNSET)
-_IDS = RandomIdGenerator()
-
-
-def _span_context(fields: tuple[Any, ...]) -> SpanContext:
-    trace_id, span_id, is_remote, flags, state = fields
-    return SpanContext(
-        trace_id, span_id, is_remote, _FLAGS[flags], TraceState(list(state)) if state else _NO_STATE
-    )
-
-
-def span_of(
-    fields: Record,
-    resource: Resource,
-    scope: InstrumentationScope,
-    ids: IdGenerator = _IDS,
-) -> ReadableSpan:
-    """The SDK span a record was made of (a new span's id from `ids`)."""
-    (name, context, parent, kind, attributes, events, links, start, end, code, description) = fields
-    if context is None:
-        trace_id, _, _, flags, state = parent
-        context = (trace_id, ids.generate_span_id(), False, flags, state)
-    unset = code == 0 and description is None
-    return ReadableSpan(
-        name,
-        _span_context(context),
-        None if parent is None else _span_context(parent),
-        resource,
-        attributes,
-        events=[Event(event_name, attrs, timestamp) for event_name, timestamp, attrs in events],
-        links=[Link(_span_context(linked), attrs) for linked, attrs in links],
-        kind=_KINDS[kind],
-        status=_UNSET if unset else Status(StatusCode(code), description),
-        start_time=start,
-        end_time=end,
-        instrumentation_scope=scope,
-    )
 
 
 def _messages(sock: socket.socket) -> Iterator[Any]:

@@ -17,13 +17,17 @@ to it, and it links to all of them. Which requests are traced is decided as they
 `Tracing.start_request` and docs/tracing.md.
 
 Request spans are cheap on purpose: the SDK's span objects cost ~25 µs each (locks, bounded
-attributes, a sampler call), and a request makes five. Once a request is sampled, its spans are
+attributes, a sampler call), and a request makes five. A request's trace holds its span
+context as a record holds it (`span_export.Context`: ids, flags and trace state as plain
+values), crosses to an engine process as that, and makes no OpenTelemetry object unless asked
+(`RequestTrace.span_context`, for a log line); the SDK's default sampler is not called, since
+it samples whatever the trace settings let through. Once a request is sampled, its spans are
 written down when they end as plain tuples for an exporter process (`span_export.py`), which
-rebuilds and exports them with the SDK's exporters (their OTLP protobuf written by `otlp.py`);
-stage spans nothing refers to get their id there. With span processors of this process
-(`add_processor`: tests, benchmarks) they are built as finished `ReadableSpan`s, with the
-provider's resource and id generator, and handed to those too. The control plane, which is
-rare, uses the SDK tracer; its spans go the same way."""
+exports them (their OTLP protobuf written by `otlp.py`); stage spans nothing refers to get
+their id there. With span processors of this process (`add_processor`: tests, benchmarks) they
+are built as finished `ReadableSpan`s from the same tuples (`span_of`), with the provider's
+resource and id generator, and handed to those too. The control plane, which is rare, uses the
+SDK tracer; its spans go the same way."""
 
 from __future__ import annotations
 
@@ -34,19 +38,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.context import Context as OtelContext
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
-    Link,
     NonRecordingSpan,
     Span,
     SpanContext,
     SpanKind,
     Status,
     StatusCode,
-    TraceFlags,
     get_current_span,
     set_span_in_context,
 )
@@ -55,10 +57,14 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from tritonactor import __version__
 from tritonactor.observability.exporters import HashedResource, service_resource
 from tritonactor.observability.span_export import (
+    Context,
+    Record,
     ShippingProcessor,
     SpanShipper,
     child_record,
-    record,
+    context_fields,
+    span_context,
+    span_of,
 )
 from tritonactor.observability.trace_settings import TraceSettings
 
@@ -84,10 +90,13 @@ BATCH_REQUESTS = "triton.batch_requests"  # how many requests rode in it
 PROTOCOLS = ("http/protobuf", "grpc")
 EXPORTERS = ("otlp", "console")
 
-_ROOT = Context()
+_ROOT = OtelContext()
 _PROPAGATOR = TraceContextTextMapPropagator()
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SAMPLED_FLAG = 1  # W3C's sampled flag, as a record's context holds it
 _UNSET = Status(StatusCode.UNSET)
+_SERVER = SpanKind.SERVER.value
+_INTERNAL = SpanKind.INTERNAL.value
+_DEFAULT_SAMPLER = DEFAULT_ON.get_description()
 
 
 class TracingConfigError(ValueError):
@@ -170,6 +179,9 @@ class Tracing:
         self.sampler = provider.sampler
         # A parent-based sampler (the SDK's default) lets a client's sampled flag decide.
         self.client_decides = isinstance(provider.sampler, ParentBased)
+        # The SDK's default sampler (OTEL_TRACES_SAMPLER unset) samples every request the
+        # settings let through, keeping the client's trace state: it need not be asked.
+        self._always = provider.sampler.get_description() == _DEFAULT_SAMPLER
         self._ids = provider.id_generator
         self._resource = HashedResource(provider.resource.attributes, provider.resource.schema_url)
         self._scope = InstrumentationScope("tritonactor", __version__)
@@ -187,15 +199,16 @@ class Tracing:
         self.provider.add_span_processor(ShippingProcessor(shipper))
         self._shipper = shipper
 
-    def continued(self, carrier: Mapping[str, str]) -> RequestTrace | None:
+    def continued(self, crossed: Context) -> RequestTrace | None:
         """The trace of a request whose front end runs in another process and sent its span's
-        context (`RequestTrace.carrier`): the stages here nest under that span."""
-        remote = get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
-        if not remote.is_valid:
+        context (`RequestTrace.crossing`): the stages here nest under that span."""
+        trace_id, span_id, _, flags, state = crossed
+        if not trace_id or not span_id:
             return None
         # A stand-in for the front end's span, never exported here: what the stages add to it
         # (a batch's link) goes back with the answer (`links_back`).
-        stand_in = LiveSpan(REQUEST_SPAN, remote, None, SpanKind.SERVER, {}, [], 0)
+        remote = (trace_id, span_id, True, flags, state)
+        stand_in = LiveSpan(REQUEST_SPAN, remote, None, _SERVER, {}, [], 0)
         trace = RequestTrace(self, remote, stand_in)
         trace._ended = True
         return trace
@@ -230,106 +243,89 @@ class Tracing:
         if version:
             attributes[MODEL_VERSION] = version
         trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
-        decision = self.sampler.should_sample(
-            None if parent is None else set_span_in_context(NonRecordingSpan(parent), _ROOT),
-            trace_id,
-            REQUEST_SPAN,
-            SpanKind.SERVER,
-            attributes,
-        )
-        if not decision.decision.is_sampled():
-            return None
+        if self._always:
+            state = () if parent is None else context_fields(parent)[4]
+        else:
+            decision = self.sampler.should_sample(
+                None if parent is None else set_span_in_context(NonRecordingSpan(parent), _ROOT),
+                trace_id,
+                REQUEST_SPAN,
+                SpanKind.SERVER,
+                attributes,
+            )
+            if not decision.decision.is_sampled():
+                return None
+            trace_state = decision.trace_state
+            state = tuple(trace_state.items()) if trace_state else ()
         if use_up is not None:
             use_up()  # trace_count counts the traces made, not the requests considered
-        context = SpanContext(
-            trace_id, self._ids.generate_span_id(), False, _SAMPLED, decision.trace_state
+        context = (trace_id, self._ids.generate_span_id(), False, _SAMPLED_FLAG, state)
+        span = LiveSpan(
+            REQUEST_SPAN,
+            context,
+            None if parent is None else context_fields(parent),
+            _SERVER,
+            attributes,
         )
-        span = LiveSpan(REQUEST_SPAN, context, parent, SpanKind.SERVER, attributes)
         return RequestTrace(self, context, span)
 
     def emit(
         self,
         name: str,
-        parent: SpanContext,
+        parent: Context,
         start: int,
         end: int,
         attributes: Mapping[str, Any] | None = None,
         error: BaseException | None = None,
     ) -> None:
-        """Export a finished child span of `parent`, from `start` to `end` (ns since the
-        epoch)."""
-        shipper = self._shipper
-        if shipper is not None and not self._processors:
-            # Nothing here refers to the span: the exporter process gives it its id.
-            status, attributes = _outcome(attributes, error)
-            shipper.put(child_record(name, parent, start, end, attributes, status))
-            return
-        context = SpanContext(
-            parent.trace_id, self._ids.generate_span_id(), False, _SAMPLED, parent.trace_state
-        )
-        self._export(name, context, parent, SpanKind.INTERNAL, attributes, (), start, end, error)
+        """Export a finished child span of `parent` (a record's context), from `start` to
+        `end` (ns since the epoch). Nothing refers to it: it gets its id where it is exported,
+        unless processors here see it too (they and the exporter process see the same span)."""
+        status, attributes = _outcome(attributes, error)
+        context = None
+        if self._processors:
+            context = (parent[0], self._ids.generate_span_id(), False, _SAMPLED_FLAG, parent[4])
+        self._put(child_record(name, parent, start, end, attributes, status, context))
 
     def open_span(
         self,
         name: str,
-        parent: SpanContext,
+        parent: Context,
         start: int,
         attributes: dict[str, Any],
-        links: list[Link],
+        links: list[Context],
     ) -> LiveSpan:
         """A child span of `parent` that `end_span` exports once it is over."""
-        context = SpanContext(
-            parent.trace_id, self._ids.generate_span_id(), False, _SAMPLED, parent.trace_state
-        )
-        return LiveSpan(name, context, parent, SpanKind.INTERNAL, attributes, links, start)
+        context = (parent[0], self._ids.generate_span_id(), False, _SAMPLED_FLAG, parent[4])
+        return LiveSpan(name, context, parent, _INTERNAL, attributes, links, start)
 
     def end_span(self, span: LiveSpan, error: BaseException | None = None) -> None:
         """The span is over now: export it."""
-        self._export(
-            span.name,
-            span.context,
-            span.parent,
-            span.kind,
-            span.attributes,
-            span.links,
-            span.start,
-            time.time_ns(),
-            error,
+        status, attributes = _outcome(span.attributes, error)
+        self._put(
+            (
+                span.name,
+                span.context,
+                span.parent,
+                span.kind,
+                attributes or None,
+                (),
+                tuple([(linked, None) for linked in span.links]),
+                span.start,
+                time.time_ns(),
+                status.status_code.value,
+                status.description,
+            )
         )
 
-    def _export(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        kind: SpanKind,
-        attributes: Mapping[str, Any] | None,
-        links: Sequence[Link],
-        start: int,
-        end: int,
-        error: BaseException | None,
-    ) -> None:
-        status, attributes = _outcome(attributes, error)
+    def _put(self, fields: Record) -> None:
         shipper = self._shipper
         if shipper is not None:
-            shipper.put(record(name, context, parent, kind, attributes, links, start, end, status))
-        if not self._processors:
-            return
-        span = ReadableSpan(
-            name,
-            context,
-            parent,
-            self._resource,
-            attributes,
-            links=links,
-            kind=kind,
-            status=status,
-            start_time=start,
-            end_time=end,
-            instrumentation_scope=self._scope,
-        )
-        for processor in self._processors:
-            processor.on_end(span)
+            shipper.put(fields)
+        if self._processors:
+            span = span_of(fields, self._resource, self._scope, self._ids)
+            for processor in self._processors:
+                processor.on_end(span)
 
     @contextmanager
     def operation(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Span]:
@@ -351,18 +347,19 @@ class Tracing:
 
 
 class LiveSpan:
-    """A span still open (a request's, a batch's): what it will be exported with."""
+    """A span still open (a request's, a batch's): what it will be exported with. Contexts
+    are held as records hold them (`span_export.Context`), the kind as SpanKind's value."""
 
     __slots__ = ("attributes", "context", "kind", "links", "name", "parent", "start")
 
     def __init__(
         self,
         name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        kind: SpanKind,
+        context: Context,
+        parent: Context | None,
+        kind: int,
         attributes: dict[str, Any],
-        links: list[Link] | None = None,
+        links: list[Context] | None = None,
         start: int | None = None,
     ) -> None:
         self.name = name
@@ -376,37 +373,45 @@ class LiveSpan:
 
 class RequestTrace:
     """The trace context one request carries: the span context its stage spans are children
-    of, and the span its front end owns (None for a child request, whose context is its
-    parent's: an ensemble step, a BLS call)."""
+    of (`context`, as records hold it), and the span its front end owns (None for a child
+    request, whose context is its parent's: an ensemble step, a BLS call)."""
 
-    __slots__ = ("_ended", "queued_at", "span", "span_context", "tracing")
+    __slots__ = ("_ended", "_span_context", "context", "queued_at", "span", "stage", "tracing")
 
-    def __init__(
-        self, tracing: Tracing, span_context: SpanContext, span: LiveSpan | None = None
-    ) -> None:
+    def __init__(self, tracing: Tracing, context: Context, span: LiveSpan | None = None) -> None:
         self.tracing = tracing
-        self.span_context = span_context
+        self.context = context
         self.span = span
-        # When the router handed the request to its scheduler (ns since the epoch).
+        # When the router handed the request to its scheduler (ns since the epoch), and the
+        # attributes of its stage spans (`stage_attributes`), set as it is routed.
         self.queued_at = 0
+        self.stage: dict[str, Any] | None = None
+        self._span_context: SpanContext | None = None
         self._ended = False
+
+    @property
+    def span_context(self) -> SpanContext:
+        """The OpenTelemetry span context of `context` (what logs name)."""
+        made = self._span_context
+        if made is None:
+            made = self._span_context = span_context(self.context)
+        return made
 
     def child(self) -> RequestTrace:
         """The trace of a request made on behalf of this one: its spans nest under this
         request's span."""
-        return RequestTrace(self.tracing, self.span_context)
+        return RequestTrace(self.tracing, self.context)
+
+    def crossing(self) -> Context:
+        """What an engine in another process continues the trace from (`Tracing.continued`)."""
+        return self.context
 
     def carrier(self) -> dict[str, str]:
         """The W3C trace context of this request, as a python model reads it."""
-        context = self.span_context
-        carrier = {
-            "traceparent": (
-                f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
-            )
-        }
-        state = context.trace_state.to_header()
+        trace_id, span_id, _, flags, state = self.context
+        carrier = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"}
         if state:
-            carrier["tracestate"] = state
+            carrier["tracestate"] = ",".join(f"{key}={value}" for key, value in state)
         return carrier
 
     def links_back(self) -> list[tuple[int, int]]:
@@ -414,13 +419,13 @@ class RequestTrace:
         span = self.span
         if span is None:
             return []
-        return [(link.context.trace_id, link.context.span_id) for link in span.links]
+        return [(linked[0], linked[1]) for linked in span.links]
 
     def link_to(self, links: Sequence[tuple[int, int]]) -> None:
         """Link the request's span to these spans (`links_back` of its stages elsewhere)."""
         if self.span is not None:
             for trace_id, span_id in links:
-                self.span.links.append(Link(SpanContext(trace_id, span_id, True, _SAMPLED)))
+                self.span.links.append((trace_id, span_id, True, _SAMPLED_FLAG, ()))
 
     def describe(self, request: InferenceRequest) -> None:
         """Name the request on the front end's span once it is decoded."""
@@ -433,8 +438,8 @@ class RequestTrace:
         """The router's span, from `started` (ns since the epoch) to now; the request then
         queues from now."""
         now = time.time_ns()
-        attributes = stage_attributes(request)
-        self.tracing.emit(ROUTER_SPAN, self.span_context, started, now, attributes, error)
+        attributes = self.stage = stage_attributes(request)
+        self.tracing.emit(ROUTER_SPAN, self.context, started, now, attributes, error)
         self.queued_at = now
         self.resolved(request)
 
@@ -472,9 +477,9 @@ class BatchTrace:
             trace = request.trace
             assert trace is not None
             if trace.queued_at:
-                attributes = stage_attributes(request)
-                tracing.emit(QUEUE_SPAN, trace.span_context, trace.queued_at, now, attributes)
-            links.append(Link(trace.span_context))
+                attributes = trace.stage or stage_attributes(request)
+                tracing.emit(QUEUE_SPAN, trace.context, trace.queued_at, now, attributes)
+            links.append(trace.context)
         first = traced[0]
         attributes = {
             MODEL_NAME: first.model_name,
@@ -483,14 +488,14 @@ class BatchTrace:
         }
         if first.resolved_version:
             attributes[MODEL_VERSION] = str(first.resolved_version)
-        self.span = tracing.open_span(EXECUTE_SPAN, leader.span_context, now, attributes, links)
+        self.span = tracing.open_span(EXECUTE_SPAN, leader.context, now, attributes, links)
         batch = self.span.context
         for request in traced[1:]:
             trace = request.trace
             assert trace is not None
             # A request of another trace sees the batch that carried it from its own span.
-            if trace.span is not None and trace.span_context.trace_id != batch.trace_id:
-                trace.span.links.append(Link(batch))
+            if trace.span is not None and trace.context[0] != batch[0]:
+                trace.span.links.append(batch)
 
     def end(
         self,

@@ -192,7 +192,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             if trace is None:
                 response = await self.model_infer(message, metadata=metadata)
             else:
-                entry.span_context = trace.span_context
+                entry.trace = trace
                 try:
                     response = await self.model_infer(message, trace, metadata)
                 except BaseException as error:

@@ -368,7 +368,7 @@ class _Routes:
             if trace is None:
                 response = await self._infer(request, name, version, None)
             else:
-                entry.span_context = trace.span_context
+                entry.trace = trace
                 try:
                     response = await self._infer(request, name, version, trace)
                 except BaseException as error:
