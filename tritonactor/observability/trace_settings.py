@@ -137,6 +137,8 @@ class TraceSettings:
         rating.seen += 1
         if rating.seen % rating.values["trace_rate"]:
             return None
+        if counting.values["trace_count"] < 0:  # no count: nothing to use up (the usual case)
+            return _nothing
 
         def use_up() -> None:
             if counting.values["trace_count"] > 0:
@@ -189,6 +191,10 @@ class TraceSettings:
             if override is not None and name in override.values:
                 return override.values[name]
         return self._global.values[name]
+
+
+def _nothing() -> None:
+    """What a traced request uses up where no trace_count counts."""
 
 
 def _parse(name: str, value: Any) -> Any:
