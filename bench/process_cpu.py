@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import http.client
 import json
 import os
 import re
@@ -126,7 +127,8 @@ def measure(
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{HTTP}/v2/health/ready")
                 break
-            except OSError:
+            except (OSError, http.client.HTTPException):  # (a port in the ephemeral range
+                # may connect to itself while nothing listens on it: it echoes the request)
                 time.sleep(0.2)
         url = f"127.0.0.1:{GRPC if proto == 'grpc' else HTTP}"
         pa = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", proto]
