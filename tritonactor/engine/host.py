@@ -328,10 +328,9 @@ class _Connection(asyncio.BufferedProtocol):
     ) -> None:
         trace = request.trace if request is not None else None
         if trace is not None and error is None:
-            # After what answered it has closed its spans (the execute ends once its replies
-            # are answered): the front end's span ends when the answer arrives.
-            answer = m.Answer(id, response, tuple(trace.links_back()))  # type: ignore[attr-defined]
-            self._host.loop.call_soon(self.send, answer)
+            # The stages' spans are closed (an instance closes its batch's before answering):
+            # the front end's span, which ends when the answer arrives, outlasts them.
+            self.send(m.Answer(id, response, tuple(trace.links_back())))  # type: ignore[attr-defined]
         elif error is None:
             self.send(m.Answer(id, response))
         elif isinstance(error, TritonError):

@@ -224,10 +224,13 @@ class InstanceActor(Actor[Execute | _Died]):
         trace: BatchTrace | None = None,
         error: TritonError | None = None,
     ) -> None:
-        """Answer every request, then account for the batch (a failed execute has no compute
-        times: only its failures count) and close its spans. A deferred request counts in this
-        batch, and as a success or failure when its answer comes; a rescheduled one counts when
-        it finally runs to its end."""
+        """Close the batch's spans (before any answer leaves: a request's own span, which
+        ends once it is answered, outlasts its stages), answer every request, then account
+        for the batch (a failed execute has no compute times: only its failures count). A
+        deferred request counts in this batch, and as a success or failure when its answer
+        comes; a rescheduled one counts when it finally runs to its end."""
+        if trace is not None:
+            trace.end(backend_started, backend_finished, error)
         times = ExecutionTimes(
             started,
             started if backend_started is None else backend_started,
@@ -243,8 +246,6 @@ class InstanceActor(Actor[Execute | _Died]):
                 batch, results = [i for i, _ in kept], [r for _, r in kept]
             if batch:
                 self._statistics.record_execution(batch, results, times)
-        if trace is not None:
-            trace.end(backend_started, backend_finished, error)
 
     def _answer_later(self, item: Infer, deferred: Deferred, times: ExecutionTimes) -> None:
         """Answer `item` when the backend resolves `deferred` (from any thread), and count it
