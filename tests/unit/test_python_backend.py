@@ -44,8 +44,8 @@ def add_sub_request(a: np.ndarray, b: np.ndarray, model: str = "add_sub") -> Inf
 
 
 @pytest.mark.anyio
-async def test_add_sub_runs_unchanged(start: Started) -> None:
-    instance = start("add_sub")
+async def test_add_sub_runs_unchanged(start_either: Started) -> None:
+    instance = start_either("add_sub")
     a = np.arange(4, dtype=np.float32)
     b = np.full(4, 0.5, dtype=np.float32)
     [result] = await instance.execute([add_sub_request(a, b)])
@@ -57,8 +57,8 @@ async def test_add_sub_runs_unchanged(start: Started) -> None:
 
 
 @pytest.mark.anyio
-async def test_batch_of_requests_and_requested_outputs(start: Started) -> None:
-    instance = start("add_sub")
+async def test_batch_of_requests_and_requested_outputs(start_either: Started) -> None:
+    instance = start_either("add_sub")
     ones = np.ones(4, dtype=np.float32)
     only_diff = add_sub_request(ones, ones)
     only_diff.outputs = [RequestedOutput("OUTPUT1")]
@@ -105,8 +105,8 @@ async def test_initialize_args_and_request_accessors(start: Started) -> None:
 
 
 @pytest.mark.anyio
-async def test_bytes_round_trip_keeps_empty_and_non_ascii(start: Started) -> None:
-    instance = start("identity_bytes")
+async def test_bytes_round_trip_keeps_empty_and_non_ascii(start_either: Started) -> None:
+    instance = start_either("identity_bytes")
     items = [b"", "h\u00e9llo w\u00f6rld \u2603".encode(), b"\x00\xff binary", b"plain"]
     data = np.array(items, dtype=np.object_)
     [result] = await instance.execute([request("identity_bytes", tensor("INPUT0", data))])
@@ -116,8 +116,10 @@ async def test_bytes_round_trip_keeps_empty_and_non_ascii(start: Started) -> Non
 
 
 @pytest.mark.anyio
-async def test_execute_that_raises_fails_the_batch_and_the_process_stays(start: Started) -> None:
-    instance = start("faulty")
+async def test_execute_that_raises_fails_the_batch_and_the_process_stays(
+    start_either: Started,
+) -> None:
+    instance = start_either("faulty")
     one = np.array([0], dtype=np.int32)
     results = await instance.execute(
         [request("faulty", tensor("INPUT0", one)), request("faulty", tensor("INPUT0", one + 5))]
@@ -131,8 +133,8 @@ async def test_execute_that_raises_fails_the_batch_and_the_process_stays(start: 
 
 
 @pytest.mark.anyio
-async def test_response_error_fails_only_that_request(start: Started) -> None:
-    instance = start("faulty")
+async def test_response_error_fails_only_that_request(start_either: Started) -> None:
+    instance = start_either("faulty")
     bad = request("faulty", tensor("INPUT0", np.array([1], dtype=np.int32)))
     good = request("faulty", tensor("INPUT0", np.array([3], dtype=np.int32)))
     error, result = await instance.execute([bad, good])
@@ -326,7 +328,7 @@ def test_pb_utils_is_cancelled_outside_a_server() -> None:
 
 
 @pytest.mark.anyio
-async def test_bls_calls_the_servers_infer(start: Started) -> None:
+async def test_bls_calls_the_servers_infer(start_either: Started) -> None:
     calls: list[InferenceRequest] = []
 
     async def infer(req: InferenceRequest) -> InferenceResponse:
@@ -341,7 +343,7 @@ async def test_bls_calls_the_servers_infer(start: Started) -> None:
             outputs=[tensor(name, everything[name]) for name in req.requested_output_names],
         )
 
-    instance = start("bls", infer=infer)
+    instance = start_either("bls", infer=infer)
     a = np.array([1, 2, 3, 4], dtype=np.float32)
     b = np.array([4, 3, 2, 1], dtype=np.float32)
     [result] = await instance.execute([add_sub_request(a, b, model="bls")])

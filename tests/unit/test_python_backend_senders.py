@@ -232,8 +232,8 @@ def resched(mode: str, request_id: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.anyio
-async def test_reschedule_flag_gives_reschedule_then_the_answer(start: Started) -> None:
-    instance = start("reschedule")
+async def test_reschedule_flag_gives_reschedule_then_the_answer(start_either: Started) -> None:
+    instance = start_either("reschedule")
     first = resched("ok", "r1")
     assert await instance.execute([first]) == [RESCHEDULE]
     [answer] = await instance.execute([first])  # the scheduler runs the same request again

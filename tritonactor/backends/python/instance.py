@@ -177,7 +177,10 @@ class PythonInstance(BackendInstance):
         completed = False
         try:
             shm, descriptors = ipc.write_tensors(
-                self._stub.parent_prefix, arrays, self._inputs_arena, ipc.INLINE_LIMIT
+                self._stub.parent_prefix,
+                arrays,
+                self._inputs_arena,
+                self.model.settings.inline_limit,
             )
             with contextlib.suppress(OSError):  # a dead stub: the reader reports why
                 self._stub.channel.send(

@@ -40,11 +40,15 @@ class StubSettings:
     """How the server runs stub processes. `start_timeout_s` (Triton's stub-timeout-seconds):
     how long a stub may take to start, and to finalize, before it is declared dead and killed.
     The shared-memory sizes (shm-default-byte-size, shm-growth-byte-size) are the first size and
-    the growth step of each instance's reused arenas (0: tritonactor's defaults)."""
+    the growth step of each instance's reused arenas (0: tritonactor's defaults).
+    `inline_limit`: how many bytes of an execute's tensors, or of its results, travel inside
+    its message rather than through shared memory (not a backend setting: tests set 0 to take
+    the shared-memory path with small tensors)."""
 
     start_timeout_s: float = 30.0
     shm_default_size: int = 0
     shm_growth_size: int = 0
+    inline_limit: int = ipc.INLINE_LIMIT
 
     @classmethod
     def from_backend_config(cls, config: Mapping[str, str]) -> StubSettings:
@@ -133,6 +137,8 @@ class StubProcess:
             command += ["--shm-default-size", str(settings.shm_default_size)]
         if settings.shm_growth_size:
             command += ["--shm-growth-size", str(settings.shm_growth_size)]
+        if settings.inline_limit != ipc.INLINE_LIMIT:
+            command += ["--inline-limit", str(settings.inline_limit)]
         try:
             self.process = subprocess.Popen(
                 command,

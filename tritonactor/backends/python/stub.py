@@ -2,6 +2,7 @@
 
     python -m tritonactor.backends.python.stub --fd N --answers-fd M --name INSTANCE
         --shm-prefix P [--shm-default-size B] [--shm-growth-size B] [--taken-fd FD]
+        [--inline-limit B]
 
 Fds N and M are this side of two socketpairs with the server (see `ipc`). The main thread reads
 fd N itself (init, execute, finalize: one message at a time, no thread hand-off on the way to
@@ -58,6 +59,7 @@ class Stub:
         shm_default_size: int = 0,
         shm_growth_size: int = 0,
         taken: ipc.Counter | None = None,
+        inline_limit: int = ipc.INLINE_LIMIT,
     ) -> None:
         self.channel = channel
         # Where the stub notes each execute it takes (its seq + 1), for the server to read if
@@ -77,6 +79,8 @@ class Stub:
         self._background: set[Future[Any]] = set()
         # Execute messages come one at a time: their tensors travel through reused arenas.
         self._results_arena = ipc.Arena(f"{shm_prefix}-arena", shm_default_size, shm_growth_size)
+        # Results of this many bytes or fewer travel inside their message (ipc.write_tensors).
+        self._inline_limit = inline_limit
         self._inputs_arena = ipc.ArenaReader()
         # Responses leave in the order the model's threads called send(): writing the tensors
         # releases the GIL, and without it a later send could overtake an earlier one.
@@ -348,7 +352,7 @@ class Stub:
             tensors.extend(arrays)
             wire.append(entry)
         shm, descriptors = ipc.write_tensors(
-            self.shm_prefix, tensors, self._results_arena, ipc.INLINE_LIMIT
+            self.shm_prefix, tensors, self._results_arena, self._inline_limit
         )
         return {**reply, "shm": shm, "descriptors": descriptors, "responses": wire}
 
@@ -464,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shm-prefix", required=True)
     parser.add_argument("--shm-default-size", type=int, default=0)
     parser.add_argument("--shm-growth-size", type=int, default=0)
+    parser.add_argument("--inline-limit", type=int, default=ipc.INLINE_LIMIT)
     parser.add_argument(
         "--taken-fd", type=int, help="the server's counter of executes taken (ipc.Counter)"
     )
@@ -496,6 +501,7 @@ def main(argv: list[str] | None = None) -> None:
         options.shm_default_size,
         options.shm_growth_size,
         None if options.taken_fd is None else ipc.Counter(options.taken_fd),
+        options.inline_limit,
     )
     _pb_runtime.stub = stub
     threading.Thread(target=stub.read_answers, name="stub-answers", daemon=True).start()
