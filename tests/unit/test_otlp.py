@@ -4,13 +4,18 @@ deliver to a real OTLP receiver over HTTP and gRPC."""
 
 from __future__ import annotations
 
+import base64
+import http.server
 import math
+import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -34,6 +39,7 @@ from tritonactor.observability.exporters import build_exporters
 from tritonactor.observability.otlp import (
     OtlpGrpcExporter,
     OtlpHttpExporter,
+    SettledSession,
     _Encoder,
     encode_export_request,
 )
@@ -287,3 +293,82 @@ def test_the_server_exports_with_the_direct_encoder(protocol: str, kind: type) -
     assert [type(exporter) for exporter in exporters] == [kind, ConsoleSpanExporter]
     for exporter in exporters:
         exporter.shutdown()
+
+
+# -- the HTTP exporter's session ------------------------------------------------------------------
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers any POST with an empty OTLP response, keeping each request's Authorization."""
+
+    seen: ClassVar[list[str | None]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        _Recorder.seen.append(self.headers.get("Authorization"))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[str]:
+    _Recorder.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_session_reads_the_environment_once_and_as_requests_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "collector.internal")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca.pem")
+    reads: list[str] = []
+    original = requests.sessions.get_environ_proxies
+
+    def counted(url: str, no_proxy: Any = None) -> dict[str, str]:
+        reads.append(url)
+        return original(url, no_proxy=no_proxy)
+
+    monkeypatch.setattr(requests.sessions, "get_environ_proxies", counted)
+    session = SettledSession()
+    for url in ("http://collector.internal:4318/v1/traces", "https://far.example/v1/traces"):
+        expected = requests.Session().merge_environment_settings(url, {}, None, True, None)
+        for _ in range(3):
+            assert session.merge_environment_settings(url, {}, None, True, None) == expected
+    assert expected["proxies"]["https"] == "http://proxy.example:3128"
+    assert expected["verify"] == "/etc/ssl/certs/ca.pem"
+    # Twice by the plain sessions (once each), twice by the settled one: once per URL.
+    assert len(reads) == 4
+
+
+def test_the_exporter_posts_netrc_credentials_as_requests_would(
+    recorder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """.netrc's credentials for the collector are sent with every post (read once); with none
+    for it, no Authorization header."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login tracer password s3cret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    span = request_spans(1)[:1]
+    with_credentials = OtlpHttpExporter(endpoint=recorder)
+    assert with_credentials.export(span) is SpanExportResult.SUCCESS
+    assert with_credentials.export(span) is SpanExportResult.SUCCESS
+    netrc.write_text("machine elsewhere login other password x\n")
+    without = OtlpHttpExporter(endpoint=recorder)
+    assert without.export(span) is SpanExportResult.SUCCESS
+    basic = "Basic " + base64.b64encode(b"tracer:s3cret").decode()
+    assert _Recorder.seen == [basic, basic, None]
