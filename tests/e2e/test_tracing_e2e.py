@@ -315,11 +315,14 @@ def test_a_python_model_reads_the_trace_context_and_bls_joins_the_trace(
     server: ServerProcess, receiver: OtlpReceiver, http: httpx.Client
 ) -> None:
     trace_id, _, headers = new_trace()
+    headers["tracestate"] = "vendor=v1"
     result = http_infer(
         server.url, "trace_context", headers=headers, parameters={"bls_model": "simple"}
     )
     context = json.loads(result.as_numpy("CONTEXT")[0])
     assert context["traceparent"].split("-")[1] == trace_id
+    assert context["traceparent"].endswith("-01")  # sampled, as the engine continued it
+    assert context["tracestate"] == "vendor=v1"
     spans = wait_for_trace(receiver, trace_id, STAGES)
     root = [s for s in spans if s.name == "InferRequest"]
     assert [r.attributes["triton.model_name"] for r in root] == ["trace_context"]

@@ -29,6 +29,8 @@ from tritonactor.observability.logging import (
     update,
     verbose,
 )
+from tritonactor.observability.trace_settings import TraceSettings
+from tritonactor.observability.tracing import Tracing
 from tritonactor.settings import Settings, SettingsError
 
 TRITON_DEFAULTS = {
@@ -520,6 +522,28 @@ def test_a_request_line_names_a_span_that_is_not_current(
         assert logged["trace_id"] == f"{span.get_span_context().trace_id:032x}"
         assert logged["span_id"] == f"{span.get_span_context().span_id:016x}"
     assert trace_fields(None) == {}
+
+
+def test_a_request_line_names_the_traced_requests_span(
+    capsys: pytest.CaptureFixture[str], tracer: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """A front end hands the line its request's trace (`RequestLog.trace`): the line names the
+    request's span, read only as the line is written."""
+    provider, _ = tracer
+    apply(LogSettings(json_lines=True, log_verbose_level=1))
+    tracing = Tracing(provider, TraceSettings(level=("TIMESTAMPS",), rate=1))
+    trace = tracing.start_request("simple", "", None, "HTTP")
+    assert trace is not None
+    with request_logger("HTTP", "POST", "/v2/models/simple/infer") as entry:
+        entry.trace = trace
+    (line,) = (json.loads(text) for text in lines(capsys.readouterr().err))
+    assert line["trace_id"] == f"{trace.span_context.trace_id:032x}"
+    assert line["span_id"] == f"{trace.span_context.span_id:016x}"
+    assert trace.span is not None
+    assert (line["trace_id"], line["span_id"]) == (
+        f"{trace.span.context[0]:032x}",
+        f"{trace.span.context[1]:016x}",
+    )
 
 
 def test_a_failed_request_line(capsys: pytest.CaptureFixture[str]) -> None:

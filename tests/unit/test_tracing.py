@@ -4,6 +4,8 @@ goes through the real router, scheduler and instance actors (exported to memory)
 from __future__ import annotations
 
 import json
+import pickle
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     SamplingResult,
 )
+from opentelemetry.trace import SpanContext, TraceFlags
 from opentelemetry.trace.span import TraceState
 
 from tritonactor.actors import ActorSystem
@@ -222,6 +225,32 @@ def test_a_requests_trace_state(
     assert trace.span_context == span.context
 
 
+def test_the_engine_continues_a_span_from_its_crossing(exported: InMemorySpanExporter) -> None:
+    """What crosses to an engine process (pickled, as on the engine's socket) continues the
+    front end's span there: same ids, the sampled flag, the client's trace state, remote."""
+    front = make_tracing(InMemorySpanExporter())
+    trace = front.start_request("m", "", traceparent() | {"tracestate": "vendor=v"}, "HTTP")
+    assert trace is not None
+    engine = make_tracing(exported)
+    continued = engine.continued(pickle.loads(pickle.dumps(trace.crossing())))
+    assert continued is not None
+    assert continued.carrier() == trace.carrier()
+    assert continued.carrier()["traceparent"].endswith("-01")
+    routed = InferenceRequest("m", inputs=[])
+    routed.trace = continued
+    routed.resolved_version = 1
+    continued.routed(routed, time.time_ns())
+    (router,) = exported.get_finished_spans()
+    mine = trace.span_context
+    assert router.parent == SpanContext(
+        mine.trace_id, mine.span_id, True, TraceFlags(1), TraceState([("vendor", "v")])
+    )
+    assert router.context.trace_flags.sampled
+    assert list(router.context.trace_state.items()) == [("vendor", "v")]
+    for invalid in ((0, 0, False, 1, ()), (mine.trace_id, 0, False, 1, ()), (0, 1, False, 1, ())):
+        assert engine.continued(invalid) is None
+
+
 def test_a_malformed_traceparent_starts_a_new_trace(exported: InMemorySpanExporter) -> None:
     tracing = make_tracing(exported)
     trace = tracing.start_request("m", "", {"traceparent": "garbage"}, "HTTP")
@@ -355,6 +384,65 @@ async def test_an_untraced_request_leaves_nothing(
     make_tracing(exported)
     await router.infer(request("plain"))
     assert exported.get_finished_spans() == ()
+
+
+class FailingInstance(EchoInstance):
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        raise RuntimeError("the batch breaks")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("failing", [False, True], ids=["answered", "failed"])
+async def test_a_batchs_spans_are_closed_before_its_answers_leave(
+    system: ActorSystem, exported: InMemorySpanExporter, failing: bool
+) -> None:
+    """An engine sends a traced request's answer as soon as it has it, and the front end's span
+    ends when it arrives: the stages' spans must be over by then."""
+    backend = EchoBackend()
+    if failing:
+        backend.instance = FailingInstance()
+    router = await serve(system, backend)
+    trace = make_tracing(exported).start_request("echo", "", None, "HTTP")
+    assert trace is not None
+    traced = request("r1")
+    traced.trace = trace
+    closed_at_answer: list[set[str]] = []
+    answered = anyio.Event()
+
+    def note(_: object) -> None:
+        closed_at_answer.append({span.name for span in exported.get_finished_spans()})
+        answered.set()
+
+    router.submit(traced).add_done_callback(note)
+    with anyio.fail_after(30):  # (a hang's guard)
+        await answered.wait()
+    stages = {"router", "queue", "execute"} | (set() if failing else {"compute"})
+    assert closed_at_answer == [stages]
+
+
+class _RefusesBatches(SimpleSpanProcessor):
+    """A span processor that fails on a batch's span."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.name == "execute":
+            raise RuntimeError("this processor is broken")
+
+
+@pytest.mark.anyio
+async def test_a_span_processor_that_fails_does_not_keep_a_batchs_answers_back(
+    system: ActorSystem, exported: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    router = await serve(system, EchoBackend())
+    tracing = make_tracing(exported)
+    tracing.add_processor(_RefusesBatches(InMemorySpanExporter()))
+    trace = tracing.start_request("echo", "", None, "HTTP")
+    assert trace is not None
+    traced = request("r1")
+    traced.trace = trace
+    with anyio.fail_after(30):  # (a hang's guard: unanswered, it would wait for ever)
+        response = await router.infer(traced)
+    assert response.id == "r1"
+    assert "closing the spans of a batch of 'echo" in caplog.text
 
 
 @pytest.mark.anyio

@@ -272,7 +272,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.send(m.Failed(id, error))
         else:
             self._settle(id, request)
-            self.send(m.Answer(id, response))
+            self._reply(id, request, response, None)  # (a traced one's links go with it)
 
     def _part(self, part: m.Part) -> None:
         if part.final:

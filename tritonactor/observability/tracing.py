@@ -181,7 +181,10 @@ class Tracing:
         self.client_decides = isinstance(provider.sampler, ParentBased)
         # The SDK's default sampler (OTEL_TRACES_SAMPLER unset) samples every request the
         # settings let through, keeping the client's trace state: it need not be asked.
-        self._always = provider.sampler.get_description() == _DEFAULT_SAMPLER
+        sampler = provider.sampler
+        self._always = (
+            type(sampler) is ParentBased and sampler.get_description() == _DEFAULT_SAMPLER
+        )
         self._ids = provider.id_generator
         self._resource = HashedResource(provider.resource.attributes, provider.resource.schema_url)
         self._scope = InstrumentationScope("tritonactor", __version__)
