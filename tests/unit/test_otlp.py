@@ -372,3 +372,27 @@ def test_the_exporter_posts_netrc_credentials_as_requests_would(
     assert without.export(span) is SpanExportResult.SUCCESS
     basic = "Basic " + base64.b64encode(b"tracer:s3cret").decode()
     assert _Recorder.seen == [basic, basic, None]
+
+
+def test_the_exporter_reads_the_environment_once_unless_a_provider_gives_its_session(
+    recorder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Posts read the environment's proxy settings once; with a credential provider named,
+    the exporter posts with the provider's session, which the SDK loads (here a provider no
+    package offers: the SDK's own error says so)."""
+    reads: list[str] = []
+    original = requests.sessions.get_environ_proxies
+
+    def counted(url: str, no_proxy: Any = None) -> dict[str, str]:
+        reads.append(url)
+        return original(url, no_proxy=no_proxy)
+
+    monkeypatch.setattr(requests.sessions, "get_environ_proxies", counted)
+    exporter = OtlpHttpExporter(endpoint=recorder)
+    span = request_spans(1)[:1]
+    for _ in range(3):
+        assert exporter.export(span) is SpanExportResult.SUCCESS
+    assert reads == [recorder]
+    monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", "nobody")
+    with pytest.raises(RuntimeError, match="'nobody' not found"):
+        OtlpHttpExporter(endpoint=recorder)

@@ -18,6 +18,7 @@ making SDK spans of them first: the same bytes, for a third of the work.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -377,7 +378,16 @@ class SettledSession(requests.Session):
     def merge_environment_settings(
         self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any
     ) -> dict[str, Any]:
-        key = (url, tuple(sorted((proxies or {}).items())), stream, verify, cert)
+        key = (
+            url,
+            tuple(sorted((proxies or {}).items())),
+            stream,
+            verify,
+            cert,
+            tuple(sorted(self.proxies.items())),  # (the session's own, which requests merges)
+            self.verify,
+            self.cert,
+        )
         settled = self._settled.get(key)
         if settled is None:
             if len(self._settled) >= _CACHE_LIMIT:
@@ -397,12 +407,21 @@ class _NoAuth(requests.auth.AuthBase):
 _NO_AUTH = _NoAuth()
 
 
+# The SDK's variables naming a credential provider, whose session the exporter then posts with.
+_CREDENTIAL_PROVIDERS = (
+    "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
+    "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER",
+)
+
+
 class OtlpHttpExporter(_HttpSpanExporter):
     """The SDK's OTLP/HTTP span exporter, encoding with `encode_export_request`, posting
-    with a `SettledSession` unless given a session."""
+    with a `SettledSession` unless given a session or told to take a credential provider's."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        session = kwargs.setdefault("session", SettledSession())
+        session = kwargs.get("session")
+        if session is None and not any(os.environ.get(name) for name in _CREDENTIAL_PROVIDERS):
+            session = kwargs["session"] = SettledSession()
         super().__init__(*args, **kwargs)
         if isinstance(session, SettledSession):
             session.settle(self._endpoint)
