@@ -328,13 +328,9 @@ def recorder() -> Iterator[str]:
         server.server_close()
 
 
-def test_the_session_reads_the_environment_once_and_as_requests_does(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
-    monkeypatch.setenv("NO_PROXY", "collector.internal")
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca.pem")
+@pytest.fixture
+def environ_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The URLs requests reads the environment's proxy settings for, as it reads them."""
     reads: list[str] = []
     original = requests.sessions.get_environ_proxies
 
@@ -343,6 +339,16 @@ def test_the_session_reads_the_environment_once_and_as_requests_does(
         return original(url, no_proxy=no_proxy)
 
     monkeypatch.setattr(requests.sessions, "get_environ_proxies", counted)
+    return reads
+
+
+def test_the_session_reads_the_environment_once_and_as_requests_does(
+    monkeypatch: pytest.MonkeyPatch, environ_reads: list[str]
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "collector.internal")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca.pem")
     session = SettledSession()
     for url in ("http://collector.internal:4318/v1/traces", "https://far.example/v1/traces"):
         expected = requests.Session().merge_environment_settings(url, {}, None, True, None)
@@ -351,7 +357,7 @@ def test_the_session_reads_the_environment_once_and_as_requests_does(
     assert expected["proxies"]["https"] == "http://proxy.example:3128"
     assert expected["verify"] == "/etc/ssl/certs/ca.pem"
     # Twice by the plain sessions (once each), twice by the settled one: once per URL.
-    assert len(reads) == 4
+    assert len(environ_reads) == 4
 
 
 def test_the_exporter_posts_netrc_credentials_as_requests_would(
@@ -375,24 +381,16 @@ def test_the_exporter_posts_netrc_credentials_as_requests_would(
 
 
 def test_the_exporter_reads_the_environment_once_unless_a_provider_gives_its_session(
-    recorder: str, monkeypatch: pytest.MonkeyPatch
+    recorder: str, monkeypatch: pytest.MonkeyPatch, environ_reads: list[str]
 ) -> None:
     """Posts read the environment's proxy settings once; with a credential provider named,
     the exporter posts with the provider's session, which the SDK loads (here a provider no
     package offers: the SDK's own error says so)."""
-    reads: list[str] = []
-    original = requests.sessions.get_environ_proxies
-
-    def counted(url: str, no_proxy: Any = None) -> dict[str, str]:
-        reads.append(url)
-        return original(url, no_proxy=no_proxy)
-
-    monkeypatch.setattr(requests.sessions, "get_environ_proxies", counted)
     exporter = OtlpHttpExporter(endpoint=recorder)
     span = request_spans(1)[:1]
     for _ in range(3):
         assert exporter.export(span) is SpanExportResult.SUCCESS
-    assert reads == [recorder]
+    assert environ_reads == [recorder]
     monkeypatch.setenv("OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", "nobody")
     with pytest.raises(RuntimeError, match="'nobody' not found"):
         OtlpHttpExporter(endpoint=recorder)
