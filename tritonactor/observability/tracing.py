@@ -246,8 +246,9 @@ class Tracing:
         if version:
             attributes[MODEL_VERSION] = version
         trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
+        parent_fields = None if parent is None else context_fields(parent)
         if self._always:
-            state = () if parent is None else context_fields(parent)[4]
+            state = () if parent_fields is None else parent_fields[4]
         else:
             decision = self.sampler.should_sample(
                 None if parent is None else set_span_in_context(NonRecordingSpan(parent), _ROOT),
@@ -263,13 +264,7 @@ class Tracing:
         if use_up is not None:
             use_up()  # trace_count counts the traces made, not the requests considered
         context = (trace_id, self._ids.generate_span_id(), False, _SAMPLED_FLAG, state)
-        span = LiveSpan(
-            REQUEST_SPAN,
-            context,
-            None if parent is None else context_fields(parent),
-            _SERVER,
-            attributes,
-        )
+        span = LiveSpan(REQUEST_SPAN, context, parent_fields, _SERVER, attributes)
         return RequestTrace(self, context, span)
 
     def emit(
