@@ -360,24 +360,34 @@ def test_the_session_reads_the_environment_once_and_as_requests_does(
     assert len(environ_reads) == 4
 
 
-def test_the_exporter_posts_netrc_credentials_as_requests_would(
+def test_the_exporter_posts_the_credentials_requests_would(
     recorder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """.netrc's credentials for the collector are sent with every post (read once); with none
-    for it, no Authorization header."""
+    """.netrc's credentials for the collector, read at every post (a rewritten file counts at
+    once); without any for it, none, or those of the endpoint's URL."""
     netrc = tmp_path / "netrc"
     netrc.write_text("machine 127.0.0.1 login tracer password s3cret\n")
     netrc.chmod(0o600)
     monkeypatch.setenv("NETRC", str(netrc))
     span = request_spans(1)[:1]
-    with_credentials = OtlpHttpExporter(endpoint=recorder)
-    assert with_credentials.export(span) is SpanExportResult.SUCCESS
-    assert with_credentials.export(span) is SpanExportResult.SUCCESS
+    exporter = OtlpHttpExporter(endpoint=recorder)
+    assert exporter.export(span) is SpanExportResult.SUCCESS
+    netrc.write_text("machine 127.0.0.1 login tracer password rotated\n")
+    assert exporter.export(span) is SpanExportResult.SUCCESS
     netrc.write_text("machine elsewhere login other password x\n")
-    without = OtlpHttpExporter(endpoint=recorder)
-    assert without.export(span) is SpanExportResult.SUCCESS
-    basic = "Basic " + base64.b64encode(b"tracer:s3cret").decode()
-    assert _Recorder.seen == [basic, basic, None]
+    assert exporter.export(span) is SpanExportResult.SUCCESS
+    in_url = OtlpHttpExporter(endpoint=recorder.replace("http://", "http://u:p@"))
+    assert in_url.export(span) is SpanExportResult.SUCCESS
+
+    def basic(credentials: bytes) -> str:
+        return "Basic " + base64.b64encode(credentials).decode()
+
+    assert _Recorder.seen == [
+        basic(b"tracer:s3cret"),
+        basic(b"tracer:rotated"),
+        None,
+        basic(b"u:p"),
+    ]
 
 
 def test_the_exporter_reads_the_environment_once_unless_a_provider_gives_its_session(

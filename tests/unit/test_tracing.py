@@ -8,6 +8,7 @@ import pickle
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -193,6 +194,20 @@ def test_a_sampler_other_than_the_default_is_asked(exported: InMemorySpanExporte
     tracing = make_tracing(exported, sampler=ParentBased(ALWAYS_OFF))
     assert tracing.start_request("m", "", None, "HTTP") is None
     assert tracing.start_request("m", "", traceparent(), "HTTP") is not None  # follows the client
+
+
+def test_a_parent_based_sampler_of_its_own_is_asked(exported: InMemorySpanExporter) -> None:
+    """Only the SDK's own default sampler is skipped, not one that describes itself alike."""
+    asked: list[int] = []
+
+    class Counting(ParentBased):
+        def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+            asked.append(1)
+            return super().should_sample(*args, **kwargs)
+
+    tracing = make_tracing(exported, sampler=Counting(ALWAYS_ON))
+    assert tracing.start_request("m", "", None, "HTTP") is not None
+    assert asked == [1]
 
 
 class _Stating(Sampler):

@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import requests
-import requests.auth
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as _GrpcSpanExporter,
 )
@@ -35,7 +34,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind
-from requests.utils import get_netrc_auth
 
 __all__ = ["OtlpGrpcExporter", "OtlpHttpExporter", "encode_export_request"]
 
@@ -360,20 +358,15 @@ def encode_export_request(
 
 class SettledSession(requests.Session):
     """A requests session that reads the environment's settings for a URL once, not at every
-    request: the proxies (*_PROXY, NO_PROXY), the CA bundle (REQUESTS_CA_BUNDLE,
-    CURL_CA_BUNDLE) and the .netrc credentials. requests reads them for each request, walking
-    every environment variable twice, which cost the span exporter process ~0.4 ms a post, more
-    than encoding the post's 512 spans; its environment does not change once it runs."""
+    request: the proxies (*_PROXY, NO_PROXY) and the CA bundle (REQUESTS_CA_BUNDLE,
+    CURL_CA_BUNDLE). requests reads them for each request, walking every environment variable
+    twice, which cost the span exporter process ~0.4 ms a post, more than encoding the post's
+    512 spans; its environment does not change once it runs. The rest is requests' own, read
+    at every post as before: .netrc's credentials (a file, which may change), a URL's."""
 
     def __init__(self) -> None:
         super().__init__()
         self._settled: dict[tuple[Any, ...], dict[str, Any]] = {}
-
-    def settle(self, url: str) -> None:
-        """Take .netrc's credentials for `url` now (none: a no-op that stops requests from
-        looking at every request)."""
-        if self.auth is None:
-            self.auth = get_netrc_auth(url) or _NO_AUTH
 
     def merge_environment_settings(
         self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any
@@ -387,6 +380,7 @@ class SettledSession(requests.Session):
             tuple(sorted(self.proxies.items())),  # (the session's own, which requests merges)
             self.verify,
             self.cert,
+            self.trust_env,
         )
         settled = self._settled.get(key)
         if settled is None:
@@ -395,16 +389,6 @@ class SettledSession(requests.Session):
             settled = super().merge_environment_settings(url, proxies, stream, verify, cert)
             self._settled[key] = settled
         return {**settled, "proxies": dict(settled["proxies"])}
-
-
-class _NoAuth(requests.auth.AuthBase):
-    """No credentials (where .netrc has none for the URL)."""
-
-    def __call__(self, request: Any) -> Any:
-        return request
-
-
-_NO_AUTH = _NoAuth()
 
 
 # The SDK's variables naming a credential provider, whose session the exporter then posts with.
@@ -418,13 +402,12 @@ class OtlpHttpExporter(_HttpSpanExporter):
     """The SDK's OTLP/HTTP span exporter, encoding with `encode_export_request`, posting
     with a `SettledSession` unless given a session or told to take a credential provider's."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        session = kwargs.get("session")
-        if session is None and not any(os.environ.get(name) for name in _CREDENTIAL_PROVIDERS):
-            session = kwargs["session"] = SettledSession()
-        super().__init__(*args, **kwargs)
-        if isinstance(session, SettledSession):
-            session.settle(self._endpoint)
+    def __init__(self, **kwargs: Any) -> None:
+        if kwargs.get("session") is None and not any(
+            os.environ.get(name) for name in _CREDENTIAL_PROVIDERS
+        ):
+            kwargs["session"] = SettledSession()
+        super().__init__(**kwargs)
         self._encoder = _Encoder()
         # The SDK's client that posts serialized bytes (its retries, headers, compression).
         self._poster = getattr(getattr(self, "_client", None), "export", None)
