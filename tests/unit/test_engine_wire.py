@@ -17,7 +17,7 @@ from tritonactor.core.types import (
 )
 from tritonactor.engine import messages as m
 from tritonactor.engine.lanes import Lane
-from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CARRIER, FrameReader, encode
+from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CROSSING, FrameReader, encode
 from tritonactor.scheduling.statistics import FirstResponseHistogram
 
 
@@ -84,7 +84,7 @@ def test_a_request_crosses_with_its_tensors_and_leaves_its_process_state_behind(
         np.testing.assert_array_equal(after.data, before.data)
     # What only means something in the front end's process stays there.
     assert got.sender is None and got.trace is None
-    assert got.context == {TRACE_CARRIER: _Trace().crossing()}
+    assert got.context == {TRACE_CROSSING: _Trace().crossing()}
 
 
 def _pickled(message: object) -> object:
@@ -143,7 +143,7 @@ def test_a_plain_request_and_its_answer_cross_as_plain_values_and_come_out_whole
     sent.trace = _Trace()  # type: ignore[assignment]
     assert type(_pickled(m.Submit(6, sent))) is tuple
     traced = cross(m.Submit(6, sent)).request  # type: ignore[attr-defined]
-    assert traced.context == {TRACE_CARRIER: _Trace().crossing()} and traced.trace is None
+    assert traced.context == {TRACE_CROSSING: _Trace().crossing()} and traced.trace is None
 
     response = InferenceResponse(
         "m", "3", "r", [Tensor("O", datatype, data.shape, data)], {"q": "x"}

@@ -33,7 +33,7 @@ from tritonactor.core.types import InferenceRequest, InferenceResponse, Response
 from tritonactor.engine import messages as m
 from tritonactor.engine.lanes import Lane, LaneReader, remove_owned, sweep_lanes
 from tritonactor.engine.launch import peer_pid, same_user
-from tritonactor.engine.wire import OUT_OF_BAND, PROTOCOL, TRACE_CARRIER, FrameReader, encode
+from tritonactor.engine.wire import OUT_OF_BAND, PROTOCOL, TRACE_CROSSING, FrameReader, encode
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.scheduling.router import Router
 
@@ -231,7 +231,7 @@ class _Connection(asyncio.BufferedProtocol):
     def _submit(self, message: m.Submit) -> None:
         request = message.request
         host = self._host
-        crossed = request.context.pop(TRACE_CARRIER, None)
+        crossed = request.context.pop(TRACE_CROSSING, None)
         if crossed is not None and host.continue_trace is not None:
             request.trace = host.continue_trace(crossed)
         id = message.id

@@ -83,12 +83,12 @@ def _reduce_error(error: TritonError) -> tuple[Callable[..., TritonError], tuple
 def _rebuild_request(fields: tuple[Any, ...], crossed: tuple[Any, ...] | None) -> InferenceRequest:
     request = InferenceRequest(*fields)
     if crossed is not None:
-        request.context[TRACE_CARRIER] = crossed
+        request.context[TRACE_CROSSING] = crossed
     return request
 
 
 # Where an engine finds the trace context a request crossed with (see `_reduce_request`).
-TRACE_CARRIER = "engine.trace_carrier"
+TRACE_CROSSING = "engine.trace_crossing"
 
 
 def _reduce_request(
@@ -304,7 +304,7 @@ def _unflat(flat: tuple[Any, ...]) -> object:
             headers=headers,
         )
         if crossed is not None:
-            request.context[TRACE_CARRIER] = crossed
+            request.context[TRACE_CROSSING] = crossed
         return messages.Submit(id, request, streamed)
     if tag == _FLAT_ANSWER:
         _, id, links, name, version, response_id, outputs, parameters = flat

@@ -176,12 +176,11 @@ class Tracing:
         self.provider = provider
         self.settings = settings
         self.tracer = provider.get_tracer("tritonactor", __version__)
-        self.sampler = provider.sampler
+        sampler = self.sampler = provider.sampler
         # A parent-based sampler (the SDK's default) lets a client's sampled flag decide.
-        self.client_decides = isinstance(provider.sampler, ParentBased)
+        self.client_decides = isinstance(sampler, ParentBased)
         # The SDK's default sampler (OTEL_TRACES_SAMPLER unset) samples every request the
         # settings let through, keeping the client's trace state: it need not be asked.
-        sampler = provider.sampler
         self._always = (
             type(sampler) is ParentBased and sampler.get_description() == _DEFAULT_SAMPLER
         )
@@ -280,9 +279,7 @@ class Tracing:
         `end` (ns since the epoch). Nothing refers to it: it gets its id where it is exported,
         unless processors here see it too (they and the exporter process see the same span)."""
         status, attributes = _outcome(attributes, error)
-        context = None
-        if self._processors:
-            context = (parent[0], self._ids.generate_span_id(), False, _SAMPLED_FLAG, parent[4])
+        context = self._child_of(parent) if self._processors else None
         self._put(child_record(name, parent, start, end, attributes, status, context))
 
     def open_span(
@@ -294,8 +291,11 @@ class Tracing:
         links: list[Context],
     ) -> LiveSpan:
         """A child span of `parent` that `end_span` exports once it is over."""
-        context = (parent[0], self._ids.generate_span_id(), False, _SAMPLED_FLAG, parent[4])
-        return LiveSpan(name, context, parent, _INTERNAL, attributes, links, start)
+        return LiveSpan(name, self._child_of(parent), parent, _INTERNAL, attributes, links, start)
+
+    def _child_of(self, parent: Context) -> Context:
+        """The context of a new span under `parent`: its trace and trace state, a new id."""
+        return (parent[0], self._ids.generate_span_id(), False, _SAMPLED_FLAG, parent[4])
 
     def end_span(self, span: LiveSpan, error: BaseException | None = None) -> None:
         """The span is over now: export it."""
@@ -323,7 +323,10 @@ class Tracing:
         if self._processors:
             span = span_of(fields, self._resource, self._scope, self._ids)
             for processor in self._processors:
-                processor.on_end(span)
+                try:
+                    processor.on_end(span)
+                except Exception:  # a processor's failure is not the request's (its answer)
+                    log.exception("span processor %r failed on span %r", processor, span.name)
 
     @contextmanager
     def operation(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Span]:
@@ -475,8 +478,8 @@ class BatchTrace:
             trace = request.trace
             assert trace is not None
             if trace.queued_at:
-                attributes = trace.stage or stage_attributes(request)
-                tracing.emit(QUEUE_SPAN, trace.context, trace.queued_at, now, attributes)
+                # (its stage attributes are the router's, set with queued_at)
+                tracing.emit(QUEUE_SPAN, trace.context, trace.queued_at, now, trace.stage)
             links.append(trace.context)
         first = traced[0]
         attributes = {

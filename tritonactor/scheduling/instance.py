@@ -230,10 +230,7 @@ class InstanceActor(Actor[Execute | _Died]):
         deferred request counts in this batch, and as a success or failure when its answer
         comes; a rescheduled one counts when it finally runs to its end."""
         if trace is not None:
-            try:
-                trace.end(backend_started, backend_finished, error)
-            except Exception:  # a span processor's failure must not keep the answers back
-                log.exception("closing the spans of a batch of '%s' failed", self.name)
+            trace.end(backend_started, backend_finished, error)
         times = ExecutionTimes(
             started,
             started if backend_started is None else backend_started,
