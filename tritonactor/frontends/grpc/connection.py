@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import is_dataclass, replace
 from typing import Any
 
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
-from h2.connection import H2Connection
+import grpclib.const
+from grpclib.protocol import Connection, H2Protocol
+from grpclib.server import Handler, Server
+from h2.connection import ConnectionState, H2Connection
+from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 from hyperframe.frame import DataFrame, Frame
 
 from tritonactor.frontends.grpc.hpack_cache import cache_header_blocks
+from tritonactor.frontends.grpc.lane import Lane
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,8 @@ def quiet_data_frames(connection: H2Connection) -> bool:
 
 
 class _Protocol(H2Protocol):
+    lane: Lane | None = None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         h2_connection = getattr(self.connection, "_connection", None)
@@ -74,11 +80,55 @@ class _Protocol(H2Protocol):
             return
         if not quiet_data_frames(h2_connection):
             log.debug("h2's frame dispatch is not what this expects: DATA frames formatted")
-        if not cache_header_blocks(h2_connection.decoder, h2_connection.encoder):
+        cached = cache_header_blocks(h2_connection.decoder, h2_connection.encoder)
+        if not cached:
             log.debug("h2's HPACK coders are not hpack's own: their blocks are not cached")
         h2_connection.update_settings({SettingCodes.MAX_FRAME_SIZE: FRAME})
         h2_connection.max_inbound_frame_size = FRAME
         self.connection.flush()
+        if cached and self.lanes and isinstance(self.handler, Handler):
+            unary = frozenset(
+                name
+                for name, method in self.handler.mapping.items()
+                if method.cardinality is grpclib.const.Cardinality.UNARY_UNARY
+            )
+            self.lane = Lane(h2_connection, self.connection, self.processor, self.handler, unary)
+            if type(self.connection) is Connection and is_dataclass(self.connection._config):
+                self.connection.__class__ = _LaneConnection
+                self.connection.lane = self.lane  # type: ignore[attr-defined]
+
+    lanes = True  # unary calls read and answered by the lane (lane.py)
+
+    def data_received(self, data: bytes) -> None:
+        lane = self.lane
+        if lane is None:
+            super().data_received(data)
+            return
+        try:
+            lane.feed(data)
+        except ProtocolError as error:
+            h2 = lane.h2
+            if h2.state_machine.state is not ConnectionState.CLOSED:  # as h2 ends it
+                h2._terminate_connection(error.error_code)
+            log.debug("Protocol error", exc_info=True)
+            self.processor.close("Protocol error")
+
+
+class _LaneConnection(Connection):
+    """grpclib's connection, its keepalive seeing the lane's calls: grpclib pings a client only
+    while a call is open (unless told otherwise), and looks for them among h2's streams."""
+
+    lane: Lane
+
+    def _is_need_send_ping(self) -> bool:
+        config = self._config
+        if self.lane.streams and not config._keepalive_permit_without_calls:
+            self._config = replace(config, _keepalive_permit_without_calls=True)
+            try:
+                return super()._is_need_send_ping()
+            finally:
+                self._config = config
+        return super()._is_need_send_ping()
 
 
 class GrpcServer(Server):

@@ -71,6 +71,18 @@ class _CachedDecoder(Decoder):
             self._kept[key] = tuple(headers)
         return headers
 
+    def peek(self, data: bytes) -> tuple[Any, ...] | None:
+        """The headers h2 would read from `data` (`decode(data, raw=True)`), where they are kept;
+        None otherwise. Reads nothing and changes nothing (the lane, lane.py)."""
+        key = (
+            data,
+            True,
+            self.max_header_list_size,
+            self.max_allowed_table_size,
+            self.header_table.generation,
+        )
+        return self._kept.get(key)
+
 
 class _CachedEncoder(Encoder):
     header_table: _CountedTable

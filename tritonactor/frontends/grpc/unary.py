@@ -38,6 +38,8 @@ from grpclib.events import SendInitialMetadata, SendTrailingMetadata
 from grpclib.exceptions import ProtocolError
 from h2.exceptions import StreamClosedError
 
+from tritonactor.frontends.grpc.lane import LaneStream
+
 Handler = Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]
 
 _OK_TRAILERS = [("grpc-status", str(Status.OK.value))]
@@ -156,6 +158,19 @@ class UnaryStream(grpclib.server.Stream):  # type: ignore[type-arg]
         headers, data = self._answer_headers, self._answer_data
         if headers is None:  # written meanwhile, by another task's send
             raise ProtocolError("Trailing metadata was already sent")
+        if isinstance(raw, LaneStream):
+            raw.check_open()
+            self._answer_headers = self._answer_data = None
+            if data is None or raw.fits(len(data)):
+                raw.send_answer(headers, data, trailers)
+            else:
+                raw.send_answer(headers, None, None)
+                await raw.send_data(data)  # in pieces, as the window allows
+                if trailers is not None:
+                    await raw.send_headers(trailers, end_stream=True)
+            if trailers is not None:
+                self._send_trailing_metadata_done = True
+            return
         if raw.id not in h2.streams:  # grpclib's own check before it sends headers
             raise StreamClosedError(raw.id)
         self._answer_headers = self._answer_data = None

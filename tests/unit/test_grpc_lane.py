@@ -1,0 +1,752 @@
+"""The lane (frontends/grpc/lane.py): unary calls read and answered beside h2 behave as h2 and
+grpclib behave without it.
+
+Each test plays the same client frames to a server connection with the lane and to one
+without it (h2 reads every frame), and compares what the client gets back, stream by stream
+(headers, data, trailers, resets) and for the connection (GOAWAY, closed); it also checks that
+the lane did take the calls it should (a test of parity where the lane took nothing would pass
+for nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import grpclib.const
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+import pytest
+from grpclib import GRPCError
+from grpclib.config import Configuration
+from grpclib.const import Status
+from grpclib.server import Stream
+from hyperframe.frame import DataFrame, Frame, RstStreamFrame, WindowUpdateFrame
+
+from tests.unit.test_grpc_unary import Raw
+from tritonactor.frontends.grpc.connection import GrpcServer
+from tritonactor.frontends.grpc.lane import LaneStream, frame_header
+from tritonactor.frontends.grpc.unary import unary_answers
+
+pytestmark = pytest.mark.anyio
+
+ECHO, WAIT, FAIL, CHAT = "/t.S/Echo", "/t.S/Wait", "/t.S/Fail", "/t.S/Chat"
+RST_STREAM, GOAWAY = 3, 7
+HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":authority", "test"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
+class Service:
+    def __init__(self) -> None:
+        self.lane_calls = 0
+        self.calls = 0
+        self.release = asyncio.Event()
+        self.cancelled = 0
+
+    async def _seen(self, stream: Stream[Raw, Raw]) -> None:
+        self.calls += 1
+        self.lane_calls += isinstance(stream._stream, LaneStream)
+
+    async def echo(self, stream: Stream[Raw, Raw]) -> None:
+        await self._seen(stream)
+        message = await stream.recv_message()
+        assert message is not None
+        await stream.send_message(Raw(message.data[::-1]))
+
+    async def wait(self, stream: Stream[Raw, Raw]) -> None:
+        await self._seen(stream)
+        message = await stream.recv_message()
+        assert message is not None
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        await stream.send_message(Raw(message.data))
+
+    async def fail(self, stream: Stream[Raw, Raw]) -> None:
+        await self._seen(stream)
+        await stream.recv_message()
+        raise GRPCError(Status.INVALID_ARGUMENT, "refused, as asked")
+
+    async def chat(self, stream: Stream[Raw, Raw]) -> None:
+        await self._seen(stream)
+        async for message in stream:
+            await stream.send_message(Raw(message.data.upper()))
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        unary = grpclib.const.Cardinality.UNARY_UNARY
+        return unary_answers(
+            {
+                ECHO: grpclib.const.Handler(self.echo, unary, Raw, Raw),
+                WAIT: grpclib.const.Handler(self.wait, unary, Raw, Raw),
+                FAIL: grpclib.const.Handler(self.fail, unary, Raw, Raw),
+                CHAT: grpclib.const.Handler(
+                    self.chat, grpclib.const.Cardinality.STREAM_STREAM, Raw, Raw
+                ),
+            }
+        )
+
+
+class Transport:
+    """Records the server's writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def message(payload: bytes) -> bytes:
+    return b"\0" + len(payload).to_bytes(4, "big") + payload
+
+
+class Session:
+    """A server connection (GrpcServer's protocol, with or without the lane) and an h2 client
+    in process; `split` feeds the server the client's bytes that many at a time; without the
+    `handshake`, the client has not read the server's settings when the test begins."""
+
+    def __init__(
+        self,
+        lanes: bool,
+        window: int | None = None,
+        config: Configuration | None = None,
+        split: int | None = None,
+        handshake: bool = True,
+    ) -> None:
+        self.service = Service()
+        self.server = GrpcServer([self.service], config=config)
+        self.protocol = self.server._protocol_factory()
+        self.protocol.lanes = lanes  # type: ignore[attr-defined]
+        self.transport = Transport()
+        self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
+        assert (self.protocol.lane is not None) is lanes  # type: ignore[attr-defined]
+        self.split = split
+        self.client = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        )
+        if window is not None:
+            self.client.local_settings = h2.settings.Settings(
+                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}
+            )
+        self.client.initiate_connection()
+        self.streams: dict[int, dict[str, Any]] = {}
+        self.connection: list[tuple[str, Any]] = []
+        self.bodies: dict[int, bytes] = {}  # what the client still has to send
+        self.gives_window = True  # the client gives the window back as it reads
+        self.sent: list[tuple[int, int, int]] = []  # the server's RST_STREAM and GOAWAY frames
+        self._unread = b""
+        if handshake:
+            self.pump()
+        else:
+            self.feed(self.client.data_to_send())
+
+    def feed(self, data: bytes) -> None:
+        step = self.split or len(data) or 1
+        for start in range(0, len(data), step):
+            if self.transport.closed:
+                return
+            self.protocol.data_received(data[start : start + step])
+
+    def pump(self) -> None:
+        client = self.client
+        while True:
+            pending, self.transport.writes[:] = b"".join(self.transport.writes), []
+            self._note(pending)
+            try:
+                events = client.receive_data(pending) if pending else []
+            except h2.exceptions.ProtocolError as error:
+                self.connection.append(("client refused", type(error).__name__))
+                events = []
+            for event in events:
+                self._record(event)
+            for stream_id, body in list(self.bodies.items()):
+                self._send_body(stream_id, body)
+            out = client.data_to_send()
+            if out:
+                self.feed(out)
+            if not out and not self.transport.writes:
+                return
+
+    def _note(self, data: bytes) -> None:
+        """The server's resets and GOAWAYs, as frames (a client ignores a reset of a stream it
+        has closed)."""
+        data = self._unread + data
+        while len(data) >= 9:
+            length = int.from_bytes(data[:3], "big")
+            if len(data) < 9 + length:
+                break
+            kind, stream_id = data[3], int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
+            payload, data = data[9 : 9 + length], data[9 + length :]
+            if kind == RST_STREAM:
+                self.sent.append((kind, stream_id, int.from_bytes(payload, "big")))
+            elif kind == GOAWAY:
+                self.sent.append((kind, int.from_bytes(payload[:4], "big"), 0))
+        self._unread = data
+
+    def _record(self, event: Any) -> None:
+        stream_id = getattr(event, "stream_id", None)
+        entry = self.streams.setdefault(stream_id, {}) if stream_id else None
+        if isinstance(event, h2.events.ResponseReceived):
+            entry["headers"] = event.headers  # type: ignore[index]
+        elif isinstance(event, h2.events.DataReceived):
+            entry["data"] = entry.get("data", b"") + event.data  # type: ignore[union-attr,index]
+            if self.gives_window:
+                self.client.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.TrailersReceived):
+            entry["trailers"] = event.headers  # type: ignore[index]
+        elif isinstance(event, h2.events.StreamEnded):
+            entry["ended"] = True  # type: ignore[index]
+        elif isinstance(event, h2.events.StreamReset):
+            entry["reset"] = event.error_code  # type: ignore[index]
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.connection.append(("goaway", (event.error_code, event.last_stream_id)))
+
+    def _send_body(self, stream_id: int, body: bytes) -> None:
+        client = self.client
+        window = min(client.local_flow_control_window(stream_id), client.max_outbound_frame_size)
+        if window <= 0:
+            return
+        chunk, rest = body[:window], body[window:]
+        client.send_data(stream_id, chunk, end_stream=not rest)
+        if rest:
+            self.bodies[stream_id] = rest
+        else:
+            del self.bodies[stream_id]
+
+    def open(self, method: str, extra: list[tuple[str, str]] | None = None, **kwargs: Any) -> int:
+        stream_id = self.client.get_next_available_stream_id()
+        headers = [*HEADERS[:3], (":path", method), *HEADERS[3:], *(extra or [])]
+        self.client.send_headers(stream_id, headers, **kwargs)
+        return stream_id
+
+    def send_out(self) -> None:
+        """What the client has to send, to the server, without reading what comes back."""
+        self.feed(self.client.data_to_send())
+
+    def call(self, method: str, payload: bytes, **kwargs: Any) -> int:
+        """Open a call and send its message (without pumping)."""
+        stream_id = self.open(method)
+        self.bodies[stream_id] = message(payload)
+        self._send_body(stream_id, self.bodies[stream_id])
+        return stream_id
+
+    def raw(self, *frames: Frame) -> None:
+        """Frames the client's h2 would not send: straight to the server."""
+        self.feed(b"".join(frame.serialize() for frame in frames))
+        self.pump()
+
+    async def settle(self, until: Callable[[], bool] | None = None) -> None:
+        """Loop turns (not time) until the client has nothing more to read, or `until`."""
+        self.pump()
+        for _ in range(200):
+            await asyncio.sleep(0)
+            self.pump()
+            if until is not None and until():
+                return
+        assert until is None, "never came"
+
+    def ended(self, *stream_ids: int) -> Callable[[], bool]:
+        return lambda: all(
+            self.streams.get(s, {}).get("ended") or "reset" in self.streams.get(s, {})
+            for s in stream_ids
+        )
+
+    def outcome(self) -> tuple[Any, ...]:
+        streams = dict(sorted(self.streams.items()))
+        # the connection's window the client may still fill, by the server's count
+        window = self.protocol.connection._connection.inbound_flow_control_window
+        closed, calls = self.transport.closed, self.service.calls
+        return streams, self.connection, self.sent, closed, calls, window
+
+
+Play = Callable[[Session], Awaitable[None]]
+
+
+async def warm(session: Session, *methods: str) -> None:
+    """Calls of each method, twice over: the client's HPACK table then holds every header the
+    calls send, so their blocks repeat from here on, each read once by h2."""
+    session.service.release.set()
+    for _ in range(2):
+        for method in methods:
+            stream_id = session.call(method, b"warm")
+            await session.settle(session.ended(stream_id))
+    session.service.release.clear()
+    session.service.lane_calls = 0
+
+
+def past_the_limit(session: Session) -> None:
+    """Let the client open streams past the server's limit (h2's 100), as h2 would not."""
+    limits = session.client.remote_settings
+    limits.max_concurrent_streams = 1000
+    limits.acknowledge()
+
+
+def raw_frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+    """A frame as bytes, whatever it says (the client's h2 would refuse to send some)."""
+    return frame_header(len(payload), kind, flags, stream_id) + payload
+
+
+async def both(play: Play, **kwargs: Any) -> tuple[Session, Session]:
+    """`play` on a connection with the lane and on one without: their outcomes are equal."""
+    sessions = []
+    for lanes in (True, False):
+        session = Session(lanes, **kwargs)
+        await play(session)
+        await session.settle()
+        sessions.append(session)
+    ours, theirs = sessions
+    assert ours.outcome() == theirs.outcome()
+    assert theirs.service.lane_calls == 0
+    return ours, theirs
+
+
+def status(entry: dict[str, Any]) -> str:
+    return dict(entry.get("trailers") or entry["headers"])["grpc-status"]
+
+
+async def test_calls_in_turn_take_the_lane_once_their_headers_are_known() -> None:
+    async def play(session: Session) -> None:
+        for n in range(6):
+            stream_id = session.call(ECHO, bytes([n]) * (n * 100 + 1))
+            await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play)
+    assert all(status(entry) == "0" for entry in ours.streams.values())
+    assert ours.streams[11]["data"] == message(bytes([5]) * 501)
+    # the first two blocks differ (HPACK's table fills on the first): h2 reads them
+    assert ours.service.lane_calls == 4
+    assert not ours.protocol.lane.streams  # every lane stream closed and let go
+
+
+async def test_calls_together_and_read_a_byte_at_a_time() -> None:
+    async def play(session: Session) -> None:
+        ids = [session.call(ECHO, b"x" * n) for n in (1, 2, 3, 4, 5, 6)]
+        await session.settle(session.ended(*ids))
+
+    for split in (None, 1, 7):
+        ours, _ = await both(play, split=split)
+        assert ours.service.lane_calls == 4, split
+
+
+@pytest.mark.parametrize("split", [None, 1000], ids=["whole", "in 1000-byte reads"])
+async def test_a_request_larger_than_the_windows_is_read_as_they_are_given_back(
+    split: int | None,
+) -> None:
+    small = Configuration(http2_connection_window_size=2**16, http2_stream_window_size=2**16)
+    payload = bytes(range(256)) * 1024  # 256 KiB through 64 KiB windows
+
+    async def play(session: Session) -> None:
+        for _ in range(3):
+            stream_id = session.call(ECHO, payload)
+            await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play, config=small, split=split)
+    assert ours.service.lane_calls == 1
+    assert ours.streams[5]["data"] == message(payload[::-1])
+
+
+async def test_an_answer_larger_than_the_clients_window_waits_for_it() -> None:
+    payload = bytes(range(256)) * 8
+
+    async def play(session: Session) -> None:
+        for _ in range(3):
+            stream_id = session.call(ECHO, payload)
+            await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play, window=100)
+    assert ours.service.lane_calls == 1
+    assert ours.streams[5]["data"] == message(payload[::-1])
+
+
+async def test_a_settings_change_of_the_window_reaches_a_waiting_answer() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        session.gives_window = False
+        stream_id = session.call(ECHO, b"b" * 5000)
+        await session.settle()
+        assert len(session.streams[stream_id]["data"]) == 100  # the window, and waiting
+        session.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 10**6})
+        await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play, window=100)
+    assert ours.service.lane_calls == 1
+    assert ours.streams[5]["data"] == message(b"b" * 5000)
+
+
+async def test_a_client_reset_cancels_the_call() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO, WAIT)
+        stream_id = session.call(WAIT, b"held")
+        await session.settle(lambda: session.service.calls == 5)
+        session.client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        await session.settle(lambda: session.service.cancelled == 1)
+        after = session.call(ECHO, b"after")
+        await session.settle(session.ended(after))
+
+    ours, theirs = await both(play)
+    assert ours.service.lane_calls == 2 and ours.service.cancelled == theirs.service.cancelled == 1
+    assert status(ours.streams[11]) == "0"
+
+
+async def test_frames_after_a_lane_stream_closed_are_h2s_to_answer() -> None:
+    async def play(session: Session) -> None:
+        for _ in range(3):
+            session.call(ECHO, b"a")
+        await session.settle(session.ended(1, 3, 5))
+        late_window = WindowUpdateFrame(5)
+        late_window.window_increment = 10
+        late_reset = RstStreamFrame(5)
+        late_reset.error_code = 8
+        session.raw(late_window, late_reset, DataFrame(5, data=b"late"))
+        after = session.call(ECHO, b"after")
+        await session.settle(session.ended(after))
+
+    ours, _ = await both(play)
+    assert ours.service.lane_calls == 2
+    assert (RST_STREAM, 5, h2.errors.ErrorCodes.STREAM_CLOSED) in ours.sent  # the late data's
+    assert not ours.connection and status(ours.streams[7]) == "0"
+
+
+async def test_headers_on_a_lane_stream_the_client_reset_are_a_stream_error() -> None:
+    """h2 tells a stream closed by a reset (a stream error) from one closed by its end (a
+    connection error): it knows the lane's streams as it knows its own."""
+
+    async def play(session: Session) -> None:
+        await warm(session, ECHO, WAIT)
+        stream_id = session.call(WAIT, b"held")
+        await session.settle(lambda: session.service.calls == 5)
+        session.client.reset_stream(stream_id)
+        await session.settle(lambda: session.service.cancelled == 1)
+        block = session.client.encoder.encode([("x-late", "1")])
+        session.feed(raw_frame(1, 0x5, stream_id, block))
+        after = session.call(ECHO, b"after")
+        await session.settle(session.ended(after))
+
+    ours, _ = await both(play)
+    assert ours.service.lane_calls == 1 and not ours.transport.closed
+    assert (RST_STREAM, 9, h2.errors.ErrorCodes.STREAM_CLOSED) in ours.sent
+    assert status(ours.streams[11]) == "0"
+
+
+async def test_data_after_the_end_of_a_lane_stream_resets_it() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO, WAIT)
+        stream_id = session.call(WAIT, b"held")
+        await session.settle(lambda: session.service.calls == 5)
+        late = DataFrame(stream_id, data=message(b"late"), flags=["END_STREAM"])
+        session.raw(late)
+        await session.settle(lambda: session.service.cancelled == 1)
+        after = session.call(ECHO, b"after")
+        await session.settle(session.ended(after))
+
+    ours, _ = await both(play)
+    assert ours.service.lane_calls == 2
+    assert ours.streams[9]["reset"] == h2.errors.ErrorCodes.STREAM_CLOSED
+
+
+async def test_padding_priority_and_request_trailers() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        stream_id = session.open(ECHO, priority_weight=200, priority_depends_on=0)
+        body = message(b"padded")
+        session.client.send_data(stream_id, body[:4], pad_length=9)
+        session.client.send_data(stream_id, body[4:], pad_length=0)
+        session.client.send_headers(stream_id, [("x-trailer", "1")], end_stream=True)
+        await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play)
+    assert ours.streams[5]["data"] == message(b"deddap") and ours.service.lane_calls == 1
+
+
+async def test_bad_padding_on_a_lane_stream_ends_the_connection_as_h2_ends_it() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        stream_id = session.open(ECHO)
+        await session.settle(lambda: session.service.calls == 3)  # reading its message
+        session.feed(raw_frame(0, 0x8, stream_id, b"\xff" + b"x" * 4))  # padding past the end
+
+    ours, theirs = await both(play)
+    assert ours.transport.closed and ours.service.lane_calls == 1
+    assert ours.connection == theirs.connection
+
+
+async def test_errors_streams_and_unknown_methods_answer_as_before() -> None:
+    nothing = "/t.S/Nothing"
+
+    async def play(session: Session) -> None:
+        await warm(session, ECHO, FAIL, nothing)
+        for method in (ECHO, FAIL, nothing):
+            stream_id = session.call(method, b"q")
+            await session.settle(session.ended(stream_id))
+        chat = session.open(CHAT)
+        session.client.send_data(chat, message(b"one") + message(b"two"), end_stream=True)
+        await session.settle(session.ended(chat))
+
+    ours, _ = await both(play)
+    assert status(ours.streams[15]) == str(Status.INVALID_ARGUMENT.value)
+    assert status(ours.streams[17]) == str(Status.UNIMPLEMENTED.value)
+    assert ours.streams[19]["data"] == message(b"ONE") + message(b"TWO")
+    assert ours.service.lane_calls == 2  # ECHO and FAIL; not the method no one serves, nor CHAT
+
+
+async def test_streams_past_the_limit_end_the_connection_as_h2_ends_it() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, WAIT)
+        past_the_limit(session)
+        for _ in range(101):
+            session.call(WAIT, b"held")
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.transport.closed and len(ours.protocol.lane.streams) == 100
+
+
+async def test_goaway_names_the_last_stream_the_lane_took() -> None:
+    async def play(session: Session) -> None:
+        for _ in range(4):
+            stream_id = session.call(ECHO, b"a")
+            await session.settle(session.ended(stream_id))
+        session.protocol.connection._connection.close_connection()
+        session.protocol.connection.flush()
+
+    ours, _ = await both(play)
+    assert ours.connection == [("goaway", (0, 7))] and ours.service.lane_calls == 2
+
+
+async def test_a_known_block_with_a_content_length_is_h2s() -> None:
+    async def play(session: Session) -> None:
+        for _ in range(3):
+            stream_id = session.open(ECHO, [("content-length", "6")])
+            session.client.send_data(stream_id, message(b"a"), end_stream=True)
+            await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play)
+    assert ours.service.lane_calls == 0 and status(ours.streams[5]) == "0"
+
+
+async def test_grpcs_own_client_many_calls_on_one_channel() -> None:
+    """gRPC's own client (grpcio's C core, as tritonclient's and perf_analyzer's): calls in
+    turn and together on one channel, small and large, some with a deadline (a grpc-timeout
+    header, whose value changes each call: h2 reads those blocks)."""
+    import grpc
+
+    service = Service()
+    service.release.set()
+    server = GrpcServer([service], config=Configuration(http2_stream_window_size=2**20))
+    await server.start("127.0.0.1", 0)
+    assert server._server is not None
+    port = server._server.sockets[0].getsockname()[1]
+    sizes = [1, 100, 20 * 1024, 70 * 1024, 3 * 1024 * 1024] * 6
+
+    def calls() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary(ECHO)
+            for n, size in enumerate(sizes):
+                payload = bytes([n % 251]) * size
+                timeout = 30 if n % 5 == 4 else None
+                assert echo(payload, timeout=timeout) == payload[::-1]
+            futures = [echo.future(bytes([n]) * n * 1000) for n in range(1, 40)]
+            for n, future in enumerate(futures, 1):
+                assert future.result() == bytes([n]) * n * 1000
+            try:
+                channel.unary_unary(FAIL)(b"x")
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            else:
+                raise AssertionError("no error")
+
+    try:
+        await anyio.to_thread.run_sync(calls)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert service.calls == len(sizes) + 40
+    assert service.lane_calls >= len(sizes) // 2  # the calls without a deadline, mostly
+
+
+async def test_calls_before_the_settings_are_acknowledged_get_their_larger_window() -> None:
+    """A call the lane takes before the client acknowledged the server's larger stream window
+    (grpclib's settings, the front end's 64 MiB): the window grows when the client
+    acknowledges it, as h2 grows its own streams'."""
+    larger = Configuration(http2_connection_window_size=2**24, http2_stream_window_size=2**20)
+    body = bytes(range(256)) * 800  # 200 KiB: past the 64 KiB a stream starts with
+
+    async def play(session: Session) -> None:
+        ids = []
+        for _ in range(3):
+            ids.append(session.call(ECHO, body))
+            session.send_out()  # each its own read, the client not reading the server yet
+        await session.settle(session.ended(*ids))
+
+    ours, _ = await both(play, config=larger, handshake=False)
+    assert ours.service.lane_calls == 1 and not ours.transport.closed
+    assert ours.streams[5]["data"] == message(body[::-1])
+
+
+async def test_streams_h2_opens_count_the_lanes_against_the_limit() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, WAIT)
+        past_the_limit(session)
+        for _ in range(100):
+            session.call(WAIT, b"held")
+        session.pump()
+        session.open(CHAT)  # h2's stream: the 101st open
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.transport.closed and len(ours.protocol.lane.streams) == 100
+
+
+async def test_data_after_the_answer_gives_the_connections_window_back() -> None:
+    small = Configuration(http2_connection_window_size=2**16, http2_stream_window_size=2**16)
+
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        stream_id = session.open(ECHO)
+        session.client.send_data(stream_id, message(b"abc"))  # the message; the stream open
+        await session.settle(lambda: "trailers" in session.streams.get(stream_id, {}))
+        for _ in range(4):  # 60 KB more: the client may go on sending (half-closed remote)
+            session.client.send_data(stream_id, b"\0" * 15_000)
+        session.client.end_stream(stream_id)
+        await session.settle()
+        after = session.call(ECHO, b"y" * 20_000)
+        await session.settle(session.ended(after))
+
+    ours, _ = await both(play, config=small)
+    assert ours.service.lane_calls == 2 and status(ours.streams[7]) == "0"
+
+
+async def held_call(session: Session, end: bool) -> int:
+    """A WAIT call the lane takes, its handler holding it; the client `end`ed its stream."""
+    await warm(session, WAIT)
+    stream_id = session.open(WAIT)
+    session.client.send_data(stream_id, message(b"held"), end_stream=end)
+    await session.settle(lambda: session.service.calls == 3)
+    assert session.service.lane_calls in (0, 1)
+    return stream_id
+
+
+BAD_INDEX = b"\xff\x80\x80\x80\x08"  # an index past the table
+NOT_ASCII = b"\x00\x03x-t\x02\xc3\xa9"  # x-t: é
+
+
+async def test_request_trailers_h2_cannot_decode_end_the_connection_as_h2_ends_it() -> None:
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=False)
+        session.feed(raw_frame(1, 0x5, stream_id, BAD_INDEX))
+
+    ours, _ = await both(play)
+    assert ours.transport.closed and ours.service.lane_calls == 1
+
+
+async def test_request_trailers_that_are_not_ascii_end_the_connection() -> None:
+    """h2 decodes them as text only in grpclib's protocol: its UnicodeDecodeError leaves the
+    protocol (asyncio then logs it and closes the connection); the lane ends the connection
+    as a protocol error."""
+    session = Session(lanes=True)
+    stream_id = await held_call(session, end=False)
+    session.feed(raw_frame(1, 0x5, stream_id, NOT_ASCII))
+    assert session.transport.closed and session.service.lane_calls == 1
+    plain = Session(lanes=False)
+    stream_id = await held_call(plain, end=False)
+    with pytest.raises(UnicodeDecodeError):
+        plain.feed(raw_frame(1, 0x5, stream_id, NOT_ASCII))
+
+
+@pytest.mark.parametrize("block", [BAD_INDEX, NOT_ASCII], ids=["bad index", "not ascii"])
+async def test_trailers_on_a_lane_stream_the_client_ended(block: bytes) -> None:
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=True)
+        session.feed(raw_frame(1, 0x5, stream_id, block))
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.service.lane_calls == 1
+
+
+async def test_goaway_then_a_call_in_one_read() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        goaway = raw_frame(7, 0, 0, bytes(8))
+        stream_id = session.open(ECHO)
+        session.client.send_data(stream_id, message(b"x"), end_stream=True)
+        session.feed(goaway + session.client.data_to_send())
+
+    ours, _ = await both(play)
+    assert ours.transport.closed
+
+
+async def test_headers_again_on_a_lane_stream_the_client_ended_reset_it() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, WAIT)
+        stream_id = session.call(WAIT, b"held")
+        await session.settle(lambda: session.service.calls == 3)
+        block = session.client.encoder.encode([("x-again", "1")])
+        session.feed(raw_frame(1, 0x4, stream_id, block))  # END_HEADERS, no END_STREAM
+        await session.settle(lambda: session.service.cancelled == 1)
+        after = session.call(ECHO, b"after")
+        await session.settle(session.ended(after))
+
+    ours, _ = await both(play)
+    assert not ours.transport.closed and ours.service.lane_calls == 1
+    assert (RST_STREAM, 5, h2.errors.ErrorCodes.STREAM_CLOSED) in ours.sent
+
+
+async def test_frames_of_other_types_on_a_lane_stream_are_h2s() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, WAIT)
+        stream_id = session.call(WAIT, b"held")
+        await session.settle(lambda: session.service.calls == 3)
+        altsvc = raw_frame(10, 0, stream_id, b'\0\0h2=":443"')  # ALTSVC: a server ignores it
+        priority = raw_frame(2, 0, stream_id, bytes(4) + b"\x10")
+        session.feed(altsvc + priority)
+        session.service.release.set()
+        await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play)
+    assert not ours.transport.closed and status(ours.streams[5]) == "0"
+
+
+async def test_a_window_setting_past_the_largest_ends_the_connection_as_h2_ends_it() -> None:
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=True)
+        session.feed(raw_frame(8, 0, stream_id, (90).to_bytes(4, "big")))  # 2**31 - 10 now
+        setting = (4).to_bytes(2, "big") + (2**31 - 1).to_bytes(4, "big")  # INITIAL_WINDOW_SIZE
+        session.feed(raw_frame(4, 0, 0, setting))
+
+    ours, _ = await both(play, window=2**31 - 100)
+    assert ours.transport.closed and ours.service.lane_calls == 1
+
+
+async def test_a_call_depending_on_itself_ends_the_connection_as_h2_ends_it() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        stream_id = session.client.get_next_available_stream_id()
+        block = session.client.encoder.encode([*HEADERS[:3], (":path", ECHO), *HEADERS[3:]])
+        priority = stream_id.to_bytes(4, "big") + b"\x10"
+        session.feed(raw_frame(1, 0x4 | 0x20, stream_id, priority + block))
+
+    ours, _ = await both(play)
+    assert ours.transport.closed
