@@ -750,3 +750,17 @@ async def test_a_call_depending_on_itself_ends_the_connection_as_h2_ends_it() ->
 
     ours, _ = await both(play)
     assert ours.transport.closed
+
+
+async def test_keepalive_pings_while_a_lane_call_is_open() -> None:
+    """grpclib pings a client (every 2 hours by default) only while a call is open, and looks
+    for them among h2's streams: it sees the lane's too."""
+    for lanes in (True, False):
+        session = Session(lanes)
+        assert not session.protocol.connection._is_need_send_ping()  # no call open
+        stream_id = await held_call(session, end=True)
+        assert session.service.lane_calls == int(lanes)
+        assert session.protocol.connection._is_need_send_ping()
+        session.service.release.set()
+        await session.settle(session.ended(stream_id))
+        assert not session.protocol.connection._is_need_send_ping()
