@@ -11,6 +11,8 @@ for nothing).
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,7 +31,7 @@ from grpclib.server import Stream
 from hyperframe.frame import DataFrame, Frame, RstStreamFrame, WindowUpdateFrame
 
 from tests.unit.test_grpc_unary import Raw
-from tritonactor.frontends.grpc.connection import GrpcServer
+from tritonactor.frontends.grpc.connection import FRAME, GrpcServer
 from tritonactor.frontends.grpc.lane import LaneStream, frame_header
 from tritonactor.frontends.grpc.unary import unary_answers
 
@@ -52,10 +54,12 @@ class Service:
         self.calls = 0
         self.release = asyncio.Event()
         self.cancelled = 0
+        self.raw_streams: list[weakref.ref[Any]] = []  # each call's protocol stream
 
     async def _seen(self, stream: Stream[Raw, Raw]) -> None:
         self.calls += 1
         self.lane_calls += isinstance(stream._stream, LaneStream)
+        self.raw_streams.append(weakref.ref(stream._stream))
 
     async def echo(self, stream: Stream[Raw, Raw]) -> None:
         await self._seen(stream)
@@ -641,9 +645,10 @@ async def test_data_after_the_answer_gives_the_connections_window_back() -> None
 async def held_call(session: Session, end: bool) -> int:
     """A WAIT call the lane takes, its handler holding it; the client `end`ed its stream."""
     await warm(session, WAIT)
+    calls = session.service.calls + 1
     stream_id = session.open(WAIT)
     session.client.send_data(stream_id, message(b"held"), end_stream=end)
-    await session.settle(lambda: session.service.calls == 3)
+    await session.settle(lambda: session.service.calls == calls)
     assert session.service.lane_calls in (0, 1)
     return stream_id
 
@@ -764,3 +769,79 @@ async def test_keepalive_pings_while_a_lane_call_is_open() -> None:
         session.service.release.set()
         await session.settle(session.ended(stream_id))
         assert not session.protocol.connection._is_need_send_ping()
+
+
+async def test_a_frame_past_the_size_limit_makes_every_later_byte_h2s() -> None:
+    """h2 reads every byte after such a frame's header as its body until it has all of it (and
+    then ends the connection): the lane serves nothing from those bytes either."""
+
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        too_large = (FRAME + 1).to_bytes(3, "big") + bytes([0, 0]) + (1).to_bytes(4, "big")
+        session.feed(too_large + b"\0" * 100)
+        stream_id = session.open(ECHO)
+        session.client.send_data(stream_id, message(b"x"), end_stream=True)
+        session.send_out()
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.service.calls == 2 and ours.service.lane_calls == 0
+
+
+async def test_a_reset_for_what_was_received_leaves_while_writes_are_paused() -> None:
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=True)
+        session.protocol.pause_writing()
+        session.feed(raw_frame(0, 0x1, stream_id, message(b"late")))  # DATA after the end
+        session._note(b"".join(session.transport.writes))
+        assert (RST_STREAM, stream_id, h2.errors.ErrorCodes.STREAM_CLOSED) in session.sent
+        session.protocol.resume_writing()
+        session.transport.writes.clear()
+
+    ours, _ = await both(play)
+    assert ours.service.lane_calls == 1
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        raw_frame(8, 0, 5, (2**31 + 10).to_bytes(4, "big")),  # WINDOW_UPDATE, reserved bit set
+        raw_frame(1, 0x5, 5, b"\x08"),  # trailers: :status 200 (an informational one: below)
+        raw_frame(1, 0x5, 5, b"\x00\x07:status\x03100"),
+        raw_frame(1, 0x5, 5, b"\x00\x0econtent-length\x02ab"),
+        raw_frame(1, 0x5 | 0x8 | 0x20, 5, b"\x08" + bytes(4) + b"\x10" + bytes(4)),
+    ],
+    ids=["reserved bit", "status", "informational", "bad length", "padding over the block"],
+)
+async def test_malformed_frames_on_a_lane_stream_as_h2_takes_them(frame: bytes) -> None:
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=False)
+        assert stream_id == 5
+        session.feed(frame)
+        await session.settle()
+
+    await both(play)
+
+
+async def test_a_lane_stream_is_freed_without_the_cyclic_collector() -> None:
+    """grpclib frees a call's stream by reference counting (its buffer acks through the
+    connection, not the stream): a lane stream too; and a lost connection lets its lane go."""
+    session = Session(lanes=True)
+    await warm(session, ECHO)
+    gc.disable()
+    try:
+        for _ in range(5):
+            stream_id = session.call(ECHO, b"x")
+            await session.settle(session.ended(stream_id))
+        await asyncio.sleep(0)
+        session.protocol.handler.__gc_collect__()  # grpclib's own, every 10 calls: done tasks
+        assert session.service.lane_calls == 5
+        assert all(ref() is None for ref in session.service.raw_streams[-5:])
+    finally:
+        gc.enable()
+    held = await held_call(session, end=True)
+    lane = session.protocol.lane
+    assert held in lane.streams
+    session.protocol.connection_lost(None)
+    assert session.protocol.lane is None and session.protocol.connection.lane is None
+    assert not lane.streams and not lane._buffer

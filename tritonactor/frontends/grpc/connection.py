@@ -99,6 +99,14 @@ class _Protocol(H2Protocol):
 
     lanes = True  # unary calls read and answered by the lane (lane.py)
 
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        lane, self.lane = self.lane, None
+        if lane is not None:
+            lane.close()
+            if isinstance(self.connection, _LaneConnection):
+                self.connection.lane = None
+
     def data_received(self, data: bytes) -> None:
         lane = self.lane
         if lane is None:
@@ -118,11 +126,12 @@ class _LaneConnection(Connection):
     """grpclib's connection, its keepalive seeing the lane's calls: grpclib pings a client only
     while a call is open (unless told otherwise), and looks for them among h2's streams."""
 
-    lane: Lane
+    lane: Lane | None
 
     def _is_need_send_ping(self) -> bool:
         config = self._config
-        if self.lane.streams and not config._keepalive_permit_without_calls:
+        lane = self.lane
+        if lane is not None and lane.streams and not config._keepalive_permit_without_calls:
             self._config = replace(config, _keepalive_permit_without_calls=True)
             try:
                 return super()._is_need_send_ping()

@@ -19,7 +19,9 @@ What a lane stream does not take is left to h2's rules as h2 applies them: a fra
 the lane closed goes to h2, which knows it closed. A lane stream takes DATA, RST_STREAM,
 WINDOW_UPDATE and a last HEADERS (trailers, END_STREAM and END_HEADERS set); a frame of another
 type goes to h2 (PRIORITY needs no stream there); request trailers split over CONTINUATION
-frames, which no gRPC client sends, are refused as a connection error. grpclib's keepalive
+frames, which no gRPC client sends, are refused as a connection error. After a frame longer than
+h2 allows, every byte is h2's (h2 reads them as that frame's body until it has it all, then
+ends the connection). grpclib's keepalive
 pings (every 2 hours by default, while a call is open) look for calls among h2's streams:
 connection.py shows them the lane's too.
 
@@ -29,6 +31,7 @@ and compares what the two send back and what reaches grpclib.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +47,7 @@ from h2.exceptions import (
 )
 from h2.settings import SettingCodes
 from h2.stream import StreamClosedBy
-from h2.utilities import guard_increment_window
+from h2.utilities import guard_increment_window, is_informational_response
 
 if TYPE_CHECKING:
     from grpclib.server import Handler
@@ -52,6 +55,9 @@ if TYPE_CHECKING:
 # Frame types and flags (RFC 9113 §6).
 DATA, HEADERS, RST_STREAM, PUSH_PROMISE, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 5, 8, 9
 LANE_FRAMES = (DATA, HEADERS, RST_STREAM, WINDOW_UPDATE)  # a lane stream's; the rest are h2's
+# Headers of a request h2 checks further (a body held to its length; a status, which a request
+# has none of): such a call is h2's.
+H2_CHECKS = frozenset({"content-length", ":status"})
 END_STREAM, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x4, 0x8, 0x20
 PREFACE = 24  # b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", read by h2
 MAX_WINDOW = 2**31 - 1
@@ -81,11 +87,15 @@ class Lane:
         self._buffer = bytearray()  # a frame not yet whole (grown in place as it comes)
         self._preface = PREFACE
         self._h2_block = False  # h2 holds a header block waiting for its CONTINUATION frames
+        self._h2_only = False  # h2 holds a frame past its size limit: every byte is h2's now
         self._headers: dict[tuple[Any, ...], list[tuple[str, str]] | None] = {}
 
     def feed(self, data: bytes) -> None:
         """Take what the connection read: raises h2's ProtocolError where h2 would (the
         connection is then terminated, as h2 terminates it)."""
+        if self._h2_only:
+            self._to_h2(data)
+            return
         if self._preface:
             taken = data[: self._preface]
             self._preface -= len(taken)
@@ -103,7 +113,10 @@ class Lane:
             while end - position >= 9:
                 head = int.from_bytes(buffer[position : position + 9], "big")
                 length = head >> 48
-                if length > self.h2.max_inbound_frame_size:  # h2 refuses it from its header
+                if length > self.h2.max_inbound_frame_size:
+                    # h2 refuses it once it has all of it, and until then reads every byte
+                    # after its header as its body: from here on, every byte is h2's
+                    self._h2_only = True
                     position = end
                     break
                 after = position + 9 + length
@@ -183,8 +196,8 @@ class Lane:
                 named = None
             fields = dict(named or ())
             headers = None
-            if fields.get(":path") in self.unary and "content-length" not in fields:
-                headers = named  # (h2 holds a body to its content-length: not here)
+            if fields.get(":path") in self.unary and not fields.keys() & H2_CHECKS:
+                headers = named
             if len(self._headers) >= 64:
                 self._headers.clear()
             self._headers[key] = headers
@@ -223,8 +236,8 @@ class Lane:
             h2._inbound_flow_control_window_manager.window_consumed(size)
             stream.receive_data(payload, size, bool(flags & END_STREAM))
         elif kind == WINDOW_UPDATE:
-            increment = int.from_bytes(payload, "big") & 0x7FFFFFFF if len(payload) == 4 else 0
-            if not increment:  # h2 refuses it, before it looks for the stream
+            increment = int.from_bytes(payload, "big") if len(payload) == 4 else 0
+            if not 1 <= increment <= MAX_WINDOW:  # h2 refuses it, before it looks for the stream
                 self._to_h2(frame_header(len(payload), kind, flags, stream.id) + payload)
                 return
             h2.state_machine.process_input(ConnectionInputs.RECV_WINDOW_UPDATE)
@@ -243,6 +256,11 @@ class Lane:
             if stream.remote_closed:  # refused before they are read as text, as h2 does
                 stream.receive_trailers([])
                 return
+            if is_informational_response(raw):  # as h2's stream refuses them
+                raise ProtocolError("Cannot set END_STREAM on informational responses")
+            for name, value, *_ in raw:
+                if name == b"content-length" and not value.isdigit():
+                    raise ProtocolError(f"Invalid content-length header: {value!r}")
             try:
                 trailers = [(n.decode("ascii"), v.decode("ascii")) for n, v, *_ in raw]
             except UnicodeDecodeError as error:
@@ -277,35 +295,54 @@ class Lane:
             self.processor.process(event)
         self.connection.flush()
 
+    def write(self, frames: bytes) -> None:
+        """`frames` to the socket, after what h2 has to send."""
+        pending = self.h2.data_to_send()
+        self.connection._transport.write(pending + frames if pending else frames)
+
+    def ack_connection(self, size: int) -> None:
+        """`size` bytes read: their share of the connection's window back, by h2's count."""
+        increment = self.h2._inbound_flow_control_window_manager.process_bytes(size)
+        if increment:
+            self.write(frame_header(4, WINDOW_UPDATE, 0, 0) + increment.to_bytes(4, "big"))
+
+    def close(self) -> None:
+        """The connection is gone: let go of what the lane holds (grpclib breaks its own
+        connection's cycles at its close, so that it is freed without the cyclic collector)."""
+        self.streams.clear()
+        self._buffer = bytearray()
+        self._headers.clear()
+
     def closed(self, stream: LaneStream, by: StreamClosedBy) -> None:
         """`stream` closed: h2 answers its late frames as it answers its own streams'."""
         if self.streams.pop(stream.id, None) is not None:
             self.h2._closed_streams[stream.id] = by
 
 
-def _header_block(payload: bytes, flags: int, stream_id: int) -> bytes:
-    """A HEADERS frame's header block: its payload less padding and priority fields."""
-    start, end = 0, len(payload)
+def _header_block(payload: bytes | bytearray, flags: int, stream_id: int) -> bytes | bytearray:
+    """A HEADERS frame's header block, read as hyperframe reads it: the pad length, the
+    priority fields, the block, the padding (a block the padding overlaps is empty)."""
+    size, start, pad = len(payload), 0, 0
     if flags & PADDED:
-        if not payload or payload[0] >= end:
+        if not payload or payload[0] >= size:
             raise ProtocolError("Received frame with invalid padding.")
-        start, end = 1, end - payload[0]
+        start, pad = 1, payload[0]
     if flags & PRIORITY_FLAG:
-        if start + 5 > end:
+        if size - start < 5:
             raise ProtocolError("Invalid HEADERS frame")
         if int.from_bytes(payload[start : start + 4], "big") & 0x7FFFFFFF == stream_id:
             raise ProtocolError(f"Stream {stream_id} may not depend on itself")
         start += 5
-    return payload[start:end] if start or end != len(payload) else payload
+    return payload[start : size - pad] if start or pad else payload
 
 
 class LaneStream(Stream):
     """A unary call's stream, its frames read and written by its connection's `Lane`."""
 
     def __init__(self, lane: Lane, stream_id: int) -> None:
+        self.lane = lane  # (before grpclib's init, which makes the stream's buffer)
         connection = lane.connection
         super().__init__(connection, lane.h2, connection._transport, stream_id=stream_id)
-        self.lane = lane
         h2 = lane.h2
         self.window = h2.remote_settings.initial_window_size  # ours to send
         self._inbound = h2.local_settings.initial_window_size  # the peer's to send
@@ -314,13 +351,23 @@ class LaneStream(Stream):
 
     def init_stream(self, stream_id: int, connection: Connection) -> None:
         super().init_stream(stream_id, connection)
-        self.buffer = Buffer(self._ack)
+        # (through the lane, as grpclib's buffer acks through the connection: the stream is
+        # then freed when its call lets it go, not by the cyclic collector)
+        self.buffer = Buffer(functools.partial(self.lane_ack, self.lane, stream_id))
+
+    @staticmethod
+    def lane_ack(lane: Lane, stream_id: int, size: int) -> None:
+        stream = lane.streams.get(stream_id)
+        if stream is not None:
+            stream._ack(size)
+        elif size and not lane.connection.is_closing():  # closed: the connection's window
+            lane.ack_connection(size)
 
     # frames received (from the lane)
 
     def receive_data(self, data: bytes, size: int, end: bool) -> None:
         if self.remote_closed:  # h2: STREAM_CLOSED, the data's window handed back
-            self._ack_connection(size)
+            self.lane.ack_connection(size)
             self._reset_now(ErrorCodes.STREAM_CLOSED)
             return
         self._inbound -= size
@@ -329,7 +376,7 @@ class LaneStream(Stream):
         if self.id not in self.lane.processor.streams:
             # the call let its stream go: no one reads it, its window goes back at once, as
             # grpclib gives back data for a stream it does not know
-            self._ack_connection(size)
+            self.lane.ack_connection(size)
             if end:
                 self._remote_end()
             return
@@ -383,7 +430,7 @@ class LaneStream(Stream):
     def _reset_now(self, code: ErrorCodes) -> None:
         """A stream error found in what was received: reset, and the call ends as grpclib ends
         it on h2's reset."""
-        self.reset_nowait(code)
+        self.reset_nowait(code, now=True)
         self.__terminated__("Protocol error")
         self._cancel_call()
         self.connection.streams_failed += 1
@@ -395,7 +442,7 @@ class LaneStream(Stream):
         h2's manager; the stream's while the peer may still send on it)."""
         if not size or self.connection.is_closing():
             return
-        self._ack_connection(size)
+        self.lane.ack_connection(size)
         if self.remote_closed:
             return
         self._unacked += size
@@ -403,12 +450,6 @@ class LaneStream(Stream):
             increment, self._unacked = self._unacked, 0
             self._inbound += increment
             self._write(frame_header(4, WINDOW_UPDATE, 0, self.id) + increment.to_bytes(4, "big"))
-
-    def _ack_connection(self, size: int) -> None:
-        h2 = self.lane.h2
-        increment = h2._inbound_flow_control_window_manager.process_bytes(size)
-        if increment:
-            self._write(frame_header(4, WINDOW_UPDATE, 0, 0) + increment.to_bytes(4, "big"))
 
     # frames sent (grpclib's Stream API)
 
@@ -454,8 +495,7 @@ class LaneStream(Stream):
             self.lane.closed(self, StreamClosedBy.SEND_END_STREAM)
 
     def _write(self, frames: bytes) -> None:
-        pending = self.lane.h2.data_to_send()
-        self._transport.write(pending + frames if pending else frames)
+        self.lane.write(frames)
 
     def fits(self, size: int) -> bool:
         """Whether `size` bytes of data may be sent at once, in one frame."""
@@ -516,7 +556,9 @@ class LaneStream(Stream):
         await self.connection.write_ready.wait()
         self.reset_nowait(error_code)
 
-    def reset_nowait(self, error_code: ErrorCodes = ErrorCodes.NO_ERROR) -> None:
+    def reset_nowait(self, error_code: ErrorCodes = ErrorCodes.NO_ERROR, now: bool = False) -> None:
+        """grpclib's reset (held while the socket's buffer is full, as grpclib holds it); `now`,
+        one found in what was received (sent at once, as grpclib sends what h2 answers)."""
         if self.id not in self.lane.streams:  # as h2 refuses a closed stream's reset
             raise StreamClosedError(self.id)
         h2 = self.lane.h2
@@ -524,7 +566,7 @@ class LaneStream(Stream):
         self.reset_done = True
         self.lane.closed(self, StreamClosedBy.SEND_RST_STREAM)
         frame = frame_header(4, RST_STREAM, 0, self.id) + int(error_code).to_bytes(4, "big")
-        if self.connection.write_ready.is_set():
+        if now or self.connection.write_ready.is_set():
             self._write(frame)
         else:  # as h2 holds it until grpclib next writes
             h2._data_to_send += frame
