@@ -193,3 +193,21 @@ def test_headers_that_hpack_writes_by_their_str_are_not_kept() -> None:
     plain = Encoder()
     for headers in ([("x-a", 1)], [("x-a", True)], [("x-a", 1.0)], [("x-a", "1")]):
         assert encoder.encode(headers) == plain.encode(headers)
+
+
+def test_a_block_handed_over_is_not_decoded_again() -> None:
+    """The lane (lane.py) decodes a block h2 reads next: h2 gets what it decoded, and the
+    table's changes are made once; any other block in its place ends the connection's coding."""
+    encoder, decoder = Encoder(), Decoder()
+    assert cache_header_blocks(decoder, Encoder())
+    block = encoder.encode([("x-new", "value")])  # added to the table as it is decoded
+    headers = list(decoder.decode(block, raw=True))
+    size = len(decoder.header_table.dynamic_entries)
+    decoder.hand_over(block, headers)
+    assert list(decoder.decode(block, raw=True)) == headers
+    assert len(decoder.header_table.dynamic_entries) == size  # not added twice
+    again = encoder.encode([("x-new", "value")])  # a reference to the entry now
+    assert list(decoder.decode(again, raw=True)) == headers
+    decoder.hand_over(block, headers)
+    with pytest.raises(HPACKDecodingError):
+        decoder.decode(again, raw=True)

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hpack import Decoder, Encoder, HeaderTuple
+from hpack.exceptions import HPACKDecodingError
 from hpack.table import HeaderTable
 
 # Results kept per decoder or encoder (a connection's calls repeat a few blocks), and the
@@ -49,8 +50,23 @@ class _CountedTable(HeaderTable):
 class _CachedDecoder(Decoder):
     header_table: _CountedTable
     _kept: dict[tuple[Any, ...], tuple[Any, ...]]
+    _handed: tuple[bytes, tuple[Any, ...]] | None = None
+
+    def hand_over(self, data: bytes, headers: Iterable[Any]) -> None:
+        """`data` was decoded (`decode(data, raw=True)`) to `headers`, its changes to the table
+        made: the next decode, which must be of `data` (the lane read a block h2 reads next,
+        lane.py), gives them without decoding it again."""
+        self._handed = (bytes(data), tuple(headers))
 
     def decode(self, data: bytes, raw: bool = False) -> Iterable[HeaderTuple]:
+        handed = self._handed
+        if handed is not None:
+            self._handed = None
+            if raw is not True or bytes(data) != handed[0]:
+                # decoding another block now would read it against a table that already
+                # holds what the handed one added: the connection cannot go on
+                raise HPACKDecodingError("a header block out of its order")
+            return list(handed[1])
         if type(data) not in _BLOCK_TYPES or type(raw) is not bool or len(data) > KEPT_BYTES:
             return super().decode(data, raw)
         generation = self.header_table.generation
@@ -70,18 +86,6 @@ class _CachedDecoder(Decoder):
                 self._kept.clear()
             self._kept[key] = tuple(headers)
         return headers
-
-    def peek(self, data: bytes) -> tuple[Any, ...] | None:
-        """The headers h2 would read from `data` (`decode(data, raw=True)`), where they are kept;
-        None otherwise. Reads nothing and changes nothing (the lane, lane.py)."""
-        key = (
-            data,
-            True,
-            self.max_header_list_size,
-            self.max_allowed_table_size,
-            self.header_table.generation,
-        )
-        return self._kept.get(key)
 
 
 class _CachedEncoder(Encoder):

@@ -4,16 +4,20 @@ state machines.
 h2 (Python) spends ~80 µs of a unary call reading its HEADERS and DATA frames and writing its
 answer's three frames, most of it in objects made per frame and per stream (frames, flags,
 events, a stream with its own state machine and window managers), where the call itself needs a
-few slices of bytes. A connection's `Lane` reads the frames arriving on it. A call that opens a
-new stream of a unary-unary method with a header block the connection's HPACK decoder has read
-before (a gRPC client sends the same block with every call: hpack_cache.py keeps what it
-decoded) is the lane's: its frames go to a `LaneStream`, a `grpclib.protocol.Stream` that reads
-and writes them itself. Every other frame goes to h2, in the order it came, so h2 still owns the
-connection (settings, pings, GOAWAY, the connection's flow-control windows, HPACK) and every
-other stream. What h2 keeps for the connection, the lane keeps in step: the highest stream id
-opened (GOAWAY names it), the connection's windows both ways, the streams it closed
-(`_closed_streams`: h2 then answers a late frame on one as it would on its own), the connection
-state machine's inputs; and a lane stream counts against the concurrent streams h2 allows.
+few slices of bytes. A connection's `Lane` reads the frames arriving on it. A HEADERS frame that
+opens a new stream (its block whole, END_HEADERS) is read here: its header block decoded once,
+with the connection's HPACK decoder (a block read before, the table unchanged since, is not
+decoded again: a gRPC client sends the same block with every call; hpack_cache.py). A call of
+a unary-unary method is then the lane's: its frames go to a `LaneStream`, a
+`grpclib.protocol.Stream` that reads and writes them itself. Any other (a streaming method, a
+method no one serves, a request h2 checks further) is h2's, and the decoder hands h2 the
+headers it decoded, so that the block's changes to the table are made once. Every other frame
+goes to h2, in the order it came, so h2 still owns the connection (settings, pings, GOAWAY, the
+connection's flow-control windows, HPACK) and every other stream. What h2 keeps for the
+connection, the lane keeps in step: the highest stream id opened (GOAWAY names it), the
+connection's windows both ways, the streams it closed (`_closed_streams`: h2 then answers a
+late frame on one as it would on its own), the connection state machine's inputs; and a lane
+stream counts against the concurrent streams h2 allows.
 
 What a lane stream does not take is left to h2's rules as h2 applies them: a frame on a stream
 the lane closed goes to h2, which knows it closed. A lane stream takes DATA, RST_STREAM,
@@ -21,9 +25,8 @@ WINDOW_UPDATE and a last HEADERS (trailers, END_STREAM and END_HEADERS set); a f
 type goes to h2 (PRIORITY needs no stream there); request trailers split over CONTINUATION
 frames, which no gRPC client sends, are refused as a connection error. After a frame longer than
 h2 allows, every byte is h2's (h2 reads them as that frame's body until it has it all, then
-ends the connection). grpclib's keepalive
-pings (every 2 hours by default, while a call is open) look for calls among h2's streams:
-connection.py shows them the lane's too.
+ends the connection). grpclib's keepalive pings (every 2 hours by default, while a call is
+open) look for calls among h2's streams: connection.py shows them the lane's too.
 
 tests/unit/test_grpc_lane.py feeds the same frames to a connection with and without the lane
 and compares what the two send back and what reaches grpclib.
@@ -168,39 +171,37 @@ class Lane:
         return (
             flags & (END_HEADERS | END_STREAM) == END_HEADERS
             and stream_id > h2.highest_inbound_stream_id
-            and h2.state_machine.state is ConnectionState.SERVER_OPEN
+            and h2.state_machine.state in (ConnectionState.IDLE, ConnectionState.SERVER_OPEN)
         )
 
     def _known(self, block: bytes) -> list[tuple[str, str]] | None:
-        """The headers of `block` where the connection's decoder has read it before and its
-        table is unchanged since (reading it again changes nothing), and they open a call of
-        a unary method; None otherwise (the frame is then h2's, which reads it)."""
+        """The headers of `block`, read here, where they open a call of a unary method; None
+        otherwise, and the frame is then h2's: the decoder hands h2 what it read (reading
+        a block may change the HPACK table: it is read once). A block read before, the table
+        unchanged since, is not read again (hpack_cache.py)."""
         decoder = self.h2.decoder
-        peek = getattr(decoder, "peek", None)
-        if peek is None:
-            return None
-        key = (
-            block,
-            decoder.header_table.generation,
-            decoder.max_header_list_size,
-            decoder.max_allowed_table_size,
-        )
+        generation = decoder.header_table.generation
+        key = (block, generation, decoder.max_header_list_size, decoder.max_allowed_table_size)
         headers = self._headers.get(key, False)
-        if headers is False:
-            raw = peek(block)
-            if raw is None:  # not read yet: h2 reads it (and the decoder keeps it)
-                return None
-            try:
-                named = [(n.decode("ascii"), v.decode("ascii")) for n, v, *_ in raw]
-            except UnicodeDecodeError:
-                named = None
-            fields = dict(named or ())
-            headers = None
-            if fields.get(":path") in self.unary and not fields.keys() & H2_CHECKS:
-                headers = named
-            if len(self._headers) >= 64:
-                self._headers.clear()
-            self._headers[key] = headers
+        if headers is not False:  # read before, under this table: its reading changed nothing
+            # (h2 reads one not the lane's again, as hpack_cache.py keeps its result)
+            return None if headers is None else list(headers)
+        raw = list(_decode_headers(decoder, block))  # a ProtocolError as h2 raises it
+        try:
+            named = [(n.decode("ascii"), v.decode("ascii")) for n, v, *_ in raw]
+        except UnicodeDecodeError:
+            named = None
+        fields = dict(named or ())
+        headers = None
+        if fields.get(":path") in self.unary and not fields.keys() & H2_CHECKS:
+            headers = named
+        else:
+            decoder.hand_over(block, raw)
+        # (kept under the table's generation before: a block that changed the table is not
+        # found again, the generation only grows)
+        if len(self._headers) >= 64:
+            self._headers.clear()
+        self._headers[key] = headers
         return None if headers is None else list(headers)
 
     def _check_limit(self) -> None:
@@ -279,7 +280,10 @@ class Lane:
         if self.connection.is_closing():  # grpclib closed it (and let go of h2's dispatch)
             return
         h2 = self.h2
-        events = h2.receive_data(data)
+        try:
+            events = h2.receive_data(data)
+        finally:  # a block handed over is h2's to read in these frames or never
+            h2.decoder._handed = None
         self.connection.flush()
         for event in events:
             kind = event.__class__
