@@ -844,3 +844,26 @@ async def test_a_lane_stream_is_freed_without_the_cyclic_collector() -> None:
     session.protocol.connection_lost(None)
     assert session.protocol.lane is None and session.protocol.connection.lane is None
     assert not lane.streams and not lane._buffer
+
+
+async def test_a_deadline_on_a_lane_call_ends_it_as_grpclib_ends_it() -> None:
+    """A call with a deadline (grpc-timeout, its value changing each call) is the lane's; its
+    deadline firing ends it as grpclib ends one (the timer's own cancel, as it fires)."""
+
+    async def play(session: Session) -> None:
+        await warm(session, WAIT)
+        for calls, timeout in ((3, "100S"), (4, "99S")):
+            stream_id = session.open(WAIT, [("grpc-timeout", timeout)])
+            session.client.send_data(stream_id, message(b"held"), end_stream=True)
+            await session.settle(lambda calls=calls: session.service.calls == calls)
+        call = session.service.raw_streams[-1]()
+        assert call is not None
+        call.wrapper.cancel(TimeoutError("Deadline exceeded"))
+        await session.settle(session.ended(stream_id))
+        session.service.release.set()
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.service.lane_calls == 2
+    assert status(ours.streams[7]) == str(Status.DEADLINE_EXCEEDED.value)
+    assert status(ours.streams[5]) == "0"
