@@ -32,6 +32,7 @@ from hyperframe.frame import DataFrame, Frame, RstStreamFrame, WindowUpdateFrame
 
 from tests.unit.test_grpc_unary import Raw
 from tritonactor.frontends.grpc.connection import FRAME, GrpcServer
+from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES
 from tritonactor.frontends.grpc.lane import LaneStream, frame_header
 from tritonactor.frontends.grpc.unary import unary_answers
 
@@ -196,18 +197,8 @@ class Session:
     def _note(self, data: bytes) -> None:
         """The server's resets and GOAWAYs, as frames (a client ignores a reset of a stream it
         has closed)."""
-        data = self._unread + data
-        while len(data) >= 9:
-            length = int.from_bytes(data[:3], "big")
-            if len(data) < 9 + length:
-                break
-            kind, stream_id = data[3], int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
-            payload, data = data[9 : 9 + length], data[9 + length :]
-            if kind == RST_STREAM:
-                self.sent.append((kind, stream_id, int.from_bytes(payload, "big")))
-            elif kind == GOAWAY:
-                self.sent.append((kind, int.from_bytes(payload[:4], "big"), 0))
-        self._unread = data
+        noted, self._unread = resets_and_goaways(self._unread + data)
+        self.sent += noted
 
     def _record(self, event: Any) -> None:
         stream_id = getattr(event, "stream_id", None)
@@ -282,10 +273,32 @@ class Session:
         # the connection's window the client may still fill, by the server's count
         window = self.protocol.connection._connection.inbound_flow_control_window
         closed, calls = self.transport.closed, self.service.calls
-        return streams, self.connection, self.sent, closed, calls, window
+        # what h2 had still to send (grpclib closes a connection without sending the GOAWAY
+        # h2 makes for a protocol error)
+        unsent, _ = resets_and_goaways(bytes(self.protocol.connection._connection._data_to_send))
+        return streams, self.connection, self.sent, unsent, closed, calls, window
 
 
 Play = Callable[[Session], Awaitable[None]]
+
+
+def resets_and_goaways(data: bytes) -> tuple[list[tuple[int, int, int]], bytes]:
+    """The RST_STREAM (type, stream, code) and GOAWAY (type, last stream, code) frames in
+    `data`, and what is left of a frame not yet whole."""
+    found = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        if len(data) < 9 + length:
+            break
+        kind, stream_id = data[3], int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
+        payload, data = data[9 : 9 + length], data[9 + length :]
+        if kind == RST_STREAM:
+            found.append((kind, stream_id, int.from_bytes(payload, "big")))
+        elif kind == GOAWAY:
+            found.append(
+                (kind, int.from_bytes(payload[:4], "big"), int.from_bytes(payload[4:8], "big"))
+            )
+    return found, data
 
 
 async def warm(session: Session, *methods: str) -> None:
@@ -312,8 +325,9 @@ def raw_frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
     return frame_header(len(payload), kind, flags, stream_id) + payload
 
 
-async def both(play: Play, **kwargs: Any) -> tuple[Session, Session]:
-    """`play` on a connection with the lane and on one without: their outcomes are equal."""
+async def both(play: Play, unsent: bool = True, **kwargs: Any) -> tuple[Session, Session]:
+    """`play` on a connection with the lane and on one without: their outcomes are equal (but
+    for what h2 had still to send, without `unsent`)."""
     sessions = []
     for lanes in (True, False):
         session = Session(lanes, **kwargs)
@@ -321,7 +335,12 @@ async def both(play: Play, **kwargs: Any) -> tuple[Session, Session]:
         await session.settle()
         sessions.append(session)
     ours, theirs = sessions
-    assert ours.outcome() == theirs.outcome()
+    if unsent:
+        assert ours.outcome() == theirs.outcome()
+    else:
+        assert (
+            ours.outcome()[:3] + ours.outcome()[4:] == theirs.outcome()[:3] + theirs.outcome()[4:]
+        )
     assert theirs.service.lane_calls == 0
     return ours, theirs
 
@@ -698,7 +717,9 @@ async def test_goaway_then_a_call_in_one_read() -> None:
         session.client.send_data(stream_id, message(b"x"), end_stream=True)
         session.feed(goaway + session.client.data_to_send())
 
-    ours, _ = await both(play)
+    # grpclib closes the connection on the client's GOAWAY: the lane gives h2 nothing after it,
+    # where h2 alone reads the call too and makes a GOAWAY of its own, never sent
+    ours, _ = await both(play, unsent=False)
     assert ours.transport.closed
 
 
@@ -867,3 +888,51 @@ async def test_a_deadline_on_a_lane_call_ends_it_as_grpclib_ends_it() -> None:
     assert ours.service.lane_calls == 2
     assert status(ours.streams[7]) == str(Status.DEADLINE_EXCEEDED.value)
     assert status(ours.streams[5]) == "0"
+
+
+async def test_a_new_stream_past_the_limit_is_refused_before_its_block_is_read() -> None:
+    """h2 counts the streams before it reads a new one's header block: past the limit, a block
+    it could not read (too large) ends the connection as too many streams."""
+
+    async def play(session: Session) -> None:
+        await warm(session, WAIT)
+        past_the_limit(session)
+        for _ in range(100):
+            session.call(WAIT, b"held")
+        session.pump()
+        await session.settle()
+        session.open(WAIT, [("x-big", "a" * 70_000)])
+        session.send_out()
+
+    ours, _ = await both(play)
+    (kind, _, code), *_ = ours.outcome()[3]
+    assert kind == GOAWAY and code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+
+
+async def test_a_block_too_large_to_read_before_a_priority_on_itself() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        stream_id = session.client.get_next_available_stream_id()
+        headers = [*HEADERS[:3], (":path", ECHO), *HEADERS[3:], ("x-big", "a" * 70_000)]
+        block = session.client.encoder.encode(headers)
+        priority = stream_id.to_bytes(4, "big") + b"\x10"
+        session.feed(raw_frame(1, 0x4 | 0x20, stream_id, priority + block))
+
+    ours, _ = await both(play)
+    (kind, _, code), *_ = ours.outcome()[3]
+    assert kind == GOAWAY and code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+async def test_large_header_blocks_are_not_kept() -> None:
+    """A connection keeps what it read of a block as hpack_cache.py keeps blocks: none past
+    its 4 KiB (a client cannot make a connection hold much)."""
+
+    async def play(session: Session) -> None:
+        for n in range(4):
+            stream_id = session.open(ECHO, [("x-big", "a" * (n + 1) * 3000)])
+            session.client.send_data(stream_id, message(b"x"), end_stream=True)
+            await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play)
+    assert ours.service.lane_calls == 4
+    assert all(len(key[0]) <= KEPT_BYTES for key in ours.protocol.lane._headers)

@@ -52,6 +52,8 @@ from h2.settings import SettingCodes
 from h2.stream import StreamClosedBy
 from h2.utilities import guard_increment_window, is_informational_response
 
+from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES
+
 if TYPE_CHECKING:
     from grpclib.server import Handler
 
@@ -143,23 +145,25 @@ class Lane:
                         if start < position:
                             self._to_h2(buffer[start:position])
                             start = position
+                        if stream_id > self.h2.highest_inbound_stream_id:
+                            # h2's first check, before it reads the block (a stream it opens
+                            # counts the lane's too)
+                            self._check_limit()
                         if self._opens(stream_id, flags):
-                            block = bytes(buffer[position + 9 : after])
-                            block = _header_block(block, flags, stream_id)
-                            headers = self._known(block)
+                            payload = bytes(buffer[position + 9 : after])
+                            headers = self._known(_header_block(payload, flags))
                             if headers is not None:
                                 start = after
-                                self._open(stream_id, headers)
+                                self._open(stream_id, headers, payload, flags)
                                 position = after
                                 continue
-                        if self.streams and stream_id > self.h2.highest_inbound_stream_id:
-                            self._check_limit()  # a stream h2 opens counts the lane's too
                 if kind in (HEADERS, PUSH_PROMISE, CONTINUATION):
                     self._h2_block = not flags & END_HEADERS
                 position = after
             if start < position:
                 self._to_h2(buffer[start:position])
         finally:
+            self.h2.decoder._handed = None  # (a block handed over went to h2 in this feed)
             if position == end:
                 self._buffer = bytearray()
             elif position or buffer is not self._buffer:
@@ -197,11 +201,12 @@ class Lane:
             headers = named
         else:
             decoder.hand_over(block, raw)
-        # (kept under the table's generation before: a block that changed the table is not
-        # found again, the generation only grows)
-        if len(self._headers) >= 64:
-            self._headers.clear()
-        self._headers[key] = headers
+        # kept where it can be found again (its reading changed nothing) and as hpack_cache.py
+        # keeps blocks (a client cannot make a connection hold much)
+        if decoder.header_table.generation == generation and len(block) <= KEPT_BYTES:
+            if len(self._headers) >= 64:
+                self._headers.clear()
+            self._headers[key] = headers
         return None if headers is None else list(headers)
 
     def _check_limit(self) -> None:
@@ -212,11 +217,13 @@ class Lane:
         if opened + 1 > limit:
             raise TooManyStreamsError(f"Max inbound streams is {limit}, {opened} open")
 
-    def _open(self, stream_id: int, headers: list[tuple[str, str]]) -> None:
+    def _open(
+        self, stream_id: int, headers: list[tuple[str, str]], payload: bytes, flags: int
+    ) -> None:
         h2 = self.h2
-        self._check_limit()
         h2.state_machine.process_input(ConnectionInputs.RECV_HEADERS)
         h2.highest_inbound_stream_id = stream_id
+        _refuse_self_dependency(payload, flags, stream_id)  # (h2 has opened it by then)
         stream = LaneStream(self, stream_id)
         self.streams[stream_id] = stream
         release = self.processor.register(stream)
@@ -253,7 +260,7 @@ class Lane:
         ):
             # trailers; or headers on a stream the peer ended (a stream error, once read)
             h2.state_machine.process_input(ConnectionInputs.RECV_HEADERS)
-            raw = _decode_headers(h2.decoder, _header_block(payload, flags, stream.id))
+            raw = _decode_headers(h2.decoder, _header_block(payload, flags))
             if stream.remote_closed:  # refused before they are read as text, as h2 does
                 stream.receive_trailers([])
                 return
@@ -268,6 +275,7 @@ class Lane:
                 # ("ascii": grpclib's encoding; h2 lets the error out of the protocol, and
                 # asyncio closes the connection with a traceback in the log)
                 raise ProtocolError(f"Error decoding header block: {error}") from error
+            _refuse_self_dependency(payload, flags, stream.id)
             stream.receive_trailers(trailers)
         else:
             raise ProtocolError(f"Frame of type {kind} on unary stream {stream.id}")
@@ -323,7 +331,7 @@ class Lane:
             self.h2._closed_streams[stream.id] = by
 
 
-def _header_block(payload: bytes | bytearray, flags: int, stream_id: int) -> bytes | bytearray:
+def _header_block(payload: bytes | bytearray, flags: int) -> bytes | bytearray:
     """A HEADERS frame's header block, read as hyperframe reads it: the pad length, the
     priority fields, the block, the padding (a block the padding overlaps is empty)."""
     size, start, pad = len(payload), 0, 0
@@ -334,10 +342,17 @@ def _header_block(payload: bytes | bytearray, flags: int, stream_id: int) -> byt
     if flags & PRIORITY_FLAG:
         if size - start < 5:
             raise ProtocolError("Invalid HEADERS frame")
-        if int.from_bytes(payload[start : start + 4], "big") & 0x7FFFFFFF == stream_id:
-            raise ProtocolError(f"Stream {stream_id} may not depend on itself")
         start += 5
     return payload[start : size - pad] if start or pad else payload
+
+
+def _refuse_self_dependency(payload: bytes | bytearray, flags: int, stream_id: int) -> None:
+    """A HEADERS frame's priority naming its own stream is a connection error (h2 checks it
+    once it has read the block)."""
+    if flags & PRIORITY_FLAG:
+        start = 1 if flags & PADDED else 0
+        if int.from_bytes(payload[start : start + 4], "big") & 0x7FFFFFFF == stream_id:
+            raise ProtocolError(f"Stream {stream_id} may not depend on itself")
 
 
 class LaneStream(Stream):
