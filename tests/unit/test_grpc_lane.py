@@ -320,6 +320,16 @@ def past_the_limit(session: Session) -> None:
     limits.acknowledge()
 
 
+async def at_the_limit(session: Session) -> None:
+    """100 calls the lane takes, held open: h2's limit of streams open at once."""
+    await warm(session, WAIT)
+    past_the_limit(session)
+    for _ in range(100):
+        session.call(WAIT, b"held")
+    session.pump()
+    await session.settle()
+
+
 def raw_frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
     """A frame as bytes, whatever it says (the client's h2 would refuse to send some)."""
     return frame_header(len(payload), kind, flags, stream_id) + payload
@@ -629,11 +639,7 @@ async def test_calls_before_the_settings_are_acknowledged_get_their_larger_windo
 
 async def test_streams_h2_opens_count_the_lanes_against_the_limit() -> None:
     async def play(session: Session) -> None:
-        await warm(session, WAIT)
-        past_the_limit(session)
-        for _ in range(100):
-            session.call(WAIT, b"held")
-        session.pump()
+        await at_the_limit(session)
         session.open(CHAT)  # h2's stream: the 101st open
         await session.settle()
 
@@ -895,12 +901,7 @@ async def test_a_new_stream_past_the_limit_is_refused_before_its_block_is_read()
     it could not read (too large) ends the connection as too many streams."""
 
     async def play(session: Session) -> None:
-        await warm(session, WAIT)
-        past_the_limit(session)
-        for _ in range(100):
-            session.call(WAIT, b"held")
-        session.pump()
-        await session.settle()
+        await at_the_limit(session)
         session.open(WAIT, [("x-big", "a" * 70_000)])
         session.send_out()
 
