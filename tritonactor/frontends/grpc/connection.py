@@ -1,5 +1,7 @@
-"""grpclib's HTTP/2 server connections, made cheaper: two changes for large messages, and the
-header blocks a connection decodes and encodes again taken from a cache (hpack_cache.py).
+"""grpclib's HTTP/2 server connections, made cheaper: two changes for large messages, the
+header blocks a connection decodes and encodes again taken from a cache (hpack_cache.py), and
+unary calls read and answered beside h2 (lane.py: `_Protocol` gives a connection's bytes to
+its lane; `_LaneConnection` shows grpclib's keepalive the lane's calls).
 
 - Frames of up to FRAME bytes (`SETTINGS_MAX_FRAME_SIZE`; h2's default is 16 KiB): a client
   then sends a 1 MiB tensor in one DATA frame rather than in 64, each parsed by h2 in Python.
@@ -71,6 +73,7 @@ def quiet_data_frames(connection: H2Connection) -> bool:
 
 class _Protocol(H2Protocol):
     lane: Lane | None = None
+    lanes = True  # unary calls read and answered by a lane (False: by h2, as grpclib does)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -96,8 +99,6 @@ class _Protocol(H2Protocol):
             if type(self.connection) is Connection and is_dataclass(self.connection._config):
                 self.connection.__class__ = _LaneConnection
                 self.connection.lane = self.lane  # type: ignore[attr-defined]
-
-    lanes = True  # unary calls read and answered by the lane (lane.py)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)

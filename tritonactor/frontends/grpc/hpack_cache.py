@@ -12,6 +12,10 @@ encoder's Huffman flag); a block that fails to decode raises as before and is no
 what h2 hands over is kept: blocks of bytes up to KEPT_BYTES (a client cannot make a
 connection hold much: hpack alone keeps nothing), header lists of str or bytes names and
 values, a sensitive flag a bool; anything else is decoded or encoded as hpack does it.
+
+A block the lane (lane.py) decoded for a call it leaves to h2 is handed over (`hand_over`):
+h2's decode of it, which comes next, gives what the lane read, so that its changes to the
+table are made once.
 """
 
 from __future__ import annotations
