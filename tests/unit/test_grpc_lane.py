@@ -14,6 +14,8 @@ import asyncio
 import gc
 import weakref
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -34,7 +36,10 @@ from tests.unit.test_grpc_unary import Raw
 from tritonactor.frontends.grpc.connection import FRAME, GrpcServer
 from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES
 from tritonactor.frontends.grpc.lane import LaneStream, frame_header
+from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.grpc.unary import unary_answers
+from tritonactor.frontends.listen import listening_socket
+from tritonactor.settings import Settings
 
 pytestmark = pytest.mark.anyio
 
@@ -937,3 +942,17 @@ async def test_large_header_blocks_are_not_kept() -> None:
     ours, _ = await both(play)
     assert ours.service.lane_calls == 4
     assert all(len(key[0]) <= KEPT_BYTES for key in ours.protocol.lane._headers)
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+async def test_the_lane_is_a_setting(value: str, tmp_path: Path) -> None:
+    """`--grpc-lane` / TRITONACTOR_GRPC_LANE: `false` serves every call through h2."""
+    env = {"TRITONACTOR_MODEL_REPOSITORY": str(tmp_path), "TRITONACTOR_GRPC_LANE": value}
+    settings = Settings.from_env(env)
+    served = SimpleNamespace(settings=settings, router=None)
+    sock = listening_socket("gRPC", "127.0.0.1", 0)
+    async with grpc_listener(served, sock) as listener:  # type: ignore[arg-type]
+        assert listener is not None
+        protocol = listener._protocol_factory()
+        protocol.connection_made(Transport())  # type: ignore[arg-type]
+        assert (protocol.lane is not None) is (value == "true")  # type: ignore[attr-defined]

@@ -345,6 +345,16 @@ class ServedSettings(BaseSettings):
             default="`2147483647` (Triton's)",
         ),
     ] = INT32_MAX
+    grpc_lane: Annotated[
+        bool,
+        honoured(
+            "unary calls read and answered beside h2, without its per-frame objects "
+            "([grpc.md](grpc.md#performance)); `false`: every call through h2, as grpclib "
+            "serves it",
+            BOOL,
+            GRPC,
+        ),
+    ] = True
     # TLS as Triton's flags ([tls.md](tls.md)).
     grpc_use_ssl: Annotated[
         bool,

@@ -142,8 +142,14 @@ class _LaneConnection(Connection):
 
 
 class GrpcServer(Server):
-    """grpclib's server, its connections made as above."""
+    """grpclib's server, its connections made as above (with a lane each, unless not `lanes`)."""
+
+    def __init__(self, *args: Any, lanes: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lanes = lanes
 
     def _protocol_factory(self) -> H2Protocol:
         made = super()._protocol_factory()
-        return _Protocol(made.handler, made.config, made.h2_config)
+        protocol = _Protocol(made.handler, made.config, made.h2_config)
+        protocol.lanes = self.lanes
+        return protocol

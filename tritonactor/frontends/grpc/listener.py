@@ -54,6 +54,7 @@ async def grpc_listener(
     listener = GrpcServer(
         services,
         config=Configuration(http2_connection_window_size=WINDOW, http2_stream_window_size=WINDOW),
+        lanes=settings.grpc_lane,
     )
     # One socket, bound once: never SO_REUSEPORT, which would let another process share it.
     await listener.start(sock=sock, ssl=context, backlog=BACKLOG)
