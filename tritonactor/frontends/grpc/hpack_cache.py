@@ -62,6 +62,10 @@ class _CachedDecoder(Decoder):
         lane.py), gives them without decoding it again."""
         self._handed = (bytes(data), tuple(headers))
 
+    def hand_back(self) -> None:
+        """Forget a block handed over and not decoded since."""
+        self._handed = None
+
     def decode(self, data: bytes, raw: bool = False) -> Iterable[HeaderTuple]:
         handed = self._handed
         if handed is not None:

@@ -163,7 +163,8 @@ class Lane:
             if start < position:
                 self._to_h2(buffer[start:position])
         finally:
-            self.h2.decoder._handed = None  # (a block handed over went to h2 in this feed)
+            # a block handed over went to h2 in this feed (or the connection ends): none is left
+            self.h2.decoder.hand_back()
             if position == end:
                 self._buffer = bytearray()
             elif position or buffer is not self._buffer:
@@ -288,10 +289,7 @@ class Lane:
         if self.connection.is_closing():  # grpclib closed it (and let go of h2's dispatch)
             return
         h2 = self.h2
-        try:
-            events = h2.receive_data(data)
-        finally:  # a block handed over is h2's to read in these frames or never
-            h2.decoder._handed = None
+        events = h2.receive_data(data)
         self.connection.flush()
         for event in events:
             kind = event.__class__
