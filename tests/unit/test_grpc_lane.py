@@ -44,7 +44,7 @@ from tritonactor.settings import Settings
 pytestmark = pytest.mark.anyio
 
 ECHO, WAIT, FAIL, CHAT = "/t.S/Echo", "/t.S/Wait", "/t.S/Fail", "/t.S/Chat"
-RST_STREAM, GOAWAY = 3, 7
+RST_STREAM, GOAWAY, WINDOW_UPDATE_TYPE = 3, 7, 8
 HEADERS = [
     (":method", "POST"),
     (":scheme", "http"),
@@ -956,3 +956,99 @@ async def test_the_lane_is_a_setting(value: str, tmp_path: Path) -> None:
         protocol = listener._protocol_factory()
         protocol.connection_made(Transport())  # type: ignore[arg-type]
         assert (protocol.lane is not None) is (value == "true")  # type: ignore[attr-defined]
+
+
+def given_to_h2(session: Session, given: list[tuple[int, int]]) -> None:
+    """(type, stream) of each frame the lane hands h2 from here on, to `given` (none without
+    the lane)."""
+    lane = session.protocol.lane  # type: ignore[attr-defined]
+    if lane is None:
+        return
+    to_h2 = lane._to_h2
+
+    def spy(data: bytes | bytearray) -> None:
+        view = bytes(data)  # (whole frames)
+        while len(view) >= 9:
+            length = int.from_bytes(view[:3], "big")
+            given.append((view[3], int.from_bytes(view[5:9], "big") & 0x7FFFFFFF))
+            view = view[9 + length :]
+        to_h2(data)
+
+    lane._to_h2 = spy
+
+
+async def test_the_connections_window_given_back_is_the_lanes_to_read() -> None:
+    """A client gives the connection's window back after each answer: the lane reads that
+    WINDOW_UPDATE itself, and an answer waiting for the connection's window goes on."""
+    payload = bytes(range(256)) * 1024  # 256 KiB answers, past the connection's 64 KiB
+    given: list[tuple[int, int]] = []
+
+    async def play(session: Session) -> None:
+        given_to_h2(session, given)
+        for _ in range(3):
+            stream_id = session.call(ECHO, payload)
+            await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play, window=2**24)  # the stream's window is not what holds it
+    assert ours.service.lane_calls == 3
+    assert ours.streams[5]["data"] == message(payload[::-1])
+    # (the answers went past the connection's first window: the client gave it back)
+    assert (WINDOW_UPDATE_TYPE, 0) not in given
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        (0).to_bytes(4, "big"),
+        (2**31 + 5).to_bytes(4, "big"),
+        (2**31 - 1).to_bytes(4, "big"),
+        b"\0\0\x01",
+        b"\0\0\0\x01\0",
+    ],
+    ids=["no increment", "reserved bit", "past the largest window", "short", "long"],
+)
+async def test_a_connection_window_update_h2_refuses_is_h2s_to_answer(payload: bytes) -> None:
+    given: list[tuple[int, int]] = []
+
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=True)
+        given_to_h2(session, given)
+        session.feed(raw_frame(WINDOW_UPDATE_TYPE, 0, 0, payload))
+        session.service.release.set()
+        await session.settle()
+        assert stream_id == 5
+
+    ours, _ = await both(play)
+    assert ours.transport.closed
+    assert given == [(WINDOW_UPDATE_TYPE, 0)]
+
+
+async def test_a_connection_window_update_in_a_header_block_is_h2s() -> None:
+    async def play(session: Session) -> None:
+        await warm(session, ECHO)
+        session.feed(raw_frame(1, 0, 9, b"\x83"))  # HEADERS without END_HEADERS
+        session.feed(raw_frame(WINDOW_UPDATE_TYPE, 0, 0, (10).to_bytes(4, "big")))
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.transport.closed
+
+
+async def test_a_connection_window_update_after_the_servers_goaway() -> None:
+    """h2's connection is closed once the server sent its GOAWAY: a WINDOW_UPDATE then is a
+    protocol error to h2, and to the lane."""
+    given: list[tuple[int, int]] = []
+
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=True)
+        session.protocol.connection._connection.close_connection()
+        session.protocol.connection.flush()
+        given_to_h2(session, given)
+        session.feed(raw_frame(WINDOW_UPDATE_TYPE, 0, 0, (10).to_bytes(4, "big")))
+        session.service.release.set()
+        await session.settle()
+        assert stream_id == 5
+
+    # (the GOAWAY h2 makes for its protocol error is never sent: grpclib closes the connection)
+    ours, _ = await both(play, unsent=False)
+    assert given == [] and ours.transport.closed

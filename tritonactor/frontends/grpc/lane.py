@@ -13,7 +13,10 @@ a unary-unary method is then the lane's: its frames go to a `LaneStream`, a
 method no one serves, a request h2 checks further) is h2's, and the decoder hands h2 the
 headers it decoded, so that the block's changes to the table are made once. Every other frame
 goes to h2, in the order it came, so h2 still owns the connection (settings, pings, GOAWAY, the
-connection's flow-control windows, HPACK) and every other stream. What h2 keeps for the
+connection's flow-control windows, HPACK) and every other stream; but for a WINDOW_UPDATE of the
+connection's window, which a client sends after each answer it reads: the lane grows h2's
+window and tells grpclib's streams, as h2 and grpclib do (h2 took ~20 µs a call for it), and
+hands h2 one that h2 refuses. What h2 keeps for the
 connection, the lane keeps in step: the highest stream id opened (GOAWAY names it), the
 connection's windows both ways, the streams it closed (`_closed_streams`: h2 then answers a
 late frame on one as it would on its own), the connection state machine's inputs; and a lane
@@ -41,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from grpclib.protocol import Buffer, Connection, EventsProcessor, Stream
 from h2.connection import ConnectionInputs, ConnectionState, H2Connection, _decode_headers
 from h2.errors import ErrorCodes
-from h2.events import RemoteSettingsChanged, SettingsAcknowledged
+from h2.events import RemoteSettingsChanged, SettingsAcknowledged, WindowUpdated
 from h2.exceptions import (
     FlowControlError,
     ProtocolError,
@@ -139,6 +142,15 @@ class Lane:
                         self._stream_frame(stream, kind, flags, buffer[position + 9 : after])
                         position = after
                         continue
+                    if kind == WINDOW_UPDATE and not stream_id and length == 4:
+                        # the connection's window (a client gives it back after each answer)
+                        if start < position:
+                            self._to_h2(buffer[start:position])
+                            start = position
+                        if self._window_update(int.from_bytes(buffer[position + 9 : after], "big")):
+                            start = after
+                        position = after
+                        continue
                     if kind == HEADERS and stream_id & 1 and stream is None:
                         # h2 reads what came before first: it may change the HPACK table,
                         # the highest stream id, the connection's state
@@ -169,6 +181,20 @@ class Lane:
                 self._buffer = bytearray()
             elif position or buffer is not self._buffer:
                 self._buffer = bytearray(buffer[position:])
+
+    def _window_update(self, increment: int) -> bool:
+        """A WINDOW_UPDATE of the connection's window, taken as h2 takes it (the window grown,
+        grpclib's streams told); False where h2 refuses it (an increment of 0 or past the
+        largest window, the reserved bit set), to let h2 answer it."""
+        if self.connection.is_closing():  # as `_to_h2`: grpclib let go of h2's dispatch
+            return True
+        h2 = self.h2
+        if not 1 <= increment <= MAX_WINDOW - h2.outbound_flow_control_window:
+            return False
+        h2.state_machine.process_input(ConnectionInputs.RECV_WINDOW_UPDATE)
+        h2.outbound_flow_control_window += increment
+        self.processor.process(WindowUpdated(stream_id=0, delta=increment))
+        return True
 
     def _opens(self, stream_id: int, flags: int) -> bool:
         """Whether a HEADERS frame on `stream_id` opens a stream the lane may take."""
