@@ -70,6 +70,8 @@ ParameterMap = Any
 
 
 def decode_parameters(parameters: ParameterMap) -> Parameters:
+    if not parameters:  # (most tensors and requests carry none)
+        return {}
     decoded: Parameters = {}
     for key, parameter in parameters.items():
         field = parameter.WhichOneof("parameter_choice")
@@ -137,7 +139,7 @@ def decode_infer_request(
         seen.add(name)
         if not is_datatype(datatype):
             raise invalid_arg(f"invalid datatype for input {name}")
-        if any(dim < 0 for dim in shape):
+        if shape and min(shape) < 0:
             raise invalid_arg(
                 f"{prefix}input '{name}' for model '{model}' has a negative dimension "
                 f"in shape {list(shape)}"
@@ -185,8 +187,9 @@ def decode_infer_request(
         else:
             data = _array_from_contents(tensor, shape, prefix, model)
         parameters = decode_parameters(tensor.parameters)
-        for key in SHARED_MEMORY_KEYS:
-            parameters.pop(key, None)
+        if parameters:
+            for key in SHARED_MEMORY_KEYS:
+                parameters.pop(key, None)
         inputs.append(Tensor(name, datatype, shape, data, parameters))
     inputs.reverse()
     outputs = []
@@ -207,13 +210,15 @@ def decode_infer_request(
                 parameters.pop(key, None)
         outputs.append(RequestedOutput(output.name, parameters))
     parameters = decode_parameters(message.parameters)
-    reserved = [key for key in parameters if key.startswith(RESERVED_PARAMETER_PREFIX)]
-    if any(key != ENABLE_EMPTY_FINAL for key in reserved):
-        raise invalid_arg(
-            "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
-            f"following keys starting with 'triton_' are allowed: {ENABLE_EMPTY_FINAL}"
-        )
-    empty_final = parameters.pop(ENABLE_EMPTY_FINAL, False)
+    empty_final = False
+    if parameters:
+        reserved = [key for key in parameters if key.startswith(RESERVED_PARAMETER_PREFIX)]
+        if any(key != ENABLE_EMPTY_FINAL for key in reserved):
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+                f"following keys starting with 'triton_' are allowed: {ENABLE_EMPTY_FINAL}"
+            )
+        empty_final = parameters.pop(ENABLE_EMPTY_FINAL, False)
     request = InferenceRequest(
         model_name=model,
         model_version=message.model_version,
@@ -234,6 +239,8 @@ def shared_memory_place(name: str, parameters: ParameterMap) -> tuple[str, int, 
     """(region, offset, byte size) when tensor `name`'s parameters name a shared-memory region,
     with Triton's checks and messages: the region a string_param, offset and byte size
     int64_params (a negative one wraps around, out of bounds), the byte size required."""
+    if not parameters:
+        return None
     region = parameters.get("shared_memory_region")
     if region is not None:
         if region.WhichOneof("parameter_choice") != "string_param":
