@@ -1052,3 +1052,90 @@ async def test_a_connection_window_update_after_the_servers_goaway() -> None:
     # (the GOAWAY h2 makes for its protocol error is never sent: grpclib closes the connection)
     ours, _ = await both(play, unsent=False)
     assert given == [] and ours.transport.closed
+
+
+async def test_an_h2_stream_waiting_for_the_connections_window_goes_on() -> None:
+    """The connection's window, given back through the lane, reaches h2's streams too (a
+    streaming call's answer waiting for it), as grpclib tells every stream."""
+    payload = bytes(range(256)) * 1024  # past the connection's 64 KiB
+    given: list[tuple[int, int]] = []
+
+    async def play(session: Session) -> None:
+        given_to_h2(session, given)
+        stream_id = session.call(CHAT, payload)
+        await session.settle(
+            lambda: len(session.streams.get(stream_id, {}).get("data", b"")) > len(payload)
+        )
+
+    ours, _ = await both(play, window=2**24)
+    assert ours.streams[1]["data"] == message(payload.upper())
+    assert (WINDOW_UPDATE_TYPE, 0) not in given and ours.service.lane_calls == 0
+
+
+async def test_a_reset_held_while_writes_are_paused_leaves_with_the_next_window_update() -> None:
+    """What h2 holds to send (a reset made while writes were paused) is sent once a frame is
+    read, as grpclib flushes after every read: a connection WINDOW_UPDATE the lane reads too."""
+    given: list[tuple[int, int]] = []
+
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=False)
+        session.protocol.pause_writing()
+        raw_stream = session.service.raw_streams[-1]()
+        raw_stream.reset_nowait(h2.errors.ErrorCodes.CANCEL)
+        assert not session.transport.writes  # held
+        given_to_h2(session, given)
+        session.feed(raw_frame(WINDOW_UPDATE_TYPE, 0, 0, (10).to_bytes(4, "big")))
+        session._note(b"".join(session.transport.writes))
+        assert (RST_STREAM, stream_id, h2.errors.ErrorCodes.CANCEL) in session.sent
+        session.protocol.resume_writing()
+        session.transport.writes.clear()
+        session.service.release.set()
+
+    ours, _ = await both(play)
+    assert given == [] and ours.service.lane_calls == 1
+
+
+async def test_a_client_goaway_and_a_window_update_in_one_read() -> None:
+    """h2 reads a read's frames together: a WINDOW_UPDATE after its GOAWAY is refused by h2
+    (its connection closed by then), and the GOAWAY's events are lost with it."""
+
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=True)
+        goaway = raw_frame(7, 0, 0, stream_id.to_bytes(4, "big") + bytes(4))
+        session.feed(goaway + raw_frame(WINDOW_UPDATE_TYPE, 0, 0, (10).to_bytes(4, "big")))
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.transport.closed
+
+
+async def test_a_window_update_after_the_clients_goaway_is_dropped_as_h2_drops_it() -> None:
+    """grpclib closes the connection on the client's GOAWAY and reads nothing more."""
+
+    async def play(session: Session) -> None:
+        stream_id = await held_call(session, end=True)
+        session.feed(raw_frame(7, 0, 0, stream_id.to_bytes(4, "big") + bytes(4)))
+        session.feed(raw_frame(WINDOW_UPDATE_TYPE, 0, 0, (10).to_bytes(4, "big")))
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.transport.closed
+
+
+@pytest.mark.parametrize(
+    "before", [b"", raw_frame(6, 0, 0, bytes(8))], ids=["alone", "after a ping"]
+)
+async def test_nothing_is_read_once_grpclib_closed_the_connection(before: bytes) -> None:
+    """Once grpclib closed the connection on the client's GOAWAY, a WINDOW_UPDATE changes
+    nothing and sends nothing, whether the lane would read it itself or hand it to h2."""
+    session = Session(lanes=True)
+    stream_id = await held_call(session, end=True)
+    session.feed(raw_frame(7, 0, 0, stream_id.to_bytes(4, "big") + bytes(4)))  # GOAWAY
+    assert session.transport.closed
+    window = session.protocol.connection._connection.outbound_flow_control_window
+    state = session.protocol.connection._connection.state_machine.state
+    session.transport.writes.clear()
+    session.protocol.data_received(before + raw_frame(8, 0, 0, (10).to_bytes(4, "big")))
+    assert session.protocol.connection._connection.outbound_flow_control_window == window
+    assert session.protocol.connection._connection.state_machine.state == state
+    assert not session.transport.writes

@@ -142,11 +142,15 @@ class Lane:
                         self._stream_frame(stream, kind, flags, buffer[position + 9 : after])
                         position = after
                         continue
-                    if kind == WINDOW_UPDATE and not stream_id and length == 4:
-                        # the connection's window (a client gives it back after each answer)
-                        if start < position:
-                            self._to_h2(buffer[start:position])
-                            start = position
+                    if (
+                        kind == WINDOW_UPDATE
+                        and not stream_id
+                        and length == 4
+                        and start == position
+                    ):
+                        # the connection's window (a client gives it back after each answer);
+                        # one after frames of h2's in the same read is h2's, with them (h2
+                        # reads a read's frames together: a GOAWAY, then this, say)
                         if self._window_update(int.from_bytes(buffer[position + 9 : after], "big")):
                             start = after
                         position = after
@@ -186,14 +190,15 @@ class Lane:
         """A WINDOW_UPDATE of the connection's window, taken as h2 takes it (the window grown,
         grpclib's streams told); False where h2 refuses it (an increment of 0 or past the
         largest window, the reserved bit set), to let h2 answer it."""
-        if self.connection.is_closing():  # as `_to_h2`: grpclib let go of h2's dispatch
-            return True
         h2 = self.h2
+        # (the window is never below 0: nothing is sent past it, h2 asserts it)
         if not 1 <= increment <= MAX_WINDOW - h2.outbound_flow_control_window:
             return False
         h2.state_machine.process_input(ConnectionInputs.RECV_WINDOW_UPDATE)
         h2.outbound_flow_control_window += increment
         self.processor.process(WindowUpdated(stream_id=0, delta=increment))
+        # (as grpclib after each read: what h2 holds, a reset made while writes were paused)
+        self.connection.flush()
         return True
 
     def _opens(self, stream_id: int, flags: int) -> bool:
