@@ -16,7 +16,8 @@ goes to h2, in the order it came, so h2 still owns the connection (settings, pin
 connection's flow-control windows, HPACK) and every other stream; but for a WINDOW_UPDATE of the
 connection's window, which a client sends after each answer it reads: the lane grows h2's
 window and tells grpclib's streams, as h2 and grpclib do (h2 took ~20 µs a call for it), and
-hands h2 one that h2 refuses. What h2 keeps for the
+hands h2 one that h2 refuses, or one that follows frames of h2's in the same read (h2 reads
+those together). What h2 keeps for the
 connection, the lane keeps in step: the highest stream id opened (GOAWAY names it), the
 connection's windows both ways, the streams it closed (`_closed_streams`: h2 then answers a
 late frame on one as it would on its own), the connection state machine's inputs; and a lane
