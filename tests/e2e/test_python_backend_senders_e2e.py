@@ -500,22 +500,36 @@ def test_a_killed_servers_model_processes_clear_its_shared_memory(tmp_path: Path
         server = [pid for pid in tree if pid not in stubs]
         assert stubs and server
     finally:
-        # The server's processes die at once: no finalize, no cleanup by the server.
+        # The server's processes die at once: no finalize, no cleanup by the server. (Not
+        # multiprocessing's resource tracker: it owns nothing of ours, and once the processes it
+        # serves are gone it unlinks the semaphores hypercorn's workers shared, which would
+        # otherwise stay in /dev/shm after the test.)
+        trackers = []
         for pid in process_tree(process.process.pid):
-            if not is_stub(pid):
+            if is_resource_tracker(pid):
+                trackers.append(pid)
+            elif not is_stub(pid):
                 os.kill(pid, signal.SIGKILL)
         process.process.wait()
     # Each stub notices its server is gone, clears the instance's files and exits.
     deadline = time.monotonic() + PATIENCE_S
-    while any(os.path.exists(f"/proc/{pid}") for pid in stubs):
+    while any(os.path.exists(f"/proc/{pid}") for pid in stubs + trackers):
         assert time.monotonic() < deadline, "a model process outlived its server"
         time.sleep(0.05)
     assert shm_files_of(tree) == []
 
 
 def is_stub(pid: int) -> bool:
+    return _runs(pid, b"tritonactor.backends.python.stub")
+
+
+def is_resource_tracker(pid: int) -> bool:
+    return _runs(pid, b"multiprocessing.resource_tracker")
+
+
+def _runs(pid: int, module: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return b"tritonactor.backends.python.stub" in cmdline.read()
+            return module in cmdline.read()
     except OSError:
         return False
