@@ -1109,19 +1109,6 @@ async def test_a_client_goaway_and_a_window_update_in_one_read() -> None:
     assert ours.transport.closed
 
 
-async def test_a_window_update_after_the_clients_goaway_is_dropped_as_h2_drops_it() -> None:
-    """grpclib closes the connection on the client's GOAWAY and reads nothing more."""
-
-    async def play(session: Session) -> None:
-        stream_id = await held_call(session, end=True)
-        session.feed(raw_frame(7, 0, 0, stream_id.to_bytes(4, "big") + bytes(4)))
-        session.feed(raw_frame(WINDOW_UPDATE_TYPE, 0, 0, (10).to_bytes(4, "big")))
-        await session.settle()
-
-    ours, _ = await both(play)
-    assert ours.transport.closed
-
-
 @pytest.mark.parametrize(
     "before", [b"", raw_frame(6, 0, 0, bytes(8))], ids=["alone", "after a ping"]
 )
