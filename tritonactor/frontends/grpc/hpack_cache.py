@@ -35,6 +35,14 @@ _BLOCK_TYPES = (bytes, bytearray, memoryview)
 _TEXT_TYPES = (str, bytes)
 
 
+def keep(kept: dict[Any, Any], key: Any, value: Any) -> None:
+    """`value` kept under `key`, at most KEPT results a coder (all let go when full: a
+    connection's calls repeat a few blocks, which come back at once)."""
+    if len(kept) >= KEPT:
+        kept.clear()
+    kept[key] = value
+
+
 class _CountedTable(HeaderTable):
     """An HPACK table that counts its changes."""
 
@@ -90,9 +98,7 @@ class _CachedDecoder(Decoder):
             return list(kept)
         headers = list(super().decode(data, raw))
         if self.header_table.generation == generation:
-            if len(self._kept) >= KEPT:
-                self._kept.clear()
-            self._kept[key] = tuple(headers)
+            keep(self._kept, key, tuple(headers))
         return headers
 
 
@@ -115,9 +121,7 @@ class _CachedEncoder(Encoder):
             return kept
         encoded = super().encode(listed, huffman)
         if self.header_table.generation == generation and len(encoded) <= KEPT_BYTES:
-            if len(self._kept) >= KEPT:
-                self._kept.clear()
-            self._kept[key] = encoded
+            keep(self._kept, key, encoded)
         return encoded
 
 

@@ -56,7 +56,7 @@ from h2.settings import SettingCodes
 from h2.stream import StreamClosedBy
 from h2.utilities import guard_increment_window, is_informational_response
 
-from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES
+from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES, keep
 
 if TYPE_CHECKING:
     from grpclib.server import Handler
@@ -237,9 +237,7 @@ class Lane:
         # kept where it can be found again (its reading changed nothing) and as hpack_cache.py
         # keeps blocks (a client cannot make a connection hold much)
         if decoder.header_table.generation == generation and len(block) <= KEPT_BYTES:
-            if len(self._headers) >= 64:
-                self._headers.clear()
-            self._headers[key] = headers
+            keep(self._headers, key, headers)
         return None if headers is None else list(headers)
 
     def _check_limit(self) -> None:
@@ -399,10 +397,13 @@ class LaneStream(Stream):
         self.remote_closed = self.local_closed = self.reset_done = False
 
     def init_stream(self, stream_id: int, connection: Connection) -> None:
-        super().init_stream(stream_id, connection)
-        # (through the lane, as grpclib's buffer acks through the connection: the stream is
-        # then freed when its call lets it go, not by the cyclic collector)
+        # grpclib's, but for the buffer, made once: it acks through the lane, as grpclib's
+        # acks through the connection (the stream is then freed when its call lets it go, not
+        # by the cyclic collector)
+        self.id = stream_id
         self.buffer = Buffer(functools.partial(self.lane_ack, self.lane, stream_id))
+        connection.streams_started += 1
+        self.created = connection.last_stream_created = time.monotonic()
 
     @staticmethod
     def lane_ack(lane: Lane, stream_id: int, size: int) -> None:
