@@ -18,7 +18,7 @@ from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.engine import messages as m
 from tritonactor.engine.host import _Connection
-from tritonactor.engine.lanes import Lane
+from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.wire import OUT_OF_BAND, FrameReader, encode
 from tritonactor.memory.lease import Lease
 from tritonactor.memory.region import Kind
@@ -132,6 +132,7 @@ def test_a_tensor_in_a_region_the_receiver_lacks_fails_its_request_and_the_reade
 def connection(regions: SharedMemoryRegistry) -> Any:
     crossing = _Connection.__new__(_Connection)
     crossing._regions = regions
+    crossing._lanes = LaneReader()  # (what it took from the front end's lane: nothing)
     return crossing
 
 

@@ -16,7 +16,7 @@ from tritonactor.core.types import (
     Tensor,
 )
 from tritonactor.engine import messages as m
-from tritonactor.engine.lanes import Lane
+from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CROSSING, FrameReader, encode
 from tritonactor.scheduling.statistics import FirstResponseHistogram
 
@@ -293,10 +293,15 @@ def test_an_answer_that_does_not_encode_fails_its_request() -> None:
 
     connection = _Connection.__new__(_Connection)
     connection._lane = Lane()
+    connection._lanes = LaneReader()
+    connection._regions = None  # type: ignore[assignment]
     transport = Transport()
     connection._transport = transport  # type: ignore[assignment]
+    connection.send(m.Answer(8, InferenceResponse("m", "1")))  # (it encodes)
     unpicklable = InferenceResponse("m", "1", parameters={"x": lambda: None})  # type: ignore[dict-item]
     connection.send(m.Answer(9, unpicklable))
-    [failed] = FrameReader().feed(b"".join(transport.written))
+    answered, failed = FrameReader().feed(b"".join(transport.written))
+    assert isinstance(answered, m.Answer) and answered.id == 8
     assert isinstance(failed, m.Failed) and failed.id == 9
     assert failed.error.code is ErrorCode.INTERNAL
+    assert "could not be sent" in failed.error.message and "lambda" in failed.error.message

@@ -119,7 +119,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         for message in received:
             self._dispatch(message)
-        if self._lanes.taken:
+        if self._lanes.due:  # otherwise they ride with the next message (engine/lanes.py)
             self.send(m.Released(self._lanes.pop_taken()))
 
     async def ask(self, method: str, *args: Any) -> Any:
@@ -165,6 +165,8 @@ class _Connection(asyncio.BufferedProtocol):
             if id is None or isinstance(message, m.Failed):
                 return
             pieces = encode(m.Failed(id, internal(f"the answer could not be sent: {error}")))
+        if self._lanes.taken:  # the front end's slots taken since the last message: released
+            pieces = [*encode(m.Released(self._lanes.pop_taken())), *pieces]
         if len(pieces) == 1:
             transport.write(pieces[0])
         else:

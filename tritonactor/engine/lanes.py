@@ -8,6 +8,12 @@ slot, and its frame carries the slot's name and the size instead of the bytes; t
 each side and no socket traffic: on the socket it cost a copy into and out of the kernel, and a
 wake-up for every socket buffer's worth (~200 KiB) of it.
 
+A `Released` rides with the next message its side sends (a request's answer, the next request),
+in the same write: sent alone it cost both processes a write, a read and a wake-up a large
+tensor. It goes alone only once the slots it names hold `RELEASE_ALONE` bytes (a stream of
+large parts with nothing sent back, requests queued behind a slow model), so that a sender is
+never left with all of its lane waiting to be released.
+
 What a lane holds is bounded (`LANE_LIMIT` per direction and connection) and its space is
 reserved when a slot is made (`posix_fallocate`: a full /dev/shm, as Docker's 64 MiB default
 fills, is an error then, not a SIGBUS later); a tensor that finds no slot crosses on the socket
@@ -34,7 +40,15 @@ import numpy as np
 
 from tritonactor.backends.python.ipc import SHM_DIR, map_new, remove_files
 
-__all__ = ["LANE_LIMIT", "Lane", "LaneReader", "owner_prefix", "remove_owned", "sweep_lanes"]
+__all__ = [
+    "LANE_LIMIT",
+    "RELEASE_ALONE",
+    "Lane",
+    "LaneReader",
+    "owner_prefix",
+    "remove_owned",
+    "sweep_lanes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +61,10 @@ LANE_LIMIT = 32 << 20
 _SMALLEST = 64 << 10
 # After /dev/shm refused a slot, tensors go on the socket for this many before a new try.
 _RETRY_AFTER = 1000
+# Slots taken with this many bytes in them are released at once, without waiting for a message
+# to ride with: their capacity is at most twice that, so the sender keeps at least half of its
+# lane whatever the other side sends.
+RELEASE_ALONE = LANE_LIMIT // 4
 
 _lanes = itertools.count()
 
@@ -160,10 +178,18 @@ class LaneReader:
     def __init__(self) -> None:
         self._mapped: dict[str, mmap.mmap] = {}
         self.taken: list[str] = []  # slots copied out since the last `Released`
+        self._taken_bytes = 0
+
+    @property
+    def due(self) -> bool:
+        """Whether the slots taken hold enough to be released now, alone (`RELEASE_ALONE`),
+        rather than with the next message."""
+        return self._taken_bytes >= RELEASE_ALONE
 
     def pop_taken(self) -> tuple[str, ...]:
         """The slots copied out since last asked (for a `Released` message)."""
         taken, self.taken = tuple(self.taken), []
+        self._taken_bytes = 0
         return taken
 
     def forget(self, names: tuple[str, ...]) -> None:
@@ -191,6 +217,7 @@ class LaneReader:
         copy = np.empty(size, np.uint8)  # not zeroed first, as a bytearray would be
         copy[:] = np.frombuffer(mapping, np.uint8, size)
         self.taken.append(name)
+        self._taken_bytes += size
         view = memoryview(copy)
         return view.toreadonly()
 

@@ -108,7 +108,7 @@ class EngineConnection(asyncio.BufferedProtocol):
                 self.hello.set_result(message)
             else:
                 self._on_message(message)
-        if self._lanes.taken:
+        if self._lanes.due:  # otherwise they ride with the next message (engine/lanes.py)
             with contextlib.suppress(TritonError):  # the engine is gone: nothing to release
                 self.send(m.Released(self._lanes.pop_taken()))
 
@@ -145,6 +145,8 @@ class EngineConnection(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             raise unavailable(ENGINE_GONE)
         pieces = encode(message, self._lane, self._regions)
+        if self._lanes.taken:  # the engine's slots taken since the last message: released
+            pieces = [*encode(m.Released(self._lanes.pop_taken())), *pieces]
         if len(pieces) == 1:
             transport.write(pieces[0])
         else:
