@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.otlp_receiver import OtlpReceiver
 from tests.processes import all_pids, children, cmdline, environ
@@ -297,6 +298,29 @@ def test_a_plain_hypercorn_is_one_front_end_beside_the_engine(tmp_path: Path) ->
         assert len(stubs) == INSTANCES + 1
         assert not [c for c in children(front_end) if "backends.python.stub" in cmdline(c)]
         assert_infers(served)
+    finally:
+        stop(served)
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="one front end beside the engine needs two cores")
+def test_a_large_answer_through_a_plain_hypercorn_reads_whole_in_tritonclient(
+    tmp_path: Path,
+) -> None:
+    """1 MiB in and out through hypercorn (h11) in front of the engine: the answer's data,
+    taken from the engine's lane, is sent after its JSON header as a body message of its own,
+    and the real client reads the response whole, request after request."""
+    served = start("hypercorn-1", tmp_path, models=("async_add",))
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{served.http_port}")
+        rng = np.random.default_rng(1)
+        for _ in range(3):
+            data = rng.random((1, 1 << 18), dtype=np.float32)
+            given = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
+            given.set_data_from_numpy(data, binary_data=True)
+            wanted = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+            result = client.infer("async_add", [given], outputs=[wanted])
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data + 1)
+        client.close()
     finally:
         stop(served)
 

@@ -36,8 +36,6 @@ import secrets
 import socket
 from dataclasses import dataclass
 
-import numpy as np
-
 from tritonactor.backends.python.ipc import SHM_DIR, map_new, remove_files
 
 __all__ = [
@@ -201,7 +199,7 @@ class LaneReader:
                     mapping.close()
 
     def take(self, name: str, size: int) -> memoryview:
-        """A read-only copy of the first `size` bytes of the slot `name`."""
+        """A read-only copy of the first `size` bytes of the slot `name` (a view of `bytes`)."""
         if not name.startswith(PREFIX) or "/" in name:
             raise ValueError(f"not a lane slot: {name!r}")
         mapping = self._mapped.get(name)
@@ -214,12 +212,12 @@ class LaneReader:
             self._mapped[name] = mapping
         if size > len(mapping):
             raise ValueError(f"lane slot {name!r} holds {len(mapping)} bytes, not {size}")
-        copy = np.empty(size, np.uint8)  # not zeroed first, as a bytearray would be
-        copy[:] = np.frombuffer(mapping, np.uint8, size)
+        # A `bytes` object of its own (one copy, not zeroed first): an HTTP front end sends it
+        # as it is (frontends/http/responses.py).
+        copy = mapping[:size]
         self.taken.append(name)
         self._taken_bytes += size
-        view = memoryview(copy)
-        return view.toreadonly()
+        return memoryview(copy)
 
     def close(self) -> None:
         """The connection is over: unmap the other side's slots and unlink them (their owner

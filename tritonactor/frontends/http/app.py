@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
 
 from tritonactor.config.model_config import config_to_json
 from tritonactor.control.load_parameters import parse_load_parameters, parse_unload_parameters
@@ -170,21 +170,30 @@ def create_http_app(
 
 class InferResponse(Response):
     """An infer response: its body, JSON or JSON followed by binary outputs (`json_length`
-    bytes of JSON, sent as `Inference-Header-Content-Length`). Its headers are written down
-    directly rather than worked out as starlette's `Response` does for any body."""
+    bytes of JSON, sent as `Inference-Header-Content-Length`), in one piece or in several
+    (frontends/http/responses.py). Its headers are written down directly rather than worked
+    out as starlette's `Response` does for any body."""
 
-    def __init__(self, body: bytes, json_length: int | None) -> None:
+    def __init__(self, body: bytes | tuple[bytes, ...], json_length: int | None) -> None:
         self.status_code = 200
-        self.body = body
+        self.pieces = (body,) if isinstance(body, bytes) else body
         self.background = None
+        size = sum(map(len, self.pieces))
         if json_length is None:
-            self.raw_headers = [(b"content-length", b"%d" % len(body)), _JSON_TYPE]
+            self.raw_headers = [(b"content-length", b"%d" % size), _JSON_TYPE]
         else:
             self.raw_headers = [
                 (b"inference-header-content-length", b"%d" % json_length),
-                (b"content-length", b"%d" % len(body)),
+                (b"content-length", b"%d" % size),
                 _BINARY_TYPE,
             ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        *first, last = self.pieces
+        for piece in first:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": last})
 
 
 _JSON_TYPE = (b"content-type", JSON.encode())

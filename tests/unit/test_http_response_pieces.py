@@ -1,0 +1,116 @@
+"""An HTTP infer response in pieces (frontends/http/responses.py, app.py's `InferResponse`): an
+output whose data already is a large `bytes` object of its own (as a tensor taken from the
+engine's lane is) is sent as that object, not copied into one body with the rest; the pieces
+are sent one after another and make the same body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.unit.test_http_codec import make_request, make_response, read_outputs, tensor_of
+from tritonactor.core.types import RequestedOutput, Tensor
+from tritonactor.frontends.http.app import InferResponse
+from tritonactor.frontends.http.responses import SEND_AS_IS, encode_infer_response
+
+pytestmark = pytest.mark.anyio
+
+LARGE = SEND_AS_IS // 4  # FP32 elements
+
+
+def from_bytes(values: np.ndarray) -> tuple[Tensor, bytes]:
+    """A tensor as the lane's reader gives it: a view of a `bytes` object of its own."""
+    data = values.astype(np.float32).tobytes()
+    array = np.frombuffer(memoryview(data), np.float32).reshape(1, -1)
+    return tensor_of("OUT", "FP32", array), data
+
+
+def binary_request(*names: str) -> Any:
+    return make_request(*(RequestedOutput(name, {"binary_data": True}) for name in names))
+
+
+def test_a_large_output_of_its_own_bytes_is_sent_as_that_object() -> None:
+    values = np.arange(LARGE, dtype=np.float32)
+    tensor, data = from_bytes(values)
+
+    body, header_length = encode_infer_response(make_response(tensor), binary_request("OUT"))
+
+    assert isinstance(body, tuple) and len(body) == 2
+    assert body[1] is data  # not a copy
+    assert header_length == len(body[0])
+    np.testing.assert_array_equal(read_outputs(b"".join(body), header_length)["OUT"][0], values)
+
+
+def test_outputs_around_it_are_joined_with_what_is_next_to_them() -> None:
+    small = tensor_of("A", "INT32", np.arange(6, dtype=np.int32).reshape(2, 3))
+    big, data = from_bytes(np.arange(LARGE, dtype=np.float32))
+    big = Tensor("B", big.datatype, big.shape, big.data)
+    last = tensor_of("C", "FP32", np.full((3,), 2.5, np.float32))
+
+    body, header_length = encode_infer_response(
+        make_response(small, big, last), binary_request("A", "B", "C")
+    )
+
+    assert isinstance(body, tuple) and len(body) == 3
+    assert body[1] is data
+    assert len(body[0]) == header_length + 24 and len(body[2]) == 12
+    outputs = read_outputs(b"".join(body), header_length)
+    np.testing.assert_array_equal(outputs["A"], small.data)
+    np.testing.assert_array_equal(outputs["B"], big.data)
+    np.testing.assert_array_equal(outputs["C"], last.data)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["owned by numpy", "smaller than SEND_AS_IS", "part of its bytes", "cast to FP32"],
+)
+def test_anything_else_is_one_body(case: str) -> None:
+    values = np.arange(LARGE, dtype=np.float32)
+    if case == "owned by numpy":
+        array = values.reshape(1, -1)
+    elif case == "smaller than SEND_AS_IS":
+        values = values[: LARGE // 2]
+        array = np.frombuffer(values.tobytes(), np.float32)
+    elif case == "part of its bytes":
+        array = np.frombuffer(b"\0" * 4 + values.tobytes(), np.float32, offset=4)
+    else:  # a bytes object of FP64 values: the FP32 data is a new array
+        array = np.frombuffer(values.astype(np.float64).tobytes(), np.float64)
+    tensor = tensor_of("OUT", "FP32", array)
+
+    body, header_length = encode_infer_response(make_response(tensor), binary_request("OUT"))
+
+    assert type(body) is bytes
+    np.testing.assert_array_equal(read_outputs(body, header_length)["OUT"].reshape(-1), values)
+
+
+async def test_the_pieces_are_sent_one_after_another_under_one_content_length() -> None:
+    pieces = (b'{"h":1}', b"x" * SEND_AS_IS, b"yz")
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await InferResponse(pieces, 7)({"type": "http"}, None, send)  # type: ignore[arg-type]
+
+    start, *bodies = sent
+    headers = dict(start["headers"])
+    assert headers[b"content-length"] == b"%d" % sum(map(len, pieces))
+    assert headers[b"inference-header-content-length"] == b"7"
+    assert [message["body"] for message in bodies] == list(pieces)
+    assert bodies[1]["body"] is pieces[1]
+    assert [message.get("more_body", False) for message in bodies] == [True, True, False]
+
+
+async def test_one_piece_is_one_message() -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await InferResponse(b'{"a":1}', None)({"type": "http"}, None, send)  # type: ignore[arg-type]
+
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[1] == {"type": "http.response.body", "body": b'{"a":1}'}
+    assert dict(sent[0]["headers"])[b"content-length"] == b"7"
