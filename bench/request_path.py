@@ -47,6 +47,7 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from http_infer import REPO_ROOT, free_port, start_server, stop_server, tree_cpu_seconds
+from process_cpu import cpu_by_role
 
 SMALL = 16
 BIG = 1 << 18  # FP32 elements: 1 MiB
@@ -281,6 +282,7 @@ def measure_server(
     workdir: Path,
     server: str = "hypercorn",
     workers: int = 2,
+    by_process: bool = False,
 ) -> dict[str, float]:
     repository = workdir / "models"
     write_repository(repository)
@@ -301,6 +303,7 @@ def measure_server(
             count = requests if name not in ("big_onnx", "shm_onnx") else max(requests // 4, 50)
             for _ in range(min(200, count)):
                 send(connection, call)
+            roles = cpu_by_role(process.pid) if by_process else None
             before = tree_cpu_seconds(process.pid)
             began = time.perf_counter()
             for _ in range(count):
@@ -309,9 +312,15 @@ def measure_server(
             after = tree_cpu_seconds(process.pid)
             assert before is not None and after is not None
             results[name] = (after - before) / count * 1e6
+            split = ""
+            if roles is not None:
+                now = cpu_by_role(process.pid)
+                split = "   " + ", ".join(
+                    f"{role} {(now[role] - roles[role]) / count * 1e6:.0f}" for role in sorted(now)
+                )
             print(
                 f"{name:14s} server CPU {results[name]:8.1f} us/request   "
-                f"wall {wall / count * 1e6:8.1f} us/request   (n={count})",
+                f"wall {wall / count * 1e6:8.1f} us/request   (n={count}){split}",
                 flush=True,
             )
         if "shm_onnx" in selected:
@@ -486,6 +495,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--cases", default="live,small_onnx,small_python,json_onnx,big_onnx,shm_onnx"
     )
     parser.add_argument("--profile", default=None, help="asgi mode: cProfile this case")
+    parser.add_argument(
+        "--by-process",
+        action="store_true",
+        help="server mode: each process's CPU a request too (the front end is `parent` "
+        "under serve, whose first process becomes uvicorn's)",
+    )
     return parser.parse_args(argv)
 
 
@@ -503,7 +518,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"-- one {args.server} worker, one keep-alive connection (its process tree's CPU)"
             )
             (workdir / "server").mkdir()
-            measure_server(selected, args.requests, workdir / "server", args.server, args.workers)
+            measure_server(
+                selected,
+                args.requests,
+                workdir / "server",
+                args.server,
+                args.workers,
+                args.by_process,
+            )
     return 0
 
 

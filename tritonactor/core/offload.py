@@ -28,9 +28,9 @@ T = TypeVar("T")
 
 # Work of at least this many bytes runs on a worker thread. A copy of 1 MiB costs the loop
 # 60-120 µs in a serving process, of 1 GiB most of a second; the hop to a worker thread and
-# back costs the process more than the 1 MiB copy itself (a 1 MiB shared-memory output written
-# on the loop: 10-12 % less CPU a request, docs/benchmarks.md), so work stays on the loop up to
-# twice that.
+# back costs the process about as much or more (a 1 MiB shared-memory output written on the
+# engine's loop: 5-12 % less CPU a request, docs/benchmarks.md), so work stays on the loop up
+# to twice that.
 OFF_LOOP_BYTES = 2 << 20
 # What one Python-level step over an element counts for (see the module's docstring): 16,384
 # steps reach OFF_LOOP_BYTES.
