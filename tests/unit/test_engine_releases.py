@@ -7,6 +7,8 @@ to the engine (engine/remote.py)."""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,7 +51,20 @@ def slots(lane: Lane) -> set[str]:
     return {name for name in os.listdir(lanes.SHM_DIR) if name.startswith(lane.prefix + "-")}
 
 
-def engine_side() -> tuple[_Connection, Transport]:
+@dataclass
+class Side:
+    """One side of a connection, with the other side's lane it takes tensors from."""
+
+    connection: Any
+    transport: Transport
+    other: Lane  # the other side's lane: what it sends large tensors through
+
+    def receive_large(self, id: int) -> None:
+        deliver(self.connection, encode(large_answer(id), self.other))
+
+
+@pytest.fixture
+def engine() -> Iterator[Side]:
     """The engine's connection to a front end, with what a large tensor's crossing touches."""
     connection = _Connection.__new__(_Connection)
     connection._lane = Lane()
@@ -59,91 +74,100 @@ def engine_side() -> tuple[_Connection, Transport]:
     connection._asked = {}
     transport = Transport()
     connection._transport = transport  # type: ignore[assignment]
-    return connection, transport
+    side = Side(connection, transport, Lane())
+    yield side
+    close(side)
 
 
-def test_the_engine_releases_a_front_ends_slots_with_its_next_message() -> None:
-    front_end = Lane()  # the front end's side of the lanes
-    connection, transport = engine_side()
-    try:
-        # A large tensor from the front end (an answer to the engine's ask, which no one
-        # awaits here): taken, and nothing written for it.
-        deliver(connection, encode(large_answer(1), front_end))
-        [name] = slots(front_end)
-        assert transport.written == []
-        # The engine's next message carries the release, before it, in the same write.
-        connection.send(m.Answer(2, None))
-        [[released, answer]] = written(transport)
-        assert released == m.Released((name,)) and answer == m.Answer(2, None)
-        # Nothing is released twice.
-        connection.send(m.Answer(3, None))
-        assert written(transport)[1] == [m.Answer(3, None)]
-    finally:
-        front_end.close()
-        connection._lanes.close()
-        connection._lane.close()
+@pytest.fixture
+async def front_end() -> AsyncIterator[Side]:
+    """A front end's connection to the engine."""
+    connection = EngineConnection(on_message=lambda message: None)
+    transport = Transport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    side = Side(connection, transport, Lane())
+    yield side
+    close(side)
+
+
+def close(side: Side) -> None:
+    side.other.close()
+    side.connection._lanes.close()
+    side.connection._lane.close()
+
+
+def test_the_engine_releases_a_front_ends_slots_with_its_next_message(engine: Side) -> None:
+    # A large tensor from the front end (an answer to the engine's ask, which no one awaits
+    # here): taken, and nothing written for it.
+    engine.receive_large(1)
+    [name] = slots(engine.other)
+    assert engine.transport.written == []
+    # The engine's next message carries the release, before it, in the same write.
+    engine.connection.send(m.Answer(2, None))
+    [[released, answer]] = written(engine.transport)
+    assert released == m.Released((name,)) and answer == m.Answer(2, None)
+    # Nothing is released twice.
+    engine.connection.send(m.Answer(3, None))
+    assert written(engine.transport)[1] == [m.Answer(3, None)]
+
+
+def test_an_answer_that_does_not_encode_fails_with_the_release_riding_along(
+    engine: Side,
+) -> None:
+    engine.receive_large(1)
+    [name] = slots(engine.other)
+    unpicklable = InferenceResponse("m", "1", parameters={"x": lambda: None})  # type: ignore[dict-item]
+    engine.connection.send(m.Answer(2, unpicklable))
+    [[released, failed]] = written(engine.transport)
+    assert released == m.Released((name,))
+    assert isinstance(failed, m.Failed) and failed.id == 2
+
+
+def test_a_release_waits_while_the_connection_is_closing(engine: Side) -> None:
+    engine.receive_large(1)
+    [name] = slots(engine.other)
+    engine.transport.is_closing = lambda: True  # type: ignore[method-assign]
+    engine.connection.send(m.Answer(2, None))
+    assert engine.transport.written == [] and engine.connection._lanes.taken == [name]
 
 
 def test_the_engine_releases_alone_once_the_slots_taken_hold_enough(
-    monkeypatch: pytest.MonkeyPatch,
+    engine: Side, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lanes, "RELEASE_ALONE", 3 * 4 * OUT_OF_BAND)  # three tensors' bytes
-    front_end = Lane()
-    connection, transport = engine_side()
-    try:
-        for id in (1, 2):
-            deliver(connection, encode(large_answer(id), front_end))
-        assert transport.written == []
-        deliver(connection, encode(large_answer(3), front_end))
-        [[released]] = written(transport)
-        assert isinstance(released, m.Released) and set(released.names) == slots(front_end)
-        assert not connection._lanes.taken and not connection._lanes.due
-    finally:
-        front_end.close()
-        connection._lanes.close()
-        connection._lane.close()
+    for id in (1, 2):
+        engine.receive_large(id)
+    assert engine.transport.written == []
+    engine.receive_large(3)
+    [[released]] = written(engine.transport)
+    assert isinstance(released, m.Released) and set(released.names) == slots(engine.other)
+    assert not engine.connection._lanes.taken and not engine.connection._lanes.due
 
 
-async def test_a_front_end_releases_the_engines_slots_with_its_next_request() -> None:
-    engine = Lane()  # the engine's side of the lanes
-    connection = EngineConnection(on_message=lambda message: None)
-    transport = Transport()
-    connection.connection_made(transport)  # type: ignore[arg-type]
-    try:
-        # A large answer from the engine: taken, released with nothing written.
-        deliver(connection, encode(large_answer(1), engine))
-        [name] = slots(engine)
-        assert transport.written == []
-        # The next request carries the release, in the same write.
-        id, _reply = connection.submit(InferenceRequest(model_name="m"))
-        [[released, submit]] = written(transport)
-        assert released == m.Released((name,))
-        assert isinstance(submit, m.Submit) and submit.id == id
-    finally:
-        engine.close()
-        connection._lane.close()
-        connection._lanes.close()
+async def test_a_front_end_releases_the_engines_slots_with_its_next_request(
+    front_end: Side,
+) -> None:
+    # A large answer from the engine: taken, released with nothing written.
+    front_end.receive_large(1)
+    [name] = slots(front_end.other)
+    assert front_end.transport.written == []
+    # The next request carries the release, in the same write.
+    id, _reply = front_end.connection.submit(InferenceRequest(model_name="m"))
+    [[released, submit]] = written(front_end.transport)
+    assert released == m.Released((name,))
+    assert isinstance(submit, m.Submit) and submit.id == id
 
 
 async def test_a_front_end_releases_alone_once_the_slots_taken_hold_enough(
-    monkeypatch: pytest.MonkeyPatch,
+    front_end: Side, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lanes, "RELEASE_ALONE", 2 * 4 * OUT_OF_BAND)
-    engine = Lane()
-    connection = EngineConnection(on_message=lambda message: None)
-    transport = Transport()
-    connection.connection_made(transport)  # type: ignore[arg-type]
-    try:
-        deliver(connection, encode(large_answer(1), engine))
-        assert transport.written == []
-        deliver(connection, encode(large_answer(2), engine))
-        [[released]] = written(transport)
-        assert isinstance(released, m.Released) and set(released.names) == slots(engine)
-        # The engine reuses what was released: a third answer makes no slot.
-        engine.release(released.names)
-        deliver(connection, encode(large_answer(3), engine))
-        assert len(slots(engine)) == 2
-    finally:
-        engine.close()
-        connection._lane.close()
-        connection._lanes.close()
+    front_end.receive_large(1)
+    assert front_end.transport.written == []
+    front_end.receive_large(2)
+    [[released]] = written(front_end.transport)
+    assert isinstance(released, m.Released) and set(released.names) == slots(front_end.other)
+    # The engine reuses what was released: a third answer makes no slot.
+    front_end.other.release(released.names)
+    front_end.receive_large(3)
+    assert len(slots(front_end.other)) == 2

@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from tests.unit.test_http_codec import make_request, make_response, read_outputs, tensor_of
-from tritonactor.core.types import RequestedOutput, Tensor
+from tritonactor.core.datatypes import to_numpy_dtype
+from tritonactor.core.types import InferenceResponse, RequestedOutput, Tensor
+from tritonactor.engine import messages as m
+from tritonactor.engine.lanes import Lane, LaneReader
+from tritonactor.engine.wire import FrameReader, encode
+from tritonactor.frontends.http import responses
 from tritonactor.frontends.http.app import InferResponse
 from tritonactor.frontends.http.responses import SEND_AS_IS, encode_infer_response
 
@@ -83,6 +88,43 @@ def test_anything_else_is_one_body(case: str) -> None:
 
     assert type(body) is bytes
     np.testing.assert_array_equal(read_outputs(body, header_length)["OUT"].reshape(-1), values)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "INT64", "FP64", "FP16", "BF16", "UINT8"])
+def test_an_answer_taken_from_the_engines_lane_is_sent_as_the_bytes_taken(datatype: str) -> None:
+    """The real way there: the engine's answer crosses in its lane, the front end takes it
+    out (engine/lanes.py), and the encoder sends the data it took as it is."""
+    values = (np.arange(SEND_AS_IS, dtype=np.int64) % 200).astype(to_numpy_dtype(datatype))
+    tensor = Tensor("OUT", datatype, (1, values.size), values.reshape(1, -1))
+    lane, reader = Lane(), LaneReader()
+    try:
+        sent = encode(m.Answer(1, InferenceResponse("m", "1", outputs=[tensor])), lane)
+        [answer] = FrameReader(reader).feed(b"".join(bytes(piece) for piece in sent))
+        assert reader.taken  # it crossed in the lane
+        taken = answer.value.outputs[0].data
+
+        body, header_length = encode_infer_response(answer.value, binary_request("OUT"))
+
+        base = taken
+        while isinstance(base, np.ndarray):
+            base = base.base
+        assert isinstance(base, memoryview) and type(base.obj) is bytes
+        assert isinstance(body, tuple) and len(body) == 2
+        assert body[1] is base.obj  # the bytes the front end took, not a copy of them
+        np.testing.assert_array_equal(
+            read_outputs(b"".join(body), header_length)["OUT"].reshape(-1).view(np.uint8),
+            values.view(np.uint8),
+        )
+    finally:
+        lane.close()
+        reader.close()
+
+
+def test_a_view_of_a_whole_bytes_object_in_another_order_is_not_that_object() -> None:
+    data = bytes(range(256)) * (SEND_AS_IS // 256)
+    reversed_view = np.frombuffer(data, np.uint8)[::-1]
+    assert responses._whole_bytes(np.frombuffer(data, np.uint8)) is data
+    assert responses._whole_bytes(reversed_view) is None
 
 
 async def test_the_pieces_are_sent_one_after_another_under_one_content_length() -> None:

@@ -60,9 +60,10 @@ _SMALLEST = 64 << 10
 # After /dev/shm refused a slot, tensors go on the socket for this many before a new try.
 _RETRY_AFTER = 1000
 # Slots taken with this many bytes in them are released at once, without waiting for a message
-# to ride with: their capacity is at most twice that, so the sender keeps at least half of its
-# lane whatever the other side sends.
-RELEASE_ALONE = LANE_LIMIT // 4
+# to ride with: their capacity is at most twice that, so the sender keeps at least three
+# quarters of its lane whatever the other side sends (requests queued behind a slow model hold
+# no more of /dev/shm than that).
+RELEASE_ALONE = LANE_LIMIT // 8
 
 _lanes = itertools.count()
 

@@ -97,6 +97,8 @@ def _whole_bytes(piece: Any) -> bytes | None:
     """The `bytes` object `piece` (a contiguous uint8 view) is all of, or None."""
     if type(piece) is bytes:
         return piece
+    if not (isinstance(piece, np.ndarray) and piece.flags.c_contiguous):
+        return None  # (a reversed view of a whole object holds its bytes in another order)
     base = piece
     while isinstance(base, np.ndarray):
         base = base.base
