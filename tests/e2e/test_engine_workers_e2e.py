@@ -306,9 +306,9 @@ def test_a_plain_hypercorn_is_one_front_end_beside_the_engine(tmp_path: Path) ->
 def test_a_large_answer_through_a_plain_hypercorn_reads_whole_in_tritonclient(
     tmp_path: Path,
 ) -> None:
-    """1 MiB in and out through hypercorn (h11) in front of the engine: the answer's data,
-    taken from the engine's lane, is sent after its JSON header as a body message of its own,
-    and the real client reads the response whole, request after request."""
+    """1 MiB in and out through hypercorn (h11) in front of the engine, whose answer's data
+    goes out as a body message of its own after the JSON header (how, in
+    tests/unit/test_http_response_pieces.py): the real client reads each response whole."""
     served = start("hypercorn-1", tmp_path, models=("async_add",))
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{served.http_port}")
