@@ -33,7 +33,14 @@ from tritonactor.core.types import InferenceRequest, InferenceResponse, Response
 from tritonactor.engine import messages as m
 from tritonactor.engine.lanes import Lane, LaneReader, remove_owned, sweep_lanes
 from tritonactor.engine.launch import peer_pid, same_user
-from tritonactor.engine.wire import OUT_OF_BAND, PROTOCOL, TRACE_CROSSING, FrameReader, encode
+from tritonactor.engine.wire import (
+    OUT_OF_BAND,
+    PROTOCOL,
+    TRACE_CROSSING,
+    FrameReader,
+    encode,
+    write,
+)
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.scheduling.router import Router
 
@@ -165,14 +172,7 @@ class _Connection(asyncio.BufferedProtocol):
             if id is None or isinstance(message, m.Failed):
                 return
             pieces = encode(m.Failed(id, internal(f"the answer could not be sent: {error}")))
-        if self._lanes.taken:  # the front end's slots taken since the last message: released
-            pieces = [*encode(m.Released(self._lanes.pop_taken())), *pieces]
-        if len(pieces) == 1:
-            transport.write(pieces[0])
-        else:
-            transport.writelines(pieces)
-        if self._lane.dropped:
-            transport.write(encode(m.Dropped(self._lane.pop_dropped()))[0])
+        write(transport, pieces, self._lane, self._lanes)
 
     def _dispatch(self, message: object) -> None:
         if type(message) is m.Submit:

@@ -28,7 +28,7 @@ from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.engine import messages as m
 from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.launch import EngineFailed, same_user
-from tritonactor.engine.wire import PROTOCOL, FrameReader, encode
+from tritonactor.engine.wire import PROTOCOL, FrameReader, encode, write
 from tritonactor.memory.lease import LEASE
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
@@ -144,15 +144,7 @@ class EngineConnection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise unavailable(ENGINE_GONE)
-        pieces = encode(message, self._lane, self._regions)
-        if self._lanes.taken:  # the engine's slots taken since the last message: released
-            pieces = [*encode(m.Released(self._lanes.pop_taken())), *pieces]
-        if len(pieces) == 1:
-            transport.write(pieces[0])
-        else:
-            transport.writelines(pieces)
-        if self._lane.dropped:
-            transport.write(encode(m.Dropped(self._lane.pop_dropped()))[0])
+        write(transport, encode(message, self._lane, self._regions), self._lane, self._lanes)
 
     def submit(self, request: InferenceRequest) -> tuple[int, Reply[InferenceResponse]]:
         id = next(self._ids)

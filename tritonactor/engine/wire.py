@@ -360,6 +360,21 @@ def encode(
     return pieces
 
 
+def write(transport: Any, pieces: list[bytes | memoryview], lane: Lane, taken: LaneReader) -> None:
+    """Write a message's frame (`pieces`, from `encode`) on a connection's transport, with a
+    `Released` for the other side's slots `taken` copied out since its last message before
+    it, and a `Dropped` for the slots `lane` gave up in encoding it after it (engine/lanes.py):
+    each side of an engine connection sends this way."""
+    if taken.taken:
+        pieces = [*encode(messages.Released(taken.pop_taken())), *pieces]
+    if len(pieces) == 1:
+        transport.write(pieces[0])
+    else:
+        transport.writelines(pieces)
+    if lane.dropped:
+        transport.write(encode(messages.Dropped(lane.pop_dropped()))[0])
+
+
 def _region_reference(place: Place) -> bytes:
     region, key, region_offset, offset, byte_size = place
     name, key_bytes = region.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass")
