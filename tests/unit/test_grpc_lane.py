@@ -34,6 +34,7 @@ from hyperframe.frame import DataFrame, Frame, RstStreamFrame, WindowUpdateFrame
 
 from tests.unit.test_grpc_unary import Raw
 from tritonactor.frontends.grpc.connection import FRAME, GrpcServer
+from tritonactor.frontends.grpc.direct import DirectInfer
 from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES
 from tritonactor.frontends.grpc.lane import LaneStream, frame_header
 from tritonactor.frontends.grpc.listener import grpc_listener
@@ -144,9 +145,11 @@ class Session:
         config: Configuration | None = None,
         split: int | None = None,
         handshake: bool = True,
+        service: Any = None,
+        direct: DirectInfer | None = None,
     ) -> None:
-        self.service = Service()
-        self.server = GrpcServer([self.service], config=config)
+        self.service = Service() if service is None else service
+        self.server = GrpcServer([self.service], config=config, direct=direct)
         self.protocol = self.server._protocol_factory()
         self.protocol.lanes = lanes  # type: ignore[attr-defined]
         self.transport = Transport()

@@ -126,13 +126,15 @@ class Drain:
         finally:
             self._streams.discard(stream)
 
-    def _admitted(self) -> asyncio.Task[Any]:
+    def admitted(self) -> asyncio.Task[Any]:
+        """The current task: a call admitted, answered before the drain ends."""
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
         return task
 
-    def _answered(self, task: asyncio.Task[Any]) -> None:
+    def answered(self, task: asyncio.Task[Any]) -> None:
+        """`task`'s call is answered (or ended)."""
         self._tasks.discard(task)
         if self.draining and not self._tasks:
             self._idle.set()
@@ -196,7 +198,7 @@ class Drain:
 
     def _tracked(self, method: GrpcMethod) -> GrpcMethod:
         async def answer(stream: Stream[Any, Any]) -> None:
-            task = self._admitted()
+            task = self.admitted()
             try:
                 await method(stream)
             except asyncio.CancelledError:
@@ -205,7 +207,7 @@ class Drain:
                 task.uncancel()
                 raise GRPCError(Status.UNAVAILABLE, timed_out(self.exit_timeout)) from None
             finally:
-                self._answered(task)
+                self.answered(task)
 
         return answer
 

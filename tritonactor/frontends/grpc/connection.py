@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import is_dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpclib.const
 from grpclib.protocol import Connection, H2Protocol
@@ -36,6 +36,9 @@ from hyperframe.frame import DataFrame, Frame
 
 from tritonactor.frontends.grpc.hpack_cache import cache_header_blocks
 from tritonactor.frontends.grpc.lane import Lane
+
+if TYPE_CHECKING:
+    from tritonactor.frontends.grpc.direct import DirectInfer
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ def quiet_data_frames(connection: H2Connection) -> bool:
 class _Protocol(H2Protocol):
     lane: Lane | None = None
     lanes = True  # unary calls read and answered by a lane (False: by h2, as grpclib does)
+    direct: DirectInfer | None = None  # ModelInfer calls a lane answers itself (direct.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -95,7 +99,9 @@ class _Protocol(H2Protocol):
                 for name, method in self.handler.mapping.items()
                 if method.cardinality is grpclib.const.Cardinality.UNARY_UNARY
             )
-            self.lane = Lane(h2_connection, self.connection, self.processor, self.handler, unary)
+            self.lane = Lane(
+                h2_connection, self.connection, self.processor, self.handler, unary, self.direct
+            )
             if type(self.connection) is Connection and is_dataclass(self.connection._config):
                 self.connection.__class__ = _LaneConnection
                 self.connection.lane = self.lane  # type: ignore[attr-defined]
@@ -144,12 +150,16 @@ class _LaneConnection(Connection):
 class GrpcServer(Server):
     """grpclib's server, its connections made as above (with a lane each, unless not `lanes`)."""
 
-    def __init__(self, *args: Any, lanes: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, lanes: bool = True, direct: DirectInfer | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.lanes = lanes
+        self.direct = direct
 
     def _protocol_factory(self) -> H2Protocol:
         made = super()._protocol_factory()
         protocol = _Protocol(made.handler, made.config, made.h2_config)
         protocol.lanes = self.lanes
+        protocol.direct = self.direct
         return protocol

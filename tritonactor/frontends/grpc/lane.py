@@ -9,9 +9,11 @@ opens a new stream (its block whole, END_HEADERS) is read here: its header block
 with the connection's HPACK decoder (a block read before, the table unchanged since, is not
 decoded again: a gRPC client sends the same block with every call; hpack_cache.py). A call of
 a unary-unary method is then the lane's: its frames go to a `LaneStream`, a
-`grpclib.protocol.Stream` that reads and writes them itself. Any other (a streaming method, a
-method no one serves, a request h2 checks further) is h2's, and the decoder hands h2 the
-headers it decoded, so that the block's changes to the table are made once. Every other frame
+`grpclib.protocol.Stream` that reads and writes them itself, and the call goes to grpclib's
+request handler (a ModelInfer call that `direct` takes is answered by direct.py). Any other
+(a streaming method, a method no one serves, a request h2 checks further) is h2's, and the
+decoder hands h2 the headers it decoded, so that the block's changes to the table are made
+once. Every other frame
 goes to h2, in the order it came, so h2 still owns the connection (settings, pings, GOAWAY, the
 connection's flow-control windows, HPACK) and every other stream; but for a WINDOW_UPDATE of the
 connection's window, which a client sends after each answer it reads: the lane grows h2's
@@ -61,6 +63,8 @@ from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES, keep
 if TYPE_CHECKING:
     from grpclib.server import Handler
 
+    from tritonactor.frontends.grpc.direct import DirectInfer
+
 # Frame types and flags (RFC 9113 §6).
 DATA, HEADERS, RST_STREAM, PUSH_PROMISE, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 5, 8, 9
 LANE_FRAMES = (DATA, HEADERS, RST_STREAM, WINDOW_UPDATE)  # a lane stream's; the rest are h2's
@@ -86,12 +90,14 @@ class Lane:
         processor: EventsProcessor,
         handler: Handler,
         unary: frozenset[str],
+        direct: DirectInfer | None = None,
     ) -> None:
         self.h2 = h2
         self.connection = connection
         self.processor = processor
         self.handler = handler
         self.unary = unary
+        self.direct = direct  # ModelInfer calls it takes (direct.py); the rest are grpclib's
         self.streams: dict[int, LaneStream] = {}
         self._buffer = bytearray()  # a frame not yet whole (grown in place as it comes)
         self._preface = PREFACE
@@ -258,7 +264,9 @@ class Lane:
         stream = LaneStream(self, stream_id)
         self.streams[stream_id] = stream
         release = self.processor.register(stream)
-        self.handler.accept(stream, headers, release)
+        direct = self.direct
+        if direct is None or not direct.accept(self.handler, stream, headers, release):
+            self.handler.accept(stream, headers, release)
 
     def _stream_frame(
         self, stream: LaneStream, kind: int, flags: int, payload: bytes | bytearray

@@ -25,6 +25,7 @@ from typing import Any
 
 import betterproto2
 import grpclib.const
+import grpclib.protocol
 import grpclib.server
 from google.protobuf import message_factory
 from grpclib import GRPCError
@@ -72,6 +73,20 @@ async def receive(
     reads it, once its length is known to be at most `max_size`; its bytes are also parsed by
     `strict` when given, which raises on bytes that are not the message."""
     raw = stream._stream
+    data = await read_message(raw, max_size)
+    if data is None:
+        return None
+    codec, recv_type = stream._codec, stream._recv_type
+    message = parse_message(lambda data: codec.decode(data, recv_type), data, strict)
+    (message,) = await stream._dispatch.recv_message(message)
+    stream._messages_received += 1
+    raw.connection.messages_received += 1
+    return message
+
+
+async def read_message(raw: grpclib.protocol.Stream, max_size: int) -> bytes | None:
+    """The bytes of the next length-prefixed message on `raw` (None at its end), read once
+    its length is known to be at most `max_size`."""
     try:
         prefix = await raw.recv_data(5)
     except AssertionError:  # grpclib's word for a stream that ended inside the prefix
@@ -95,17 +110,22 @@ async def receive(
         raise _truncated() from None
     if len(data) != length:
         raise _truncated()
+    return data
+
+
+def parse_message(
+    decode: Callable[[bytes], Any], data: bytes, strict: Callable[[bytes], object] | None = None
+) -> Any:
+    """`data` parsed by `decode` (and `strict`, when given); bytes that are not the message are
+    the client's error: INVALID_ARGUMENT."""
     try:
-        message = stream._codec.decode(data, stream._recv_type)
+        message = decode(data)
         if strict is not None:
             strict(data)
     except Exception as error:  # whatever the message's parser raises: the bytes are wrong
         raise GRPCError(
             Status.INVALID_ARGUMENT, f"Unable to parse request: {_reason(error)}"
         ) from None
-    (message,) = await stream._dispatch.recv_message(message)
-    stream._messages_received += 1
-    raw.connection.messages_received += 1
     return message
 
 

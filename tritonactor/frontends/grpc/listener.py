@@ -48,13 +48,15 @@ async def grpc_listener(
     except (ListenFailed, SettingsError) as error:
         log.error("%s", error)
         raise
-    services = [InferenceService(server, drain), HealthService(server)]
+    inference = InferenceService(server, drain)
+    services = [inference, HealthService(server)]
     if drain is not None:
         services = [drain.grpc_service(service) for service in services]
     listener = GrpcServer(
         services,
         config=Configuration(http2_connection_window_size=WINDOW, http2_stream_window_size=WINDOW),
         lanes=settings.grpc_lane,
+        direct=inference.direct_infer(),
     )
     # One socket, bound once: never SO_REUSEPORT, which would let another process share it.
     await listener.start(sock=sock, ssl=context, backlog=BACKLOG)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +29,7 @@ from tritonactor.frontends.grpc.codec import (
     decode_infer_request,
     encode_infer_response,
 )
+from tritonactor.frontends.grpc.direct import MODEL_INFER, DirectInfer
 from tritonactor.frontends.grpc.guard import guard
 from tritonactor.frontends.grpc.limits import bounded
 from tritonactor.frontends.grpc.status import grpc_error
@@ -52,6 +53,7 @@ from tritonactor.frontends.grpc.wire import (
     StreamInferResponse,
 )
 from tritonactor.frontends.headers import HeaderForwarder
+from tritonactor.frontends.restrictions import GRPC_HEADER_PREFIX, Restrictions
 from tritonactor.memory import lease as shared_memory
 from tritonactor.memory.lease import Lease
 from tritonactor.memory.region import Kind
@@ -68,7 +70,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -122,6 +123,18 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             bounded(
                 guard(mapping, settings.grpc_restricted_protocol), settings.grpc_max_message_size
             )
+        )
+
+    def direct_infer(self) -> DirectInfer:
+        """ModelInfer calls answered by a connection's lane, as `__mapping__`'s handler and its
+        wrappers answer them (direct.py)."""
+        settings = self._server.settings
+        return DirectInfer(
+            self,
+            settings.grpc_max_message_size,
+            Restrictions(settings.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
+            self._drain,
+            self._headers.enabled,
         )
 
     @translate_errors
@@ -181,25 +194,32 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     ) -> None:
         message = await stream.recv_message()
         assert message is not None
+        metadata = stream.metadata
+        await stream.send_message(await self.infer_call(message, metadata, metadata))
+
+    async def infer_call(
+        self, message: InferRequestMessage, carrier: Mapping[str, Any] | None, metadata: Any
+    ) -> InferResponseMessage:
+        """A ModelInfer call's answer, logged and traced: `carrier` holds the client's
+        `traceparent` (its metadata, or its headers), `metadata` is the call's metadata where a
+        header is forwarded from it (None otherwise)."""
         with request_logger("GRPC", "ModelInfer", message.model_name) as entry:
             tracing = self._server.tracing
             trace = None
             if tracing is not None:
                 trace = tracing.start_request(
-                    message.model_name, message.model_version, stream.metadata, "GRPC"
+                    message.model_name, message.model_version, carrier, "GRPC"
                 )
-            metadata = stream.metadata
             if trace is None:
-                response = await self.model_infer(message, metadata=metadata)
-            else:
-                entry.trace = trace
-                try:
-                    response = await self.model_infer(message, trace, metadata)
-                except BaseException as error:
-                    trace.end(error)
-                    raise
-                trace.end()
-            await stream.send_message(response)
+                return await self.model_infer(message, metadata=metadata)
+            entry.trace = trace
+            try:
+                response = await self.model_infer(message, trace, metadata)
+            except BaseException as error:
+                trace.end(error)
+                raise
+            trace.end()
+            return response
 
     @translate_errors
     async def model_infer(
