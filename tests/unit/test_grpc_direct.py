@@ -260,48 +260,26 @@ async def test_timeouts_grpclib_refuses(tmp_path: Path, extra: list[tuple[str, s
 
 
 async def test_headers_grpclib_looks_at_are_grpclibs(tmp_path: Path) -> None:
-    """Another content type (or subtype), no `te: trailers`: grpclib answers them."""
+    """Another method, content type (or subtype), no `te: trailers`: grpclib answers them."""
+    base = [(":scheme", "http"), (":authority", "test"), (":path", MODEL_INFER)]
+    calls = [
+        [(":method", "POST"), *base, ("content-type", "application/grpc+json"), ("te", "trailers")],
+        [(":method", "POST"), *base, ("content-type", "text/plain"), ("te", "trailers")],
+        [(":method", "POST"), *base, ("content-type", "application/grpc")],
+        [(":method", "PUT"), *base, ("content-type", "application/grpc"), ("te", "trailers")],
+    ]
 
     async def play(session: Session) -> None:
-        for headers in (
-            [("content-type", "application/grpc+json")],
-            [("content-type", "text/plain")],
-        ):
+        for headers in calls:
             stream_id = session.client.get_next_available_stream_id()
-            session.client.send_headers(
-                stream_id,
-                [
-                    (":method", "POST"),
-                    (":scheme", "http"),
-                    (":authority", "test"),
-                    (":path", MODEL_INFER),
-                    *headers,
-                    ("te", "trailers"),
-                ],
-            )
+            session.client.send_headers(stream_id, headers)
             session.client.send_data(stream_id, message(request("a")), end_stream=True)
             await session.settle(session.ended(stream_id))
-        stream_id = session.client.get_next_available_stream_id()
-        session.client.send_headers(
-            stream_id,
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":authority", "test"),
-                (":path", MODEL_INFER),
-                ("content-type", "application/grpc"),
-            ],
-        )
-        session.client.send_data(stream_id, message(request("a")), end_stream=True)
-        await session.settle(session.ended(stream_id))
 
     ours, _ = await both(play, tmp_path)
     assert ours.infer.calls == 0  # type: ignore[attr-defined]
-    assert [dict(entry["headers"])[":status"] for entry in ours.streams.values()] == [
-        "415",
-        "415",
-        "400",
-    ]
+    statuses = [dict(entry["headers"])[":status"] for entry in ours.streams.values()]
+    assert statuses == ["415", "415", "400", "405"]
 
 
 async def test_a_large_answer_waits_for_the_clients_window(tmp_path: Path) -> None:
