@@ -12,6 +12,7 @@ direct path took nothing would pass for nothing).
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -68,6 +69,12 @@ class Infer(InferenceService):
             except asyncio.CancelledError:
                 self.cancelled += 1
                 raise
+        elif name == "stubborn":  # turns its cancel into an error of its own
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise invalid_arg("cancelled, and said otherwise") from None
         elif name == "fail":
             raise invalid_arg("no such input 'X', as asked")
         elif name == "boom":
@@ -120,9 +127,25 @@ async def both(
         sessions.append(session)
     ours, theirs = sessions
     assert ours.outcome()[1:] == theirs.outcome()[1:]
+    assert counters(ours) == counters(theirs)
     assert streams(ours) == streams(theirs)
     assert ours.infer.seen == theirs.infer.seen  # type: ignore[attr-defined]
     return ours, theirs
+
+
+def counters(session: Session) -> tuple[int, ...]:
+    """grpclib's counts of the connection's streams, messages and data."""
+    connection = session.protocol.connection
+    names = (
+        "streams_started",
+        "streams_succeeded",
+        "streams_failed",
+        "messages_sent",
+        "messages_received",
+        "data_sent",
+        "data_received",
+    )
+    return tuple(getattr(connection, name) for name in names)
 
 
 def streams(session: Session) -> dict[int, dict[str, Any]]:
@@ -226,20 +249,29 @@ async def test_a_client_reset_cancels_the_call(tmp_path: Path) -> None:
     assert not ours.protocol.processor.streams
 
 
-async def test_a_deadline_ends_the_call_as_grpclib_ends_it(tmp_path: Path) -> None:
-    """Its timer's own cancel, fired by hand (not by the clock), as test_grpc_lane does."""
+@pytest.mark.parametrize(
+    ("model", "logged"),
+    [("wait", "Deadline exceeded"), ("stubborn", "Failed to handle cancellation")],
+)
+async def test_a_deadline_ends_the_call_as_grpclib_ends_it(
+    tmp_path: Path, model: str, logged: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its timer's own cancel, fired by hand (not by the clock), as test_grpc_lane does; a
+    model that turns the cancel into an error of its own still ends DEADLINE_EXCEEDED."""
 
     async def play(session: Session) -> None:
-        stream_id = infer(session, "wait", [("grpc-timeout", "100S")])
+        stream_id = infer(session, model, [("grpc-timeout", "100S")])
         await session.settle(lambda: session.infer.calls == 1)  # type: ignore[attr-defined]
         lane_stream = session.protocol.lane.streams[stream_id]  # type: ignore[attr-defined]
         lane_stream.wrapper.cancel(TimeoutError("Deadline exceeded"))
         await session.settle(session.ended(stream_id))
 
+    caplog.set_level(logging.INFO, "grpclib.server")
     ours, _ = await both(play, tmp_path)
     assert direct_calls(ours) == 1
     assert status(ours.streams[1]) == str(Status.DEADLINE_EXCEEDED.value)
     assert ours.infer.cancelled == 1  # type: ignore[attr-defined]
+    assert [record.getMessage() for record in caplog.records].count(logged) == 2  # both paths
 
 
 @pytest.mark.parametrize(
@@ -390,3 +422,80 @@ async def test_a_deadline_while_the_answer_waits_for_the_window(tmp_path: Path) 
     entry = ours.streams[1]
     assert dict(entry["headers"])[":status"] == "200" and len(entry["data"]) == 20_000
     assert dict(entry["trailers"])["grpc-status"] == str(Status.DEADLINE_EXCEEDED.value)
+
+
+async def test_a_failure_waiting_for_the_socket_when_the_drain_expires(tmp_path: Path) -> None:
+    """The call is answered, for the drain, before its status is written: the drain's exit
+    timeout does not cancel the status waiting for a paused socket."""
+
+    async def play(session: Session) -> None:
+        drain: Drain = session.drain  # type: ignore[attr-defined]
+        session.protocol.pause_writing()
+        stream_id = infer(session, "fail")
+        session.send_out()
+        await session.settle(lambda: session.infer.calls == 1)  # type: ignore[attr-defined]
+        assert drain.in_flight == 0
+        await drain.wait()
+        session.protocol.resume_writing()
+        await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play, tmp_path, drain=True)
+    assert direct_calls(ours) == 1
+    assert status(ours.streams[1]) == str(Status.INVALID_ARGUMENT.value)
+
+
+async def test_a_deadline_while_the_socket_is_paused(tmp_path: Path) -> None:
+    async def play(session: Session) -> None:
+        stream_id = infer(session, "wait", [("grpc-timeout", "100S")])
+        await session.settle(lambda: session.infer.calls == 1)  # type: ignore[attr-defined]
+        session.protocol.pause_writing()
+        session.infer.release.set()  # type: ignore[attr-defined]
+        await session.settle()
+        lane_stream = session.protocol.lane.streams[stream_id]  # type: ignore[attr-defined]
+        lane_stream.wrapper.cancel(TimeoutError("Deadline exceeded"))
+        await session.settle()
+        session.protocol.resume_writing()
+        await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play, tmp_path)
+    assert direct_calls(ours) == 1
+    assert status(ours.streams[1]) == str(Status.DEADLINE_EXCEEDED.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "calls"),
+    [
+        ([("x-bad-bin", "a")], 0),  # binary metadata grpclib cannot decode: it answers nothing
+        ([("x-good-bin", "AAE=")], 1),  # binary metadata
+        ([("x-pass", "1"), ("x-pass", "2")], 1),  # a header twice
+        ([("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01")] * 2, 1),
+    ],
+    ids=["bad binary metadata", "binary metadata", "a header twice", "traceparent twice"],
+)
+async def test_metadata_grpclib_reads_its_own_way_is_grpclibs(
+    tmp_path: Path, extra: list[tuple[str, str]], calls: int
+) -> None:
+    async def play(session: Session) -> None:
+        infer(session, "a", extra)
+        await session.settle()
+
+    ours, _ = await both(play, tmp_path, {"grpc_header_forward_pattern": "x-pass"})
+    assert ours.infer.grpclib_calls == ours.infer.calls == calls  # type: ignore[attr-defined]
+
+
+async def test_a_reset_in_the_read_of_its_headers_lets_the_stream_go(tmp_path: Path) -> None:
+    """The call's task is cancelled before its first step: the stream is let go all the same
+    (on both paths)."""
+
+    async def play(session: Session) -> None:
+        stream_id = session.open(MODEL_INFER)
+        session.client.send_data(stream_id, message(request("a")), end_stream=True)
+        session.client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        session.send_out()
+        await session.settle()
+        assert not session.protocol.processor.streams
+        after = infer(session, "after")
+        await session.settle(session.ended(after))
+
+    ours, _ = await both(play, tmp_path)
+    assert ours.infer.calls == 1 and direct_calls(ours) == 1  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import is_dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpclib.const
 from grpclib.protocol import Connection, H2Protocol
@@ -35,10 +35,7 @@ from h2.settings import SettingCodes
 from hyperframe.frame import DataFrame, Frame
 
 from tritonactor.frontends.grpc.hpack_cache import cache_header_blocks
-from tritonactor.frontends.grpc.lane import Lane
-
-if TYPE_CHECKING:
-    from tritonactor.frontends.grpc.direct import DirectInfer
+from tritonactor.frontends.grpc.lane import DirectCalls, Lane
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +74,7 @@ def quiet_data_frames(connection: H2Connection) -> bool:
 class _Protocol(H2Protocol):
     lane: Lane | None = None
     lanes = True  # unary calls read and answered by a lane (False: by h2, as grpclib does)
-    direct: DirectInfer | None = None  # ModelInfer calls a lane answers itself (direct.py)
+    direct: DirectCalls | None = None  # ModelInfer calls a lane answers itself (direct.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -151,7 +148,7 @@ class GrpcServer(Server):
     """grpclib's server, its connections made as above (with a lane each, unless not `lanes`)."""
 
     def __init__(
-        self, *args: Any, lanes: bool = True, direct: DirectInfer | None = None, **kwargs: Any
+        self, *args: Any, lanes: bool = True, direct: DirectCalls | None = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self.lanes = lanes

@@ -32,10 +32,11 @@ handler's as its own are (`Handler._tasks`): the server's close cancels it, and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 from grpclib import GRPCError
 from grpclib.const import Status
@@ -49,11 +50,8 @@ from h2.exceptions import StreamClosedError
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
 from tritonactor.frontends.grpc.lane import LaneStream
 from tritonactor.frontends.grpc.limits import parse_message, read_message
-from tritonactor.frontends.grpc.wire import InferRequestMessage
+from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.frontends.restrictions import INFERENCE, Restrictions, grpc_message
-
-if TYPE_CHECKING:
-    from tritonactor.frontends.grpc.service import InferenceService
 
 log = logging.getLogger(__name__)
 grpclib_log = logging.getLogger("grpclib.server")  # where grpclib logs what it logs here
@@ -65,18 +63,30 @@ _HEADERS = [(":status", "200"), ("content-type", CONTENT_TYPE)]
 _OK_TRAILERS = [("grpc-status", str(Status.OK.value))]
 
 
+# the service's `infer_call(message, carrier, metadata, send)`: the call answered, logged, traced
+Infer = Callable[
+    [
+        InferRequestMessage,
+        Mapping[str, Any],
+        Any,
+        Callable[[InferResponseMessage], Awaitable[None]],
+    ],
+    Awaitable[None],
+]
+
+
 class DirectInfer:
     """Unary ModelInfer calls taken from a lane and answered here (see above)."""
 
     def __init__(
         self,
-        service: InferenceService,
+        infer: Infer,
         max_size: int,
         restrictions: Restrictions,
         drain: Drain | None,
         forwards_headers: bool,
     ) -> None:
-        self._infer = service.infer_call
+        self._infer = infer
         self._max_size = max_size
         self._restrictions = restrictions
         self._restricted = restrictions.missing(INFERENCE, lambda _: None) is not None
@@ -100,9 +110,13 @@ class DirectInfer:
             or fields.get(":method") != "POST"
             or fields.get("content-type") not in CONTENT_TYPES
             or fields.get("te") != "trailers"
+            or len(fields) != len(headers)  # a header twice: grpclib's metadata keeps both
             or any(handler.dispatch._listeners.values())
         ):
             return False
+        for name in fields:
+            if name[-4:] == "-bin":  # binary metadata, which grpclib decodes (or refuses)
+                return False
         deadline = None
         if "grpc-timeout" in fields:
             try:
@@ -124,57 +138,71 @@ class DirectInfer:
         deadline: Deadline | None,
         release: Callable[[], Any],
     ) -> None:
-        drain = self._drain
+        """grpclib's `request_handler` for the call, from its deadline on."""
         sent: list[bool] = [False]  # whether the answer's headers went out
         try:
             if deadline is None:
                 wrapper = stream.wrapper = Wrapper()
                 with wrapper:
-                    await self._answer(stream, headers, fields, sent)
+                    await self._admit(self._serve(stream, headers, fields, sent))
             else:
                 wrapper = stream.wrapper = DeadlineWrapper()
                 with wrapper.start(deadline), wrapper:
-                    await self._answer(stream, headers, fields, sent)
+                    await self._admit(self._serve(stream, headers, fields, sent))
         except GRPCError as error:
             await self._fail(handler, stream, sent, error.status, error.message, error.details)
-        except asyncio.CancelledError:
-            if drain is None or not drain.expired:
-                raise
-            # the drain's exit timeout
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            message = timed_out(drain.exit_timeout)
-            await self._fail(handler, stream, sent, Status.UNAVAILABLE, message)
         except TimeoutError:
-            if wrapper.cancelled and not wrapper.cancel_failed:
+            if wrapper.cancel_failed:
+                grpclib_log.exception("Failed to handle cancellation")
+                await self._fail(handler, stream, sent, Status.DEADLINE_EXCEEDED)
+            elif wrapper.cancelled:
                 grpclib_log.info("Deadline exceeded")
                 await self._fail(handler, stream, sent, Status.DEADLINE_EXCEEDED)
             else:  # (a deadline already past when the call came, as grpclib answers it)
                 grpclib_log.exception("Timeout occurred")
                 await self._fail(handler, stream, sent, Status.UNKNOWN, "Internal Server Error")
         except StreamTerminatedError as error:  # reset by the client, or the connection lost
-            grpclib_log.info("Request was cancelled: %s", error)
+            if wrapper.cancel_failed:
+                grpclib_log.exception("Failed to handle cancellation")
+            else:
+                grpclib_log.info("Request was cancelled: %s", error)
         except StreamClosedError:  # closed under the answer: no one to answer
             pass
         except Exception:
             grpclib_log.exception("Application error")
             await self._fail(handler, stream, sent, Status.UNKNOWN, "Internal Server Error")
         finally:
-            if drain is not None:
-                drain.answered(asyncio.current_task())  # type: ignore[arg-type]
             release()
 
-    async def _answer(
+    async def _admit(self, work: Coroutine[Any, Any, None]) -> None:
+        """`work` (the call's), behind the drain's gate and tracked by it (drain.py's
+        `gate_grpc`): a call is answered, for the drain, before its failure's status is
+        written."""
+        drain = self._drain
+        if drain is None:
+            await work
+            return
+        if drain.draining:
+            work.close()
+            raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
+        task = drain.admitted()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not drain.expired:
+                raise
+            task.uncancel()  # the drain's exit timeout
+            raise GRPCError(Status.UNAVAILABLE, timed_out(drain.exit_timeout)) from None
+        finally:
+            drain.answered(task)
+
+    async def _serve(
         self,
         stream: LaneStream,
         headers: list[tuple[str, str]],
         fields: dict[str, str],
         sent: list[bool],
     ) -> None:
-        drain = self._drain
-        if drain is not None:
-            if drain.draining:
-                raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
-            drain.admitted()
         metadata = decode_metadata(headers) if self._needs_metadata else None
         if self._restricted:
             missing = self._restrictions.missing(INFERENCE, metadata.get)  # type: ignore[union-attr]
@@ -184,24 +212,8 @@ class DirectInfer:
         if data is None:  # grpclib's handler asserts a message came
             raise AssertionError("ModelInfer without a request message")
         message = parse_message(InferRequestMessage.FromString, data)
-        connection = stream.connection
-        connection.messages_received += 1
-        response = await self._infer(message, fields, metadata)
-        out = response.SerializeToString()
-        body = b"\0" + len(out).to_bytes(4, "big") + out
-        if not connection.write_ready.is_set():
-            await connection.write_ready.wait()
-        stream.check_open()
-        connection.messages_sent += 1
-        connection.last_message_sent = time.monotonic()
-        if stream.fits(len(body)):
-            sent[0] = True
-            stream.send_answer(_HEADERS, body, _OK_TRAILERS)
-            return
-        stream.send_answer(_HEADERS, None, None)
-        sent[0] = True
-        await stream.send_data(body)  # in pieces, as the window allows
-        await stream.send_headers(_OK_TRAILERS, end_stream=True)
+        stream.connection.messages_received += 1
+        await self._infer(message, fields, metadata, functools.partial(_send, stream, sent))
 
     async def _fail(
         self,
@@ -230,6 +242,27 @@ class DirectInfer:
             return
         if stream.closable:
             stream.reset_nowait()
+
+
+async def _send(stream: LaneStream, sent: list[bool], response: InferResponseMessage) -> None:
+    """The answer: headers, message and trailers in one write, or in pieces past the stream's
+    window or the peer's frame size (as unary.py writes it)."""
+    connection = stream.connection
+    connection.messages_sent += 1
+    connection.last_message_sent = time.monotonic()
+    out = response.SerializeToString()
+    body = b"\0" + len(out).to_bytes(4, "big") + out
+    if not connection.write_ready.is_set():
+        await connection.write_ready.wait()
+    stream.check_open()
+    if stream.fits(len(body)):
+        sent[0] = True
+        stream.send_answer(_HEADERS, body, _OK_TRAILERS)
+        return
+    stream.send_answer(_HEADERS, None, None)
+    sent[0] = True
+    await stream.send_data(body)  # in pieces, as the window allows
+    await stream.send_headers(_OK_TRAILERS, end_stream=True)
 
 
 __all__ = ["MODEL_INFER", "DirectInfer"]

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from grpclib.protocol import Buffer, Connection, EventsProcessor, Stream
 from h2.connection import ConnectionInputs, ConnectionState, H2Connection, _decode_headers
@@ -63,8 +64,6 @@ from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES, keep
 if TYPE_CHECKING:
     from grpclib.server import Handler
 
-    from tritonactor.frontends.grpc.direct import DirectInfer
-
 # Frame types and flags (RFC 9113 §6).
 DATA, HEADERS, RST_STREAM, PUSH_PROMISE, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 5, 8, 9
 LANE_FRAMES = (DATA, HEADERS, RST_STREAM, WINDOW_UPDATE)  # a lane stream's; the rest are h2's
@@ -80,6 +79,20 @@ def frame_header(length: int, kind: int, flags: int, stream_id: int) -> bytes:
     return (length << 48 | kind << 40 | flags << 32 | stream_id).to_bytes(9, "big")
 
 
+class DirectCalls(Protocol):
+    """Calls answered without grpclib's request handler (direct.py's `DirectInfer`)."""
+
+    def accept(
+        self,
+        handler: Handler,
+        stream: LaneStream,
+        headers: list[tuple[str, str]],
+        release: Callable[[], Any],
+    ) -> bool:
+        """Take the call `headers` open on `stream` (False: grpclib's handler takes it)."""
+        ...
+
+
 class Lane:
     """A connection's frames, read once: unary calls to `LaneStream`s, the rest to h2."""
 
@@ -90,7 +103,7 @@ class Lane:
         processor: EventsProcessor,
         handler: Handler,
         unary: frozenset[str],
-        direct: DirectInfer | None = None,
+        direct: DirectCalls | None = None,
     ) -> None:
         self.h2 = h2
         self.connection = connection
@@ -264,9 +277,12 @@ class Lane:
         stream = LaneStream(self, stream_id)
         self.streams[stream_id] = stream
         release = self.processor.register(stream)
-        direct = self.direct
-        if direct is None or not direct.accept(self.handler, stream, headers, release):
-            self.handler.accept(stream, headers, release)
+        handler, direct = self.handler, self.direct
+        if direct is None or not direct.accept(handler, stream, headers, release):
+            handler.accept(stream, headers, release)
+        task = handler._tasks.get(stream)
+        if task is not None:  # (a call cancelled before its first step never releases it)
+            task.add_done_callback(functools.partial(stream.released, release))
 
     def _stream_frame(
         self, stream: LaneStream, kind: int, flags: int, payload: bytes | bytearray
@@ -412,6 +428,12 @@ class LaneStream(Stream):
         self.buffer = Buffer(functools.partial(self.lane_ack, self.lane, stream_id))
         connection.streams_started += 1
         self.created = connection.last_stream_created = time.monotonic()
+
+    def released(self, release: Callable[[], Any], _task: object) -> None:
+        """The call's task is done: its stream let go, if the call has not (a reset in the
+        same read as the call's HEADERS cancels the task before its first step)."""
+        if self.lane.processor.streams.get(self.id) is self:
+            release()
 
     @staticmethod
     def lane_ack(lane: Lane, stream_id: int, size: int) -> None:
@@ -630,4 +652,4 @@ class LaneStream(Stream):
             h2._data_to_send += frame
 
 
-__all__ = ["Lane", "LaneStream"]
+__all__ = ["DirectCalls", "Lane", "LaneStream"]

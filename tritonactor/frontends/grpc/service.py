@@ -130,7 +130,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         wrappers answer them (direct.py)."""
         settings = self._server.settings
         return DirectInfer(
-            self,
+            self.infer_call,
             settings.grpc_max_message_size,
             Restrictions(settings.grpc_restricted_protocol, GRPC_HEADER_PREFIX),
             self._drain,
@@ -195,12 +195,16 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         message = await stream.recv_message()
         assert message is not None
         metadata = stream.metadata
-        await stream.send_message(await self.infer_call(message, metadata, metadata))
+        await self.infer_call(message, metadata, metadata, stream.send_message)
 
     async def infer_call(
-        self, message: InferRequestMessage, carrier: Mapping[str, Any] | None, metadata: Any
-    ) -> InferResponseMessage:
-        """A ModelInfer call's answer, logged and traced: `carrier` holds the client's
+        self,
+        message: InferRequestMessage,
+        carrier: Mapping[str, Any] | None,
+        metadata: Any,
+        send: Callable[[InferResponseMessage], Awaitable[None]],
+    ) -> None:
+        """A ModelInfer call answered (`send`), logged and traced: `carrier` holds the client's
         `traceparent` (its metadata, or its headers), `metadata` is the call's metadata where a
         header is forwarded from it (None otherwise)."""
         with request_logger("GRPC", "ModelInfer", message.model_name) as entry:
@@ -211,15 +215,16 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     message.model_name, message.model_version, carrier, "GRPC"
                 )
             if trace is None:
-                return await self.model_infer(message, metadata=metadata)
-            entry.trace = trace
-            try:
-                response = await self.model_infer(message, trace, metadata)
-            except BaseException as error:
-                trace.end(error)
-                raise
-            trace.end()
-            return response
+                response = await self.model_infer(message, metadata=metadata)
+            else:
+                entry.trace = trace
+                try:
+                    response = await self.model_infer(message, trace, metadata)
+                except BaseException as error:
+                    trace.end(error)
+                    raise
+                trace.end()
+            await send(response)
 
     @translate_errors
     async def model_infer(
