@@ -348,9 +348,9 @@ class ServedSettings(BaseSettings):
     grpc_lane: Annotated[
         bool,
         honoured(
-            "unary calls read and answered beside h2, without its per-frame objects "
-            "([grpc.md](grpc.md#performance)); `false`: every call through h2, as grpclib "
-            "serves it",
+            "unary calls read and answered beside h2, without its per-frame objects, and "
+            "ModelInfer without grpclib's request handler ([grpc.md](grpc.md#performance)); "
+            "`false`: every call through h2 and grpclib's handler, as grpclib serves it",
             BOOL,
             GRPC,
         ),
