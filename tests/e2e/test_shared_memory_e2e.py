@@ -611,6 +611,34 @@ def test_a_cancelled_grpc_call_holds_its_regions_until_its_request_is_over(
     wait_for(unregistered, "the regions stayed in use after the request was over")
 
 
+def test_a_grpc_call_past_its_deadline_ends_deadline_exceeded_and_cancels_its_request(
+    shm_server: ServerProcess, gate: Path
+) -> None:
+    """The real client's deadline (grpc-timeout) on a unary call, which the gRPC front end's
+    lane answers itself (frontends/grpc/direct.py): the client gets DEADLINE_EXCEEDED, the
+    model sees its request cancelled, and the connection serves the next call."""
+    gate.unlink(missing_ok=True)
+    entered, cancelled = Path(f"{gate}.entered"), Path(f"{gate}.cancelled")
+    entered.unlink(missing_ok=True)
+    cancelled.unlink(missing_ok=True)
+    triton = grpcclient.InferenceServerClient(shm_server.grpc_url)
+    tensor = grpcclient.InferInput("INPUT0", [16], "INT32")
+    data = np.arange(16, dtype=np.int32)
+    tensor.set_data_from_numpy(data)
+    answers: list[tuple[Any, Any]] = []
+    triton.async_infer(
+        "gated", [tensor], lambda result, error: answers.append((result, error)), client_timeout=3
+    )
+    wait_for(entered.exists, "the gated model never ran")
+    wait_for(lambda: bool(answers), "the call never ended")
+    [(result, error)] = answers
+    assert result is None and error.status() == "StatusCode.DEADLINE_EXCEEDED"
+    wait_for(cancelled.exists, "the model never saw its request cancelled")
+    gate.touch()
+    answer = triton.infer("gated", [tensor])
+    assert np.array_equal(answer.as_numpy("OUTPUT0"), data)
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc", "stream"])
 def test_a_large_output_is_written_into_its_region(
     shm_server: ServerProcess, regions: Regions, protocol: str
