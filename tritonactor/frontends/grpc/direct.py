@@ -23,9 +23,10 @@ that stack does, in the same order, with the same words:
   lost, cancels the task through the stream's wrapper, as grpclib's, and sends nothing.
 
 What is not that common case is grpclib's: `accept` declines a call whose headers grpclib
-would refuse or look at further (not POST, another content type, no `te: trailers`, a
-`grpc-timeout` grpclib cannot read) and every call on a server with listeners for grpclib's
-events (grpclib.events), which see each step as grpclib takes it. The task is grpclib's
+would refuse or read its own way (not POST, another content type, no `te: trailers`, a
+`grpc-timeout` grpclib cannot read, binary `-bin` metadata, a header given twice) and every
+call on a server with listeners for grpclib's events (grpclib.events), which see each step as
+grpclib takes it. The task is grpclib's
 handler's as its own are (`Handler._tasks`): the server's close cancels it, and waits for it.
 """
 
@@ -53,7 +54,6 @@ from tritonactor.frontends.grpc.limits import parse_message, read_message
 from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.frontends.restrictions import INFERENCE, Restrictions, grpc_message
 
-log = logging.getLogger(__name__)
 grpclib_log = logging.getLogger("grpclib.server")  # where grpclib logs what it logs here
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -4,26 +4,25 @@ state machines.
 h2 (Python) spends ~80 µs of a unary call reading its HEADERS and DATA frames and writing its
 answer's three frames, most of it in objects made per frame and per stream (frames, flags,
 events, a stream with its own state machine and window managers), where the call itself needs a
-few slices of bytes. A connection's `Lane` reads the frames arriving on it. A HEADERS frame that
-opens a new stream (its block whole, END_HEADERS) is read here: its header block decoded once,
-with the connection's HPACK decoder (a block read before, the table unchanged since, is not
-decoded again: a gRPC client sends the same block with every call; hpack_cache.py). A call of
-a unary-unary method is then the lane's: its frames go to a `LaneStream`, a
+few slices of bytes. A connection's `Lane` reads the frames arriving on it. A HEADERS frame
+that opens a new stream (its block whole, END_HEADERS) is read here: its header block decoded
+once, with the connection's HPACK decoder (a block read before, the table unchanged since, is
+not decoded again: a gRPC client sends the same block with every call; hpack_cache.py). A call
+of a unary-unary method is then the lane's: its frames go to a `LaneStream`, a
 `grpclib.protocol.Stream` that reads and writes them itself, and the call goes to grpclib's
-request handler (a ModelInfer call that `direct` takes is answered by direct.py). Any other
-(a streaming method, a method no one serves, a request h2 checks further) is h2's, and the
-decoder hands h2 the headers it decoded, so that the block's changes to the table are made
-once. Every other frame
-goes to h2, in the order it came, so h2 still owns the connection (settings, pings, GOAWAY, the
-connection's flow-control windows, HPACK) and every other stream; but for a WINDOW_UPDATE of the
-connection's window, which a client sends after each answer it reads: the lane grows h2's
-window and tells grpclib's streams, as h2 and grpclib do (h2 took ~20 µs a call for it), and
-hands h2 one that h2 refuses, or one that follows frames of h2's in the same read (h2 reads
-those together). What h2 keeps for the
-connection, the lane keeps in step: the highest stream id opened (GOAWAY names it), the
-connection's windows both ways, the streams it closed (`_closed_streams`: h2 then answers a
-late frame on one as it would on its own), the connection state machine's inputs; and a lane
-stream counts against the concurrent streams h2 allows.
+request handler (a ModelInfer call that `direct` takes is answered by direct.py). Any other (a
+streaming method, a method no one serves, a request h2 checks further) is h2's, and the decoder
+hands h2 the headers it decoded, so that the block's changes to the table are made once. Every
+other frame goes to h2, in the order it came, so h2 still owns the connection (settings, pings,
+GOAWAY, the connection's flow-control windows, HPACK) and every other stream; but for a
+WINDOW_UPDATE of the connection's window, which a client sends after each answer it reads: the
+lane grows h2's window and tells grpclib's streams, as h2 and grpclib do (h2 took ~20 µs a call
+for it), and hands h2 one that h2 refuses, or one that follows frames of h2's in the same read
+(h2 reads those together). What h2 keeps for the connection, the lane keeps in step: the
+highest stream id opened (GOAWAY names it), the connection's windows both ways, the streams it
+closed (`_closed_streams`: h2 then answers a late frame on one as it would on its own), the
+connection state machine's inputs; and a lane stream counts against the concurrent streams h2
+allows.
 
 What a lane stream does not take is left to h2's rules as h2 applies them: a frame on a stream
 the lane closed goes to h2, which knows it closed. A lane stream takes DATA, RST_STREAM,
