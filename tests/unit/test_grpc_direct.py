@@ -28,8 +28,10 @@ from tritonactor._proto_c.grpc_service_pb2 import ModelInferRequest, ModelInferR
 from tritonactor.core.errors import invalid_arg
 from tritonactor.frontends.drain import Drain
 from tritonactor.frontends.grpc.direct import MODEL_INFER
+from tritonactor.frontends.grpc.lane import LaneStream
 from tritonactor.frontends.grpc.service import InferenceService, translate_errors
 from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
+from tritonactor.observability.logging import REQUESTS
 from tritonactor.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -499,3 +501,67 @@ async def test_a_reset_in_the_read_of_its_headers_lets_the_stream_go(tmp_path: P
 
     ours, _ = await both(play, tmp_path)
     assert ours.infer.calls == 1 and direct_calls(ours) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("model", ["wait", "big"], ids=["paused socket", "client's window"])
+async def test_the_request_log_ends_before_the_answer_is_written(
+    tmp_path: Path, model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The call's log line (its status, its error) is the model's answer's, as on grpclib's
+    path, where the answer is written after the handler: a deadline that cuts the write short
+    (a paused socket, the client's window) does not make it an error."""
+    lines: list[list[tuple[str, Any, Any]]] = []
+
+    async def play(session: Session) -> None:
+        mark = len(caplog.records)
+        if model == "big":
+            session.gives_window = False
+        stream_id = infer(session, model, [("grpc-timeout", "100S")])
+        if model == "wait":
+            await session.settle(lambda: session.infer.calls == 1)  # type: ignore[attr-defined]
+            session.protocol.pause_writing()
+            session.infer.release.set()  # type: ignore[attr-defined]
+            await session.settle()
+        else:
+            await session.settle(lambda: "data" in session.streams.get(stream_id, {}))
+        lane_stream = session.protocol.lane.streams[stream_id]  # type: ignore[attr-defined]
+        lane_stream.wrapper.cancel(TimeoutError("Deadline exceeded"))
+        await session.settle()
+        session.protocol.resume_writing()
+        await session.settle(session.ended(stream_id))
+        lines.append(
+            [
+                (r.getMessage(), getattr(r, "status", None), getattr(r, "error", None))
+                for r in caplog.records[mark:]
+                if r.name == REQUESTS
+            ]
+        )
+
+    caplog.set_level(logging.DEBUG, REQUESTS)
+    ours, _ = await both(play, tmp_path, window=20_000)
+    assert direct_calls(ours) == 1
+    assert status(ours.streams[1]) == str(Status.DEADLINE_EXCEEDED.value)
+    direct, grpclib = lines
+    assert direct == grpclib and [status for _, status, _ in direct] == ["OK"]
+
+
+async def test_a_failure_in_answering_a_failure_is_logged_as_grpclib_logs_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status of a failed call cannot be written (here, a bug where it is): grpclib's
+    "Server error", not an exception nobody retrieves from the call's task."""
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("cannot write")
+
+    async def play(session: Session) -> None:
+        infer(session, "fail")
+        await session.settle(lambda: session.infer.calls == 1)  # type: ignore[attr-defined]
+        await session.settle()
+
+    monkeypatch.setattr(LaneStream, "send_headers", broken)
+    ours, _ = await both(play, tmp_path)
+    assert direct_calls(ours) == 1
+    errors = [r.getMessage() for r in caplog.records if r.name == "grpclib.server"]
+    assert errors.count("Server error") == 2  # both paths
+    assert not ours.protocol.processor.streams

@@ -44,6 +44,7 @@ from grpclib.const import Status
 from grpclib.encoding.base import StatusDetailsCodecBase
 from grpclib.exceptions import StreamTerminatedError
 from grpclib.metadata import Deadline, decode_metadata, encode_bin_value, encode_grpc_message
+from grpclib.protocol import Connection
 from grpclib.server import Handler
 from grpclib.utils import DeadlineWrapper, Wrapper
 from h2.exceptions import StreamClosedError
@@ -139,6 +140,21 @@ class DirectInfer:
         release: Callable[[], Any],
     ) -> None:
         """grpclib's `request_handler` for the call, from its deadline on."""
+        try:
+            await self._handle(handler, stream, headers, fields, deadline)
+        except Exception:  # (in answering a failure: as grpclib's handler logs it)
+            grpclib_log.exception("Server error")
+        finally:
+            release()
+
+    async def _handle(
+        self,
+        handler: Handler,
+        stream: LaneStream,
+        headers: list[tuple[str, str]],
+        fields: dict[str, str],
+        deadline: Deadline | None,
+    ) -> None:
         sent: list[bool] = [False]  # whether the answer's headers went out
         try:
             if deadline is None:
@@ -171,8 +187,6 @@ class DirectInfer:
         except Exception:
             grpclib_log.exception("Application error")
             await self._fail(handler, stream, sent, Status.UNKNOWN, "Internal Server Error")
-        finally:
-            release()
 
     async def _admit(self, work: Coroutine[Any, Any, None]) -> None:
         """`work` (the call's), behind the drain's gate and tracked by it (drain.py's
@@ -212,8 +226,13 @@ class DirectInfer:
         if data is None:  # grpclib's handler asserts a message came
             raise AssertionError("ModelInfer without a request message")
         message = parse_message(InferRequestMessage.FromString, data)
-        stream.connection.messages_received += 1
-        await self._infer(message, fields, metadata, functools.partial(_send, stream, sent))
+        connection = stream.connection
+        connection.messages_received += 1
+        kept: list[bytes] = []
+        await self._infer(message, fields, metadata, functools.partial(_keep, connection, kept))
+        if not kept:  # (grpclib answers a unary call without a message UNKNOWN)
+            raise RuntimeError("ModelInfer answered without a message")
+        await _send(stream, sent, kept[0])
 
     async def _fail(
         self,
@@ -244,14 +263,19 @@ class DirectInfer:
             stream.reset_nowait()
 
 
-async def _send(stream: LaneStream, sent: list[bool], response: InferResponseMessage) -> None:
+async def _keep(connection: Connection, kept: list[bytes], response: InferResponseMessage) -> None:
+    """The answer encoded and counted, and kept for its write after the call's log line, as
+    unary.py's `send_message` keeps it until the handler returns."""
+    out = response.SerializeToString()
+    kept.append(b"\0" + len(out).to_bytes(4, "big") + out)
+    connection.messages_sent += 1
+    connection.last_message_sent = time.monotonic()
+
+
+async def _send(stream: LaneStream, sent: list[bool], body: bytes) -> None:
     """The answer: headers, message and trailers in one write, or in pieces past the stream's
     window or the peer's frame size (as unary.py writes it)."""
     connection = stream.connection
-    connection.messages_sent += 1
-    connection.last_message_sent = time.monotonic()
-    out = response.SerializeToString()
-    body = b"\0" + len(out).to_bytes(4, "big") + out
     if not connection.write_ready.is_set():
         await connection.write_ready.wait()
     stream.check_open()

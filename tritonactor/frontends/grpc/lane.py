@@ -279,9 +279,6 @@ class Lane:
         handler, direct = self.handler, self.direct
         if direct is None or not direct.accept(handler, stream, headers, release):
             handler.accept(stream, headers, release)
-        task = handler._tasks.get(stream)
-        if task is not None:  # (a call cancelled before its first step never releases it)
-            task.add_done_callback(functools.partial(stream.released, release))
 
     def _stream_frame(
         self, stream: LaneStream, kind: int, flags: int, payload: bytes | bytearray
@@ -501,9 +498,15 @@ class LaneStream(Stream):
         self.connection.streams_failed += 1
 
     def _cancel_call(self) -> None:
-        """grpclib's cancel of the call's task (which it may have let go once done)."""
+        """grpclib's cancel of the call's task (which it may have let go once done); the
+        stream is let go when the task ends, if the call has not."""
         handler = self.lane.handler
-        if self in getattr(handler, "_tasks", ()):
+        task = getattr(handler, "_tasks", {}).get(self)
+        if task is not None:
+            if self.lane.processor.streams.get(self.id) is self:
+                # grpclib's release of this stream (registered again: the same entry)
+                release = self.lane.processor.register(self)
+                task.add_done_callback(functools.partial(self.released, release))
             handler.cancel(self)
 
     def _reset_now(self, code: ErrorCodes) -> None:
