@@ -276,21 +276,36 @@ async def test_a_deadline_ends_the_call_as_grpclib_ends_it(
     assert [record.getMessage() for record in caplog.records].count(logged) == 2  # both paths
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [
-        [("grpc-timeout", "soon")],  # grpclib: UNKNOWN, "Invalid grpc-timeout header"
-        [("grpc-timeout", "0n")],  # a deadline already past: grpclib's UNKNOWN
-    ],
-    ids=["unreadable timeout", "past deadline"],
-)
-async def test_timeouts_grpclib_refuses(tmp_path: Path, extra: list[tuple[str, str]]) -> None:
+async def test_a_timeout_grpclib_cannot_read_is_grpclibs(tmp_path: Path) -> None:
     async def play(session: Session) -> None:
-        stream_id = infer(session, "a", extra)
+        stream_id = infer(session, "a", [("grpc-timeout", "soon")])
         await session.settle(session.ended(stream_id))
 
     ours, _ = await both(play, tmp_path)
     assert status(ours.streams[1]) == str(Status.UNKNOWN.value)
+    assert dict(ours.streams[1]["headers"])["grpc-message"] == "Invalid grpc-timeout header"
+
+
+async def test_a_deadline_past_when_the_call_begins(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one difference chosen: DEADLINE_EXCEEDED, logged as a deadline that fires (INFO),
+    where grpclib logs "Timeout occurred" with a traceback and answers UNKNOWN."""
+    caplog.set_level(logging.INFO, "grpclib.server")
+    outcomes = []
+    for direct in (True, False):
+        service = Infer(settings(tmp_path))
+        session = Session(True, service=service, direct=service.direct_infer() if direct else None)
+        caplog.clear()
+        stream_id = infer(session, "a", [("grpc-timeout", "0n")])
+        await session.settle(session.ended(stream_id))
+        logged = [
+            (r.levelname, r.getMessage()) for r in caplog.records if r.name == "grpclib.server"
+        ]
+        outcomes.append((status(session.streams[stream_id]), logged, service.calls))
+        assert not session.protocol.processor.streams
+    assert outcomes[0] == (str(Status.DEADLINE_EXCEEDED.value), [("INFO", "Deadline exceeded")], 0)
+    assert outcomes[1] == (str(Status.UNKNOWN.value), [("ERROR", "Timeout occurred")], 0)
 
 
 async def test_headers_grpclib_looks_at_are_grpclibs(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ that stack does, in the same order, with the same words:
 - the answer in one write (headers, message, trailers), or in pieces past the stream's window
   or the peer's frame size, as unary.py writes it;
 - a deadline (`grpc-timeout`) kept by grpclib's own `DeadlineWrapper`: DEADLINE_EXCEEDED;
+  also for a deadline already past when the call begins (it expired on its way), which
+  grpclib answers UNKNOWN with a traceback in the log: the one difference chosen here;
 - a failure answered as grpclib answers it: a trailers-only response with the status and its
   message (UNKNOWN, "Internal Server Error", for an error of ours, logged), the stream reset
   where the client has not finished sending; a stream reset by the client, or a connection
@@ -171,10 +173,12 @@ class DirectInfer:
             if wrapper.cancel_failed:
                 grpclib_log.exception("Failed to handle cancellation")
                 await self._fail(handler, stream, sent, Status.DEADLINE_EXCEEDED)
-            elif wrapper.cancelled:
+            elif wrapper.cancelled or (deadline is not None and not deadline.time_remaining()):
+                # (also a deadline past before the call began, which expired on its way and
+                # `start` refuses: grpclib logs a traceback for it and answers UNKNOWN)
                 grpclib_log.info("Deadline exceeded")
                 await self._fail(handler, stream, sent, Status.DEADLINE_EXCEEDED)
-            else:  # (a deadline already past when the call came, as grpclib answers it)
+            else:  # the call's own TimeoutError, as grpclib answers it
                 grpclib_log.exception("Timeout occurred")
                 await self._fail(handler, stream, sent, Status.UNKNOWN, "Internal Server Error")
         except StreamTerminatedError as error:  # reset by the client, or the connection lost
