@@ -27,6 +27,8 @@ from tests.unit.test_grpc_lane import Session, message, status
 from tritonactor._proto_c.grpc_service_pb2 import ModelInferRequest, ModelInferResponse
 from tritonactor.core.errors import invalid_arg
 from tritonactor.frontends.drain import Drain
+from tritonactor.frontends.grpc import direct as direct_module
+from tritonactor.frontends.grpc import limits
 from tritonactor.frontends.grpc.direct import MODEL_INFER
 from tritonactor.frontends.grpc.lane import LaneStream
 from tritonactor.frontends.grpc.service import InferenceService, translate_errors
@@ -580,3 +582,27 @@ async def test_a_failure_in_answering_a_failure_is_logged_as_grpclib_logs_it(
     errors = [r.getMessage() for r in caplog.records if r.name == "grpclib.server"]
     assert errors.count("Server error") == 2  # both paths
     assert not ours.protocol.processor.streams
+
+
+async def test_a_timeout_of_the_calls_own_is_grpclibs_unknown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TimeoutError that is not the call's deadline (here, from reading the message):
+    UNKNOWN, "Internal Server Error", and "Timeout occurred" in the log, on both paths."""
+
+    async def times_out(*args: Any, **kwargs: Any) -> None:
+        raise TimeoutError("not the deadline")
+
+    async def play(session: Session) -> None:
+        stream_id = infer(session, "a", [("grpc-timeout", "100S")])
+        await session.settle(session.ended(stream_id))
+
+    monkeypatch.setattr(direct_module, "read_message", times_out)
+    monkeypatch.setattr(limits, "read_message", times_out)
+    ours, _ = await both(play, tmp_path)
+    assert ours.infer.calls == 0  # type: ignore[attr-defined]
+    headers = dict(ours.streams[1]["headers"])
+    assert headers["grpc-status"] == str(Status.UNKNOWN.value)
+    assert headers["grpc-message"] == "Internal Server Error"
+    logged = [r.getMessage() for r in caplog.records if r.name == "grpclib.server"]
+    assert logged.count("Timeout occurred") == 2  # both paths
