@@ -5,8 +5,8 @@ A unary ModelInfer call that a connection's lane took (lane.py) passes, under gr
 request handler (the headers checked, a `grpclib.server.Stream` made, the deadline's wrapper,
 the server's events dispatched) and then one wrapper each for the answer written once
 (unary.py), the drain, the message's size limit and the restricted protocol, before the
-service's handler. Each is a few µs; together, measured in place, ~30 µs of the ~195 µs a gRPC
-front end spends on a call. `DirectInfer` takes such a call itself, in one task, and does what
+service's handler. Each is a few µs; together, measured in place, ~25-30 µs of the ~195 µs a
+gRPC front end spent on a call. `DirectInfer` takes such a call itself, in one task, and does what
 that stack does, in the same order, with the same words:
 
 - a call the drain refuses: UNAVAILABLE, `SHUTTING_DOWN`; one it admitted is tracked, and
@@ -18,18 +18,20 @@ that stack does, in the same order, with the same words:
   or the peer's frame size, as unary.py writes it;
 - a deadline (`grpc-timeout`) kept by grpclib's own `DeadlineWrapper`: DEADLINE_EXCEEDED;
   also for a deadline already past when the call begins (it expired on its way), which
-  grpclib answers UNKNOWN with a traceback in the log: the one difference chosen here;
+  grpclib answers UNKNOWN with a traceback in the log (a difference chosen);
 - a failure answered as grpclib answers it: a trailers-only response with the status and its
   message (UNKNOWN, "Internal Server Error", for an error of ours, logged), the stream reset
   where the client has not finished sending; a stream reset by the client, or a connection
-  lost, cancels the task through the stream's wrapper, as grpclib's, and sends nothing.
+  lost, cancels the task through the stream's wrapper, as grpclib's, and sends nothing; an
+  answer whose stream closed under it is dropped quietly, where grpclib logs a traceback (the
+  other difference chosen).
 
 What is not that common case is grpclib's: `accept` declines a call whose headers grpclib
 would refuse or read its own way (not POST, another content type, no `te: trailers`, a
 `grpc-timeout` grpclib cannot read, binary `-bin` metadata, a header given twice) and every
 call on a server with listeners for grpclib's events (grpclib.events), which see each step as
-grpclib takes it. The task is grpclib's
-handler's as its own are (`Handler._tasks`): the server's close cancels it, and waits for it.
+grpclib takes it. The task is grpclib's handler's as its own are (`Handler._tasks`): the
+server's close cancels it, and waits for it.
 """
 
 from __future__ import annotations
