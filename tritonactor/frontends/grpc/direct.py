@@ -5,9 +5,10 @@ A unary ModelInfer call that a connection's lane took (lane.py) passes, under gr
 request handler (the headers checked, a `grpclib.server.Stream` made, the deadline's wrapper,
 the server's events dispatched) and then one wrapper each for the answer written once
 (unary.py), the drain, the message's size limit and the restricted protocol, before the
-service's handler. Each is a few µs; together, measured in place, ~25-30 µs of the ~195 µs a
-gRPC front end spent on a call. `DirectInfer` takes such a call itself, in one task, and does what
-that stack does, in the same order, with the same words:
+service's handler. Each is a few µs; answering without them took the front end's CPU from
+~195 to ~165 µs a call (bench/process_cpu.py, docs/benchmarks.md). `DirectInfer` takes such
+a call itself, in one task, and does what that stack does, in the same order, with the same
+words:
 
 - a call the drain refuses: UNAVAILABLE, `SHUTTING_DOWN`; one it admitted is tracked, and
   answered UNAVAILABLE if the drain's exit timeout cancels it;
