@@ -35,8 +35,9 @@ from hyperframe.frame import DataFrame, Frame, RstStreamFrame, WindowUpdateFrame
 from tests.unit.test_grpc_unary import Raw
 from tritonactor.frontends.grpc.connection import FRAME, GrpcServer
 from tritonactor.frontends.grpc.direct import DirectInfer
+from tritonactor.frontends.grpc.frames import frame_header
 from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES
-from tritonactor.frontends.grpc.lane import LaneStream, frame_header
+from tritonactor.frontends.grpc.lane_stream import LaneStream
 from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.grpc.unary import unary_answers
 from tritonactor.frontends.listen import listening_socket

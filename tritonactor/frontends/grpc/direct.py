@@ -55,7 +55,7 @@ from grpclib.utils import DeadlineWrapper, Wrapper
 from h2.exceptions import StreamClosedError
 
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
-from tritonactor.frontends.grpc.lane import LaneStream
+from tritonactor.frontends.grpc.lane_stream import LaneStream
 from tritonactor.frontends.grpc.limits import parse_message, read_message
 from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.frontends.restrictions import INFERENCE, Restrictions, grpc_message

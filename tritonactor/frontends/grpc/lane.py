@@ -8,8 +8,8 @@ few slices of bytes. A connection's `Lane` reads the frames arriving on it. A HE
 that opens a new stream (its block whole, END_HEADERS) is read here: its header block decoded
 once, with the connection's HPACK decoder (a block read before, the table unchanged since, is
 not decoded again: a gRPC client sends the same block with every call; hpack_cache.py). A call
-of a unary-unary method is then the lane's: its frames go to a `LaneStream`, a
-`grpclib.protocol.Stream` that reads and writes them itself, and the call goes to grpclib's
+of a unary-unary method is then the lane's: its frames go to a `LaneStream` (lane_stream.py),
+a `grpclib.protocol.Stream` that reads and writes them itself, and the call goes to grpclib's
 request handler (a ModelInfer call that `direct` takes is answered by direct.py). Any other (a
 streaming method, a method no one serves, a request h2 checks further) is h2's, and the decoder
 hands h2 the headers it decoded, so that the block's changes to the table are made once. Every
@@ -39,43 +39,43 @@ and compares what the two send back and what reaches grpclib.
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grpclib.protocol import Buffer, Connection, EventsProcessor, Stream
+from grpclib.protocol import Connection, EventsProcessor
 from h2.connection import ConnectionInputs, ConnectionState, H2Connection, _decode_headers
-from h2.errors import ErrorCodes
 from h2.events import RemoteSettingsChanged, SettingsAcknowledged, WindowUpdated
-from h2.exceptions import (
-    FlowControlError,
-    ProtocolError,
-    StreamClosedError,
-    TooManyStreamsError,
-)
+from h2.exceptions import ProtocolError, TooManyStreamsError
 from h2.settings import SettingCodes
 from h2.stream import StreamClosedBy
 from h2.utilities import guard_increment_window, is_informational_response
 
+from tritonactor.frontends.grpc.frames import (
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    MAX_WINDOW,
+    PADDED,
+    PREFACE,
+    PUSH_PROMISE,
+    RST_STREAM,
+    WINDOW_UPDATE,
+    frame_header,
+    header_block,
+    refuse_self_dependency,
+)
 from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES, keep
+from tritonactor.frontends.grpc.lane_stream import LaneStream
 
 if TYPE_CHECKING:
     from grpclib.server import Handler
 
-# Frame types and flags (RFC 9113 §6).
-DATA, HEADERS, RST_STREAM, PUSH_PROMISE, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 5, 8, 9
 LANE_FRAMES = (DATA, HEADERS, RST_STREAM, WINDOW_UPDATE)  # a lane stream's; the rest are h2's
 # Headers of a request h2 checks further (a body held to its length; a status, which a request
 # has none of): such a call is h2's.
 H2_CHECKS = frozenset({"content-length", ":status"})
-END_STREAM, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x4, 0x8, 0x20
-PREFACE = 24  # b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", read by h2
-MAX_WINDOW = 2**31 - 1
-
-
-def frame_header(length: int, kind: int, flags: int, stream_id: int) -> bytes:
-    return (length << 48 | kind << 40 | flags << 32 | stream_id).to_bytes(9, "big")
 
 
 class DirectCalls(Protocol):
@@ -186,7 +186,7 @@ class Lane:
                             self._check_limit()
                         if self._opens(stream_id, flags):
                             payload = bytes(buffer[position + 9 : after])
-                            headers = self._known(_header_block(payload, flags))
+                            headers = self._known(header_block(payload, flags))
                             if headers is not None:
                                 start = after
                                 self._open(stream_id, headers, payload, flags)
@@ -272,7 +272,7 @@ class Lane:
         h2 = self.h2
         h2.state_machine.process_input(ConnectionInputs.RECV_HEADERS)
         h2.highest_inbound_stream_id = stream_id
-        _refuse_self_dependency(payload, flags, stream_id)  # (h2 has opened it by then)
+        refuse_self_dependency(payload, flags, stream_id)  # (h2 has opened it by then)
         stream = LaneStream(self, stream_id)
         self.streams[stream_id] = stream
         release = self.processor.register(stream)
@@ -311,7 +311,7 @@ class Lane:
         ):
             # trailers; or headers on a stream the peer ended (a stream error, once read)
             h2.state_machine.process_input(ConnectionInputs.RECV_HEADERS)
-            raw = _decode_headers(h2.decoder, _header_block(payload, flags))
+            raw = _decode_headers(h2.decoder, header_block(payload, flags))
             if stream.remote_closed:  # refused before they are read as text, as h2 does
                 stream.receive_trailers([])
                 return
@@ -326,7 +326,7 @@ class Lane:
                 # ("ascii": grpclib's encoding; h2 lets the error out of the protocol, and
                 # asyncio closes the connection with a traceback in the log)
                 raise ProtocolError(f"Error decoding header block: {error}") from error
-            _refuse_self_dependency(payload, flags, stream.id)
+            refuse_self_dependency(payload, flags, stream.id)
             stream.receive_trailers(trailers)
         else:
             raise ProtocolError(f"Frame of type {kind} on unary stream {stream.id}")
@@ -379,279 +379,4 @@ class Lane:
             self.h2._closed_streams[stream.id] = by
 
 
-def _header_block(payload: bytes | bytearray, flags: int) -> bytes | bytearray:
-    """A HEADERS frame's header block, read as hyperframe reads it: the pad length, the
-    priority fields, the block, the padding (a block the padding overlaps is empty)."""
-    size, start, pad = len(payload), 0, 0
-    if flags & PADDED:
-        if not payload or payload[0] >= size:
-            raise ProtocolError("Received frame with invalid padding.")
-        start, pad = 1, payload[0]
-    if flags & PRIORITY_FLAG:
-        if size - start < 5:
-            raise ProtocolError("Invalid HEADERS frame")
-        start += 5
-    return payload[start : size - pad] if start or pad else payload
-
-
-def _refuse_self_dependency(payload: bytes | bytearray, flags: int, stream_id: int) -> None:
-    """A HEADERS frame's priority naming its own stream is a connection error (h2 checks it
-    once it has read the block)."""
-    if flags & PRIORITY_FLAG:
-        start = 1 if flags & PADDED else 0
-        if int.from_bytes(payload[start : start + 4], "big") & 0x7FFFFFFF == stream_id:
-            raise ProtocolError(f"Stream {stream_id} may not depend on itself")
-
-
-class LaneStream(Stream):
-    """A unary call's stream, its frames read and written by its connection's `Lane`."""
-
-    def __init__(self, lane: Lane, stream_id: int) -> None:
-        self.lane = lane  # (before grpclib's init, which makes the stream's buffer)
-        connection = lane.connection
-        super().__init__(connection, lane.h2, connection._transport, stream_id=stream_id)
-        h2 = lane.h2
-        self.window = h2.remote_settings.initial_window_size  # ours to send
-        self._inbound = h2.local_settings.initial_window_size  # the peer's to send
-        self._unacked = 0
-        self.remote_closed = self.local_closed = self.reset_done = False
-
-    def init_stream(self, stream_id: int, connection: Connection) -> None:
-        # grpclib's, but for the buffer, made once: it acks through the lane, as grpclib's
-        # acks through the connection (the stream is then freed when its call lets it go, not
-        # by the cyclic collector)
-        self.id = stream_id
-        self.buffer = Buffer(functools.partial(self.lane_ack, self.lane, stream_id))
-        connection.streams_started += 1
-        self.created = connection.last_stream_created = time.monotonic()
-
-    def released(self, release: Callable[[], Any], _task: object) -> None:
-        """The call's task is done: its stream let go, if the call has not (a reset in the
-        same read as the call's HEADERS cancels the task before its first step)."""
-        if self.lane.processor.streams.get(self.id) is self:
-            release()
-
-    @staticmethod
-    def lane_ack(lane: Lane, stream_id: int, size: int) -> None:
-        stream = lane.streams.get(stream_id)
-        if stream is not None:
-            stream._ack(size)
-        elif size and not lane.connection.is_closing():  # closed: the connection's window
-            lane.ack_connection(size)
-
-    # frames received (from the lane)
-
-    def receive_data(self, data: bytes, size: int, end: bool) -> None:
-        if self.remote_closed:  # h2: STREAM_CLOSED, the data's window handed back
-            self.lane.ack_connection(size)
-            self._reset_now(ErrorCodes.STREAM_CLOSED)
-            return
-        self._inbound -= size
-        if self._inbound < 0:
-            raise FlowControlError(f"Flow control window exceeded on stream {self.id}")
-        if self.id not in self.lane.processor.streams:
-            # the call let its stream go: no one reads it, its window goes back at once, as
-            # grpclib gives back data for a stream it does not know
-            self.lane.ack_connection(size)
-            if end:
-                self._remote_end()
-            return
-        self.buffer.add(data, size)
-        self.data_received += len(data)
-        connection = self.connection
-        connection.data_received += len(data)
-        connection.last_data_received = time.monotonic()
-        if end:
-            self._remote_end()
-
-    def receive_trailers(self, headers: list[tuple[str, str]]) -> None:
-        if self.remote_closed:
-            self._reset_now(ErrorCodes.STREAM_CLOSED)
-            return
-        self.trailers = headers
-        self.trailers_received.set()
-        self._remote_end()
-
-    def _remote_end(self) -> None:
-        self.remote_closed = True
-        self.__ended__()
-        self.connection.streams_succeeded += 1
-        if self.local_closed:
-            self.lane.closed(self, StreamClosedBy.RECV_END_STREAM)
-
-    def receive_window_update(self, increment: int) -> None:
-        if self.window + increment > MAX_WINDOW:
-            self._reset_now(ErrorCodes.FLOW_CONTROL_ERROR)
-            return
-        self.window += increment
-        self.window_updated.set()
-
-    def receive_reset(self, error_code: int) -> None:
-        self.lane.closed(self, StreamClosedBy.RECV_RST_STREAM)
-        self.reset_done = True
-        try:
-            code: Any = ErrorCodes(error_code)
-        except ValueError:
-            code = error_code
-        self.__terminated__(f"Stream reset by remote party, error_code: {code}")
-        self._cancel_call()
-        self.connection.streams_failed += 1
-
-    def _cancel_call(self) -> None:
-        """grpclib's cancel of the call's task (which it may have let go once done); the
-        stream is let go when the task ends, if the call has not."""
-        handler = self.lane.handler
-        task = getattr(handler, "_tasks", {}).get(self)
-        if task is not None:
-            if self.lane.processor.streams.get(self.id) is self:
-                # grpclib's release of this stream (registered again: the same entry)
-                release = self.lane.processor.register(self)
-                task.add_done_callback(functools.partial(self.released, release))
-            handler.cancel(self)
-
-    def _reset_now(self, code: ErrorCodes) -> None:
-        """A stream error found in what was received: reset, and the call ends as grpclib ends
-        it on h2's reset."""
-        self.reset_nowait(code, now=True)
-        self.__terminated__("Protocol error")
-        self._cancel_call()
-        self.connection.streams_failed += 1
-
-    # flow control of what is received
-
-    def _ack(self, size: int) -> None:
-        """The call read `size` bytes: their window goes back to the peer (the connection's by
-        h2's manager; the stream's while the peer may still send on it)."""
-        if not size or self.connection.is_closing():
-            return
-        self.lane.ack_connection(size)
-        if self.remote_closed:
-            return
-        self._unacked += size
-        if self._unacked * 2 >= self.lane.h2.local_settings.initial_window_size:
-            increment, self._unacked = self._unacked, 0
-            self._inbound += increment
-            self._write(frame_header(4, WINDOW_UPDATE, 0, self.id) + increment.to_bytes(4, "big"))
-
-    # frames sent (grpclib's Stream API)
-
-    @property
-    def closable(self) -> bool:
-        if self._transport.is_closing():
-            return False
-        if self.lane.h2.state_machine.state is ConnectionState.CLOSED:
-            return False
-        return self.id in self.lane.streams
-
-    def check_open(self) -> None:
-        if self.local_closed or self.reset_done or self.id not in self.lane.streams:
-            raise StreamClosedError(self.id)
-
-    def _headers_frames(self, headers: Any, end_stream: bool) -> bytes:
-        h2 = self.lane.h2
-        h2.state_machine.process_input(ConnectionInputs.SEND_HEADERS)
-        block = h2.encoder.encode(headers)
-        size = h2.max_outbound_frame_size
-        flags = END_STREAM if end_stream else 0
-        if len(block) <= size:
-            return frame_header(len(block), HEADERS, flags | END_HEADERS, self.id) + block
-        parts = [block[i : i + size] for i in range(0, len(block), size)]
-        frames = [frame_header(len(parts[0]), HEADERS, flags, self.id), parts[0]]
-        for index, part in enumerate(parts[1:], 2):
-            last = END_HEADERS if index == len(parts) else 0
-            frames += (frame_header(len(part), CONTINUATION, last, self.id), part)
-        return b"".join(frames)
-
-    def _data_frame(self, data: bytes, end_stream: bool) -> bytes:
-        h2 = self.lane.h2
-        h2.state_machine.process_input(ConnectionInputs.SEND_DATA)
-        size = len(data)
-        self.window -= size
-        h2.outbound_flow_control_window -= size
-        flags = END_STREAM if end_stream else 0
-        return frame_header(size, DATA, flags, self.id) + data
-
-    def _local_end(self) -> None:
-        self.local_closed = True
-        if self.remote_closed:
-            self.lane.closed(self, StreamClosedBy.SEND_END_STREAM)
-
-    def _write(self, frames: bytes) -> None:
-        self.lane.write(frames)
-
-    def fits(self, size: int) -> bool:
-        """Whether `size` bytes of data may be sent at once, in one frame."""
-        h2 = self.lane.h2
-        return size <= min(self.window, h2.outbound_flow_control_window, h2.max_outbound_frame_size)
-
-    def send_answer(self, headers: Any, data: bytes | None, trailers: Any) -> None:
-        """Headers, a message that `fits` (or None) and trailers (or None), in one write."""
-        self.check_open()
-        frames = self._headers_frames(headers, False)
-        if data is not None:
-            frames += self._data_frame(data, False)
-            self.data_sent += len(data)
-            self.connection.data_sent += len(data)
-            self.connection.data_send_process()
-        if trailers is not None:
-            frames += self._headers_frames(trailers, True)
-        self._write(frames)
-        self.connection.headers_send_process()
-        if trailers is not None:
-            self._local_end()
-
-    async def send_headers(self, headers: Any, end_stream: bool = False) -> None:
-        await self.connection.write_ready.wait()
-        self.check_open()
-        self._write(self._headers_frames(headers, end_stream))
-        self.connection.headers_send_process()
-        if end_stream:
-            self._local_end()
-
-    async def send_data(self, data: bytes, end_stream: bool = False) -> None:
-        view, sent = memoryview(data), 0
-        h2 = self.lane.h2
-        while True:
-            await self.connection.write_ready.wait()
-            self.check_open()
-            window = min(self.window, h2.outbound_flow_control_window)
-            if window <= 0 and len(view) > sent:
-                self.window_updated.clear()
-                await self.window_updated.wait()
-                continue
-            chunk = bytes(view[sent : sent + min(window, h2.max_outbound_frame_size)])
-            sent += len(chunk)
-            last = sent == len(view)
-            self._write(self._data_frame(chunk, end_stream and last))
-            self.data_sent += len(chunk)
-            self.connection.data_sent += len(chunk)
-            self.connection.data_send_process()
-            if last:
-                if end_stream:
-                    self._local_end()
-                return
-
-    async def end(self) -> None:
-        await self.send_data(b"", end_stream=True)
-
-    async def reset(self, error_code: ErrorCodes = ErrorCodes.NO_ERROR) -> None:
-        await self.connection.write_ready.wait()
-        self.reset_nowait(error_code)
-
-    def reset_nowait(self, error_code: ErrorCodes = ErrorCodes.NO_ERROR, now: bool = False) -> None:
-        """grpclib's reset (held while the socket's buffer is full, as grpclib holds it); `now`,
-        one found in what was received (sent at once, as grpclib sends what h2 answers)."""
-        if self.id not in self.lane.streams:  # as h2 refuses a closed stream's reset
-            raise StreamClosedError(self.id)
-        h2 = self.lane.h2
-        h2.state_machine.process_input(ConnectionInputs.SEND_RST_STREAM)
-        self.reset_done = True
-        self.lane.closed(self, StreamClosedBy.SEND_RST_STREAM)
-        frame = frame_header(4, RST_STREAM, 0, self.id) + int(error_code).to_bytes(4, "big")
-        if now or self.connection.write_ready.is_set():
-            self._write(frame)
-        else:  # as h2 holds it until grpclib next writes
-            h2._data_to_send += frame
-
-
-__all__ = ["DirectCalls", "Lane", "LaneStream"]
+__all__ = ["DirectCalls", "Lane"]

@@ -38,7 +38,7 @@ from grpclib.events import SendInitialMetadata, SendTrailingMetadata
 from grpclib.exceptions import ProtocolError
 from h2.exceptions import StreamClosedError
 
-from tritonactor.frontends.grpc.lane import LaneStream
+from tritonactor.frontends.grpc.lane_stream import LaneStream
 
 Handler = Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]
 
