@@ -77,6 +77,10 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def pending(self, model: str) -> int:
+        """Its requests for `model` routed and not answered yet (its metrics)."""
+        return pending_requests(int(self.env["TRITONACTOR_METRICS_PORT"]), model)
+
     def stop(self, timeout: float = 15) -> int:
         if self.process.poll() is None:
             self.process.terminate()
@@ -86,6 +90,16 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+def pending_requests(metrics_port: int, model: str) -> int:
+    """`nv_inference_pending_request_count` of `model` on the server whose metrics listen on
+    `metrics_port` (0 before the model has a count)."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
 
 
 def wait_for(

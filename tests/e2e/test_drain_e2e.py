@@ -37,7 +37,7 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server_process import free_port, loopback_env
+from tests.server_process import free_port, loopback_env, pending_requests
 
 pytestmark = pytest.mark.e2e
 
@@ -187,11 +187,7 @@ def cleanup() -> Iterator[list[Served]]:
 
 
 def pending(served: Served) -> int:
-    text = requests.get(f"http://127.0.0.1:{served.metrics_port}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith("nv_inference_pending_request_count{") and 'model="gate"' in line:
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+    return pending_requests(served.metrics_port, "gate")
 
 
 def wait_for(condition: Any, served: Served, what: str) -> None:

@@ -147,14 +147,6 @@ def _success_count(server: ServerProcess, model: str) -> int:
     return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
-def _pending(server: ServerProcess, model: str) -> float:
-    text = httpx.get(f"http://127.0.0.1:{server.env['TRITONACTOR_METRICS_PORT']}/metrics").text
-    for line in text.splitlines():
-        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no pending count for {model} in /metrics:\n{text}")
-
-
 @pytest.mark.parametrize("model", ["python_identity", "onnx_batched"])
 def test_calls_plain_with_deadlines_and_cancelled_each_end_as_they_may(
     served: ServerProcess, model: str
@@ -177,9 +169,9 @@ def test_calls_plain_with_deadlines_and_cancelled_each_end_as_they_may(
     assert answered >= THREADS * CALLS // 3  # every plain call at least
 
     wait_for(
-        lambda: _pending(served, model) == 0,
+        lambda: served.pending(model) == 0,
         timeout=PATIENCE_S,
-        describe=lambda: f"requests left pending: {_pending(served, model)}",
+        describe=lambda: f"requests left pending: {served.pending(model)}",
     )
     # every answer a client got was a success the model counted (a call the client gave up
     # on may have been answered too); and the last plain call of each thread

@@ -718,7 +718,7 @@ def finishing_order(server: ServerProcess, model: str) -> list[str]:
     long.start()
     # The short request is sent once the server holds the long one (routed to the version:
     # queued or executing), not after a guess at how long that takes on a busy machine.
-    wait_for(lambda: pending(server, model) >= 1, timeout=60)
+    wait_for(lambda: server.pending(model) >= 1, timeout=60)
     send("short", SHORT_STEPS)
     long.join()
     return finished
@@ -726,16 +726,6 @@ def finishing_order(server: ServerProcess, model: str) -> list[str]:
 
 LONG_STEPS = 400  # about 1 s here; more where the CPU is busier, which only widens the margin
 SHORT_STEPS = 40
-
-
-def pending(server: ServerProcess, model: str) -> int:
-    """The server's requests for `model` routed and not answered yet (its metrics)."""
-    port = server.env["TRITONACTOR_METRICS_PORT"]
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
 
 
 def test_two_instances_execute_concurrently(server: ServerProcess) -> None:

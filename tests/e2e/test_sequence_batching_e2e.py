@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, start_server, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -181,9 +180,12 @@ def test_direct_backlogs_a_fifth_sequence_until_a_slot_frees(server: ServerProce
             )
         )
     )
+    assert server.pending("report_direct") == 0
     waiting.start()
-    time.sleep(0.5)
-    assert not fifth  # every slot is held by a running sequence
+    # the fifth sequence's first request has reached the server, which holds it: every slot is
+    # held by a running sequence
+    wait_for(lambda: server.pending("report_direct") == 1, timeout=60)
+    assert not fifth
     ended = report(client, "report_direct", 1, 52, sequence_end=True)
     waiting.join(timeout=10)
     assert fifth["OUTPUT"] == [7]
