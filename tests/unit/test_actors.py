@@ -12,6 +12,10 @@ from tritonactor.actors import Actor, ActorRef, ActorStopped, ActorSystem, Reply
 
 pytestmark = pytest.mark.anyio
 
+# A bound on waits for something that is bound to happen: generous, so that only a hang reaches
+# it, however busy the machine.
+HANG = 30
+
 
 @dataclass(frozen=True)
 class Add:
@@ -34,6 +38,15 @@ class Slow:
     seconds: float = 0.05
 
 
+@dataclass(frozen=True)
+class Held:
+    """Handled once `gate` is set; `taken` is set when the actor starts handling it."""
+
+    reply: Reply[int]
+    taken: anyio.Event
+    gate: anyio.Event
+
+
 class Counter(Actor[Any]):
     def __init__(self, name: str = "counter", log: list[str] | None = None) -> None:
         super().__init__(name)
@@ -51,6 +64,10 @@ class Counter(Actor[Any]):
                 reply.set(self.total)
             case Slow(reply, seconds):
                 await anyio.sleep(seconds)
+                reply.set(self.total)
+            case Held(reply, taken, gate):
+                taken.set()
+                await gate.wait()
                 reply.set(self.total)
             case Boom():
                 raise RuntimeError(f"{self.name} exploded")
@@ -72,16 +89,20 @@ async def test_mailbox_is_bounded() -> None:
         mailbox_size = 2
 
     async with ActorSystem() as system:
+        taken = anyio.Event()
         gate = anyio.Event()
 
         class Blocked(Tiny):
             async def receive(self, message: Any) -> None:
+                taken.set()
                 await gate.wait()
                 await super().receive(message)
 
         ref = await system.spawn(Blocked())
         await ref.tell(Add(1))  # taken by the loop, which then blocks on the gate
-        await anyio.sleep(0.01)
+        with anyio.fail_after(HANG):
+            await taken.wait()
+        assert ref.mailbox_depth == 0
         ref.tell_nowait(Add(1))
         ref.tell_nowait(Add(1))
         assert ref.mailbox_depth == 2
@@ -117,7 +138,7 @@ async def test_failing_actor_is_reported_and_its_pending_asks_fail() -> None:
         ref.tell_nowait(Slow(waiting))  # queued behind the failing message
         with pytest.raises(ActorStopped):
             await waiting.wait()
-        with anyio.fail_after(1):
+        with anyio.fail_after(HANG):
             while not failures:
                 await anyio.sleep(0.001)
         assert failures == [("counter", "counter exploded")]
@@ -164,7 +185,7 @@ async def test_parent_is_told_when_child_fails() -> None:
         parent = await system.spawn(parent_actor)
         assert parent_actor.child is not None
         await parent_actor.child.tell(Boom())
-        with anyio.fail_after(1):
+        with anyio.fail_after(HANG):
             while await parent.ask(Get) == 0:
                 await anyio.sleep(0.001)
         assert parent_actor.failed == ["child: child exploded"]
@@ -176,7 +197,7 @@ async def test_stopping_parent_stops_children_first() -> None:
     async with ActorSystem() as system:
         parent = await system.spawn(Parent(log))
         parent.stop()
-        with anyio.fail_after(1):
+        with anyio.fail_after(HANG):
             while parent.running:
                 await anyio.sleep(0.001)
     assert log == ["child started", "child stopped", "parent stopped"]
@@ -193,7 +214,7 @@ async def test_unhandled_child_failure_escalates_to_parent() -> None:
         await system.spawn(strict)
         assert strict.child is not None
         await strict.child.tell(Boom())
-        with anyio.fail_after(1):
+        with anyio.fail_after(HANG):
             while not failures:
                 await anyio.sleep(0.001)
         assert failures == ["parent"]
@@ -217,7 +238,7 @@ async def test_shutdown_timeout_cancels_stuck_actor() -> None:
             await anyio.sleep_forever()
 
     waiting = Reply[int]()
-    with anyio.fail_after(2):
+    with anyio.fail_after(HANG):  # a bound on the hang; 0.1 s is the timeout under test
         async with ActorSystem(shutdown_timeout=0.1) as system:
             ref = await system.spawn(Stuck())
             await ref.tell(Add(1))
@@ -266,7 +287,7 @@ async def test_helper_tasks_end_when_the_actor_stops() -> None:
                 await anyio.sleep(3600)  # a timer that would hold a stop for an hour
 
     log: list[str] = []
-    with anyio.fail_after(2):
+    with anyio.fail_after(HANG):  # far short of the timer's hour
         async with ActorSystem() as system:
             ref = await system.spawn(Ticking(log=log))
             ref.stop()
@@ -282,20 +303,26 @@ async def test_a_timer_delivers_its_message_and_a_stop_cancels_those_pending() -
         mailbox_size = 1
 
     log: list[str] = []
-    with anyio.fail_after(10):
+    with anyio.fail_after(HANG):
         async with ActorSystem() as system:
             actor = Timed(log=log)
             ref = await system.spawn(actor)
             actor.tell_later(Add(5), 0)
             while actor.total != 5:
                 await anyio.sleep(0)  # yield until the timer's message is handled
-            # A full mailbox when the timer fires: a slow message runs, another waits behind it.
-            slow: Reply[int] = Reply()
-            await ref.tell(Slow(slow, 0.2))
-            await anyio.sleep(0)
+            # A full mailbox when the timer fires: a held message runs, another waits behind it.
+            held: Reply[int] = Reply()
+            taken, gate = anyio.Event(), anyio.Event()
+            await ref.tell(Held(held, taken, gate))
+            await taken.wait()
             await ref.tell(Add(1))
+            assert ref.mailbox_depth == 1  # full
             actor.tell_later(Add(10), 0)
-            assert await slow.wait() == 5
+            # Every task blocked: the timer has fired and waits for room (the actor is held).
+            await anyio.wait_all_tasks_blocked()
+            assert (ref.mailbox_depth, actor.total) == (1, 5)
+            gate.set()
+            assert await held.wait() == 5
             while actor.total != 16:
                 await anyio.sleep(0)
             actor.tell_later(Add(100), 3600)  # would hold a stop for an hour

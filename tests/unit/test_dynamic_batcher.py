@@ -7,7 +7,7 @@ asserted is the order and shape of batches, not how long anything took."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -37,6 +37,10 @@ from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
+
+# The bound on a wait for an event (a request answered, the batcher holding one): never a
+# measure of speed, so generous enough that a busy machine never reaches it.
+WAIT = 30
 
 CONFIG = """
 name: "batched"
@@ -149,8 +153,20 @@ async def occupy(router: Router, backend: RecordingBackend) -> Reply[InferenceRe
     """Send a request that holds the single instance inside execute until `gate` is set."""
     backend.hold()
     blocker = router.submit(request(1000, "blocker"))
-    assert await anyio.to_thread.run_sync(backend.entered.wait, 5)
+    assert await anyio.to_thread.run_sync(backend.entered.wait, WAIT)
     return blocker
+
+
+def batcher_of(actor: ModelVersionActor) -> DynamicBatcher:
+    batcher = next(child for child in actor.children if child is actor.scheduler)._actor
+    assert isinstance(batcher, DynamicBatcher)  # the batcher itself, only to read its state
+    return batcher
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(WAIT):
+        while not condition():
+            await anyio.sleep(0.005)
 
 
 async def answers(replies: list[Reply[InferenceResponse]]) -> list[InferenceResponse]:
@@ -259,8 +275,12 @@ async def test_a_waiting_batch_is_sent_at_once_when_a_request_that_cannot_join_c
     await answers([first, second])
     last = router.submit(request(4, "d", width=2))  # cannot join c
     await answers([other])
+    # Alone, "d" waits for its delay (or for one that cannot join it): the batcher holds it
+    # with the instance idle (sent, it would have left the queue and taken the instance).
+    batcher = batcher_of(actor)
+    await until(lambda: len(batcher._idle) == 1 and batcher.queue_depth == 1)
     assert backend.batches == [["a", "b"], ["c"]]
-    assert not last.done  # alone, it waits for its delay (or for one that cannot join it)
+    assert not last.done
     assert {b.batch_size: b.compute_infer.count for b in actor.statistics.batch_stats} == {
         1: 1,
         2: 1,
@@ -283,7 +303,7 @@ async def test_priorities_reorder_a_backlog(system: ActorSystem) -> None:
 async def test_a_bad_priority_is_an_invalid_argument(system: ActorSystem) -> None:
     backend = RecordingBackend()
     router, _ = await serve(system, backend, "priority_levels: 2 default_priority_level: 1")
-    with anyio.fail_after(5), pytest.raises(TritonError) as caught:
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await router.infer(request(1, priority=-1))
     assert caught.value.code is ErrorCode.INVALID_ARG
 
@@ -295,7 +315,7 @@ async def test_a_full_queue_rejects_at_once(system: ActorSystem) -> None:
     blocker = await occupy(router, backend)
     queued = [router.submit(request(i)) for i in range(2)]
     rejected = router.submit(request(9, "over"))
-    with anyio.fail_after(5), pytest.raises(TritonError) as caught:
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await rejected.wait()  # while the instance is still held
     assert caught.value.code is ErrorCode.UNAVAILABLE
     assert caught.value.message == "Exceeds maximum queue size"
@@ -314,7 +334,7 @@ async def test_a_request_past_its_timeout_is_rejected(system: ActorSystem) -> No
     blocker = await occupy(router, backend)
     patient = router.submit(request(1, "patient"))
     hasty = router.submit(request(2, "hasty", timeout=1000))
-    with anyio.fail_after(5), pytest.raises(TritonError) as caught:
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await hasty.wait()  # rejected while the instance is still held
     assert caught.value.code is ErrorCode.UNAVAILABLE
     assert caught.value.message == "Request timeout expired"
@@ -335,12 +355,8 @@ async def test_a_delayed_request_yields_to_those_in_time(system: ActorSystem) ->
     router, actor = await serve(system, backend, config, max_batch_size=1)
     blocker = await occupy(router, backend)
     late = router.submit(request(1, "late"))
-    scheduler = next(child for child in actor.children if child is actor.scheduler)
-    batcher = scheduler._actor
-    assert isinstance(batcher, DynamicBatcher)
-    with anyio.fail_after(30):
-        while not any(level.delayed for level in batcher._levels):
-            await anyio.sleep(0.01)
+    batcher = batcher_of(actor)
+    await until(lambda: any(level.delayed for level in batcher._levels))
     on_time = router.submit(request(2, "on_time", timeout=0))
     backend.gate.set()
     await answers([blocker, late, on_time])
@@ -357,7 +373,7 @@ async def test_a_cancelled_request_is_dropped(system: ActorSystem) -> None:
     gone_request.cancel()
     backend.gate.set()
     await answers([blocker, kept])
-    with anyio.fail_after(5), pytest.raises(TritonError) as caught:
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await gone.wait()
     assert caught.value.code is ErrorCode.CANCELLED
     assert "gone" not in backend.executed
@@ -370,7 +386,7 @@ async def test_n_instances_run_n_batches_at_once(system: ActorSystem) -> None:
     original = RecordingInstance.execute
 
     def meet(self: RecordingInstance, requests: list[InferenceRequest]) -> list[Result]:
-        arrived.wait(timeout=5)  # only two batches running at once get past this
+        arrived.wait(timeout=WAIT)  # only two batches running at once get past this
         return original(self, requests)
 
     RecordingInstance.execute = meet  # type: ignore[method-assign]
@@ -389,12 +405,11 @@ async def test_preserve_ordering_holds_a_later_answer(system: ActorSystem) -> No
 
     def slow_first(self: RecordingInstance, requests: list[InferenceRequest]) -> list[Result]:
         if requests[0].id == "first":
-            first_gate.wait(timeout=5)
+            first_gate.wait(timeout=WAIT)
         return original(self, requests)
 
     router, actor = await serve(system, backend, "preserve_ordering: true", 1, count=2)
-    batcher = next(child for child in actor.children if child is actor.scheduler)._actor
-    assert isinstance(batcher, DynamicBatcher)
+    batcher = batcher_of(actor)
     RecordingInstance.execute = slow_first  # type: ignore[method-assign]
     try:
         finished: list[str] = []
@@ -403,9 +418,7 @@ async def test_preserve_ordering_holds_a_later_answer(system: ActorSystem) -> No
         for reply in (first, second):
             reply.add_done_callback(lambda r: finished.append(r.result().id))
         # The second answer came back to the batcher, which holds it for the first.
-        with anyio.fail_after(5):
-            while not any(inner.done for _, inner in batcher._held.values()):
-                await anyio.sleep(0.005)
+        await until(lambda: any(inner.done for _, inner in batcher._held.values()))
         assert finished == []
         first_gate.set()
         await answers([first, second])

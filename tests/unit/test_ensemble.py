@@ -38,6 +38,10 @@ from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
 
+# A bound on waits for something that is bound to happen: generous, so that only a hang reaches
+# it, however busy the machine.
+HANG = 30
+
 Function = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
@@ -618,12 +622,17 @@ class Collected:
         return {o["INDEX"]: o["OUT"] for o in outputs}
 
 
-async def stream(router: Router, model: str, values: list[int]) -> Collected:
+def start_stream(router: Router, model: str, values: list[int]) -> Collected:
     collected = Collected()
     data = np.array(values, dtype=np.int32)
     streamed = InferenceRequest(model, id="s1", inputs=[Tensor("IN", "INT32", data.shape, data)])
     streamed.sender = collected.sender
     router.submit(streamed)
+    return collected
+
+
+async def stream(router: Router, model: str, values: list[int]) -> Collected:
+    collected = start_stream(router, model, values)
     with anyio.fail_after(5):
         await collected.done.wait()
     return collected
@@ -723,11 +732,12 @@ async def test_an_ensemble_without_decoupled_steps_answers_a_stream_with_one_fin
 
 
 class Gauge:
-    """Counts the executes of a model running at once, and those finished."""
+    """Counts the executes of a model running at once, and those finished. Each execute waits
+    at `gate` until the test opens it: the test decides when they finish."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.gate = threading.Event()
         self.running = 0
         self.most = 0
         self.finished = 0
@@ -736,11 +746,19 @@ class Gauge:
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
-        time.sleep(self.seconds)
+        if not self.gate.wait(HANG):
+            raise TimeoutError("the test never opened the gate")
         with self.lock:
             self.running -= 1
             self.finished += 1
         return {"Y": values["X"] * 2}
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait until `condition()` holds (what it reads changes on other threads, so: polled)."""
+    with anyio.fail_after(HANG):
+        while not condition():
+            await anyio.sleep(0.001)
 
 
 def limited(text: str, limit: int) -> str:
@@ -765,7 +783,7 @@ async def test_max_inflight_requests_bounds_the_requests_at_a_step(
     system: ActorSystem, tmp_path: Path, limit: int
 ) -> None:
     router = Router()
-    gauge = Gauge(0.05)
+    gauge = Gauge()
     await serve(system, router, FunctionBackend(gauge), ONE.format(name="slow", count=4), tmp_path)
     await serve(system, router, EnsembleBackend(), limited(SLOW_CHAIN, limit), tmp_path)
     results: dict[int, int] = {}
@@ -777,21 +795,26 @@ async def test_max_inflight_requests_bounds_the_requests_at_a_step(
         )
         results[value] = int(response.outputs[0].data[0])
 
-    async with anyio.create_task_group() as group:
-        for value in range(8):
-            group.start_soon(one, value)
+    with anyio.fail_after(HANG):
+        async with anyio.create_task_group() as group:
+            for value in range(8):
+                group.start_soon(one, value)
+            try:
+                # The gate closed, none finishes: four instances, without a limit all get work;
+                # with one, the step holds `limit` and the other requests wait for room.
+                await until(lambda: gauge.running >= (limit or 4))
+                await anyio.wait_all_tasks_blocked()
+            finally:
+                gauge.gate.set()
     assert results == {v: 2 * v for v in range(8)}
-    if limit:
-        assert gauge.most <= limit
-    else:
-        assert gauge.most > 2  # four instances: without a limit they all get work
+    assert gauge.most == (limit or 4)
 
 
 @pytest.mark.parametrize("limit", [0, 2])
 async def test_max_inflight_requests_holds_up_a_decoupled_step_that_outpaces_the_next(
     system: ActorSystem, tmp_path: Path, limit: int
 ) -> None:
-    gauge = Gauge(0.02)
+    gauge = Gauge()
     ahead: list[int] = []
     sent = 0
 
@@ -807,14 +830,25 @@ async def test_max_inflight_requests_holds_up_a_decoupled_step_that_outpaces_the
         system, router, FunctionBackend(gauge), ONE.format(name="double", count=4), tmp_path
     )
     await serve(system, router, EnsembleBackend(), limited(STREAMED, limit), tmp_path)
-    collected = await stream(router, "streamed", list(range(20)))
+    collected = start_stream(router, "streamed", list(range(20)))
+    try:
+        # The gate closed, none of the next step's executes finishes.
+        if limit:
+            # In flight (limit) + taken, waiting for room (1) + waiting to be taken (limit):
+            # the split model's next send waits.
+            await until(lambda: gauge.running >= limit and len(ahead) >= 2 * limit + 1)
+        else:
+            await until(lambda: len(ahead) == 20)  # nothing holds the model up
+    finally:
+        gauge.gate.set()
+    with anyio.fail_after(HANG):
+        await collected.done.wait()
     assert collected.by_index() == {i: 2 * i for i in range(20)}
     if limit:
-        # Waiting to be taken (limit) + taken, waiting for room (1) + in flight (limit).
         assert max(ahead) <= 2 * limit + 1
         assert gauge.most <= limit
     else:
-        assert max(ahead) > 10  # nothing holds the model up
+        assert max(ahead) == 20
 
 
 class TickerInstance(BackendInstance):
@@ -907,7 +941,7 @@ async def test_max_inflight_requests_holds_up_a_python_decoupled_step(
     """The same with the python backend's `repeat` as the decoupled step, served as the server
     serves it (its process read by the event loop, its sender wrapped by the router): the
     responses waiting for the next step stay within the limit."""
-    waiting: list[int] = []
+    waiting: list[int] = []  # after each delivery, how many wait to be taken
     deliver = ResponseStream._deliver
 
     def counted(self: ResponseStream, *answer: Any) -> None:
@@ -919,7 +953,7 @@ async def test_max_inflight_requests_holds_up_a_python_decoupled_step(
     router = Router()
     config = (tmp_path / "repeat" / "config.pbtxt").read_text()
     await serve(system, router, PythonBackend(), config, tmp_path, model_file="model.py")
-    gauge = Gauge(0.02)
+    gauge = Gauge()
     await serve(
         system, router, FunctionBackend(gauge), ONE.format(name="double", count=4), tmp_path
     )
@@ -929,10 +963,18 @@ async def test_max_inflight_requests_holds_up_a_python_decoupled_step(
     streamed = InferenceRequest("python_streamed", inputs=[Tensor("IN", "INT32", (40,), data)])
     streamed.sender = collected.sender
     router.submit(streamed)
+    try:
+        # The gate closed, none of the next step's executes finishes.
+        if limit:
+            # The step full, `limit` responses wait to be taken: the model's next send waits.
+            await until(lambda: gauge.running >= limit and max(waiting, default=0) >= limit)
+        else:
+            await until(lambda: len(waiting) >= 40)  # nothing holds the model up
+    finally:
+        gauge.gate.set()
     with anyio.fail_after(PATIENCE_S):
         await collected.done.wait()
     assert collected.by_index() == {i: 2 * i for i in range(40)}
     if limit:
         assert max(waiting) <= limit + 1
-    else:
-        assert max(waiting) > 10  # nothing holds the model up
+        assert gauge.most <= limit

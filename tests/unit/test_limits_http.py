@@ -26,6 +26,10 @@ from tritonactor.settings import Settings, SettingsError
 
 pytestmark = pytest.mark.anyio
 
+# The bound on a wait for an event (the client waiting): never a measure of speed, so generous
+# enough that a busy machine never reaches it.
+WAIT = 30
+
 
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"1" + b"]" * depth
@@ -189,12 +193,14 @@ class Client:
         self.then_wait = then_wait
         self.reads = 0
         self.sent: list[Message] = []
+        self.waiting = anyio.Event()  # set once a read finds nothing more to come
 
     async def receive(self) -> Message:
         self.reads += 1
         for message in self.messages:
             return message
         if self.then_wait:
+            self.waiting.set()
             await anyio.sleep(math.inf)
         return {"type": "http.disconnect"}
 
@@ -295,10 +301,20 @@ async def test_once_the_body_is_in_receiving_waits_without_a_deadline() -> None:
     limits = BodyLimits(max_size=100, timeout=0.01)
     client = Client([chunk(b"{}", more=False)], then_wait=True)
     receive, _, _ = limits.bound(scope((b"content-length", b"2")), client.receive, client.send)
+    bounded = receive.__self__  # type: ignore[attr-defined]  # the request's timer and state
     await receive()
-    with anyio.move_on_after(0.1) as waited:
-        await receive()
-    assert waited.cancelled_caught  # still waiting, with no 408
+    assert bounded.complete and bounded._timer is None  # the body is in: its timer is gone
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(receive)
+        with anyio.fail_after(WAIT):
+            await client.waiting.wait()
+        # The client's wait is not one the body's timer may cancel, and were that timer to
+        # fire now, it would change nothing: no 408 can come.
+        assert bounded._waiting is None
+        bounded._expire()
+        assert not bounded.late and not bounded.failed
+        tasks.cancel_scope.cancel()  # the client leaving ends the wait (cancelled, no error)
+    assert client.reads == 2
 
 
 async def test_a_response_before_the_body_has_arrived_closes_the_connection() -> None:

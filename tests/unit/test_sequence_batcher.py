@@ -35,6 +35,10 @@ from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
 
+# The bound on a wait for an event (a request answered, the batcher holding one): never a
+# measure of speed, so generous enough that a busy machine never reaches it.
+WAIT = 30
+
 CONTROLS = """
     control_input [
       { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
@@ -206,8 +210,8 @@ def batcher(actor: ModelVersionActor) -> SequenceBatcher:
     return scheduler
 
 
-async def until(condition: Any, timeout: float = 5) -> None:
-    with anyio.fail_after(timeout):
+async def until(condition: Any) -> None:
+    with anyio.fail_after(WAIT):
         while not condition():
             await anyio.sleep(0.005)
 
@@ -418,9 +422,7 @@ async def test_the_timer_releases_without_new_requests(system: ActorSystem) -> N
     scheduler = actor.scheduler._actor  # the batcher itself, only to read its state
     assert isinstance(scheduler, SequenceBatcher)
     assert scheduler.active_sequences == 1
-    with anyio.fail_after(5):
-        while scheduler.active_sequences:
-            await anyio.sleep(0.02)
+    await until(lambda: scheduler.active_sequences == 0)
 
 
 # -- direct: slots, null requests, backlog ------------------------------------------------------
@@ -475,10 +477,18 @@ async def test_direct_waits_for_minimum_slot_utilization(system: ActorSystem) ->
 async def test_direct_sends_a_thin_batch_once_the_delay_runs_out(system: ActorSystem) -> None:
     backend = AccumulatingBackend()
     strategy = "direct { max_queue_delay_microseconds: 200000 minimum_slot_utilization: 0.75 }"
-    router, _ = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    router, actor = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    await until(lambda: batcher(actor).idle_instances == 1)  # the delay starts as "a" arrives
     started = anyio.current_time()
-    assert total((await answers([router.submit(seq(7, "a", 1, True, max_batch_size=4))]))[0]) == 7
-    assert anyio.current_time() - started >= 0.19
+    one = router.submit(seq(7, "a", 1, True, max_batch_size=4))
+    # 1 of 4 slots ready is below the minimum: the batcher holds "a" for the delay. (The poll
+    # began before "a" arrived, so its timer comes before the delay's however slow the loop.)
+    await until(lambda: batcher(actor).idle_instances == 1 and batcher(actor).queue_depth == 1)
+    assert backend.entered == 0
+    # Nothing else comes: once the delay runs out, "a" goes alone, in a batch of one slot.
+    assert total((await answers([one]))[0]) == 7
+    assert [[entry["id"] for entry in batch] for batch in backend.batches] == [["a"]]
+    assert anyio.current_time() - started >= 0.19  # a lower bound the server enforces
 
 
 # -- oldest --------------------------------------------------------------------------------------

@@ -39,6 +39,10 @@ from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
 
+# The bound on a wait for an event (a request answered, the batcher holding one): never a
+# measure of speed, so generous enough that a busy machine never reaches it.
+WAIT = 30
+
 STATE = 'input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ {dims} ]'
 
 CONFIG = """
@@ -201,6 +205,8 @@ class StateInstance(BackendInstance):
 
     def execute(self, requests: list[InferenceRequest]) -> list[Result]:
         backend = self.backend
+        with backend.lock:
+            backend.entered += 1
         if not backend.gate.wait(timeout=10):
             raise RuntimeError("the test never released the instance")
         results: list[Result] = []
@@ -239,6 +245,7 @@ class StateBackend(Backend):
         self.lock = threading.Lock()
         self.seen: list[tuple[str, bool, Any]] = []
         self.drop_state = False
+        self.entered = 0  # executes begun (some may wait at the gate)
 
     def load_model(self, context: ModelContext) -> BackendModel:
         return StateModel(self)
@@ -285,6 +292,18 @@ def step(
 async def answers(replies: list[Reply[InferenceResponse]]) -> list[InferenceResponse]:
     with anyio.fail_after(10):
         return [await reply.wait() for reply in replies]
+
+
+def batcher(router: Router) -> SequenceBatcher:
+    scheduler = router.resolve("acc").scheduler._actor  # the batcher itself, to read its state
+    assert isinstance(scheduler, SequenceBatcher)
+    return scheduler
+
+
+async def until(condition: Any) -> None:
+    with anyio.fail_after(WAIT):
+        while not condition():
+            await anyio.sleep(0.005)
 
 
 def value(response: InferenceResponse) -> int:
@@ -350,9 +369,10 @@ async def test_null_rows_get_a_zero_state_and_change_no_sequence(system: ActorSy
     router = await serve(system, backend, config_text(max_batch_size=4, strategy="direct { }"))
     backend.gate.clear()
     first = router.submit(step(1, "a0", 1, start=True, batching=True))
-    await anyio.sleep(0.1)  # sequence 1 (slot 0) runs, held at the gate
+    await until(lambda: backend.entered == 1)  # sequence 1 (slot 0) runs, held at the gate
     second = router.submit(step(10, "b0", 2, start=True, batching=True))
-    await anyio.sleep(0.1)
+    await until(lambda: batcher(router).queue_depth == 1)  # b0 waits in slot 1 for the instance
+    assert backend.entered == 1
     backend.gate.set()
     assert [value(r) for r in await answers([first, second])] == [1, 10]
     assert value((await answers([router.submit(step(2, "a1", 1, batching=True))]))[0]) == 3

@@ -487,7 +487,7 @@ async def test_a_batch_links_every_request_it_carried(
     router = await serve(
         system,
         backend,
-        "dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 2000000 }",
+        "dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 60000000 }",
     )
     tracing = make_tracing(exported)
     traces = []
