@@ -25,8 +25,10 @@ output [
   { name: "OUTPUT_BS" data_type: TYPE_INT64 dims: [ 1 ] }
 ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-dynamic_batching { max_queue_delay_microseconds: 20000 }
+dynamic_batching { max_queue_delay_microseconds: 600000000 }
 """
+# The queue delay (ten minutes) never runs out within a test: a batch is cut only when it is
+# full (8 rows), so which requests run together does not depend on when they arrive.
 
 
 def batch_size_probe_model(path: Path) -> Path:
@@ -82,7 +84,7 @@ def test_concurrent_requests_are_batched_and_answered_each_with_its_own(
             client.async_infer("batch_size_probe", _inputs(100 * i), request_id=f"r{i}")
             for i in range(16)
         ]
-        results = [request.get_result(timeout=30) for request in pending]
+        results = [request.get_result(timeout=60) for request in pending]
     finally:
         client.close()
     seen = []
@@ -93,20 +95,33 @@ def test_concurrent_requests_are_batched_and_answered_each_with_its_own(
         batch = result.as_numpy("OUTPUT_BS")
         assert batch.shape == (1, 1)
         seen.append(int(batch[0, 0]))
-    assert max(seen) > 1, f"no request ran in a batch: {seen}"
-    assert max(seen) <= 8
+    # Sixteen one-row requests: two full batches of eight.
+    assert seen == [8] * 16, seen
 
 
 def test_a_request_of_several_rows_is_answered_with_its_rows(
     batching_server: ServerProcess,
 ) -> None:
-    client = httpclient.InferenceServerClient(batching_server.url)
+    # Three rows and five one-row requests fill a batch of eight (a batch is cut only when full).
+    client = httpclient.InferenceServerClient(batching_server.url, concurrency=6)
     try:
         data = np.arange(12, dtype=np.int32).reshape(3, 4)
         tensor = httpclient.InferInput("INPUT0", [3, 4], "INT32")
         tensor.set_data_from_numpy(data)
-        result = client.infer("batch_size_probe", [tensor])
+        several = client.async_infer("batch_size_probe", [tensor], request_id="rows")
+        singles = [
+            client.async_infer("batch_size_probe", _inputs(100 * i), request_id=f"s{i}")
+            for i in range(5)
+        ]
+        result = several.get_result(timeout=60)
+        others = [request.get_result(timeout=60) for request in singles]
     finally:
         client.close()
+    assert result.get_response()["id"] == "rows"
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data * 2)
-    assert result.as_numpy("OUTPUT_BS").shape == (3, 1)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT_BS"), [[8]] * 3)
+    for i, other in enumerate(others):
+        assert other.get_response()["id"] == f"s{i}"
+        expected = (np.arange(4, dtype=np.int32) + 100 * i) * 2
+        np.testing.assert_array_equal(other.as_numpy("OUTPUT0"), [expected])
+        np.testing.assert_array_equal(other.as_numpy("OUTPUT_BS"), [[8]])

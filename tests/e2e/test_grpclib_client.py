@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from grpclib.client import Channel
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, wait_for
 from tritonactor._proto import inference as pb
 from tritonactor._proto.grpc.health import v1 as health
 
@@ -152,7 +152,7 @@ async def test_client_leaving_mid_stream_does_not_hurt_the_model(
     the model must carry on regardless."""
 
     async def requests() -> AsyncIterator[pb.ModelInferRequest]:
-        for x in range(30):  # several milliseconds each: most are still queued when we leave
+        for x in range(30):  # tens of milliseconds each: they queue up behind each other
             yield slow_request(x)
         await asyncio.sleep(30)  # the client leaves long before this
 
@@ -160,6 +160,13 @@ async def test_client_leaving_mid_stream_does_not_hurt_the_model(
     answers = pb.GrpcInferenceServiceStub(channel).model_stream_infer(requests())
     first = await answers.__anext__()
     assert not first.error_message
+    # The server holds several of the stream's requests, not answered yet, when we leave.
+    await asyncio.to_thread(
+        wait_for,
+        lambda: grpc_server.pending("slow") >= 2,
+        60,
+        lambda: f"pending for slow: {grpc_server.pending('slow')}",
+    )
     await answers.aclose()
     channel.close()
 

@@ -38,9 +38,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repo / "report_direct" / "config.pbtxt").write_text(
         text.replace('"sequence_batch_report"', '"report_direct"')
     )
+    # Oldest: the queue delay (ten minutes) never runs out within a test, so a batch is cut
+    # only when full, one request of each of the four sequences, however they arrive.
     (repo / "report_oldest" / "config.pbtxt").write_text(
         text.replace('"sequence_batch_report"', '"report_oldest"').replace(
-            "direct { }", "oldest { max_candidate_sequences: 4 }"
+            "direct { }",
+            "oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 600000000 }",
         )
     )
     process = start_server([repo], tmp_path_factory.mktemp("sequence_server"))
@@ -114,19 +117,24 @@ def report(
     }
 
 
-def run_sequence(url: str, model: str, sequence_id: int, values: list[int]) -> list[dict]:
+def run_sequence(
+    url: str, model: str, sequence_id: int, values: list[int], first: int = 0
+) -> list[dict]:
+    """Steps `first`.. of the sequence `values` (START with step 0, END with the last)."""
     client = httpclient.InferenceServerClient(url)
     answers = []
-    for step, value in enumerate(values):
+    for step in range(first, len(values)):
         flags = {"sequence_start": step == 0, "sequence_end": step == len(values) - 1}
-        answers.append(report(client, model, value, sequence_id, **flags))
+        answers.append(report(client, model, values[step], sequence_id, **flags))
     return answers
 
 
-def run_concurrently(url: str, model: str, sequences: dict[int, list[int]]) -> dict[int, list]:
+def run_concurrently(
+    url: str, model: str, sequences: dict[int, list[int]], first: int = 0
+) -> dict[int, list]:
     with ThreadPoolExecutor(len(sequences)) as pool:
         futures = {
-            corrid: pool.submit(run_sequence, url, model, corrid, values)
+            corrid: pool.submit(run_sequence, url, model, corrid, values, first)
             for corrid, values in sequences.items()
         }
         return {corrid: future.result(timeout=60) for corrid, future in futures.items()}
@@ -144,12 +152,20 @@ def check_sums(answers: dict[int, list[dict]]) -> None:
 
 
 def test_direct_batches_concurrent_sequences_in_their_slots(server: ServerProcess) -> None:
-    answers = run_concurrently(server.url, "report_direct", SEQUENCES)
+    # Each sequence starts once the one before has its answer, so all four hold a slot (the
+    # lowest free one: 41 slot 0 ... 44 slot 3) before the rest of them run concurrently.
+    client = httpclient.InferenceServerClient(server.url)
+    started = {
+        corrid: report(client, "report_direct", values[0], corrid, sequence_start=True)
+        for corrid, values in SEQUENCES.items()
+    }
+    rest = run_concurrently(server.url, "report_direct", SEQUENCES, first=1)
+    answers = {corrid: [started[corrid], *rest[corrid]] for corrid in SEQUENCES}
     check_sums(answers)
     everything = [answer for sequence in answers.values() for answer in sequence]
     # Several slots per execute: one request per slot, at its slot's row; a row without a
-    # request (READY 0) is a null row, CORRID 0.
-    assert max(len(answer["READY_ROWS"]) for answer in everything) > 1
+    # request (READY 0) is a null row, CORRID 0. A request of slot 3 runs with rows 0 to 3.
+    assert max(len(answer["READY_ROWS"]) for answer in everything) == 4
     slots: dict[int, set[int]] = {}
     for corrid, sequence in answers.items():
         for answer in sequence:
@@ -195,11 +211,12 @@ def test_direct_backlogs_a_fifth_sequence_until_a_slot_frees(server: ServerProce
 
 
 def test_oldest_batches_one_request_per_sequence(server: ServerProcess) -> None:
+    # Each client sends a sequence's next request once the last is answered, and a batch is
+    # cut only when full: every execute runs one request of each of the four sequences.
     answers = run_concurrently(server.url, "report_oldest", SEQUENCES)
     check_sums(answers)
     everything = [answer for sequence in answers.values() for answer in sequence]
-    assert max(len(answer["READY_ROWS"]) for answer in everything) > 1
     for answer in everything:
-        assert set(answer["READY_ROWS"]) == {1}  # compact: no null rows
-        corrids = answer["CORRID_ROWS"]
-        assert len(corrids) == len(set(corrids))  # at most one request of a sequence per batch
+        assert answer["READY_ROWS"] == [1, 1, 1, 1]  # compact: no null rows
+        # one request of each sequence per batch
+        assert sorted(answer["CORRID_ROWS"]) == sorted(SEQUENCES)

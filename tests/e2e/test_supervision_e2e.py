@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.processes import cmdline, environ
-from tests.server_process import free_port
+from tests.server_process import free_port, pending_requests
 
 pytestmark = pytest.mark.e2e
 
@@ -97,6 +97,7 @@ def wait_for(what: str, check: Callable[[], object]) -> object:
 class Served:
     process: subprocess.Popen[bytes]
     http_port: int
+    metrics_port: int
     gate: Path
     log: Path
     workers: int
@@ -134,6 +135,10 @@ class Served:
         )
         return pid
 
+    def pending(self) -> int:
+        """The model's requests routed and not answered yet, queued or running (its metrics)."""
+        return pending_requests(self.metrics_port, MODEL)
+
     def ready(self) -> int:
         return httpx.get(f"{self.base}/v2/health/ready", timeout=30).status_code
 
@@ -160,6 +165,7 @@ def start(root: Path, workers: int) -> Served:
     gate = root / "gate"
     gate.mkdir()
     http_port = free_port()
+    metrics_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "TA_"))}
     env.update(
         {
@@ -171,14 +177,14 @@ def start(root: Path, workers: int) -> Served:
             "TRITONACTOR_GRPC_HOST": "127.0.0.1",
             "TRITONACTOR_GRPC_PORT": str(free_port()),
             "TRITONACTOR_METRICS_HOST": "127.0.0.1",
-            "TRITONACTOR_METRICS_PORT": str(free_port()),
+            "TRITONACTOR_METRICS_PORT": str(metrics_port),
         }
     )
     command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", str(workers)]
     log = root / "server.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    served = Served(process, http_port, gate, log, workers)
+    served = Served(process, http_port, metrics_port, gate, log, workers)
 
     def ready() -> bool:
         if process.poll() is not None:
@@ -246,6 +252,7 @@ def test_an_idle_process_killed_is_replaced_before_any_request(served: Served) -
         # A request sent while no process serves waits for the replacement.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(served.infer, 0)
+            wait_for("the server to hold the request", lambda: served.pending() == 1)
             assert served.ready() == 400  # still held in initialize
             hold.unlink()
             assert answered_pid(waiting.result()) == new_pid
@@ -288,6 +295,8 @@ def test_only_the_request_in_flight_fails_when_its_process_dies(served: Served) 
         wait_for("the model to take the blocking request", (served.gate / f"busy-{killed}").exists)
         # Queued behind it (one instance): they are not part of the batch that dies.
         queued = [pool.submit(served.infer, 0) for _ in range(3)]
+        # Pending counts the running request and the queued ones.
+        wait_for("the three requests to queue", lambda: served.pending() == 4)
         os.kill(killed, signal.SIGKILL)
         failed = doomed.result()
         assert failed.status_code == 503, failed.text

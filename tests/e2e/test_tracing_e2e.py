@@ -30,7 +30,7 @@ STATUS_ERROR = 2
 STAGES = {"InferRequest", "router", "queue", "execute", "compute"}
 BATCHED = (
     SIMPLE_CONFIG.format(name="batched", max_batch_size=8)
-    + "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000000 }\n"
+    + "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 60000000 }\n"
 )
 # Two steps, `simple` then `other`: add_sub of add_sub.
 PIPELINE = """
