@@ -25,6 +25,8 @@ from tritonactor._proto import inference as pb
 pytestmark = pytest.mark.e2e
 
 MODELS = Path(__file__).resolve().parent.parent / "python_models"
+# A generous bound on waiting for an event; reaching it is a failure, never an expected outcome.
+EVENT_TIMEOUT_S = 60.0
 SERVED = (
     "add_sub",
     "identity_bytes",
@@ -116,7 +118,7 @@ def test_decoupled_repeat_over_grpc_streaming(grpc: grpcclient.InferenceServerCl
         )
         seen: list[tuple[int, int]] = []
         while True:
-            result, error = answers.get(timeout=10)
+            result, error = answers.get(timeout=EVENT_TIMEOUT_S)
             assert error is None, error
             response = result.get_response()
             final = response.parameters["triton_final_response"].bool_param
@@ -127,10 +129,6 @@ def test_decoupled_repeat_over_grpc_streaming(grpc: grpcclient.InferenceServerCl
     finally:
         grpc.stop_stream()
     assert seen == [(7, 0), (8, 1), (9, 2), (10, 3)]
-
-
-# A generous bound on waiting for an event; reaching it is a failure, never an expected outcome.
-EVENT_TIMEOUT_S = 60.0
 
 
 @pytest.mark.parametrize("check", ["sender", "request"])

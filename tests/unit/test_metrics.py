@@ -57,6 +57,9 @@ async def system() -> AsyncIterator[ActorSystem]:
         yield actors
 
 
+# Bounds a wait for an event that is bound to happen: reached only when something is broken.
+WAIT = 30
+
 OK = InferenceResponse("echo", "1")
 TIMES = ExecutionTimes(started=1_000, backend_started=1_100, backend_finished=1_600, answered=1_650)
 
@@ -309,8 +312,8 @@ async def test_a_cancelled_request_is_canceled(system: ActorSystem, tmp_path: Pa
     waiting = request(2)
     second = server.router.submit(waiting)
     waiting.cancel()
-    await anyio.to_thread.run_sync(backend.barrier.wait, 5)
-    with anyio.fail_after(5):
+    await anyio.to_thread.run_sync(backend.barrier.wait, WAIT)
+    with anyio.fail_after(WAIT):
         await first.wait()
         with pytest.raises(TritonError, match="cancelled"):
             await second.wait()
@@ -482,7 +485,7 @@ async def test_the_listener_answers_on_the_port_the_os_chose(
         assert value(families(response.text), "nv_inference_request_success", model="echo") == 0
         assert (await client.get(f"{base}/")).status_code == 404
         assert (await client.post(f"{base}/metrics")).status_code == 405
-        with anyio.fail_after(5):
+        with anyio.fail_after(WAIT):
             stream = await anyio.connect_tcp("127.0.0.1", port)
             await stream.send(b"nonsense\r\n\r\n")
             assert (await stream.receive()).startswith(b"HTTP/1.1 400 ")

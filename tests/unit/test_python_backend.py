@@ -16,6 +16,7 @@ import pytest
 
 from tests.python_backend_support import (
     MODELS,
+    PATIENCE_S,
     Started,
     context,
     outputs,
@@ -218,13 +219,14 @@ async def test_decoupled_model_sees_cancellation_while_it_streams(
 ) -> None:
     instance = start("cancellable")
     collected = Collected()
-    req = cancellable(check=check)
+    # The model stops by itself only after twice the bound on the wait for its final answer.
+    req = cancellable(check=check, limit_s=2 * PATIENCE_S)
     req.sender = ResponseSender(collected.deliver)
     assert await instance.execute([req]) == [None]
     await collected.until(2)
     assert not any(final for _, _, final in collected.received)
     req.cancel()
-    last = await collected.final(seconds=5)  # the model stops by itself only after 10 s
+    last = await collected.final(seconds=PATIENCE_S)
     assert last["CANCELLED"].tolist() == [True]  # it stopped because it saw the cancellation
     assert last["INDEX"].tolist() == [len(collected.received) - 1] and last["INDEX"][0] >= 2
 

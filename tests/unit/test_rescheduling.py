@@ -42,6 +42,9 @@ from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
 
+# Bounds a wait for an event that is bound to happen: reached only when something is broken.
+WAIT = 30
+
 ITERATIVE = """
 name: "iter"
 max_batch_size: {max_batch_size}
@@ -213,7 +216,7 @@ async def test_requests_without_an_id_are_sequences_of_their_own_batched_togethe
     router = await serve(system, backend, ITERATIVE.format(max_batch_size=2, decoupled=""))
     backend.gate.clear()
     a = router.submit(request(3, "a", batching=True))
-    assert await anyio.to_thread.run_sync(backend.entered.wait, 5)  # [a] runs, held
+    assert await anyio.to_thread.run_sync(backend.entered.wait, WAIT)  # [a] runs, held
     b = router.submit(request(2, "b", batching=True))  # the second slot
     c = router.submit(request(1, "c", batching=True))  # no slot free: waits for one
     backend.gate.set()
@@ -308,7 +311,7 @@ class FakeInstance(Actor[Execute]):
         self.arrived = anyio.Event()
 
     async def next_batch(self, seen: int) -> list[Infer]:
-        with anyio.fail_after(5):
+        with anyio.fail_after(WAIT):
             while len(self.batches) <= seen:
                 await self.arrived.wait()
         return self.batches[seen]
@@ -360,7 +363,7 @@ async def test_a_rescheduled_request_whose_instance_stopped_fails_unavailable(
     (sent,) = await fake.next_batch(0)
     await scheduler.tell(InstanceGone(instance))
     await scheduler.tell(Rescheduled(sent))
-    with anyio.fail_after(5), pytest.raises(TritonError) as caught:
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await item.reply.wait()
     assert caught.value.code is ErrorCode.UNAVAILABLE
 
@@ -371,7 +374,7 @@ async def test_a_rescheduled_request_the_batcher_did_not_send_fails_internal(
     scheduler, _, _ = await batcher_with_instance(system)
     stranger = Infer(request(5, "x"), Reply())
     await scheduler.tell(Rescheduled(stranger))
-    with anyio.fail_after(5), pytest.raises(TritonError) as caught:
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await stranger.reply.wait()
     assert caught.value.code is ErrorCode.INTERNAL
 

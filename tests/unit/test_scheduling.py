@@ -29,6 +29,9 @@ from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
 
+# Bounds a wait for an event that is bound to happen: reached only when something is broken.
+WAIT = 30
+
 CONFIG = """
 name: "echo"
 max_batch_size: 4
@@ -48,7 +51,7 @@ class EchoInstance(BackendInstance):
         for request in requests:
             data = request.inputs[0].data
             if self.backend.barrier is not None:
-                self.backend.barrier.wait(timeout=5)  # every instance must be in here at once
+                self.backend.barrier.wait(timeout=WAIT)  # every instance must be in here at once
             if int(data.flat[0]) < 0:
                 results.append(internal("negative input"))
                 continue
@@ -207,8 +210,8 @@ async def test_a_cancelled_request_that_has_not_run_is_dropped(system: ActorSyst
     second_request = request(2, "second")
     second = router.submit(second_request)
     second_request.cancel()
-    await anyio.to_thread.run_sync(backend.barrier.wait, 5)  # let the first one finish
-    with anyio.fail_after(5):
+    await anyio.to_thread.run_sync(backend.barrier.wait, WAIT)  # let the first one finish
+    with anyio.fail_after(WAIT):
         assert (await first.wait()).id == "first"
         with pytest.raises(TritonError) as caught:
             await second.wait()
@@ -225,6 +228,6 @@ async def test_a_caller_that_gives_up_cancels_its_request(system: ActorSystem) -
     with anyio.move_on_after(0.1):
         await router.infer(waiting)
     assert waiting.cancelled
-    await anyio.to_thread.run_sync(backend.barrier.wait, 5)
-    with anyio.fail_after(5):
+    await anyio.to_thread.run_sync(backend.barrier.wait, WAIT)
+    with anyio.fail_after(WAIT):
         await blocker.wait()

@@ -33,6 +33,9 @@ from tritonactor.scheduling.warmup import WarmupSample, run_sample, warm_up, war
 
 pytestmark = pytest.mark.anyio
 
+# Bounds a wait for an event that is bound to happen: reached only when something is broken.
+WAIT = 30
+
 BATCHING = """
 name: "m"
 max_batch_size: 4
@@ -450,13 +453,13 @@ DECOUPLED = BATCHING + "model_transaction_policy { decoupled: true }\n" + WARMUP
 
 async def test_a_decoupled_warmup_waits_for_the_final_answers(tmp_path: Path) -> None:
     instance = LateSender()
-    with anyio.fail_after(5):
+    with anyio.fail_after(WAIT):
         await warm_up(instance, make_context(DECOUPLED, tmp_path), "m_0_0")
     assert instance.finals == 5
 
 
 async def test_a_decoupled_warmup_fails_on_an_error_answer(tmp_path: Path) -> None:
-    with anyio.fail_after(5), pytest.raises(TritonError) as caught:
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await warm_up(LateSender(fail_on=0.0), make_context(DECOUPLED, tmp_path), "m_0_0")
     assert caught.value.message == "warmup 'twice' of model 'm' failed: decoupled trouble"
 
