@@ -128,7 +128,7 @@ class OtlpReceiver:
             return list(self._spans)
 
     def wait_for(
-        self, done: Callable[[list[ReceivedSpan]], bool], timeout: float = 10
+        self, done: Callable[[list[ReceivedSpan]], bool], timeout: float = 60
     ) -> list[ReceivedSpan]:
         """The spans received, once `done(spans)` holds (AssertionError after `timeout`)."""
         deadline = time.monotonic() + timeout

@@ -22,6 +22,8 @@ from tritonactor.scheduling.signature import (
     read_labels,
 )
 
+WAIT = 30  # s: the bound on a wait for something bound to happen (only a hang reaches it)
+
 CONFIG = """
 name: "scores"
 max_batch_size: {batch}
@@ -398,7 +400,7 @@ def test_a_large_classification_is_encoded_off_the_event_loop(tmp_path: Path) ->
     def encode() -> str:
         # Runs the ranking: the loop must be able to run meanwhile (the safety timeout only
         # turns a block into a failure instead of a hang).
-        return "free" if loop_ran.wait(timeout=10) else "blocked"
+        return "free" if loop_ran.wait(timeout=WAIT) else "blocked"
 
     async def run() -> str:
         async def mark() -> None:

@@ -633,7 +633,7 @@ def start_stream(router: Router, model: str, values: list[int]) -> Collected:
 
 async def stream(router: Router, model: str, values: list[int]) -> Collected:
     collected = start_stream(router, model, values)
-    with anyio.fail_after(5):
+    with anyio.fail_after(HANG):
         await collected.done.wait()
     return collected
 
@@ -722,7 +722,7 @@ async def test_an_ensemble_without_decoupled_steps_answers_a_stream_with_one_fin
     streamed = request("chain", 1)
     streamed.sender = collected.sender
     router.submit(streamed)
-    with anyio.fail_after(5):
+    with anyio.fail_after(HANG):
         await collected.done.wait()
     assert [r.outputs[0].data.tolist() for r in collected.responses] == [[6, 12]]
     assert collected.finals == 1
@@ -852,8 +852,8 @@ async def test_max_inflight_requests_holds_up_a_decoupled_step_that_outpaces_the
 
 
 class TickerInstance(BackendInstance):
-    """Decoupled: two responses, then silence until the request is cancelled (or 5 s have
-    passed): only the cancellation itself can tell it to stop."""
+    """Decoupled: two responses, then silence until the request is cancelled (or HANG has
+    passed, which fails the test): only the cancellation itself can tell it to stop."""
 
     def __init__(self, stopped: threading.Event) -> None:
         self.stopped = stopped
@@ -862,7 +862,9 @@ class TickerInstance(BackendInstance):
         for request in requests:
             sender = request.sender
             assert sender is not None
-            for index in range(500):
+            give_up = time.monotonic() + HANG
+            index = 0
+            while time.monotonic() < give_up:
                 if sender.is_cancelled():
                     self.stopped.set()
                     break
@@ -872,6 +874,7 @@ class TickerInstance(BackendInstance):
                         for name in ("Y", "I")
                     ]
                     sender.send(InferenceResponse("split", "1", request.id, outputs))
+                index += 1
                 time.sleep(0.01)
             sender.send(final=True)
         return [None] * len(requests)
@@ -908,12 +911,12 @@ async def test_cancelling_a_streaming_request_cancels_its_decoupled_step(
     streamed = InferenceRequest("streamed", inputs=[Tensor("IN", "INT32", (1,), data)])
     streamed.sender = collected.sender
     router.submit(streamed)
-    with anyio.fail_after(5):
+    with anyio.fail_after(HANG):
         while len(collected.responses) < 2:
             await anyio.sleep(0.01)
         streamed.cancel()  # what a gRPC stream that closes does to its requests
         await collected.done.wait()
-    assert await anyio.to_thread.run_sync(ticker.stopped.wait, 5)
+    assert await anyio.to_thread.run_sync(ticker.stopped.wait, HANG)
     assert len(collected.responses) == 2
 
 

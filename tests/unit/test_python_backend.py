@@ -168,7 +168,7 @@ async def test_decoupled_responses_arrive_after_execute_returned(start: Started)
     req = request("repeat", tensor("IN", np.array([4, 5, 6], dtype=np.int32)))
     req.sender = ResponseSender(deliver)
     assert await instance.execute([req]) == [None]
-    with anyio.fail_after(10):
+    with anyio.fail_after(PATIENCE_S):
         await done.wait()
     assert [r is not None for r, _, _ in received] == [True, True, True, False]
     assert [final for _, _, final in received] == [False, False, False, True]
@@ -193,12 +193,12 @@ class Collected:
         self.arrived.set()
         self.arrived = anyio.Event()
 
-    async def until(self, count: int, seconds: float = 10) -> None:
+    async def until(self, count: int, seconds: float = PATIENCE_S) -> None:
         with anyio.fail_after(seconds):
             while len(self.received) < count:
                 await self.arrived.wait()
 
-    async def final(self, seconds: float = 10) -> dict[str, np.ndarray]:
+    async def final(self, seconds: float = PATIENCE_S) -> dict[str, np.ndarray]:
         with anyio.fail_after(seconds):
             while not (self.received and self.received[-1][2]):
                 await self.arrived.wait()

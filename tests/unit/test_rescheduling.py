@@ -76,7 +76,7 @@ class Countdown(BackendInstance):
     def execute(self, requests: list[InferenceRequest]) -> list[Result]:
         backend = self.backend
         backend.entered.set()
-        if not backend.gate.wait(timeout=10):
+        if not backend.gate.wait(timeout=WAIT):
             raise RuntimeError("the test never released the instance")
         results: list[Result] = []
         for request in requests:
@@ -188,7 +188,7 @@ def request(
 
 
 async def answer(reply: Reply[InferenceResponse]) -> int:
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         response = await reply.wait()
     return int(response.outputs[0].data.reshape(-1)[0])
 
@@ -288,7 +288,7 @@ async def test_a_decoupled_iterative_request_answers_from_each_of_its_executions
     streamed = request(3, "a")
     streamed.sender = collected.sender
     router.submit(streamed)
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         await collected.done.wait()
     assert (collected.values, collected.finals) == ([1, 2, 3], 1)
     assert [row[1] for row in backend.rows] == [1, 0, 0]

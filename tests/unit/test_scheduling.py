@@ -142,7 +142,7 @@ async def test_n_instances_execute_concurrently(system: ActorSystem) -> None:
     async def one(value: int) -> None:
         results.append(await router.infer(request(value)))
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         async with anyio.create_task_group() as group:
             group.start_soon(one, 1)
             group.start_soon(one, 2)

@@ -35,6 +35,8 @@ from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
 
+WAIT = 30  # s: the bound on a wait for something bound to happen (only a hang reaches it)
+
 CONFIG = """
 name: "m"
 max_batch_size: 0
@@ -166,7 +168,7 @@ def request(config: str) -> InferenceRequest:
 
 
 async def wait_health(owner: Owner, count: int) -> None:
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         while len(owner.health) < count:
             await owner.heard.wait()
 
@@ -192,7 +194,7 @@ async def test_an_idle_instance_that_dies_is_replaced_with_no_request(
     assert len(backend.instances) == 2
     assert backend.finalized == [1]  # the dead one's resources went at once
     assert backend.executed == []  # nothing had to meet the dead instance
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         response = await router.infer(request(CONFIG))
     assert response.model_version == "2"
 
@@ -203,7 +205,7 @@ async def test_a_batch_the_dead_instance_never_ran_runs_on_the_replacement(
     backend, owner, router = await serve(system, CONFIG, tmp_path)
     # Dead, but not reported yet: the scheduler still hands it the next batch.
     backend.instances[0].die("the process exited with code 1", report=False)
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         response = await router.infer(request(CONFIG))
     assert response.model_version == "2"
     assert backend.executed == [2]
@@ -216,12 +218,12 @@ async def test_where_the_scheduler_cannot_take_it_back_it_fails_with_the_reason(
 ) -> None:
     backend, owner, router = await serve(system, ORDERED, tmp_path)
     backend.instances[0].die("the process exited with code 1", report=False)
-    with anyio.fail_after(10), pytest.raises(TritonError) as caught:
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await router.infer(request(ORDERED))
     assert caught.value.code == ErrorCode.UNAVAILABLE
     assert caught.value.message == "the process exited with code 1"
     await wait_health(owner, 2)
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         response = await router.infer(request(ORDERED))
     assert response.model_version == "2"
 
@@ -237,7 +239,7 @@ def quick_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def until(check: Callable[[], bool]) -> None:
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         while not check():
             await anyio.sleep(0.001)
 
@@ -259,7 +261,7 @@ async def test_an_instance_that_cannot_restart_does_not_take_its_healthy_sibling
     await until(lambda: len(backend.refused) >= 10)
     assert set(backend.refused) == {"m_0_0"}
     # ...while the version serves on its other instance, and stays loaded.
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         response = await router.infer(request(TWO))
     assert response.model_version == str(second.generation)
     assert owner.failed == []

@@ -51,6 +51,7 @@ from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
 
+WAIT = 30  # s: the bound on a wait for something bound to happen (only a hang reaches it)
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
 
@@ -501,7 +502,7 @@ async def test_a_batch_links_every_request_it_carried(
         await router.infer(traced)
         trace.end()
 
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         async with anyio.create_task_group() as group:
             for index in range(3):
                 group.start_soon(one, index)

@@ -574,7 +574,7 @@ async def test_an_instance_restarted_after_a_crash_is_warmed_up_again(
 
     with pytest.raises(TritonError, match="was asked to die"):
         await router.infer(request(-1.0))
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         await router.infer(request(5.0))  # waits in the queue for the replacement
     assert backend.created == ["w_0_0", "w_0_0"]
     assert backend.executed == (
