@@ -345,19 +345,20 @@ async def test_a_request_past_its_timeout_is_rejected(system: ActorSystem) -> No
 
 async def test_a_delayed_request_yields_to_those_in_time(system: ActorSystem) -> None:
     backend = RecordingBackend()
-    # `late` waits out its timeout (the test waits until the batcher has delayed it); `on_time`
-    # then has the same 2 s to be dispatched, a margin no busy machine eats (with 1 ms it
-    # was delayed too, behind `late`, whenever the machine was busy).
+    # `late` waits out its own 1 ms timeout (the test waits until the batcher has delayed it);
+    # `on_time` has the default, a minute, and is queued before the instance is freed (the
+    # test waits for that too): no busy machine can delay it as well.
     config = (
-        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 2000000 "
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 60000000 "
         "allow_timeout_override: true }"
     )
     router, actor = await serve(system, backend, config, max_batch_size=1)
     blocker = await occupy(router, backend)
-    late = router.submit(request(1, "late"))
+    late = router.submit(request(1, "late", timeout=1000))
     batcher = batcher_of(actor)
     await until(lambda: any(level.delayed for level in batcher._levels))
-    on_time = router.submit(request(2, "on_time", timeout=0))
+    on_time = router.submit(request(2, "on_time"))
+    await until(lambda: any(not entry.gone for level in batcher._levels for entry in level.queue))
     backend.gate.set()
     await answers([blocker, late, on_time])
     assert backend.executed == ["blocker", "on_time", "late"]
