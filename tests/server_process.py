@@ -94,8 +94,10 @@ class ServerProcess:
 
 def pending_requests(metrics_port: int, model: str) -> int:
     """`nv_inference_pending_request_count` of `model` on the server whose metrics listen on
-    `metrics_port` (0 before the model has a count)."""
+    `metrics_port` (0 before the model has a count; AssertionError where the server has no
+    such metric at all, so that a wait for 0 cannot pass on a metric gone)."""
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    assert "# TYPE nv_inference_pending_request_count gauge" in text, text
     for line in text.splitlines():
         if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
             return int(float(line.rsplit(" ", 1)[1]))

@@ -167,6 +167,10 @@ def test_calls_plain_with_deadlines_and_cancelled_each_end_as_they_may(
         else:
             assert got in allowed[mode], (mode, expected, got)
     assert answered >= THREADS * CALLS // 3  # every plain call at least
+    # the calls ended early did end early (by the client: a 0.5 ms deadline or a cancel at
+    # once leave no time for the answer of most)
+    ended = {got for _, _, got in outcomes if isinstance(got, str)}
+    assert ended == {"StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED"}, ended
 
     wait_for(
         lambda: served.pending(model) == 0,

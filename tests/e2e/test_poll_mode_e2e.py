@@ -124,6 +124,9 @@ def test_a_half_copied_model_is_not_loaded_early(
             target.write(model_file[start : start + step])
             target.flush()
             time.sleep(0.3)  # the slow copy itself, not a wait for anything
+            # (seen while the copy goes on: a load begun early, then of the whole file, would
+            # leave no trace at the end)
+            assert not [e for e in events(server, "slowcopy") if e["type"] == "LoadRequested"]
     wait_for(lambda: client.is_model_ready("slowcopy"), timeout=60)
     infer(client, "slowcopy")
     # A load of the half-copied file would have left an extra LoadRequested, or a LoadFailed.

@@ -163,8 +163,9 @@ def test_direct_batches_concurrent_sequences_in_their_slots(server: ServerProces
     answers = {corrid: [started[corrid], *rest[corrid]] for corrid in SEQUENCES}
     check_sums(answers)
     everything = [answer for sequence in answers.values() for answer in sequence]
-    # Several slots per execute: one request per slot, at its slot's row; a row without a
-    # request (READY 0) is a null row, CORRID 0. A request of slot 3 runs with rows 0 to 3.
+    # One request per slot, at its slot's row; a row without a request (READY 0) is a null
+    # row, CORRID 0. An execute has a row for every slot up to the highest it serves: a request
+    # of slot 3 runs with rows 0 to 3.
     assert max(len(answer["READY_ROWS"]) for answer in everything) == 4
     slots: dict[int, set[int]] = {}
     for corrid, sequence in answers.items():

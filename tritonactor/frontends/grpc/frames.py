@@ -1,8 +1,8 @@
 """HTTP/2 frames as the lane reads and writes them (RFC 9113 §6): the frame types and flags it
 names, a frame's header, and a HEADERS frame's header block read as hyperframe reads it.
 
-The lane (lane.py) and its streams (lane_stream.py) read and write a unary call's frames
-themselves, beside h2; these are the few pieces of the frame layout both need.
+The lane (lane.py) reads a unary call's frames beside h2, and its streams (lane_stream.py)
+write the answer's: these are the pieces of the frame layout they use.
 """
 
 from __future__ import annotations
