@@ -761,6 +761,25 @@ async def until(condition: Callable[[], bool]) -> None:
             await anyio.sleep(0.001)
 
 
+def held_up(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once a model thread sends a response while its stream has no room: the send is held
+    up (what max_inflight_requests does to a decoupled step that outpaces the next)."""
+    held = threading.Event()
+    deliver = ResponseStream._deliver
+
+    def watched(self: ResponseStream, *answer: Any) -> None:
+        if (
+            threading.get_ident() != self._loop_thread
+            and answer[0] is not None
+            and self._waiting >= self._capacity
+        ):
+            held.set()
+        deliver(self, *answer)
+
+    monkeypatch.setattr(ResponseStream, "_deliver", watched)
+    return held
+
+
 def limited(text: str, limit: int) -> str:
     return text.replace(
         "ensemble_scheduling {", f"ensemble_scheduling {{ max_inflight_requests: {limit}"
@@ -812,8 +831,9 @@ async def test_max_inflight_requests_bounds_the_requests_at_a_step(
 
 @pytest.mark.parametrize("limit", [0, 2])
 async def test_max_inflight_requests_holds_up_a_decoupled_step_that_outpaces_the_next(
-    system: ActorSystem, tmp_path: Path, limit: int
+    system: ActorSystem, tmp_path: Path, limit: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    held = held_up(monkeypatch)
     gauge = Gauge()
     ahead: list[int] = []
     sent = 0
@@ -834,9 +854,8 @@ async def test_max_inflight_requests_holds_up_a_decoupled_step_that_outpaces_the
     try:
         # The gate closed, none of the next step's executes finishes.
         if limit:
-            # In flight (limit) + taken, waiting for room (1) + waiting to be taken (limit):
-            # the split model's next send waits.
-            await until(lambda: gauge.running >= limit and len(ahead) >= 2 * limit + 1)
+            # The step full, the split model's next send is held up.
+            await until(lambda: gauge.running >= limit and held.is_set())
         else:
             await until(lambda: len(ahead) == 20)  # nothing holds the model up
     finally:
@@ -845,6 +864,7 @@ async def test_max_inflight_requests_holds_up_a_decoupled_step_that_outpaces_the
         await collected.done.wait()
     assert collected.by_index() == {i: 2 * i for i in range(20)}
     if limit:
+        # Waiting to be taken (limit) + taken, waiting for room (1) + in flight (limit).
         assert max(ahead) <= 2 * limit + 1
         assert gauge.most <= limit
     else:
@@ -945,6 +965,7 @@ async def test_max_inflight_requests_holds_up_a_python_decoupled_step(
     serves it (its process read by the event loop, its sender wrapped by the router): the
     responses waiting for the next step stay within the limit."""
     waiting: list[int] = []  # after each delivery, how many wait to be taken
+    held = held_up(monkeypatch)
     deliver = ResponseStream._deliver
 
     def counted(self: ResponseStream, *answer: Any) -> None:
@@ -969,8 +990,8 @@ async def test_max_inflight_requests_holds_up_a_python_decoupled_step(
     try:
         # The gate closed, none of the next step's executes finishes.
         if limit:
-            # The step full, `limit` responses wait to be taken: the model's next send waits.
-            await until(lambda: gauge.running >= limit and max(waiting, default=0) >= limit)
+            # The step full, the model's next send is held up.
+            await until(lambda: gauge.running >= limit and held.is_set())
         else:
             await until(lambda: len(waiting) >= 40)  # nothing holds the model up
     finally:
