@@ -53,23 +53,10 @@ SMALL = 16
 BIG = 1 << 18  # FP32 elements: 1 MiB
 CHUNK = 65536  # what one ASGI `http.request` message carries in the asgi mode
 
-MODEL_PY = """\
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse(
-                output_tensors=[
-                    pb_utils.Tensor(
-                        "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-                    )
-                ]
-            )
-            for r in requests
-        ]
-"""
+# the tests' python identity (its config here is this script's)
+MODEL_PY = (
+    Path(__file__).resolve().parent.parent / "tests/python_models/identity_fp32/1/model.py"
+).read_text()
 
 
 def _config(name: str, backend: str) -> str:

@@ -62,22 +62,8 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
 """
-IDENTITY_MODEL = """import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse(
-                output_tensors=[
-                    pb_utils.Tensor(
-                        "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-                    )
-                ]
-            )
-            for r in requests
-        ]
-"""
+# the tests' python identity, the same model whatever its config says of its shapes
+IDENTITY_MODEL = (ROOT / "tests" / "python_models" / "identity_fp32" / "1" / "model.py").read_text()
 REPEAT_CONFIG = """name: "repeat"
 backend: "python"
 max_batch_size: 0

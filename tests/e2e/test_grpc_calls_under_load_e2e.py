@@ -13,9 +13,11 @@ connection still serves.
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,32 +34,15 @@ THREADS = 8
 CALLS = 90  # per thread and model: a third plain, a third with a deadline, a third cancelled
 DEADLINES_S = (0.0005, 0.001, 0.002, 0.005, 0.01)
 PATIENCE_S = 120.0
+PYTHON_MODELS = Path(__file__).resolve().parent.parent / "python_models"
 
-PYTHON_IDENTITY = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse(
-                output_tensors=[
-                    pb_utils.Tensor(
-                        "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-                    )
-                ]
-            )
-            for r in requests
-        ]
-"""
-
-IDENTITY_CONFIG = """
-name: "{name}"
-{backend}
-max_batch_size: {max_batch_size}
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
-{batching}
+BATCHED_CONFIG = """
+name: "onnx_batched"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { }
 """
 
 
@@ -67,24 +52,9 @@ def served(
 ) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("grpc_load")
     repo = root / "models"
-    (repo / "python_identity" / "1").mkdir(parents=True)
-    (repo / "python_identity" / "1" / "model.py").write_text(PYTHON_IDENTITY)
-    write_config(
-        repo / "python_identity",
-        IDENTITY_CONFIG.format(
-            name="python_identity", backend='backend: "python"', max_batch_size=0, batching=""
-        ),
-    )
+    shutil.copytree(PYTHON_MODELS / "identity_fp32", repo / "identity_fp32")
     identity_model(repo / "onnx_batched" / "1" / "model.onnx", "FP32", ["n", 16])
-    write_config(
-        repo / "onnx_batched",
-        IDENTITY_CONFIG.format(
-            name="onnx_batched",
-            backend='backend: "onnxruntime"',
-            max_batch_size=8,
-            batching="dynamic_batching { }",
-        ),
-    )
+    write_config(repo / "onnx_batched", BATCHED_CONFIG)
     if request.param == "serve":
         server = start_serve(root, {}, "--workers", "1", "--model-repository", str(repo))
     else:
@@ -147,7 +117,7 @@ def _success_count(server: ServerProcess, model: str) -> int:
     return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
-@pytest.mark.parametrize("model", ["python_identity", "onnx_batched"])
+@pytest.mark.parametrize("model", ["identity_fp32", "onnx_batched"])
 def test_calls_plain_with_deadlines_and_cancelled_each_end_as_they_may(
     served: ServerProcess, model: str
 ) -> None:

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.onnx_models import save_model
+from tests.unit.test_sequence_batcher import until
 from tritonactor.actors import ActorSystem, Reply
 from tritonactor.backends.base import (
     Backend,
@@ -38,10 +39,6 @@ from tritonactor.scheduling.sequence_state import parse_states
 from tritonactor.scheduling.signature import ModelSignature
 
 pytestmark = pytest.mark.anyio
-
-# The bound on a wait for an event (a request answered, the batcher holding one): never a
-# measure of speed, so generous enough that a busy machine never reaches it.
-WAIT = 30
 
 STATE = 'input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ {dims} ]'
 
@@ -298,12 +295,6 @@ def batcher(router: Router) -> SequenceBatcher:
     scheduler = router.resolve("acc").scheduler._actor  # the batcher itself, to read its state
     assert isinstance(scheduler, SequenceBatcher)
     return scheduler
-
-
-async def until(condition: Any) -> None:
-    with anyio.fail_after(WAIT):
-        while not condition():
-            await anyio.sleep(0.005)
 
 
 def value(response: InferenceResponse) -> int:
