@@ -31,7 +31,8 @@ from tritonactor.frontends.grpc import direct as direct_module
 from tritonactor.frontends.grpc import limits
 from tritonactor.frontends.grpc.direct import MODEL_INFER
 from tritonactor.frontends.grpc.lane_stream import LaneStream
-from tritonactor.frontends.grpc.service import InferenceService, translate_errors
+from tritonactor.frontends.grpc.service import InferenceService
+from tritonactor.frontends.grpc.status import translate_errors
 from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.observability.logging import REQUESTS
 from tritonactor.settings import Settings

@@ -1,7 +1,9 @@
-"""Triton's `inference.GRPCInferenceService` on grpclib (the health service: health.py).
+"""Triton's `inference.GRPCInferenceService` on grpclib (the health service: health.py): its
+inference calls, ModelInfer and ModelStreamInfer, here; every other call (health, metadata,
+statistics, the repository, shared memory, trace and log settings) in extensions.py, mixed in.
 
 Like the HTTP front end, it only translates: requests go through the same router and the same
-validation, and a TritonError becomes the gRPC status Triton uses for its code.
+validation, and a TritonError becomes the gRPC status Triton uses for its code (status.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import grpclib
@@ -20,8 +22,7 @@ import grpclib.server
 
 from tritonactor._proto import inference as pb
 from tritonactor.actors.loop import on_loop
-from tritonactor.control.load_parameters import parse_load_parameters, parse_unload_parameters
-from tritonactor.core.errors import ErrorCode, TritonError, cancelled, internal, unavailable
+from tritonactor.core.errors import TritonError, cancelled, internal, unavailable
 from tritonactor.core.types import InferenceRequest, ResponseSender
 from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain
@@ -30,9 +31,10 @@ from tritonactor.frontends.grpc.codec import (
     encode_infer_response,
 )
 from tritonactor.frontends.grpc.direct import MODEL_INFER, DirectInfer
+from tritonactor.frontends.grpc.extensions import ExtensionCalls
 from tritonactor.frontends.grpc.guard import guard
 from tritonactor.frontends.grpc.limits import bounded
-from tritonactor.frontends.grpc.status import grpc_error
+from tritonactor.frontends.grpc.status import translate_errors
 from tritonactor.frontends.grpc.stream import (
     GRPC_ERROR_MODE,
     STREAM_WINDOW,
@@ -56,14 +58,8 @@ from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.frontends.restrictions import GRPC_HEADER_PREFIX, Restrictions
 from tritonactor.memory import lease as shared_memory
 from tritonactor.memory.lease import Lease
-from tritonactor.memory.region import Kind
-from tritonactor.observability import logging as log_settings
 from tritonactor.observability.logging import request_logger
-from tritonactor.observability.trace_settings import from_grpc
 from tritonactor.observability.tracing import RequestTrace
-from tritonactor.scheduling import statistics
-from tritonactor.scheduling.router import ModelHandle
-from tritonactor.settings import ControlMode
 
 if TYPE_CHECKING:
     from tritonactor.server import Server
@@ -71,30 +67,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-def translate_errors(method: F) -> F:
-    """TritonError -> the matching gRPC status; anything else -> INTERNAL, logged."""
-
-    @functools.wraps(method)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await method(*args, **kwargs)
-        except TritonError as error:
-            raise grpc_error(error) from None
-        except grpclib.GRPCError:
-            raise
-        except Exception as error:
-            log.exception("gRPC %s failed", method.__name__)
-            raise grpclib.GRPCError(
-                grpclib.const.Status.INTERNAL, f"internal error: {type(error).__name__}: {error}"
-            ) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-class InferenceService(pb.GrpcInferenceServiceBase):
+class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
     def __init__(self, server: Server, drain: Drain | None = None) -> None:
         self._server = server
         self._drain = drain
@@ -136,58 +111,6 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             self._drain,
             self._headers.enabled,
         )
-
-    @translate_errors
-    async def server_live(self, message: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=self._server.live)
-
-    @translate_errors
-    async def server_ready(self, message: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=await self._server.ready())
-
-    @translate_errors
-    async def model_ready(self, message: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        try:
-            self._router.resolve(message.name, message.version)
-        except TritonError as error:
-            if error.code is ErrorCode.INVALID_ARG:
-                raise
-            return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=True)
-
-    @translate_errors
-    async def server_metadata(self, message: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
-        server = self._server
-        return pb.ServerMetadataResponse(
-            name=server.name, version=server.version, extensions=list(server.extensions)
-        )
-
-    @translate_errors
-    async def model_metadata(self, message: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
-        handle = self._router.resolve(message.name, message.version)
-        signature = handle.signature
-        batch = signature.max_batch_size
-
-        def tensors(specs: Any) -> list[pb.ModelMetadataResponseTensorMetadata]:
-            return [
-                pb.ModelMetadataResponseTensorMetadata(
-                    name=spec.name, datatype=spec.datatype, shape=spec.shape(batch)
-                )
-                for spec in specs
-            ]
-
-        return pb.ModelMetadataResponse(
-            name=handle.name,
-            versions=[str(v) for v in self._router.ready_versions(handle.name)],
-            platform=handle.config.platform or handle.config.backend,
-            inputs=tensors(signature.inputs),
-            outputs=tensors(signature.outputs),
-        )
-
-    @translate_errors
-    async def model_config(self, message: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
-        handle = self._router.resolve(message.name, message.version)
-        return pb.ModelConfigResponse(config=handle.config)
 
     async def _model_infer(
         self, stream: grpclib.server.Stream[InferRequestMessage, InferResponseMessage]
@@ -360,163 +283,3 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 trace.end(cancelled("the stream ended before the request was submitted"))
             raise
         reply.add_done_callback(functools.partial(streamed_answer, request, pending))
-
-    @translate_errors
-    async def model_statistics(
-        self, message: pb.ModelStatisticsRequest
-    ) -> pb.ModelStatisticsResponse:
-        handles = await self._server.statistics(message.name, message.version)
-        return pb.ModelStatisticsResponse(model_stats=[_model_statistics(h) for h in handles])
-
-    @translate_errors
-    async def repository_index(
-        self, message: pb.RepositoryIndexRequest
-    ) -> pb.RepositoryIndexResponse:
-        entries = await self._server.index(ready_only=message.ready)
-        return pb.RepositoryIndexResponse(
-            models=[
-                pb.RepositoryIndexResponseModelIndex(
-                    name=e.name, version=e.version, state=e.state, reason=e.reason
-                )
-                for e in entries
-            ]
-        )
-
-    @translate_errors
-    async def repository_model_load(
-        self, message: pb.RepositoryModelLoadRequest
-    ) -> pb.RepositoryModelLoadResponse:
-        self._check_explicit()
-        name = message.model_name
-        options = parse_load_parameters(
-            message.parameters,
-            name,
-            base64_files=False,
-            max_depth=self._server.settings.http_max_json_depth,
-        )
-        await self._server.load(name, options)
-        return pb.RepositoryModelLoadResponse()
-
-    @translate_errors
-    async def repository_model_unload(
-        self, message: pb.RepositoryModelUnloadRequest
-    ) -> pb.RepositoryModelUnloadResponse:
-        self._check_explicit()
-        name = message.model_name
-        options = parse_unload_parameters(message.parameters, model=name)
-        await self._server.unload(name, options)
-        return pb.RepositoryModelUnloadResponse()
-
-    def _check_explicit(self) -> None:
-        if self._server.settings.model_control_mode is not ControlMode.EXPLICIT:
-            raise grpc_error(
-                unavailable("explicit model load / unload is not allowed if polling is enabled")
-            )
-
-    @translate_errors
-    async def system_shared_memory_status(
-        self, message: pb.SystemSharedMemoryStatusRequest
-    ) -> pb.SystemSharedMemoryStatusResponse:
-        regions = self._server.shared_memory.status(Kind.SYSTEM, message.name)
-        return pb.SystemSharedMemoryStatusResponse(
-            regions={
-                region.name: pb.SystemSharedMemoryStatusResponseRegionStatus(**region.status())
-                for region in regions
-            }
-        )
-
-    @translate_errors
-    async def system_shared_memory_register(
-        self, message: pb.SystemSharedMemoryRegisterRequest
-    ) -> pb.SystemSharedMemoryRegisterResponse:
-        await self._server.register_system_memory(
-            message.name, message.key, message.offset, message.byte_size
-        )
-        return pb.SystemSharedMemoryRegisterResponse()
-
-    @translate_errors
-    async def system_shared_memory_unregister(
-        self, message: pb.SystemSharedMemoryUnregisterRequest
-    ) -> pb.SystemSharedMemoryUnregisterResponse:
-        await self._server.unregister_memory(Kind.SYSTEM, message.name)
-        return pb.SystemSharedMemoryUnregisterResponse()
-
-    @translate_errors
-    async def cuda_shared_memory_status(
-        self, message: pb.CudaSharedMemoryStatusRequest
-    ) -> pb.CudaSharedMemoryStatusResponse:
-        regions = self._server.shared_memory.status(Kind.CUDA, message.name)
-        return pb.CudaSharedMemoryStatusResponse(
-            regions={
-                region.name: pb.CudaSharedMemoryStatusResponseRegionStatus(**region.status())
-                for region in regions
-            }
-        )
-
-    @translate_errors
-    async def cuda_shared_memory_register(
-        self, message: pb.CudaSharedMemoryRegisterRequest
-    ) -> pb.CudaSharedMemoryRegisterResponse:
-        await self._server.register_cuda_memory(
-            message.name, message.raw_handle, message.device_id, message.byte_size
-        )
-        return pb.CudaSharedMemoryRegisterResponse()
-
-    @translate_errors
-    async def cuda_shared_memory_unregister(
-        self, message: pb.CudaSharedMemoryUnregisterRequest
-    ) -> pb.CudaSharedMemoryUnregisterResponse:
-        await self._server.unregister_memory(Kind.CUDA, message.name)
-        return pb.CudaSharedMemoryUnregisterResponse()
-
-    @translate_errors
-    async def trace_setting(self, message: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
-        # As in Triton, the RPC always answers with the settings in force, after any change.
-        # A map entry without a value holds the empty value (protobuf's rule), as [] does.
-        changes = from_grpc(
-            {
-                name: value.value if value is not None else []
-                for name, value in message.settings.items()
-            }
-        )
-        settings = await self._server.trace_extension(message.model_name, changes)
-        return pb.TraceSettingResponse(
-            settings={
-                name: pb.TraceSettingResponseSettingValue(
-                    value=value if isinstance(value, list) else [value]
-                )
-                for name, value in settings.items()
-            }
-        )
-
-    @translate_errors
-    async def log_settings(self, message: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
-        changes = log_settings.settings_from_grpc(message)
-        return log_settings.settings_to_grpc(await self._server.log_settings(changes))
-
-
-def _model_statistics(handle: ModelHandle) -> pb.ModelStatistics:
-    stats = handle.statistics
-
-    def duration(d: statistics.Duration) -> pb.StatisticDuration:
-        return pb.StatisticDuration(count=d.count, ns=d.ns)
-
-    return pb.ModelStatistics(
-        name=handle.name,
-        version=str(handle.version),
-        last_inference=stats.last_inference_ms,
-        inference_count=stats.inference_count,
-        execution_count=stats.execution_count,
-        inference_stats=pb.InferStatistics(
-            **{k: duration(d) for k, d in stats.inference_stats().items()}
-        ),
-        batch_stats=[
-            pb.InferBatchStatistics(
-                batch_size=batch.batch_size,
-                compute_input=duration(batch.compute_input),
-                compute_infer=duration(batch.compute_infer),
-                compute_output=duration(batch.compute_output),
-            )
-            for batch in stats.batch_stats
-        ],
-    )
