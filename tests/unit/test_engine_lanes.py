@@ -15,8 +15,9 @@ import pytest
 from tritonactor.core.types import InferenceResponse, Tensor
 from tritonactor.engine import lanes
 from tritonactor.engine import messages as m
+from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader, owner_prefix, remove_owned, sweep_lanes
-from tritonactor.engine.wire import OUT_OF_BAND, FrameReader, encode
+from tritonactor.engine.wire import OUT_OF_BAND, encode
 
 SHM = lanes.SHM_DIR
 

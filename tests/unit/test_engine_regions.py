@@ -17,9 +17,10 @@ from tritonactor.actors import Reply
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.engine import messages as m
+from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.host import _Connection
 from tritonactor.engine.lanes import Lane, LaneReader
-from tritonactor.engine.wire import OUT_OF_BAND, FrameReader, encode
+from tritonactor.engine.wire import OUT_OF_BAND, encode
 from tritonactor.memory.lease import Lease
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry

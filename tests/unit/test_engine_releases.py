@@ -18,10 +18,11 @@ from tests.unit.test_engine_wire import Transport
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.engine import lanes
 from tritonactor.engine import messages as m
+from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.host import _Connection
 from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.remote import EngineConnection
-from tritonactor.engine.wire import OUT_OF_BAND, FrameReader, encode
+from tritonactor.engine.wire import OUT_OF_BAND, encode
 
 pytestmark = pytest.mark.anyio
 

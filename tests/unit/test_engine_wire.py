@@ -16,8 +16,9 @@ from tritonactor.core.types import (
     Tensor,
 )
 from tritonactor.engine import messages as m
+from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader
-from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CROSSING, FrameReader, encode
+from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CROSSING, encode
 from tritonactor.scheduling.statistics import FirstResponseHistogram
 
 

@@ -1,4 +1,4 @@
-"""An HTTP infer response in pieces (frontends/http/responses.py, app.py's `InferResponse`): an
+"""An HTTP infer response in pieces (frontends/http/responses.py, routes.py's `InferResponse`): an
 output whose data already is a large `bytes` object of its own (as a tensor taken from the
 engine's lane is) is sent as that object, not copied into one body with the rest; the pieces
 are sent one after another and make the same body."""
@@ -14,11 +14,12 @@ from tests.unit.test_http_codec import make_request, make_response, read_outputs
 from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.types import InferenceResponse, RequestedOutput, Tensor
 from tritonactor.engine import messages as m
+from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader
-from tritonactor.engine.wire import FrameReader, encode
+from tritonactor.engine.wire import encode
 from tritonactor.frontends.http import responses
-from tritonactor.frontends.http.app import InferResponse
 from tritonactor.frontends.http.responses import SEND_AS_IS, encode_infer_response
+from tritonactor.frontends.http.routes import InferResponse
 
 pytestmark = pytest.mark.anyio
 

@@ -31,13 +31,13 @@ from tritonactor.core.errors import TritonError, cancelled, internal
 from tritonactor.core.tensors import tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.engine import messages as m
+from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader, remove_owned, sweep_lanes
 from tritonactor.engine.launch import peer_pid, same_user
 from tritonactor.engine.wire import (
     OUT_OF_BAND,
     PROTOCOL,
     TRACE_CROSSING,
-    FrameReader,
     encode,
     write,
 )

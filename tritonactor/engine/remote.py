@@ -26,9 +26,10 @@ from tritonactor.actors import Reply
 from tritonactor.core.errors import TritonError, cancelled, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.engine import messages as m
+from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.launch import EngineFailed, same_user
-from tritonactor.engine.wire import PROTOCOL, FrameReader, encode, write
+from tritonactor.engine.wire import PROTOCOL, encode, write
 from tritonactor.memory.lease import LEASE
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
