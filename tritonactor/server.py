@@ -33,12 +33,8 @@ from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.observability import logging as log_settings
 from tritonactor.observability.trace_settings import OFF, SettingJson, TraceSettings
-from tritonactor.observability.tracing import (
-    Tracing,
-    TracingConfigError,
-    start_tracing,
-    tracing_config,
-)
+from tritonactor.observability.tracing import Tracing, start_tracing
+from tritonactor.observability.tracing_env import TracingConfigError, tracing_config
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.settings import ControlMode, Settings, SettingsError
 from tritonactor.store.mirror import StoreMirror, open_mirrors

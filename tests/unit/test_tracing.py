@@ -41,12 +41,8 @@ from tritonactor.config.normalize import fill_defaults
 from tritonactor.core.errors import TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.observability.trace_settings import TraceSettings
-from tritonactor.observability.tracing import (
-    Tracing,
-    TracingConfig,
-    TracingConfigError,
-    tracing_config,
-)
+from tritonactor.observability.tracing import Tracing
+from tritonactor.observability.tracing_env import TracingConfig, TracingConfigError, tracing_config
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature

@@ -1,9 +1,10 @@
 """OpenTelemetry tracing of inference requests and of control-plane operations.
 
 The server builds one `Tracing` (its own `TracerProvider`, never the global one) when the
-standard OTEL_* variables configure an exporter; otherwise tracing is off and `server.tracing`
-is None. A traced request carries a `RequestTrace` (`InferenceRequest.trace`) through every
-mailbox; an untraced one carries None, so each hop costs one `is None` check.
+standard OTEL_* variables configure an exporter (`tracing_env.py` reads them); otherwise
+tracing is off and `server.tracing` is None. A traced request carries a `RequestTrace`
+(`InferenceRequest.trace`) through every mailbox; an untraced one carries None, so each hop
+costs one `is None` check.
 
 The spans of one request, all in the client's trace when it sent a W3C `traceparent`:
 
@@ -35,7 +36,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context as OtelContext
@@ -70,6 +70,7 @@ from tritonactor.observability.trace_settings import TraceSettings
 
 if TYPE_CHECKING:
     from tritonactor.core.types import InferenceRequest
+    from tritonactor.observability.tracing_env import TracingConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,6 @@ REQUEST_ID = "triton.request_id"
 BATCH_SIZE = "triton.batch_size"  # the batch the model ran with (the requests' batch sizes)
 BATCH_REQUESTS = "triton.batch_requests"  # how many requests rode in it
 
-PROTOCOLS = ("http/protobuf", "grpc")
-EXPORTERS = ("otlp", "console")
-
 _ROOT = OtelContext()
 _PROPAGATOR = TraceContextTextMapPropagator()
 _SAMPLED_FLAG = 1  # W3C's sampled flag, as a record's context holds it
@@ -97,57 +95,6 @@ _UNSET = Status(StatusCode.UNSET)
 _SERVER = SpanKind.SERVER.value
 _INTERNAL = SpanKind.INTERNAL.value
 _DEFAULT_SAMPLER = DEFAULT_ON.get_description()
-
-
-class TracingConfigError(ValueError):
-    """An OTEL_* variable tritonactor cannot use; names the variable."""
-
-    def __init__(self, message: str, variable: str) -> None:
-        super().__init__(message)
-        self.variable = variable
-
-
-@dataclass(frozen=True, slots=True)
-class TracingConfig:
-    """What the OTEL_* variables ask for: which exporters, and OTLP's protocol."""
-
-    exporters: tuple[str, ...]
-    protocol: str
-
-
-def tracing_config(environ: Mapping[str, str]) -> TracingConfig | None:
-    """The tracing the environment configures, or None (off): tracing needs an exporter,
-    named in OTEL_TRACES_EXPORTER or implied by an OTLP endpoint; OTEL_SDK_DISABLED=true or
-    OTEL_TRACES_EXPORTER=none turn it off."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
-    named = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    exporters = tuple(dict.fromkeys(n.strip() for n in named.split(",") if n.strip()))
-    if exporters == ("none",):
-        return None
-    for exporter in exporters:
-        if exporter not in EXPORTERS:
-            raise TracingConfigError(
-                f"OTEL_TRACES_EXPORTER={named!r}: tritonactor exports traces with "
-                f"{', '.join(EXPORTERS)} or none",
-                "OTEL_TRACES_EXPORTER",
-            )
-    if not exporters:
-        endpoints = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-        if not any(environ.get(variable, "").strip() for variable in endpoints):
-            return None
-        exporters = ("otlp",)
-    variable = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-    protocol = environ.get(variable, "").strip().lower()
-    if not protocol:
-        variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
-        protocol = environ.get(variable, "").strip().lower() or "http/protobuf"
-    if "otlp" in exporters and protocol not in PROTOCOLS:
-        raise TracingConfigError(
-            f"{variable}={protocol!r}: tritonactor's OTLP exporter speaks {' or '.join(PROTOCOLS)}",
-            variable,
-        )
-    return TracingConfig(exporters, protocol)
 
 
 def start_tracing(config: TracingConfig, settings: TraceSettings) -> Tracing:
