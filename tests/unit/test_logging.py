@@ -16,8 +16,8 @@ from tritonclient.grpc import service_pb2
 from tritonactor._proto import inference as pb
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.observability import logging as log_settings
+from tritonactor.observability.log_format import LogFormat, trace_fields
 from tritonactor.observability.logging import (
-    LogFormat,
     LogSettings,
     apply,
     configure_logging,
@@ -25,7 +25,6 @@ from tritonactor.observability.logging import (
     request_logger,
     settings_from_grpc,
     settings_to_grpc,
-    trace_fields,
     update,
     verbose,
 )
