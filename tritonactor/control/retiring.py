@@ -1,6 +1,7 @@
-"""The model manager's other half: versions leaving. An unload (of a model, and of the ensembles
-that use it), a folder gone from the repository, a reload's predecessor: each version is taken out
-of the router at once, finishes the requests it holds, stops, and its leaving is recorded.
+"""The model manager's retiring part: versions leaving (versions coming are loading.py's). An
+unload (of a model, and of the ensembles that use it), a folder gone from the repository, a
+reload's predecessor: each version is taken out of the router at once, finishes the requests it
+holds, stops, and its leaving is recorded.
 
 `Retiring` is mixed into `ModelManager` (tritonactor/control/manager.py), whose state it works
 on: the serving table, the router, the owners of the version actors, the per-model locks, the

@@ -1,0 +1,374 @@
+"""The model manager's loading part: versions coming. A load or a reload (asked by the API, the
+startup list, the watcher, a first request of a lazily loaded model, an ensemble that needs its
+steps) scans the model's folder, prepares its config and starts each version that changed; each
+one that comes up replaces its predecessor in the router at once, and the copy it replaced is
+retired in the background (see `retiring`). A load past the memory budget fails, and one that grew
+past it once loaded is undone.
+
+`Loading` is mixed into `ModelManager` (tritonactor/control/manager.py), whose state it works
+on: the serving table, the router, the backend registry, the owners of the version actors, the
+per-model locks, the journal's record, and the settings it was given (strict model config, lazy
+loading, the control mode, the memory budget).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from tritonactor.cache import check_model_config
+from tritonactor.config.model_config import ConfigError
+from tritonactor.control import events as ev
+from tritonactor.control.budget import files_size, process_tree_rss
+from tritonactor.control.load_plan import (
+    load_failed,
+    load_requested,
+    step_cycle,
+    versions_to_load,
+    with_config,
+)
+from tritonactor.control.model_control import ManagerControl
+from tritonactor.control.override_folders import hold, release
+from tritonactor.control.prepare import (
+    failure_reason,
+    missing_model_file,
+    model_context,
+    prepare_config,
+)
+from tritonactor.control.repository import (
+    config_digest,
+    folder_signature,
+    scan_repositories,
+    version_path,
+)
+from tritonactor.control.serving import Serving, over_budget
+from tritonactor.core.devices import gpu_count
+from tritonactor.core.errors import TritonError, internal, invalid_arg
+from tritonactor.scheduling.model import ModelVersionActor
+from tritonactor.scheduling.router import ModelHandle
+from tritonactor.scheduling.signature import ModelSignature, label_stamp
+
+if TYPE_CHECKING:
+    from tritonactor._proto.inference import ModelConfig
+    from tritonactor.actors import ActorRef
+    from tritonactor.backends.base import Backend
+    from tritonactor.backends.registry import BackendRegistry
+    from tritonactor.control.messages import Override
+    from tritonactor.control.operations import OperationTraces
+    from tritonactor.control.repository import ModelSource
+    from tritonactor.scheduling.router import Router
+
+__all__ = ["Loading"]
+
+log = logging.getLogger(__name__)
+
+
+class Loading:
+    """How versions come; mixed into the model manager, which owns the state named here."""
+
+    _registry: BackendRegistry
+    _router: Router
+    _serving: dict[str, dict[int, Serving]]
+    _owners: dict[ActorRef[Any], tuple[str, int]]
+    _operations: OperationTraces
+    _strict: bool
+    _lazy: bool
+    _mode: str
+    _budget: int
+    state: ev.State
+
+    async def _load(
+        self,
+        name: str,
+        override: Override | None,
+        source: ev.Source,
+        loading: frozenset[str] = frozenset(),
+    ) -> None:
+        try:
+            async with self._lock(name):
+                with self._operations.traced(
+                    "reload" if name in self._serving else "load", name, source
+                ):
+                    try:
+                        await self._sync(name, override, source, loading | {name})
+                    finally:  # the API's load held its override folder until now
+                        if source == ev.Source.API and override is not None:
+                            await anyio.to_thread.run_sync(release, override.repository, name)
+        finally:
+            self._forget_lock(name)
+
+    async def _sync(
+        self, name: str, override: Override | None, source: ev.Source, loading: frozenset[str]
+    ) -> None:
+        found = await self._scan()
+        model = found.get(name)
+        if override is not None and override.repository is not None:
+            model = (await anyio.to_thread.run_sync(scan_repositories, (override.repository,))).get(
+                name
+            )
+        current = self._serving.get(name, {})
+        if model is None:
+            await self._vanished(name, source)
+            if source == ev.Source.STARTUP:
+                reason = f"model '{name}' is not in any model repository"
+                self._record(ev.LoadFailed(model=name, version=None, reason=reason))
+            if source in (ev.Source.API, ev.Source.REQUEST):
+                # Triton's words for a model no repository holds.
+                raise internal(f"failed to load '{name}', failed to poll from model repository")
+            return
+        self._discovered(model)
+        if source == ev.Source.POLL and self._lazy and not current:
+            return  # a lazily loaded model is loaded by its first request, not by the watcher
+        serving = bool(current)
+        # The config a config override replaces, when it is the repository's (a file
+        # override's folder is the caller's): names it gives keep the operator's trust in links.
+        repository_config = model.config if override is None or not override.repository else None
+        if override is not None and override.config_json:
+            model = with_config(model, override.config_json)
+        try:
+            if model.error is not None or model.config is None:
+                raise ConfigError(str(model.error))
+            versions = versions_to_load(model)
+        except ConfigError as error:
+            reason = failure_reason(error)
+            self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
+            raise invalid_arg(f"load failed for model '{name}': {reason}") from None
+        try:
+            backend, config = await anyio.to_thread.run_sync(
+                functools.partial(
+                    prepare_config,
+                    model,
+                    model.config,
+                    self._registry,
+                    strict=self._strict,
+                    latest=versions[-1],
+                    gpus=gpu_count(),
+                    # An API caller's config: names it changes may not leave the folder at all.
+                    caller_config=override is not None and bool(override.config_json),
+                    repository_config=repository_config,
+                )
+            )
+        except Exception as error:
+            reason = failure_reason(error)
+            for version in versions:
+                self._record(
+                    ev.LoadFailed(model=name, version=version, reason=reason, serving=serving)
+                )
+            raise load_failed(name, [(version, reason) for version in versions]) from None
+        digest = config_digest(config)
+        override_digest = override.digest if override is not None else ""
+        # The label files are beside config.pbtxt: a change there changes every version.
+        labels = await anyio.to_thread.run_sync(label_stamp, config, model.path)
+        files = {
+            version: await anyio.to_thread.run_sync(folder_signature, version_path(model, version))
+            + labels
+            for version in versions
+        }
+        changed = [
+            version
+            for version in versions
+            if version not in current
+            or (current[version].config_digest, current[version].files, current[version].override)
+            != (digest, files[version], override_digest)
+        ]
+        leaving = [version for version in current if version not in versions]
+        if not changed and not leaving:
+            if source == ev.Source.API and (override is not None or self._in_doubt(name)):
+                # Same request as the one in force: nothing to do, but keep it on record (it
+                # also settles what an unreadable journal line left in doubt).
+                self._record(load_requested(name, (), source, digest, override))
+            return
+        if config.ensemble_scheduling is not None:
+            cycle = step_cycle(name, config, found)
+            if cycle:
+                reason = f"ensemble '{name}' depends on itself: {' -> '.join(cycle)}"
+                self._record(
+                    ev.LoadFailed(model=name, version=None, reason=reason, serving=serving)
+                )
+                raise invalid_arg(f"load failed for model '{name}': {reason}")
+            if source != ev.Source.POLL:
+                await self._load_steps(name, config, source, loading)
+        try:  # Triton's rule: no response cache for a decoupled or sequence model
+            check_model_config(config, self._router.step_configs(config))
+        except ConfigError as error:
+            reason = str(error)
+            self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
+            raise invalid_arg(f"load failed for model '{name}': {reason}") from None
+        self._record(load_requested(name, tuple(changed), source, digest, override))
+        failures = await self._start_versions(
+            model, backend, config, changed, digest, files, override_digest
+        )
+        for version in leaving:
+            self._record(
+                ev.UnloadRequested(
+                    model=name,
+                    versions=(version,),
+                    source=source,
+                    reason="no longer selected by the version policy",
+                )
+            )
+            await self._retire(name, version, "no longer selected by the version policy")
+        if failures:
+            raise load_failed(name, failures)
+
+    async def _load_steps(
+        self, name: str, config: ModelConfig, source: ev.Source, loading: frozenset[str]
+    ) -> None:
+        """An ensemble needs its steps: load those not serving (Triton does the same)."""
+        assert config.ensemble_scheduling is not None
+        steps = {step.model_name for step in config.ensemble_scheduling.step}
+        for step in sorted(steps - loading):
+            # Not serving yet (an empty entry: its load is under way, so its lock is held and
+            # this waits for it).
+            if not self._serving.get(step):
+                try:
+                    await self._load(step, None, source, loading)
+                except TritonError as error:
+                    log.warning("ensemble '%s': step model '%s': %s", name, step, error.message)
+
+    async def _start_versions(
+        self,
+        model: ModelSource,
+        backend: Backend,
+        config: ModelConfig,
+        versions: list[int],
+        digest: str,
+        files: dict[int, str],
+        override_digest: str,
+    ) -> list[tuple[int, str]]:
+        """Load `versions` concurrently; each one that comes up replaces its predecessor in the
+        router at once. Returns (version, reason) for each that failed."""
+        name = model.name
+        current = self._serving.setdefault(name, {})
+        estimate = await anyio.to_thread.run_sync(
+            files_size, [version_path(model, version) for version in versions]
+        )
+        reason = self._over_budget(name, estimate)
+        if reason:
+            for version in versions:
+                self._record(
+                    ev.LoadFailed(
+                        model=name, version=version, reason=reason, serving=version in current
+                    )
+                )
+            return [(version, reason) for version in versions]
+        failures: list[tuple[int, str]] = []
+        rss_before = await anyio.to_thread.run_sync(process_tree_rss)
+
+        async def start(version: int) -> None:
+            started = time.perf_counter()
+            try:
+                serving = await self._start_version(model, backend, config, version)
+            except Exception as error:
+                reason = failure_reason(error)
+                failures.append((version, reason))
+                self._record(
+                    ev.LoadFailed(
+                        model=name, version=version, reason=reason, serving=version in current
+                    )
+                )
+                return
+            # The config as prepared: the ensemble scheduler may mark the actor's copy decoupled.
+            serving.config_digest = digest
+            serving.files = files[version]
+            serving.override = override_digest
+            serving.folder = hold(model.repository, name)
+            serving.memory = estimate // max(len(versions), 1)
+            # Looked up again: the dict may have been replaced while the version loaded.
+            serving_now = self._serving.setdefault(name, {})
+            old = serving_now.get(version)
+            serving_now[version] = serving
+            self._router.add(serving.handle)
+            self._router.known.add(name)
+            self._record(
+                ev.ModelLoaded(
+                    model=name,
+                    version=version,
+                    config_digest=digest,
+                    load_seconds=time.perf_counter() - started,
+                    memory_bytes=serving.memory,
+                )
+            )
+            if old is not None:
+                replaced[version] = old
+
+        replaced: dict[int, Serving] = {}
+        async with anyio.create_task_group() as group:
+            for version in versions:
+                group.start_soon(start, version)
+        grown = await anyio.to_thread.run_sync(process_tree_rss) - rss_before
+        loaded = [v for v in versions if v not in dict(failures)]
+        if loaded and grown > estimate:
+            for version in loaded:
+                self._serving[name][version].memory = grown // len(loaded)
+            reason = self._over_budget(name, 0)
+            if reason:
+                reason = f"model '{name}' took {grown} bytes once loaded; {reason}; it was unloaded"
+                for version in loaded:
+                    await self._undo(name, version, replaced.pop(version, None), reason)
+                    failures.append((version, reason))
+        # Only now do the copies a reload replaced go: a reload undone above needed them back.
+        for old in replaced.values():
+            self.start_soon(self._replace, old)
+        if not self._serving.get(name):
+            self._serving.pop(name, None)
+        return failures
+
+    async def _undo(self, name: str, version: int, old: Serving | None, reason: str) -> None:
+        """Take back a version just loaded: the copy it replaced serves again, if there was one;
+        else the version is unloaded."""
+        if old is None:
+            await self._retire(name, version, reason)
+            self._record(ev.LoadFailed(model=name, version=version, reason=reason))
+            return
+        new = self._serving[name][version]
+        self._serving[name][version] = old
+        self._router.add(old.handle)
+        self._record(ev.LoadFailed(model=name, version=version, reason=reason, serving=True))
+        await self._drain_and_stop(new)
+
+    def _over_budget(self, name: str, extra: int) -> str:
+        return over_budget(self._serving, self._budget, name, extra)
+
+    async def _start_version(
+        self, model: ModelSource, backend: Backend, config: ModelConfig, version: int
+    ) -> Serving:
+        context = model_context(model, config, version)
+        missing = missing_model_file(model, config, version)
+        if missing:
+            raise ConfigError(missing)
+        # Before the actor: a label file that cannot be read fails the load, as in Triton.
+        signature = ModelSignature.from_config(  # an ensemble takes its steps' labels
+            config, model.path, lambda step, v: self._router.resolve(step, v).signature
+        )
+        actor = ModelVersionActor(
+            backend,
+            context,
+            infer=self._router.infer,
+            submit=self._router.submit,
+            control=ManagerControl(self.ref, self._router, self._mode),
+        )
+        ref = await self.spawn(actor)
+        assert actor.scheduler is not None
+        self._owners[ref] = (model.name, version)
+        handle = ModelHandle(
+            model.name,
+            version,
+            config,
+            signature,
+            actor.scheduler,
+            actor.statistics,
+        )
+        return Serving(ref, handle, config_digest="", files="", override="", memory=0)
+
+    def _in_doubt(self, name: str) -> bool:
+        """Whether an unreadable journal line left `name`, or the whole restore, in doubt."""
+        status = self.state.get(name)
+        nameless = self.state.get(ev.UNNAMED)
+        return bool(status is not None and status.unsure) or (
+            nameless is not None and nameless.state is not None
+        )
