@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from tritonactor.core.types import (
     Tensor,
 )
 from tritonactor.engine import messages as m
+from tritonactor.engine import wire
 from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CROSSING, encode
@@ -306,3 +309,24 @@ def test_an_answer_that_does_not_encode_fails_its_request() -> None:
     assert isinstance(failed, m.Failed) and failed.id == 9
     assert failed.error.code is ErrorCode.INTERNAL
     assert "could not be sent" in failed.error.message and "lambda" in failed.error.message
+
+
+# The frame layout: a module that reads or writes frames with it defines the protocol.
+_LAYOUT = {"HEADER", "LENGTH", "IN_LANE", "IN_REGION", "_LANE_FLAG", "_REGION_FLAG", "_unflat"}
+
+
+def test_every_module_that_reads_or_writes_frames_is_in_the_protocols_digest() -> None:
+    # A front end and an engine whose frames differ must refuse each other (`wire.PROTOCOL`),
+    # so every engine module that takes the frame layout from wire.py is in its digest.
+    folder = Path(wire.__file__).parent
+    users = set()
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "tritonactor.engine.wire"
+                and _LAYOUT & {alias.name for alias in node.names}
+            ):
+                users.add(path.name)
+    assert "frame_reader.py" in users  # (the scan finds what it looks for)
+    assert users | {"wire.py", "messages.py"} <= set(wire.PROTOCOL_MODULES)

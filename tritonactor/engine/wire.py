@@ -51,17 +51,11 @@ from tritonactor.scheduling.statistics import FirstResponseHistogram
 # define them (this one, messages.py, and frame_reader.py, which reads frames: read by path, as
 # it imports this one). A front end and an engine that differ (an upgrade while a server runs)
 # refuse each other at once instead of failing on the first frame that does not decode.
+PROTOCOL_MODULES = ("wire.py", "messages.py", "frame_reader.py")
 PROTOCOL = (
     f"{__version__}+"
     + hashlib.sha256(
-        b"".join(
-            Path(module).read_bytes()
-            for module in (
-                __file__,
-                str(Path(__file__).with_name("messages.py")),
-                str(Path(__file__).with_name("frame_reader.py")),
-            )
-        )
+        b"".join(Path(__file__).with_name(module).read_bytes() for module in PROTOCOL_MODULES)
     ).hexdigest()[:12]
 )
 
