@@ -36,9 +36,7 @@ from typing import Any, NoReturn
 
 from tritonactor.backends.python import _pb_runtime, ipc
 from tritonactor.backends.python.stub_calls import ServerCalls
-from tritonactor.backends.python.stub_wire import ExecuteError, WireConversions
-
-_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+from tritonactor.backends.python.stub_wire import _FINAL, ExecuteError, WireConversions
 
 
 class Stub(WireConversions):
