@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +43,6 @@ from tritonactor.engine.wire import (
 )
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.scheduling.router import Router
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
