@@ -47,6 +47,10 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from http_infer import REPO_ROOT, free_port, start_server, stop_server, tree_cpu_seconds
+
+# The asgi mode imports the app: this tree's, not whichever tritonactor is installed (an
+# editable install of another checkout would be measured instead).
+sys.path.insert(0, str(REPO_ROOT))
 from process_cpu import cpu_by_role
 
 SMALL = 16
