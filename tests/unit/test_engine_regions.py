@@ -4,8 +4,10 @@ byte of the tensor is copied on the way (engine/wire.py, `SharedMemoryRegistry.l
 
 from __future__ import annotations
 
+import mmap
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,13 +17,19 @@ import tritonclient.utils.shared_memory as client_shm
 from tests.unit.test_engine_wire import Transport
 from tritonactor.actors import Reply
 from tritonactor.core.errors import ErrorCode, TritonError
-from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from tritonactor.core.types import (
+    OUTPUT_BUFFERS,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+)
 from tritonactor.engine import messages as m
 from tritonactor.engine.frame_reader import FrameReader
-from tritonactor.engine.host import _Connection
+from tritonactor.engine.host import _bytes_due, _Connection
 from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.wire import OUT_OF_BAND, encode
-from tritonactor.memory.lease import Lease
+from tritonactor.memory.lease import Lease, attach, release
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.memory.system import SystemRegion, address_of
@@ -134,6 +142,7 @@ def connection(regions: SharedMemoryRegistry) -> Any:
     crossing = _Connection.__new__(_Connection)
     crossing._regions = regions
     crossing._lanes = LaneReader()  # (what it took from the front end's lane: nothing)
+    crossing._transport = object()  # (its front end is connected)
     return crossing
 
 
@@ -170,6 +179,134 @@ def test_outputs_due_in_a_region_are_written_there_by_the_engine_and_not_copied_
     assert lease.write(response) == {"OUT", "TEXT"}
     got = np.frombuffer(region(front).read(8192, OUT_OF_BAND), np.float32)
     np.testing.assert_array_equal(got, values.reshape(-1))
+    lease.release()
+
+
+def test_the_engine_offers_a_backend_the_places_outputs_are_due_in_and_leaves_what_it_wrote_there(
+    front: SharedMemoryRegistry, engine: SharedMemoryRegistry
+) -> None:
+    lease = Lease(front)
+    lease.reserve("OUT", "r", 8192, OUT_OF_BAND)
+    lease.reserve("LATE", "r", 2 * OUT_OF_BAND, OUT_OF_BAND)
+    targets = lease.places()
+    request = InferenceRequest("m")
+    buffers = connection(engine)._buffers(targets, request)
+    assert set(buffers) == {"OUT", "LATE"}
+    assert address_of(buffers["OUT"]) == region(engine).address + 8192
+    assert buffers["OUT"].nbytes == OUT_OF_BAND and not buffers["OUT"].readonly
+    # A backend wrote OUT where it is due (in the engine's mapping), LATE elsewhere.
+    values = np.arange(ELEMENTS, dtype=np.float32).reshape(1, -1)
+    written = np.frombuffer(buffers["OUT"], np.float32).reshape(1, -1)
+    written[...] = values
+    elsewhere = values + 1
+    answer = InferenceResponse(
+        "m",
+        "1",
+        outputs=[
+            Tensor("OUT", "FP32", values.shape, written),
+            Tensor("LATE", "FP32", values.shape, elsewhere),
+        ],
+    )
+    assert _bytes_due(answer, targets, engine) == elsewhere.nbytes  # only LATE is copied
+    longer = np.frombuffer(region(engine).read(8192, OUT_OF_BAND + 4), np.float32)
+    assert not engine.lies_at(longer, targets[0][1])  # larger than its place: not "there"
+    placed = connection(engine)._write_targets(answer, targets)
+    assert placed.outputs[0].data is written  # left where it is: no copy onto itself
+    assert (
+        address_of(memoryview(placed.outputs[1].data)) == region(engine).address + 2 * OUT_OF_BAND
+    )
+    [received] = FrameReader(regions=front).feed(frame(m.Answer(5, placed), engine))
+    response = received.value  # type: ignore[attr-defined]
+    assert lease.copy_size(response) == 0  # both lie where they are due, seen from the front
+    for offset, expected in ((8192, values), (2 * OUT_OF_BAND, elsewhere)):
+        got = np.frombuffer(region(front).read(offset, OUT_OF_BAND), np.float32)
+        np.testing.assert_array_equal(got, expected.reshape(-1))
+    lease.release()
+
+
+def test_a_submitted_request_reaches_its_model_with_the_places_its_outputs_are_due_in(
+    front: SharedMemoryRegistry, engine: SharedMemoryRegistry
+) -> None:
+    lease = Lease(front)
+    lease.reserve("OUT", "r", 8192, OUT_OF_BAND)
+    submitted: list[InferenceRequest] = []
+
+    class Router:
+        loader = None
+
+        def submit(self, request: InferenceRequest) -> Reply[InferenceResponse]:
+            submitted.append(request)
+            return Reply()
+
+    crossing = connection(engine)
+    crossing._host = SimpleNamespace(server=SimpleNamespace(router=Router()), continue_trace=None)
+    crossing._requests, crossing._targets = {}, {}
+    request = InferenceRequest("m", outputs=[RequestedOutput("OUT")])
+    crossing._dispatch(m.Submit(3, request, targets=lease.places()))
+    [reached] = submitted
+    [buffer] = reached.context[OUTPUT_BUFFERS](reached).values()
+    assert address_of(buffer) == region(engine).address + 8192
+    assert crossing._targets == {3: lease.places()}
+    crossing._transport = None  # the front end has gone: nothing is offered any more
+    assert reached.context[OUTPUT_BUFFERS](reached) == {}
+    lease.release()
+
+
+def test_no_place_is_offered_in_a_region_the_engine_lacks(
+    front: SharedMemoryRegistry, engine: SharedMemoryRegistry
+) -> None:
+    lease = Lease(front)
+    lease.reserve("OUT", "r", 0, 64)
+    engine.unregister(Kind.SYSTEM, "r")
+    assert connection(engine)._buffers(lease.places(), InferenceRequest("m")) == {}
+    lease.release()
+
+
+def test_a_lease_tells_a_backend_in_its_process_where_outputs_go_until_it_is_released(
+    front: SharedMemoryRegistry,
+) -> None:
+    lease = Lease(front)
+    lease.reserve("OUT", "r", 4096, 64)
+    request = InferenceRequest("m")
+    attach(request, lease)
+    [buffer] = request.context[OUTPUT_BUFFERS](request).values()
+    assert address_of(buffer) == region(front).address + 4096 and buffer.nbytes == 64
+    in_place = np.frombuffer(buffer, np.float32)
+    in_place[...] = 7
+    answer = InferenceResponse("m", "1", outputs=[Tensor("OUT", "FP32", (16,), in_place)])
+    assert lease.copy_size(answer) == 0 and lease.write(answer) == {"OUT"}
+    release(request)
+    assert OUTPUT_BUFFERS not in request.context
+    del buffer, in_place, answer
+
+
+def test_no_place_is_offered_that_overlaps_an_input_or_another_output_in_the_same_object(
+    key: str, front: SharedMemoryRegistry
+) -> None:
+    # The same object registered twice, under another spelling of its key: two regions, two
+    # mappings, two addresses, two keys.
+    front.register_system("again", key.lstrip("/"), 0, SIZE)
+    values = np.arange(16, dtype=np.float32)
+    region(front).write(0, values.view(np.uint8))
+    lease = Lease(front)
+    data = np.frombuffer(lease.read("r", 0, values.nbytes), np.float32)  # read at 0..64 of r
+    lease.reserve("CLASH", "again", 32, 64)  # bytes 32..96 of the object: the input's too
+    lease.reserve("APART", "again", 4096, 64)
+    lease.reserve("TWIN", "r", 8192, 64)
+    lease.reserve("TWIN2", "again", 8192 + 32, 64)  # the object's bytes 8224..8288: TWIN's too
+    request = InferenceRequest("m", inputs=[Tensor("IN", "FP32", (16,), data)])
+    assert set(lease.buffers(request)) == {"APART"}
+    assert set(lease.buffers(InferenceRequest("m"))) == {"CLASH", "APART"}
+    # An input in shared memory no region here holds (unregistered while its request ran):
+    # where it lies cannot be told, so nothing is offered.
+    stray = mmap.mmap(-1, 4096)
+    unknown = np.frombuffer(memoryview(stray), np.float32)
+    elsewhere = InferenceRequest("m", inputs=[Tensor("IN", "FP32", unknown.shape, unknown)])
+    assert lease.buffers(elsewhere) == {}
+    plain = np.zeros(4, np.float32)  # ordinary memory: no shared memory to overlap
+    ordinary = InferenceRequest("m", inputs=[Tensor("IN", "FP32", (4,), plain)])
+    assert set(lease.buffers(ordinary)) == {"CLASH", "APART"}
+    del unknown, elsewhere
     lease.release()
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from tests.onnx_models import (
     add_constant_model,
     add_sub_model,
     identity_model,
+    save_model,
     string_identity_model,
 )
 from tritonactor._proto.inference import (
@@ -27,7 +30,14 @@ from tritonactor.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeInst
 from tritonactor.config.model_config import parse_pbtxt, read_pbtxt
 from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import ErrorCode, TritonError
-from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from tritonactor.core.types import (
+    OUTPUT_BUFFERS,
+    OUTPUTS_IN_PLACE,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "tritonactor" / "examples" / "models"
 CPU = InstanceContext(name="m_0", kind="KIND_CPU", device_id=0, index=0)
@@ -546,15 +556,22 @@ def test_openvino_without_provider_is_a_clear_error(
 # execute
 
 
-def test_execute_add_sub_with_requested_outputs(
+def add_sub(
     backend: OnnxRuntimeBackend, tmp_path: Path
-) -> None:
+) -> tuple[OnnxRuntimeInstance, np.ndarray, np.ndarray, tuple[Tensor, Tensor]]:
+    """An add_sub instance, its two [2, 16] INT32 inputs, and those as the request's tensors."""
     vdir = version_dir(tmp_path)
     add_sub_model(vdir / "model.onnx")
     instance = load(backend, add_sub_config(), vdir)
     a = np.arange(32, dtype=np.int32).reshape(2, 16)
     b = np.full((2, 16), 3, dtype=np.int32)
-    inputs = (tensor("INPUT0", a), tensor("INPUT1", b))
+    return instance, a, b, (tensor("INPUT0", a), tensor("INPUT1", b))
+
+
+def test_execute_add_sub_with_requested_outputs(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    instance, a, b, inputs = add_sub(backend, tmp_path)
 
     results = instance.execute(
         [
@@ -757,3 +774,206 @@ def test_shipped_example_repository_is_what_the_builder_writes(tmp_path: Path) -
     built = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     for relative in built:
         assert (EXAMPLES / relative).read_bytes() == (tmp_path / relative).read_bytes(), relative
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs written where they are due (a client's shared memory: OUTPUT_BUFFERS)
+
+
+def page(size: int = 4096) -> memoryview:
+    """Page-aligned writable memory, as a mapped region is."""
+    return memoryview(mmap.mmap(-1, size))
+
+
+def due_in(
+    buffers: dict[str, memoryview], *inputs: Tensor, outputs: tuple[str, ...] = ()
+) -> InferenceRequest:
+    made = request(*inputs, outputs=outputs)
+    made.context[OUTPUT_BUFFERS] = lambda asked: buffers if asked is made else {}
+    return made
+
+
+def in_buffer(data: np.ndarray, buffer: memoryview) -> bool:
+    return np.may_share_memory(data, np.frombuffer(buffer, np.uint8))
+
+
+def identity_fp32(backend: OnnxRuntimeBackend, tmp_path: Path) -> OnnxRuntimeInstance:
+    vdir = version_dir(tmp_path)
+    identity_model(vdir / "model.onnx", "FP32", ["batch", "n"])
+    return load(backend, backend.auto_complete_config(ModelConfig(name="m"), vdir), vdir)
+
+
+def test_an_output_due_in_shared_memory_is_written_there_by_onnxruntime(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    instance = identity_fp32(backend, tmp_path)
+    data = np.arange(12, dtype=np.float32).reshape(2, 6)
+    buffer = page()
+    out = outputs_by_name(
+        instance.execute([due_in({"OUTPUT0": buffer}, tensor("INPUT0", data))])[0]
+    )
+    result = out["OUTPUT0"].data
+    assert in_buffer(result, buffer) and out["OUTPUT0"].shape == (2, 6)
+    np.testing.assert_array_equal(result, data)
+    np.testing.assert_array_equal(np.frombuffer(buffer, np.float32, 12), data.reshape(-1))
+
+
+@pytest.mark.parametrize(
+    "case", ["too small", "not aligned", "overlaps the input", "no buffer for it"]
+)
+def test_an_output_that_cannot_be_written_where_it_is_due_runs_as_usual(
+    backend: OnnxRuntimeBackend, tmp_path: Path, case: str
+) -> None:
+    instance = identity_fp32(backend, tmp_path)
+    buffer = page(8192)
+    data = np.arange(12, dtype=np.float32).reshape(2, 6)
+    buffers = {"OUTPUT0": buffer}
+    if case == "too small":
+        buffers = {"OUTPUT0": buffer[: data.nbytes - 1]}
+    elif case == "not aligned":
+        buffers = {"OUTPUT0": buffer[8:]}
+    elif case == "overlaps the input":
+        data = np.arange(64, dtype=np.float32).reshape(2, 32)  # 256 bytes
+        np.frombuffer(buffer, np.float32, 64)[...] = data.reshape(-1)
+        data = np.frombuffer(buffer, np.float32, 64).reshape(2, 32)
+        buffers = {"OUTPUT0": buffer[64:]}  # aligned, but it would overwrite what it reads
+    else:
+        buffers = {"OTHER": buffer}
+    expected = data.copy()
+    out = outputs_by_name(instance.execute([due_in(buffers, tensor("INPUT0", data))])[0])
+    np.testing.assert_array_equal(out["OUTPUT0"].data, expected)
+    assert not in_buffer(out["OUTPUT0"].data, buffer)
+
+
+def test_outputs_are_written_in_place_only_when_every_requested_one_can_be(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    instance, a, b, inputs = add_sub(backend, tmp_path)
+    sum_buffer, difference_buffer = page(), page()
+    one = outputs_by_name(instance.execute([due_in({"OUTPUT0": sum_buffer}, *inputs)])[0])
+    assert not in_buffer(one["OUTPUT0"].data, sum_buffer)  # OUTPUT1 has nowhere to go
+    np.testing.assert_array_equal(one["OUTPUT0"].data, a + b)
+    only = due_in({"OUTPUT0": sum_buffer}, *inputs, outputs=("OUTPUT0",))
+    assert in_buffer(outputs_by_name(instance.execute([only])[0])["OUTPUT0"].data, sum_buffer)
+    both = due_in({"OUTPUT0": sum_buffer, "OUTPUT1": difference_buffer}, *inputs)
+    out = outputs_by_name(instance.execute([both])[0])
+    assert in_buffer(out["OUTPUT0"].data, sum_buffer)
+    assert in_buffer(out["OUTPUT1"].data, difference_buffer)
+    np.testing.assert_array_equal(out["OUTPUT0"].data, a + b)
+    np.testing.assert_array_equal(out["OUTPUT1"].data, a - b)
+
+
+def test_strings_are_never_written_in_place(backend: OnnxRuntimeBackend, tmp_path: Path) -> None:
+    vdir = version_dir(tmp_path)
+    string_identity_model(vdir / "model.onnx")
+    instance = load(backend, backend.auto_complete_config(ModelConfig(name="m"), vdir), vdir)
+    words = bytes_array([b"a", b"bc"], (1, 2))
+    buffer = page()
+    out = outputs_by_name(
+        instance.execute([due_in({"OUTPUT0": buffer}, tensor("INPUT0", words))])[0]
+    )
+    assert out["OUTPUT0"].data.tolist() == [[b"a", b"bc"]]
+
+
+def reshaping_model(path: Path) -> None:
+    """OUTPUT0 = INPUT0 reshaped to SHAPE, declared (wrongly, for a transposed SHAPE) as the
+    input's own ["batch", "n"]."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["INPUT0", "SHAPE"], ["OUTPUT0"])],
+        "reshaping",
+        [
+            helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"]),
+            helper.make_tensor_value_info("SHAPE", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "n"])],
+    )
+    save_model(graph, path)
+
+
+def test_a_model_whose_outputs_are_not_the_shapes_it_declares_is_answered_right(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    vdir = version_dir(tmp_path)
+    reshaping_model(vdir / "model.onnx")
+    config = ModelConfig(
+        name="m",
+        input=[
+            ModelInput(name="INPUT0", data_type=DataType.TYPE_FP32, dims=[-1, -1]),
+            ModelInput(name="SHAPE", data_type=DataType.TYPE_INT64, dims=[2]),
+        ],
+        output=[ModelOutput(name="OUTPUT0", data_type=DataType.TYPE_FP32, dims=[-1, -1])],
+    )
+    instance = load(backend, config, vdir)
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    buffer = page()
+
+    def run(shape: list[int]) -> object:
+        inputs = (tensor("INPUT0", data), tensor("SHAPE", np.array(shape, np.int64)))
+        return instance.execute([due_in({"OUTPUT0": buffer}, *inputs)])[0]
+
+    # A request the model fails either way fails as it would have: in place stays on.
+    failed = run([4, 4])
+    assert isinstance(failed, TritonError) and failed.code == ErrorCode.INTERNAL
+    fits = outputs_by_name(run([2, 3]))["OUTPUT0"].data
+    assert in_buffer(fits, buffer)
+    np.testing.assert_array_equal(fits, data)
+    # Its output is not the shape it declares: the answer is still right, and this model's
+    # outputs are no longer written in place, even those that would fit.
+    transposed = outputs_by_name(run([3, 2]))["OUTPUT0"]
+    assert transposed.shape == (3, 2) and not in_buffer(transposed.data, buffer)
+    np.testing.assert_array_equal(transposed.data, data.reshape(3, 2))
+    assert not in_buffer(outputs_by_name(run([2, 3]))["OUTPUT0"].data, buffer)
+
+
+def test_an_output_onnxruntime_answers_from_other_memory_is_not_taken_from_the_buffer(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    # A graph output that is a graph input: onnxruntime hands back the input's memory and
+    # leaves the buffer bound to it as it was.
+    vdir = version_dir(tmp_path)
+    graph = helper.make_graph(
+        [helper.make_node("Neg", ["INPUT0"], ["OUTPUT0"])],
+        "through",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 3])],
+        [
+            helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 3]),
+        ],
+    )
+    save_model(graph, vdir / "model.onnx")
+    config = ModelConfig(
+        name="m",
+        input=[ModelInput(name="INPUT0", data_type=DataType.TYPE_FP32, dims=[-1, 3])],
+        output=[
+            ModelOutput(name="INPUT0", data_type=DataType.TYPE_FP32, dims=[-1, 3]),
+            ModelOutput(name="OUTPUT0", data_type=DataType.TYPE_FP32, dims=[-1, 3]),
+        ],
+    )
+    instance = load(backend, config, vdir)
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    through, negated = page(), page()
+    np.frombuffer(through, np.float32)[...] = -7  # what a stale buffer would give back
+    made = due_in({"INPUT0": through, "OUTPUT0": negated}, tensor("INPUT0", data))
+    out = outputs_by_name(instance.execute([made])[0])
+    np.testing.assert_array_equal(out["INPUT0"].data, data)
+    assert not in_buffer(out["INPUT0"].data, through)
+    assert not np.may_share_memory(out["INPUT0"].data, data)  # its own copy: outlives the input
+    np.testing.assert_array_equal(out["OUTPUT0"].data, -data)
+    assert in_buffer(out["OUTPUT0"].data, negated)
+    assert made.context[OUTPUTS_IN_PLACE] == data.nbytes  # only OUTPUT0 was written in place
+
+
+def test_a_request_whose_places_cannot_be_told_runs_as_usual(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    instance = identity_fp32(backend, tmp_path)
+    data = np.arange(6, dtype=np.float32).reshape(1, 6)
+    made = request(tensor("INPUT0", data))
+
+    def offer(_: InferenceRequest) -> dict[str, memoryview]:
+        raise RuntimeError("the region went away")
+
+    made.context[OUTPUT_BUFFERS] = offer
+    np.testing.assert_array_equal(
+        outputs_by_name(instance.execute([made])[0])["OUTPUT0"].data, data
+    )

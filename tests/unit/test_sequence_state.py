@@ -30,7 +30,13 @@ from tritonactor.backends.onnxruntime import OnnxRuntimeBackend
 from tritonactor.config.model_config import parse_pbtxt
 from tritonactor.config.normalize import fill_defaults
 from tritonactor.core.errors import ErrorCode, TritonError
-from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from tritonactor.core.types import (
+    OUTPUT_BUFFERS,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+)
 from tritonactor.scheduling.factory import scheduler_for
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
@@ -209,6 +215,7 @@ class StateInstance(BackendInstance):
         results: list[Result] = []
         for request in requests:
             tensors = {tensor.name: tensor for tensor in request.inputs}
+            backend.offered.append(OUTPUT_BUFFERS in request.context)
             state = tensors["STATE_IN"].data
             with backend.lock:
                 backend.seen.append(
@@ -242,6 +249,7 @@ class StateBackend(Backend):
         self.lock = threading.Lock()
         self.seen: list[tuple[str, bool, Any]] = []
         self.drop_state = False
+        self.offered: list[bool] = []  # whether each request came with places for its outputs
         self.entered = 0  # executes begun (some may wait at the gate)
 
     def load_model(self, context: ModelContext) -> BackendModel:
@@ -486,3 +494,21 @@ def test_onnx_refuses_a_state_the_graph_does_not_have(
         OnnxRuntimeBackend().load_model(context)
     assert caught.value.code == ErrorCode.INVALID_ARG
     assert reason in caught.value.message
+
+
+async def test_a_model_keeping_state_is_never_offered_client_memory_to_write_outputs_into(
+    system: ActorSystem,
+) -> None:
+    # Its state is kept from its outputs: written into a client's shared memory, the next
+    # step's state would be whatever the client put there meanwhile.
+    backend = StateBackend()
+    text = config_text(extra_output=', { name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] }')
+    router = await serve(system, backend, text)
+    places = {"OUT": memoryview(bytearray(4)), "STATE_OUT": memoryview(bytearray(4))}
+    steps = [step(1, "s0", 7, start=True), step(2, "s1", 7, end=True)]
+    for request in steps:
+        request.outputs = [RequestedOutput("OUT"), RequestedOutput("STATE_OUT")]
+        request.context[OUTPUT_BUFFERS] = lambda _: places
+    responses = await answers([router.submit(request) for request in steps])
+    assert [value(r) for r in responses] == [1, 3]
+    assert backend.offered == [False, False]

@@ -53,6 +53,15 @@ SCHEDULING_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
 )
 
+# A request's `context` keys for outputs due in a client's system shared memory. Under
+# OUTPUT_BUFFERS, a function of the request that tells a backend able to write an output there
+# itself (ONNX Runtime) where each goes, as {output name: writable bytes}: asked right before the
+# run, it leaves out places that overlap an input or one another, and those whose region is
+# gone. Whatever a backend returns elsewhere is copied there afterwards, as always. Under
+# OUTPUTS_IN_PLACE, the bytes the backend wrote so (for the instance: the copy it spared).
+OUTPUT_BUFFERS = "output_buffers"
+OUTPUTS_IN_PLACE = "outputs_in_place"
+
 
 @dataclass(slots=True)
 class Tensor:

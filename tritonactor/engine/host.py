@@ -29,7 +29,12 @@ from tritonactor.core import offload
 from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import TritonError, cancelled, internal
 from tritonactor.core.tensors import tensor_to_bytes
-from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
+from tritonactor.core.types import (
+    OUTPUT_BUFFERS,
+    InferenceRequest,
+    InferenceResponse,
+    ResponseSender,
+)
 from tritonactor.engine import messages as m
 from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader, remove_owned, sweep_lanes
@@ -240,6 +245,8 @@ class _Connection(asyncio.BufferedProtocol):
                     self._part, m.Part(id, response, error, final)
                 )
             )
+        if message.targets:
+            request.context[OUTPUT_BUFFERS] = functools.partial(self._buffers, message.targets)
         router = host.server.router
         if router.loader is not None and not router.ready_versions(request.model_name):
             self._start(id, self._submit_waiting(id, request))
@@ -253,6 +260,17 @@ class _Connection(asyncio.BufferedProtocol):
         if message.targets:
             self._targets[id] = message.targets
         reply.add_done_callback(lambda done: self._answer(id, done))
+
+    def _buffers(
+        self, targets: tuple[tuple[str, Place], ...], request: InferenceRequest
+    ) -> dict[str, memoryview]:
+        """`OUTPUT_BUFFERS` for a request of this front end, asked right before its run: a
+        backend that writes an output there itself spares `_write_targets` its copy. Nothing
+        once the front end has gone (its leases, which kept the regions registered, went with
+        it)."""
+        if self._transport is None:  # (read from the instance's thread, perhaps: no call)
+            return {}
+        return self._regions.offer(request.inputs, targets)
 
     async def _submit_waiting(self, id: int, request: InferenceRequest) -> None:
         """A request that may wait: for a lazy load, or for room in a full mailbox."""
@@ -299,7 +317,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         response = reply.result()
         write = functools.partial(self._write_targets, response, targets)
-        if not offload.large(_bytes_due(response, targets)):
+        if not offload.large(_bytes_due(response, targets, self._regions)):
             try:
                 written = write()
             except Exception as failed:
@@ -356,6 +374,7 @@ class _Connection(asyncio.BufferedProtocol):
                 or data.nbytes < OUT_OF_BAND  # it crosses in the frame: the front end writes it
                 or data.dtype.kind == "O"
                 or data.dtype != to_numpy_dtype(tensor.datatype)
+                or self._regions.lies_at(data, place)  # the backend wrote it there: it stays
             ):
                 continue
             chunk = tensor_to_bytes(tensor.datatype, data)
@@ -374,16 +393,25 @@ class _Connection(asyncio.BufferedProtocol):
         return dataclasses.replace(response, outputs=outputs)
 
 
-def _bytes_due(response: InferenceResponse, targets: tuple[tuple[str, Place], ...]) -> int:
+def _bytes_due(
+    response: InferenceResponse,
+    targets: tuple[tuple[str, Place], ...],
+    regions: SharedMemoryRegistry,
+) -> int:
     """The bytes `_write_targets` copies."""
-    names = {name for name, _ in targets}
-    return sum(
-        tensor.data.nbytes
-        for tensor in response.outputs
-        if tensor.name in names
-        and type(tensor.data) is np.ndarray
-        and tensor.data.nbytes >= OUT_OF_BAND
-    )
+    places = dict(targets)
+    due = 0
+    for tensor in response.outputs:
+        place = places.get(tensor.name)
+        data = tensor.data
+        if (
+            place is not None
+            and type(data) is np.ndarray
+            and data.nbytes >= OUT_OF_BAND
+            and not regions.lies_at(data, place)
+        ):
+            due += data.nbytes
+    return due
 
 
 async def _settled(reply: Reply[Any]) -> None:

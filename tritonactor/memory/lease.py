@@ -21,7 +21,7 @@ from tritonactor.core import offload
 from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import internal
 from tritonactor.core.tensors import tensor_to_bytes
-from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
+from tritonactor.core.types import OUTPUT_BUFFERS, InferenceRequest, InferenceResponse, Tensor
 from tritonactor.memory.region import Region
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.memory.system import SystemRegion
@@ -77,6 +77,10 @@ class Lease:
 
     def __bool__(self) -> bool:
         return bool(self._held)
+
+    def buffers(self, request: InferenceRequest) -> dict[str, memoryview]:
+        """`OUTPUT_BUFFERS` for `request` in this process (`SharedMemoryRegistry.offer`)."""
+        return self._registry.offer(request.inputs, self.places())
 
     def read(self, name: str, offset: int, byte_size: int) -> memoryview:
         """The input bytes at [offset, offset + byte_size) of region `name`: for system shared
@@ -203,9 +207,12 @@ def _release_when_over(lease: Lease) -> Callable[[asyncio.Future[object]], None]
 
 
 def attach(request: InferenceRequest, lease: Lease) -> None:
-    """Keep `lease` with `request` when it holds a region (else there is nothing to release)."""
+    """Keep `lease` with `request` when it holds a region (else there is nothing to release),
+    and tell a backend where the outputs due in system regions go (`OUTPUT_BUFFERS`)."""
     if lease:
         request.context[LEASE] = lease
+        if lease.outputs:
+            request.context[OUTPUT_BUFFERS] = lease.buffers
 
 
 def write_outputs(request: InferenceRequest, response: InferenceResponse) -> frozenset[str]:
@@ -220,4 +227,5 @@ def release(request: InferenceRequest) -> None:
     """Let go of the regions `request` holds (idempotent)."""
     lease = request.context.pop(LEASE, None)
     if lease is not None:
+        request.context.pop(OUTPUT_BUFFERS, None)
         lease.release()

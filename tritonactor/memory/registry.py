@@ -9,10 +9,17 @@ Every method is safe to call from any thread.
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Literal
 
 import numpy as np
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy < 2
+    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 from tritonactor.core.errors import (
     ErrorCode,
@@ -22,6 +29,7 @@ from tritonactor.core.errors import (
     not_found,
     unavailable,
 )
+from tritonactor.core.types import Tensor
 from tritonactor.memory.cuda import CudaRegion, CudaRuntime, CudaUnavailable, load_runtime
 from tritonactor.memory.region import Kind, Region
 from tritonactor.memory.system import SystemRegion, address_of
@@ -214,14 +222,15 @@ class SharedMemoryRegistry:
         """Where `buffer` lies when it is the memory of a registered system region (an input
         read from it, an output written into it), else None: another process of the server
         that maps the same region then reads it there (`view`) instead of a copy."""
-        spans = self._spans
-        if not spans:
+        if not self._spans:
             return None
         start = address_of(buffer)
-        end = start + buffer.nbytes
-        for first, last, region in spans:
+        return self._locate_span(start, start + buffer.nbytes)
+
+    def _locate_span(self, start: int, end: int) -> Place | None:
+        for first, last, region in self._spans:
             if first <= start and end <= last:
-                return (region.name, region.key, region.offset, start - first, buffer.nbytes)
+                return (region.name, region.key, region.offset, start - first, end - start)
         return None
 
     def view(self, place: Place) -> memoryview:
@@ -236,6 +245,59 @@ class SharedMemoryRegistry:
         region = self._placed(place)
         region.write(place[3], data)
         return region.read(place[3], data.size)
+
+    def offer(
+        self, inputs: Iterable[Tensor], targets: Iterable[tuple[str, Place]]
+    ) -> dict[str, memoryview]:
+        """The places outputs are due in (`targets`), as the bytes a backend may write each
+        into itself, less those that overlap an input's memory or another output's place (so
+        that a run never overwrites what it reads, whatever the registrations of one object
+        and their addresses: compared where they lie in the object), and those whose region
+        this process no longer has or the client has shrunk (`_placed`)."""
+        read: list[_Extent] = []
+        for tensor in inputs:
+            extent = self._extent_of(tensor.data)
+            if extent is False:
+                return {}  # an input in shared memory this process no longer knows: no telling
+            if extent is not None:
+                read.append(extent)
+        due: list[tuple[str, Place, SystemRegion, _Extent]] = []
+        for name, place in targets:
+            try:
+                region = self._placed(place)
+            except TritonError:
+                continue
+            due.append((name, place, region, (region.identity, region.offset + place[3], place[4])))
+        buffers: dict[str, memoryview] = {}
+        for name, place, region, extent in due:
+            if any(_overlap(extent, other) for other in read) or any(
+                _overlap(extent, other) for _, _, _, other in due if other is not extent
+            ):
+                continue
+            try:
+                buffers[name] = region.writable(place[3], place[4])
+            except TritonError:  # unregistered since
+                continue
+        return buffers
+
+    def _extent_of(self, data: object) -> _Extent | Literal[False] | None:
+        """Where an input's array lies in a registered system region's object; None when it
+        lies in no shared memory, False when it lies in a mapping no region here holds (one
+        unregistered while its request ran)."""
+        if not isinstance(data, np.ndarray) or data.dtype.kind == "O":
+            return None
+        low, high = byte_bounds(data)
+        for first, last, region in self._spans:
+            if first <= low and high <= last:
+                return (region.identity, region.offset + low - first, high - low)
+        return False if _over_mapping(data) else None
+
+    def lies_at(self, data: np.ndarray, place: Place) -> bool:
+        """Whether `data` is already the memory at `place` (written there in place)."""
+        if not data.flags.c_contiguous or data.nbytes > place[4]:
+            return False
+        located = self.locate(memoryview(data))
+        return located is not None and located[:4] == place[:4]
 
     def _placed(self, place: Place) -> SystemRegion:
         name, key, region_offset, offset, byte_size = place
@@ -260,3 +322,23 @@ class SharedMemoryRegistry:
 # Where a buffer lies in a registered system region, as another process of the server can find
 # it: (region name, the region's key and offset as registered, offset in the region, bytes).
 Place = tuple[str, str, int, int, int]
+
+
+# Bytes of a shared-memory object: (its identity, where they start in it, how many).
+_Extent = tuple[tuple[int, int], int, int]
+
+
+def _overlap(a: _Extent, b: _Extent) -> bool:
+    """Whether two extents share bytes of one object (two registrations of an object, by any
+    spelling of its key, are two regions mapped at two addresses)."""
+    return a[0] == b[0] and a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
+
+
+def _over_mapping(data: np.ndarray) -> bool:
+    """Whether `data`'s memory belongs to a memory-mapped file (through the views it is of)."""
+    base: object = data
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return isinstance(base, mmap.mmap)

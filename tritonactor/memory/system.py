@@ -38,6 +38,10 @@ class SystemRegion(Region):
         self._mapping = mapping
         # Kept open to see whether the client shrank the object (`check_whole`).
         self._fd: int | None = fd
+        # The object itself, whatever key spelling or link reached it: two regions with the
+        # same `identity` share memory where their ranges of the object meet.
+        status = os.fstat(fd)
+        self.identity = (status.st_dev, status.st_ino)
         # The mapping starts at the page below `offset`: the region starts `delta` bytes in.
         delta = offset % mmap.ALLOCATIONGRANULARITY
         self._view: memoryview | None = memoryview(mapping)[delta : delta + byte_size]
@@ -87,6 +91,10 @@ class SystemRegion(Region):
 
     def read(self, offset: int, byte_size: int) -> memoryview:
         return self._live_view()[offset : offset + byte_size].toreadonly()
+
+    def writable(self, offset: int, byte_size: int) -> memoryview:
+        """The bytes at [offset, offset + byte_size), to write into (no copy)."""
+        return self._live_view()[offset : offset + byte_size]
 
     def write(self, offset: int, data: np.ndarray) -> None:
         target = np.frombuffer(self._live_view(), np.uint8, count=data.size, offset=offset)

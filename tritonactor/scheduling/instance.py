@@ -39,7 +39,8 @@ from tritonactor.backends.base import (
 )
 from tritonactor.backends.lifetime import BatchNotRun, WatchedInstance
 from tritonactor.core.errors import TritonError, internal, unavailable
-from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.core.offload import OFF_LOOP_BYTES
+from tritonactor.core.types import OUTPUTS_IN_PLACE, InferenceRequest, InferenceResponse
 from tritonactor.observability.tracing import BatchTrace
 from tritonactor.scheduling.messages import Execute, Infer, InstanceIdle, Rescheduled
 from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
@@ -53,6 +54,11 @@ log = logging.getLogger(__name__)
 # as such an execute. A batch that takes longer sends the next one back to the worker thread.
 ON_LOOP_NS = 100_000
 ON_LOOP_BYTES = 64 * 1024
+# An execute that wrote outputs straight into the client's shared memory they are due in did
+# the copy the loop would have made after it (below OFF_LOOP_BYTES, core/offload.py): that
+# much of its time counts as the copy's, not as the execute's. A copy of 1 MiB costs the loop
+# 60-120 µs in a serving process (docs/benchmarks.md).
+IN_PLACE_NS_PER_BYTE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +141,8 @@ class InstanceActor(Actor[Execute | _Died]):
                         self._timed_execute, requests
                     )
                 if self._may_run_on_loop:
-                    short = backend_finished - backend_started < ON_LOOP_NS
+                    took = backend_finished - backend_started
+                    short = took < ON_LOOP_NS + _in_place_ns(requests)
                     self._short_bytes = max(ON_LOOP_BYTES, 2 * size) if short else 0
             if len(results) != len(requests):
                 raise internal(
@@ -267,6 +274,16 @@ class InstanceActor(Actor[Execute | _Died]):
 
     async def stopped(self) -> None:
         await self._release()
+
+
+def _in_place_ns(requests: list[InferenceRequest]) -> float:
+    """The share of an execute's time that wrote outputs where they are due (see
+    IN_PLACE_NS_PER_BYTE): the bytes its backend says it wrote so (`OUTPUTS_IN_PLACE`), up to
+    OFF_LOOP_BYTES, at a copy's cost."""
+    written = 0
+    for request in requests:
+        written += request.context.pop(OUTPUTS_IN_PLACE, 0)
+    return min(written, OFF_LOOP_BYTES) * IN_PLACE_NS_PER_BYTE
 
 
 def _input_bytes(requests: list[InferenceRequest]) -> int:

@@ -9,7 +9,12 @@ from functools import partial
 
 from tritonactor.actors import Reply
 from tritonactor.core.errors import TritonError
-from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput
+from tritonactor.core.types import (
+    OUTPUT_BUFFERS,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+)
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.sequence_controls import NULL_ROW, Control, Row
 from tritonactor.scheduling.sequence_slots import RunningSequence, Waiting, zeros_like
@@ -54,6 +59,9 @@ class RowBuilder:
         request.inputs = [*entry.inputs, *row.tensors(self.controls, self.row_shape)]
         if not self.states:
             return entry.item
+        # A state is kept from the model's output: never a view of a client's memory (an
+        # output due in shared memory and written there in place), which the client reuses.
+        request.context.pop(OUTPUT_BUFFERS, None)
         if entry.start:
             sequence.saved = None  # a (re)start begins from the initial state
         saved = sequence.saved or {}

@@ -6,7 +6,9 @@ converted on the way in and out.
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -23,9 +25,35 @@ from tritonactor.backends.base import (
 from tritonactor.backends.onnxruntime.signature import _sequence_tensors, _Signature
 from tritonactor.core.datatypes import config_to_wire, from_numpy_dtype
 from tritonactor.core.errors import TritonError, internal, invalid_arg, unavailable
-from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
+from tritonactor.core.types import (
+    OUTPUT_BUFFERS,
+    OUTPUTS_IN_PLACE,
+    InferenceRequest,
+    InferenceResponse,
+    Tensor,
+)
 
 _BF16_ELEMENT_TYPE = 16  # onnx.TensorProto.BFLOAT16
+# The outputs onnxruntime can write into memory given to it: numbers, by their ONNX type.
+_NUMPY_OF_ONNX = {
+    f"tensor({onnx})": np.dtype(numpy)
+    for onnx, numpy in (
+        ("float", "float32"),
+        ("double", "float64"),
+        ("float16", "float16"),
+        ("int8", "int8"),
+        ("int16", "int16"),
+        ("int32", "int32"),
+        ("int64", "int64"),
+        ("uint8", "uint8"),
+        ("uint16", "uint16"),
+        ("uint32", "uint32"),
+        ("uint64", "uint64"),
+        ("bool", "bool"),
+    )
+}
+# An output is written in place only into memory this aligned (as onnxruntime's own buffers).
+_ALIGNMENT = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +119,16 @@ class OnnxRuntimeInstance(BackendInstance):
             for t in config.output
         }
         self._all_outputs = list(self._outputs)
+        # What the model declares (a dimension: a number, a name shared with other dimensions,
+        # or None): an output's shape worked out from its inputs' before it runs, to be written
+        # where it is due (`_run_in_place`). Off for good once a bound run fails where a plain
+        # one does not.
+        self._input_dims = {meta.name: tuple(meta.shape) for meta in session.get_inputs()}
+        self._output_specs = {
+            meta.name: (tuple(meta.shape), _NUMPY_OF_ONNX.get(meta.type))
+            for meta in session.get_outputs()
+        }
+        self._in_place = True
         # numpy has no bfloat16 onnxruntime understands: such models run through OrtValues.
         self._bf16 = any(p.is_bf16 for p in self._inputs) or any(
             signature.outputs[name].onnx_type == "tensor(bfloat16)" for name in self._outputs
@@ -140,8 +178,12 @@ class OnnxRuntimeInstance(BackendInstance):
         except ValueError as exc:  # a reshape the request's shape cannot take
             return invalid_arg(f"model '{self.model_name}': {exc}")
         names = request.requested_output_names or self._all_outputs
+        buffers = self._offered(request)
         try:
-            arrays = self._run(session, names, feeds)
+            if buffers:
+                arrays = self._run_in_place(session, names, feeds, buffers, request)
+            else:
+                arrays = self._run(session, names, feeds)
         except TritonError as exc:
             return exc
         except Exception as exc:
@@ -195,6 +237,96 @@ class OnnxRuntimeInstance(BackendInstance):
             for name, data in feeds.items()
         }
         return [_ortvalue_to_numpy(value) for value in session.run_with_ort_values(names, values)]
+
+    def _offered(self, request: InferenceRequest) -> dict[str, memoryview] | None:
+        """Where the request's outputs are due (`OUTPUT_BUFFERS`), when this instance may
+        write them there; none when asking fails (the run goes on as usual)."""
+        offer = request.context.get(OUTPUT_BUFFERS) if self._in_place and not self._bf16 else None
+        if offer is None:
+            return None
+        try:
+            buffers: dict[str, memoryview] = offer(request)
+        except Exception:
+            return None
+        return buffers
+
+    def _run_in_place(
+        self,
+        session: ort.InferenceSession,
+        names: list[str],
+        feeds: dict[str, np.ndarray],
+        buffers: dict[str, memoryview],
+        request: InferenceRequest,
+    ) -> list[np.ndarray]:
+        """The run, with every requested output written by onnxruntime straight into the
+        buffer it is due in (a client's shared memory: nothing to copy there afterwards) when
+        each has one that holds the shape the model declares, worked out from the inputs'
+        shapes; as usual otherwise. The bytes so written go in `OUTPUTS_IN_PLACE`."""
+        outputs = self._placed_outputs(names, feeds, buffers)
+        if outputs is None:
+            return session.run(names, feeds)
+        binding = session.io_binding()
+        try:
+            for name, data in feeds.items():
+                binding.bind_cpu_input(name, data)
+            for name, array in zip(names, outputs, strict=True):
+                binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            session.run_with_iobinding(binding)
+        except Exception:
+            arrays: list[np.ndarray] = session.run(names, feeds)  # the model's own error, if any
+            # It runs, but not into what its declared shapes promised: as usual from now on.
+            self._in_place = False
+            return arrays
+        written = 0
+        for index, value in enumerate(binding.get_outputs()):
+            array = outputs[index]
+            if value.data_ptr() == array.ctypes.data:
+                written += array.nbytes
+            else:  # onnxruntime answered with other memory (an output that is an input),
+                outputs[index] = value.numpy().copy()  # which its array would not keep alive
+        request.context[OUTPUTS_IN_PLACE] = written
+        return outputs
+
+    def _placed_outputs(
+        self, names: list[str], feeds: dict[str, np.ndarray], buffers: dict[str, memoryview]
+    ) -> list[np.ndarray] | None:
+        """Each requested output as an array over the buffer it is due in, in the shape the
+        model declares for it; None when one has no such array."""
+        sizes: dict[Any, int] = {}
+        for name, data in feeds.items():
+            declared = self._input_dims.get(name)
+            if (
+                declared is None
+                or len(declared) != data.ndim
+                or data.dtype.kind == "O"
+                or not data.flags.c_contiguous
+            ):
+                return None
+            for dim, size in zip(declared, data.shape, strict=True):
+                if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
+                    return None
+        outputs = []
+        for name in names:
+            buffer = buffers.get(name)
+            declared, dtype = self._output_specs.get(name, ((), None))
+            if buffer is None or dtype is None:
+                return None
+            shape = []
+            for dim in declared:
+                size = dim if isinstance(dim, int) else sizes.get(dim)
+                if size is None or size < 0:
+                    return None
+                shape.append(size)
+            count = math.prod(shape)
+            if count == 0 or count * dtype.itemsize > buffer.nbytes:
+                return None
+            array = np.frombuffer(buffer, dtype, count).reshape(shape)
+            if array.ctypes.data % _ALIGNMENT or any(
+                np.may_share_memory(array, data) for data in feeds.values()
+            ):
+                return None
+            outputs.append(array)
+        return outputs
 
     def _output(self, name: str, array: np.ndarray) -> Tensor:
         plan = self._outputs.get(name)
