@@ -37,6 +37,18 @@ platform: "onnxruntime_onnx"
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
+LONG_CONFIG = """
+name: "long"
+platform: "onnxruntime_onnx"
+input [
+  { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "INPUT1" data_type: TYPE_INT32 dims: [ -1 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ -1 ] }
+]
+"""
 GATED_CONFIG = """
 name: "gated"
 backend: "python"
@@ -83,6 +95,8 @@ def shm_server(tmp_path_factory: pytest.TempPathFactory, gate: Path) -> Iterator
     string_identity_model(repo / "strings" / "1" / "model.onnx")
     identity_model(repo / "large" / "1" / "model.onnx", "FP32", ["n"])
     write_config(repo / "large", LARGE_CONFIG)
+    add_sub_model(repo / "long" / "1" / "model.onnx", dims=["n"], batch=False)
+    write_config(repo / "long", LONG_CONFIG)
     write_config(repo / "gated", GATED_CONFIG.replace("GATE", str(gate)))
     (repo / "gated" / "1").mkdir(parents=True)
     (repo / "gated" / "1" / "model.py").write_text(GATED_MODEL)
@@ -151,6 +165,38 @@ def register_simple(triton: Any, regions: Regions) -> tuple[Any, Any]:
     triton.register_system_shared_memory("in", in_key, 128)
     triton.register_system_shared_memory("out", out_key, 128)
     return in_handle, out_handle
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_outputs_due_where_their_inputs_lie_are_computed_from_the_inputs_as_sent(
+    shm_server: ServerProcess, regions: Regions, protocol: str
+) -> None:
+    # One object registered twice, under two spellings of its key (two regions, mapped at two
+    # addresses), each output due where the other's input lies: written there while the model
+    # ran (in place), the second operation would read the first one's result, not the input.
+    # Large tensors, which reach the engine as where they lie, not copied.
+    count = 1 << 15  # 128 KiB of INT32 a tensor
+    first = np.arange(count, dtype=np.int32)
+    second = np.full(count, 3, dtype=np.int32)
+    triton = client(shm_server, protocol)
+    module = module_of(protocol)
+    key, handle = regions.create(2 * first.nbytes)
+    client_shm.set_shared_memory_region(handle, [first, second])
+    triton.register_system_shared_memory("in", key, 2 * first.nbytes)
+    triton.register_system_shared_memory("out", key.lstrip("/"), 2 * first.nbytes)
+    inputs, outputs = [], []
+    for index, name in enumerate(("INPUT0", "INPUT1")):
+        tensor = module.InferInput(name, [count], "INT32")
+        tensor.set_shared_memory("in", first.nbytes, offset=index * first.nbytes)
+        inputs.append(tensor)
+    for name, offset in (("OUTPUT0", first.nbytes), ("OUTPUT1", 0)):  # over the other input
+        output = module.InferRequestedOutput(name)
+        output.set_shared_memory("out", first.nbytes, offset=offset)
+        outputs.append(output)
+    triton.infer("long", inputs, outputs=outputs)
+    got = client_shm.get_contents_as_numpy(handle, np.int32, [2, count])
+    assert got[0].tolist() == (first - second).tolist()
+    assert got[1].tolist() == (first + second).tolist()
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
