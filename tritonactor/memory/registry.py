@@ -222,15 +222,14 @@ class SharedMemoryRegistry:
         """Where `buffer` lies when it is the memory of a registered system region (an input
         read from it, an output written into it), else None: another process of the server
         that maps the same region then reads it there (`view`) instead of a copy."""
-        if not self._spans:
+        spans = self._spans
+        if not spans:
             return None
         start = address_of(buffer)
-        return self._locate_span(start, start + buffer.nbytes)
-
-    def _locate_span(self, start: int, end: int) -> Place | None:
-        for first, last, region in self._spans:
+        end = start + buffer.nbytes
+        for first, last, region in spans:
             if first <= start and end <= last:
-                return (region.name, region.key, region.offset, start - first, end - start)
+                return (region.name, region.key, region.offset, start - first, buffer.nbytes)
         return None
 
     def view(self, place: Place) -> memoryview:

@@ -22,8 +22,12 @@ from tritonactor.backends.base import (
     Result,
     undo_reshape,
 )
-from tritonactor.backends.onnxruntime.signature import _sequence_tensors, _Signature
-from tritonactor.core.datatypes import config_to_wire, from_numpy_dtype
+from tritonactor.backends.onnxruntime.signature import (
+    _CONFIG_TYPE_OF_ONNX,
+    _sequence_tensors,
+    _Signature,
+)
+from tritonactor.core.datatypes import config_to_wire, from_numpy_dtype, to_numpy_dtype
 from tritonactor.core.errors import TritonError, internal, invalid_arg, unavailable
 from tritonactor.core.types import (
     OUTPUT_BUFFERS,
@@ -34,23 +38,12 @@ from tritonactor.core.types import (
 )
 
 _BF16_ELEMENT_TYPE = 16  # onnx.TensorProto.BFLOAT16
-# The outputs onnxruntime can write into memory given to it: numbers, by their ONNX type.
+# The outputs onnxruntime can write into memory given to it: numbers (not strings, and not
+# bfloat16, which numpy cannot hand onnxruntime), by their ONNX type.
 _NUMPY_OF_ONNX = {
-    f"tensor({onnx})": np.dtype(numpy)
-    for onnx, numpy in (
-        ("float", "float32"),
-        ("double", "float64"),
-        ("float16", "float16"),
-        ("int8", "int8"),
-        ("int16", "int16"),
-        ("int32", "int32"),
-        ("int64", "int64"),
-        ("uint8", "uint8"),
-        ("uint16", "uint16"),
-        ("uint32", "uint32"),
-        ("uint64", "uint64"),
-        ("bool", "bool"),
-    )
+    onnx: to_numpy_dtype(config_to_wire(config.name))
+    for onnx, config in _CONFIG_TYPE_OF_ONNX.items()
+    if config not in (DataType.TYPE_STRING, DataType.TYPE_BF16)
 }
 # An output is written in place only into memory this aligned (as onnxruntime's own buffers).
 _ALIGNMENT = 64
