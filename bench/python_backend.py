@@ -9,8 +9,9 @@ For each input size (an FP32 tensor of shape [1, N]) it times, in one run:
       with `triton_python_backend_utils` requests built here, one request per call;
   (b) backend: `PythonBackend` -> `load_model` -> `create_instance` (on a worker thread of the
       loop, as the server does), then
-      `await instance.execute(batch)` back to back on an asyncio loop, for each batch size of
-      --batches: the stub process hop and the /dev/shm transfer, with no HTTP, router or actors.
+      `await instance.execute(batch)` back to back on the event loop the engine process runs
+      (uvloop; `--loop asyncio` for asyncio's own), for each batch size of --batches: the stub
+      process hop and the /dev/shm transfer, with no HTTP, router or actors.
       Its round-trip CPU is split into the server's share (this process) and the stub's, per
       call (one batch) and per request, with the messages each call puts on the socket;
   (c) served: `perf_analyzer -i http` against one hypercorn worker serving the same model, at
@@ -259,11 +260,20 @@ def _process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def time_backend(context: ModelContext, data: np.ndarray, seconds: float, batch: int) -> Timing:
-    """One stub process; `await instance.execute(batch)` back to back on asyncio (the loop the
-    server runs under hypercorn). The instance is made and finalized on a worker thread of that
-    loop, as the server does (its reader then runs on the loop)."""
-    return asyncio.run(_time_backend(context, data, seconds, batch))
+def time_backend(
+    context: ModelContext, data: np.ndarray, seconds: float, batch: int, loop: str = "uvloop"
+) -> Timing:
+    """One stub process; `await instance.execute(batch)` back to back on `loop`: uvloop, which
+    the engine process runs every instance on (`tritonactor serve` and `hypercorn
+    tritonactor.app:app` alike), or asyncio's own. The instance is made and finalized on a
+    worker thread of that loop, as the server does (its reader then runs on the loop)."""
+    factory = None
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(_time_backend(context, data, seconds, batch))
 
 
 async def _time_backend(
@@ -469,6 +479,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--perf-analyzer", help="perf_analyzer binary (default: install one)")
     parser.add_argument("--no-http", action="store_true", help="skip (c)")
+    parser.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the event loop of (b): the engine's (uvloop) or asyncio's own",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the repository and logs")
     return parser.parse_args(argv)
@@ -509,7 +525,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = rng.random((1, elements), dtype=np.float32)
         print(f"[1,{elements}]: (a) in-process, (b) backend ...", flush=True)
         in_process[elements] = time_in_process(context, data, args.seconds)
-        backend[elements] = [time_backend(context, data, args.seconds, n) for n in batches]
+        backend[elements] = [
+            time_backend(context, data, args.seconds, n, args.loop) for n in batches
+        ]
 
     served: dict[int, dict[int, Timing | None]] = {elements: {} for elements in sizes}
     floor_text = ""
@@ -546,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_round_trips(results))
     print(
         "(a) TritonPythonModel.execute called in this process with a pb_utils request built per "
-        "call; (b) PythonInstance.execute awaited back to back on asyncio (stub process + "
+        f"call; (b) PythonInstance.execute awaited back to back on {args.loop} (stub process + "
         "/dev/shm); (c) perf_analyzer -i http, one hypercorn worker, one model instance."
     )
     print(
