@@ -5,6 +5,11 @@ for one or more checkouts alternated: what a change costs in work, apart from th
     python bench/process_cpu.py --proto http --model identity_fp32_dyn --concurrency 16 \
         --workers 0 .
 
+Rounds take the checkouts in turn, the order reversed every other round (A B, B A, A B...),
+so that a machine whose speed drifts over the run (this one's does, by 10-20 % over an
+evening) favours neither the one measured first nor the one measured last; the run ends with
+each checkout's medians and their ratio to the first's.
+
 Each checkout (a tree with `tritonactor/` in it; `.` for this one) is put first on PYTHONPATH
 and `tritonactor serve` starts on `../shared/peers/models/triton` (the python identity
 `identity_fp32` of side_by_side.sh, or `--model`) with its defaults (one front end per core
@@ -21,17 +26,20 @@ What tracing costs, by process (the span exporter processes apart):
 
 `--trace` exports the server's spans over OTLP/HTTP to bench/otlp_sink.py (a process of its
 own that only counts them) and measures two windows on each server: every request traced
-(trace_rate 1), then none (trace_rate 1,000,000,000; trace_level TIMESTAMPS in both).
+(trace_rate 1) and none (trace_rate 1,000,000,000; trace_level TIMESTAMPS in both), traced
+first in odd rounds and untraced first in even ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import http.client
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -109,7 +117,8 @@ def measure(
     model: str = "identity_fp32",
     workers: int | None = None,
     sink: str | None = None,
-) -> list[str]:
+    traced_first: bool = True,
+) -> list[Window]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
     env.update(PYTHONPATH=str(checkout), OTEL_TRACES_EXPORTER="none")
     if sink is not None:
@@ -134,7 +143,10 @@ def measure(
         pa = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", proto]
         pa += ["--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "50"]
         lines = []
-        for rate in (1, 1_000_000_000) if sink is not None else (None,):
+        rates: tuple[int | None, ...] = (None,)
+        if sink is not None:
+            rates = (1, 1_000_000_000) if traced_first else (1_000_000_000, 1)
+        for rate in rates:
             if rate is not None:
                 trace_rate(rate)
             subprocess.run(pa, capture_output=True)  # warm up
@@ -148,6 +160,16 @@ def measure(
     return lines
 
 
+@dataclasses.dataclass
+class Window:
+    """One measured window: its line, and what the run's medians are made of."""
+
+    key: str  # the checkout's name, and "traced" or "untraced" with --trace
+    line: str
+    throughput: float | None
+    cpu_us: int
+
+
 def report(
     checkout: Path,
     output: str,
@@ -155,18 +177,41 @@ def report(
     after: collections.Counter[str],
     requests: float,
     rate: int | None,
-) -> str:
-    """One window's line: infer/s, p50 and the CPU a request cost, by process."""
+) -> Window:
+    """One window: infer/s, p50 and the CPU a request cost, by process."""
     throughput = re.findall(r"Throughput: ([\d.]+) infer/sec", output)
     p50 = re.findall(r"p50 latency: (\d+)", output)
     parts = {name: round((after[name] - before[name]) / requests * 1e6) for name in after}
     total = sum(parts.values())
     traced = "" if rate is None else ("traced " if rate == 1 else "untraced ")
-    return (
+    line = (
         f"{checkout.name}: {traced}{requests:.0f} requests, "
         f"{throughput[-1] if throughput else '?'} infer/s, "
         f"p50 {p50[-1] if p50 else '?'} us, server CPU {total} us/request {parts}"
     )
+    key = f"{checkout.name} {traced.strip()}".strip()
+    return Window(key, line, float(throughput[-1]) if throughput else None, total)
+
+
+def medians(windows: list[Window]) -> list[str]:
+    """Each key's median infer/s and CPU a request over the rounds, and their ratios to the
+    first key's."""
+    by_key: dict[str, list[Window]] = {}
+    for window in windows:
+        by_key.setdefault(window.key, []).append(window)
+    rows = []
+    first: tuple[float, float] | None = None
+    for key, found in by_key.items():
+        rates = [w.throughput for w in found if w.throughput is not None]
+        rate = statistics.median(rates) if rates else float("nan")
+        cpu = statistics.median(w.cpu_us for w in found)
+        if first is None:
+            first = (rate, cpu)
+        rows.append(
+            f"median {key}: {rate:.0f} infer/s ({rate / first[0]:.3f}x), "
+            f"server CPU {cpu:.0f} us/request ({cpu / first[1]:.3f}x), {len(found)} windows"
+        )
+    return rows
 
 
 def main() -> None:
@@ -192,9 +237,11 @@ def main() -> None:
         assert sink.stdout is not None
         endpoint = f"http://127.0.0.1:{int(sink.stdout.readline())}"
     try:
+        windows: list[Window] = []
         for round_ in range(args.rounds):
-            for checkout in args.checkouts:
-                lines = measure(
+            order = args.checkouts if round_ % 2 == 0 else args.checkouts[::-1]
+            for checkout in order:
+                measured = measure(
                     checkout.resolve(),
                     args.proto,
                     args.concurrency,
@@ -202,10 +249,17 @@ def main() -> None:
                     args.model,
                     args.workers,
                     endpoint if sink is not None else None,
+                    traced_first=round_ % 2 == 0,
                 )
-                for line in lines:
-                    print(f"round {round_ + 1} {args.proto} c{args.concurrency} {line}", flush=True)
+                for window in measured:
+                    print(
+                        f"round {round_ + 1} {args.proto} c{args.concurrency} {window.line}",
+                        flush=True,
+                    )
+                windows += measured
                 time.sleep(1)
+        for row in medians(windows):
+            print(row, flush=True)
     finally:
         if sink is not None:
             sink.kill()
