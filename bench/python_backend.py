@@ -264,9 +264,10 @@ def time_backend(
     context: ModelContext, data: np.ndarray, seconds: float, batch: int, loop: str = "uvloop"
 ) -> Timing:
     """One stub process; `await instance.execute(batch)` back to back on `loop`: uvloop, which
-    the engine process runs every instance on (`tritonactor serve` and `hypercorn
-    tritonactor.app:app` alike), or asyncio's own. The instance is made and finalized on a
-    worker thread of that loop, as the server does (its reader then runs on the loop)."""
+    the engine process runs its instances on (the engine of `tritonactor serve` and of
+    `hypercorn tritonactor.app:app` alike), or asyncio's own, which the app runs on as one
+    process under hypercorn (`--workers 0`, or on one core). The instance is made and finalized
+    on a worker thread of that loop, as the server does (its reader then runs on the loop)."""
     factory = None
     if loop == "uvloop":
         import uvloop
