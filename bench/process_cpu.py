@@ -195,22 +195,27 @@ def report(
 
 def medians(windows: list[Window]) -> list[str]:
     """Each key's median infer/s and CPU a request over the rounds, and their ratios to the
-    first key's."""
+    first key's; with --trace, each checkout's traced rate over its untraced one."""
     by_key: dict[str, list[Window]] = {}
     for window in windows:
         by_key.setdefault(window.key, []).append(window)
     rows = []
-    first: tuple[float, float] | None = None
+    found_medians: dict[str, tuple[float, float]] = {}
     for key, found in by_key.items():
         rates = [w.throughput for w in found if w.throughput is not None]
         rate = statistics.median(rates) if rates else float("nan")
         cpu = statistics.median(w.cpu_us for w in found)
-        if first is None:
-            first = (rate, cpu)
+        found_medians[key] = (rate, cpu)
+        first = next(iter(found_medians.values()))
         rows.append(
             f"median {key}: {rate:.0f} infer/s ({rate / first[0]:.3f}x), "
             f"server CPU {cpu:.0f} us/request ({cpu / first[1]:.3f}x), {len(found)} windows"
         )
+    for key, (rate, _) in found_medians.items():
+        if key.endswith(" traced"):
+            untraced = found_medians.get(key[: -len("traced")] + "untraced")
+            if untraced is not None:
+                rows.append(f"{key[: -len(' traced')]}: traced / untraced {rate / untraced[0]:.3f}")
     return rows
 
 
