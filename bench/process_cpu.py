@@ -28,6 +28,15 @@ What tracing costs, by process (the span exporter processes apart):
 own that only counts them) and measures two windows on each server: every request traced
 (trace_rate 1) and none (trace_rate 1,000,000,000; trace_level TIMESTAMPS in both), traced
 first in odd rounds and untraced first in even ones.
+
+Real Triton measured the same way, beside a checkout (`triton` in place of a checkout: its
+`tritonserver` and python stubs, from `../shared/peers/run_triton.sh`, which `setup.sh`
+installs; python models only, no `--trace`, `--workers` is ours alone):
+
+    python bench/process_cpu.py --proto http --rounds 2 triton /path/to/checkout
+
+Every line also gives the client's CPU a request (perf_analyzer's own, from this script's
+children's usage): the share of the 2 cores the load itself takes.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,7 +57,9 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PEER_MODELS = HERE.parent.parent / "shared" / "peers" / "models"
+PEERS = HERE.parent.parent / "shared" / "peers"
+PEER_MODELS = PEERS / "models"
+TRITON = "triton"  # in place of a checkout: real Triton (run_triton.sh)
 PERF_ANALYZER = Path.home() / ".cache" / "tritonactor-peers" / "bin" / "perf_analyzer"
 TICK = os.sysconf("SC_CLK_TCK")
 HTTP, GRPC, METRICS = 48000, 48001, 48002
@@ -73,6 +85,8 @@ def tree(root: int) -> list[int]:
 def role(command: str) -> str:
     if "span_exporter" in command:
         return "span exporters"
+    if "tritonserver" in command:
+        return "tritonserver"
     if "stub" in command or "backends.python" in command:
         return "python models"
     if "engine" in command:
@@ -124,11 +138,17 @@ def measure(
     if sink is not None:
         env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=sink)
     repository = PEER_MODELS / ("onnx" if model.endswith("_onnx") else "triton")
-    command = ["tritonactor", "serve", "--model-repository", str(repository)]
-    if workers is not None:
-        command += ["--workers", str(workers)]
-    for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
-        command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]
+    if checkout.name == TRITON:
+        # run_triton.sh execs tritonserver: the process started here is the server.
+        command = ["bash", str(PEERS / "run_triton.sh"), str(repository)]
+        env.update(TRITON_HTTP_PORT=str(HTTP), TRITON_GRPC_PORT=str(GRPC))
+        env.update(TRITON_METRICS_PORT=str(METRICS))
+    else:
+        command = ["tritonactor", "serve", "--model-repository", str(repository)]
+        if workers is not None:
+            command += ["--workers", str(workers)]
+        for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
+            command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]
     with open(os.devnull, "wb") as quiet:
         server = subprocess.Popen(command, env=env, stdout=quiet, stderr=subprocess.STDOUT)
     try:
@@ -151,12 +171,18 @@ def measure(
                 trace_rate(rate)
             subprocess.run(pa, capture_output=True)  # warm up
             before, count = cpu_by_role(server.pid), served(model)
+            client = _children_cpu()
             output = subprocess.run(pa, capture_output=True, text=True).stdout
+            client = _children_cpu() - client
             after, requests = cpu_by_role(server.pid), served(model) - count
-            lines.append(report(checkout, output, before, after, requests, rate))
+            lines.append(report(checkout, output, before, after, requests, rate, client))
     finally:
         server.terminate()
-        server.wait()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
     return lines
 
 
@@ -177,8 +203,9 @@ def report(
     after: collections.Counter[str],
     requests: float,
     rate: int | None,
+    client: float,
 ) -> Window:
-    """One window: infer/s, p50 and the CPU a request cost, by process."""
+    """One window: infer/s, p50, the CPU a request cost, by process, and the client's."""
     throughput = re.findall(r"Throughput: ([\d.]+) infer/sec", output)
     p50 = re.findall(r"p50 latency: (\d+)", output)
     parts = {name: round((after[name] - before[name]) / requests * 1e6) for name in after}
@@ -187,10 +214,17 @@ def report(
     line = (
         f"{checkout.name}: {traced}{requests:.0f} requests, "
         f"{throughput[-1] if throughput else '?'} infer/s, "
-        f"p50 {p50[-1] if p50 else '?'} us, server CPU {total} us/request {parts}"
+        f"p50 {p50[-1] if p50 else '?'} us, server CPU {total} us/request {parts}, "
+        f"client {client / requests * 1e6:.0f} us/request"
     )
     key = f"{checkout.name} {traced.strip()}".strip()
     return Window(key, line, float(throughput[-1]) if throughput else None, total)
+
+
+def _children_cpu() -> float:
+    """The CPU seconds of this script's children that have ended (perf_analyzer's runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def medians(windows: list[Window]) -> list[str]:
@@ -234,6 +268,11 @@ def main() -> None:
         "--trace", action="store_true", help="measure every request traced, then none"
     )
     args = parser.parse_args()
+    if any(checkout.name == TRITON for checkout in args.checkouts):
+        if args.trace or args.model.endswith("_onnx"):
+            parser.error("real Triton is measured on the python models, untraced")
+        if not (PEERS / "run_triton.sh").exists():
+            parser.error(f"no {PEERS / 'run_triton.sh'}: real Triton needs ../shared/peers")
     sink = None
     if args.trace:
         sink = subprocess.Popen(
