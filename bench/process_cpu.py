@@ -59,7 +59,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PEERS = HERE.parent.parent / "shared" / "peers"
 PEER_MODELS = PEERS / "models"
-TRITON = "triton"  # in place of a checkout: real Triton (run_triton.sh)
+TRITON = "triton"  # in place of a checkout, as written: real Triton (run_triton.sh)
 PERF_ANALYZER = Path.home() / ".cache" / "tritonactor-peers" / "bin" / "perf_analyzer"
 TICK = os.sysconf("SC_CLK_TCK")
 HTTP, GRPC, METRICS = 48000, 48001, 48002
@@ -138,7 +138,7 @@ def measure(
     if sink is not None:
         env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=sink)
     repository = PEER_MODELS / ("onnx" if model.endswith("_onnx") else "triton")
-    if checkout.name == TRITON:
+    if str(checkout) == TRITON:
         # run_triton.sh execs tritonserver: the process started here is the server.
         command = ["bash", str(PEERS / "run_triton.sh"), str(repository)]
         env.update(TRITON_HTTP_PORT=str(HTTP), TRITON_GRPC_PORT=str(GRPC))
@@ -268,7 +268,7 @@ def main() -> None:
         "--trace", action="store_true", help="measure every request traced, then none"
     )
     args = parser.parse_args()
-    if any(checkout.name == TRITON for checkout in args.checkouts):
+    if any(str(checkout) == TRITON for checkout in args.checkouts):
         if args.trace or args.model.endswith("_onnx"):
             parser.error("real Triton is measured on the python models, untraced")
         if not (PEERS / "run_triton.sh").exists():
@@ -286,7 +286,7 @@ def main() -> None:
             order = args.checkouts if round_ % 2 == 0 else args.checkouts[::-1]
             for checkout in order:
                 measured = measure(
-                    checkout.resolve(),
+                    checkout if str(checkout) == TRITON else checkout.resolve(),
                     args.proto,
                     args.concurrency,
                     args.window_ms,
