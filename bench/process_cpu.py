@@ -134,7 +134,7 @@ def measure(
     traced_first: bool = True,
 ) -> list[Window]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
-    env.update(PYTHONPATH=str(checkout), OTEL_TRACES_EXPORTER="none")
+    env.update(OTEL_TRACES_EXPORTER="none")
     if sink is not None:
         env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=sink)
     repository = PEER_MODELS / ("onnx" if model.endswith("_onnx") else "triton")
@@ -144,6 +144,7 @@ def measure(
         env.update(TRITON_HTTP_PORT=str(HTTP), TRITON_GRPC_PORT=str(GRPC))
         env.update(TRITON_METRICS_PORT=str(METRICS))
     else:
+        env.update(PYTHONPATH=str(checkout))
         command = ["tritonactor", "serve", "--model-repository", str(repository)]
         if workers is not None:
             command += ["--workers", str(workers)]
@@ -268,7 +269,9 @@ def main() -> None:
         "--trace", action="store_true", help="measure every request traced, then none"
     )
     args = parser.parse_args()
-    if any(str(checkout) == TRITON for checkout in args.checkouts):
+    # Each checkout's tree, or the word `triton` itself for real Triton.
+    checkouts = [c if str(c) == TRITON else c.resolve() for c in args.checkouts]
+    if Path(TRITON) in checkouts:
         if args.trace or args.model.endswith("_onnx"):
             parser.error("real Triton is measured on the python models, untraced")
         if not (PEERS / "run_triton.sh").exists():
@@ -283,10 +286,10 @@ def main() -> None:
     try:
         windows: list[Window] = []
         for round_ in range(args.rounds):
-            order = args.checkouts if round_ % 2 == 0 else args.checkouts[::-1]
+            order = checkouts if round_ % 2 == 0 else checkouts[::-1]
             for checkout in order:
                 measured = measure(
-                    checkout if str(checkout) == TRITON else checkout.resolve(),
+                    checkout,
                     args.proto,
                     args.concurrency,
                     args.window_ms,
