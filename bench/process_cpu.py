@@ -35,6 +35,13 @@ installs; python models only, no `--trace`, `--workers` is ours alone):
 
     python bench/process_cpu.py --proto http --rounds 2 triton /path/to/checkout
 
+One tree under another interpreter: `<checkout>@<venv>` runs that virtual environment's
+`tritonactor` (and so its Python, for every process of the server) on the tree; the line's
+name is the tree's and the venv's:
+
+    python bench/process_cpu.py --proto http --rounds 4 /path/to/checkout \
+        /path/to/checkout@/path/to/venv3.12
+
 Every line also gives the client's CPU a request (perf_analyzer's own, from this script's
 children's usage): the share of the 2 cores the load itself takes.
 """
@@ -123,8 +130,32 @@ def trace_rate(rate: int) -> None:
     urllib.request.urlopen(request).read()
 
 
+@dataclasses.dataclass(frozen=True)
+class Checkout:
+    """What one column of the run serves: a tree, under the `tritonactor` on PATH or a venv's;
+    or real Triton (`tree` is the word `triton`)."""
+
+    tree: Path
+    venv: Path | None = None
+
+    @classmethod
+    def parse(cls, argument: str) -> Checkout:
+        if argument == TRITON:
+            return cls(Path(TRITON))
+        tree, at, venv = argument.partition("@")
+        return cls(Path(tree).resolve(), Path(venv).resolve() if at else None)
+
+    @property
+    def triton(self) -> bool:
+        return str(self.tree) == TRITON
+
+    @property
+    def name(self) -> str:
+        return self.tree.name if self.venv is None else f"{self.tree.name}@{self.venv.name}"
+
+
 def measure(
-    checkout: Path,
+    checkout: Checkout,
     proto: str,
     concurrency: int,
     window_ms: int,
@@ -138,14 +169,15 @@ def measure(
     if sink is not None:
         env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=sink)
     repository = PEER_MODELS / ("onnx" if model.endswith("_onnx") else "triton")
-    if str(checkout) == TRITON:
+    if checkout.triton:
         # run_triton.sh execs tritonserver: the process started here is the server.
         command = ["bash", str(PEERS / "run_triton.sh"), str(repository)]
         env.update(TRITON_HTTP_PORT=str(HTTP), TRITON_GRPC_PORT=str(GRPC))
         env.update(TRITON_METRICS_PORT=str(METRICS))
     else:
-        env.update(PYTHONPATH=str(checkout))
-        command = ["tritonactor", "serve", "--model-repository", str(repository)]
+        env.update(PYTHONPATH=str(checkout.tree))
+        program = "tritonactor" if checkout.venv is None else str(checkout.venv / "bin/tritonactor")
+        command = [program, "serve", "--model-repository", str(repository)]
         if workers is not None:
             command += ["--workers", str(workers)]
         for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
@@ -198,7 +230,7 @@ class Window:
 
 
 def report(
-    checkout: Path,
+    checkout: Checkout,
     output: str,
     before: collections.Counter[str],
     after: collections.Counter[str],
@@ -256,7 +288,7 @@ def medians(windows: list[Window]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkouts", nargs="+", type=Path)
+    parser.add_argument("checkouts", nargs="+", type=Checkout.parse)
     parser.add_argument("--proto", choices=("http", "grpc"), default="grpc")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
@@ -269,9 +301,8 @@ def main() -> None:
         "--trace", action="store_true", help="measure every request traced, then none"
     )
     args = parser.parse_args()
-    # Each checkout's tree, or the word `triton` itself for real Triton.
-    checkouts = [c if str(c) == TRITON else c.resolve() for c in args.checkouts]
-    if Path(TRITON) in checkouts:
+    checkouts: list[Checkout] = args.checkouts
+    if any(checkout.triton for checkout in checkouts):
         if args.trace or args.model.endswith("_onnx"):
             parser.error("real Triton is measured on the python models, untraced")
         if not (PEERS / "run_triton.sh").exists():
