@@ -36,8 +36,10 @@ installs; python models only, no `--trace`, `--workers` is ours alone):
     python bench/process_cpu.py --proto http --rounds 2 triton /path/to/checkout
 
 One tree under another interpreter: `<checkout>@<venv>` runs that virtual environment's
-`tritonactor` (and so its Python, for every process of the server) on the tree; the line's
-name is the tree's and the venv's:
+`tritonactor` (and so its Python, for every process of the server) on the tree, which, first
+on PYTHONPATH, takes the place of the venv's own copy (the venv needs tritonactor and its
+dependencies installed: `pip install -e '<tree>[cpu]'`); the line's name is the tree's and the
+venv's:
 
     python bench/process_cpu.py --proto http --rounds 4 /path/to/checkout \
         /path/to/checkout@/path/to/venv3.12
@@ -142,12 +144,24 @@ class Checkout:
     def parse(cls, argument: str) -> Checkout:
         if argument == TRITON:
             return cls(Path(TRITON))
-        tree, at, venv = argument.partition("@")
-        return cls(Path(tree).resolve(), Path(venv).resolve() if at else None)
+        tree, at, venv = argument.rpartition("@")
+        if not at:
+            return cls(Path(venv).resolve())
+        if not tree or not venv:
+            raise argparse.ArgumentTypeError(f"{argument!r}: write <tree>@<venv>")
+        found = cls(Path(tree).resolve(), Path(venv).resolve())
+        if not os.access(found.program, os.X_OK):
+            raise argparse.ArgumentTypeError(f"{argument!r}: no {found.program}")
+        return found
 
     @property
     def triton(self) -> bool:
         return str(self.tree) == TRITON
+
+    @property
+    def program(self) -> str:
+        """The `tritonactor` that serves the tree."""
+        return "tritonactor" if self.venv is None else str(self.venv / "bin" / "tritonactor")
 
     @property
     def name(self) -> str:
@@ -176,8 +190,7 @@ def measure(
         env.update(TRITON_METRICS_PORT=str(METRICS))
     else:
         env.update(PYTHONPATH=str(checkout.tree))
-        program = "tritonactor" if checkout.venv is None else str(checkout.venv / "bin/tritonactor")
-        command = [program, "serve", "--model-repository", str(repository)]
+        command = [checkout.program, "serve", "--model-repository", str(repository)]
         if workers is not None:
             command += ["--workers", str(workers)]
         for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
@@ -302,6 +315,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     checkouts: list[Checkout] = args.checkouts
+    if len({checkout.name for checkout in checkouts}) < len(checkouts):
+        parser.error("two checkouts share a name (the medians are kept by name)")
     if any(checkout.triton for checkout in checkouts):
         if args.trace or args.model.endswith("_onnx"):
             parser.error("real Triton is measured on the python models, untraced")
