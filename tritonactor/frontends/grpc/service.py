@@ -198,6 +198,7 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
         pending = Pending(send, STREAM_WINDOW)
         error_ends_stream = metadata_flag(stream.metadata, GRPC_ERROR_MODE)
         draining = self._drain.stream(pending) if self._drain is not None else nullcontext()
+        ended_with: grpclib.GRPCError | None = None
         try:
             with draining:
                 async with anyio.create_task_group() as group:
@@ -215,12 +216,17 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
                             await self._submit_streamed(message, pending, stream.metadata)
                     pending.input_done()
         except* grpclib.GRPCError as ended:
-            # The writer ended the stream with a status ("triton_grpc_error" mode): grpclib
-            # answers a GRPCError, not the task group's exception group.
-            raise ended.exceptions[0] from None
+            # The writer ended the stream with a status ("triton_grpc_error" mode), or a message
+            # did not parse: grpclib answers a GRPCError, not the task group's exception group.
+            # Raised after the block: CPython before 3.11.4 wraps an exception raised inside
+            # an except* clause in a new ExceptionGroup (gh-103590), which grpclib answers
+            # UNKNOWN.
+            ended_with = ended.exceptions[0]
         finally:
             # The stream is over: requests still in the server answer nobody any more.
             pending.cancel_all()
+        if ended_with is not None:
+            raise ended_with from None
         if pending.ended_by_drain:
             # Every request it had admitted is answered; the client learns why the stream ends.
             raise grpclib.GRPCError(grpclib.const.Status.UNAVAILABLE, SHUTTING_DOWN)
