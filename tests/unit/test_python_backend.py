@@ -468,7 +468,7 @@ async def test_model_runs_under_the_execution_env_interpreter(
     # .pth naming this interpreter's site-packages. A venv's system site-packages are its base
     # interpreter's, which need not hold numpy (Debian's python3.11 does not).
     venv.EnvBuilder(symlinks=True).create(tmp_path / "env")
-    env_purelib = sysconfig.get_path("purelib", vars={"base": str(tmp_path / "env")})
+    env_purelib = sysconfig.get_path("purelib", scheme="venv", vars={"base": str(tmp_path / "env")})
     Path(env_purelib, "suite.pth").write_text(str(Path(np.__file__).parents[1]) + "\n")
     ctx = context("add_sub")
     from tritonactor._proto.inference import ModelParameter

@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import grpclib
@@ -215,13 +215,15 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
                         ):
                             await self._submit_streamed(message, pending, stream.metadata)
                     pending.input_done()
-        except* grpclib.GRPCError as ended:
+        except BaseExceptionGroup as failed:
             # The writer ended the stream with a status ("triton_grpc_error" mode), or a message
             # did not parse: grpclib answers a GRPCError, not the task group's exception group.
-            # Raised after the block: CPython before 3.11.4 wraps an exception raised inside
-            # an except* clause in a new ExceptionGroup (gh-103590), which grpclib answers
-            # UNKNOWN.
-            ended_with = ended.exceptions[0]
+            # A group holding anything else stays whole. Not `except*`: CPython before 3.11.4
+            # wraps an exception raised inside one in a new group (gh-103590), answered UNKNOWN.
+            statuses, rest = failed.split(grpclib.GRPCError)
+            if statuses is None or rest is not None:
+                raise
+            ended_with = _first_status(statuses)
         finally:
             # The stream is over: requests still in the server answer nobody any more.
             pending.cancel_all()
@@ -289,3 +291,11 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
                 trace.end(cancelled("the stream ended before the request was submitted"))
             raise
         reply.add_done_callback(functools.partial(streamed_answer, request, pending))
+
+
+def _first_status(statuses: BaseExceptionGroup[grpclib.GRPCError]) -> grpclib.GRPCError:
+    """The first status in a group split out of a task group's (groups may nest)."""
+    error: BaseException = statuses
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return cast(grpclib.GRPCError, error)
