@@ -108,7 +108,7 @@ def raises_inside_except_star(tree: ast.AST) -> list[int]:
 def test_no_exception_is_raised_inside_an_except_star_clause() -> None:
     """CPython before 3.11.4 wraps an exception raised inside `except*` in a new exception
     group (gh-103590): grpclib answered such a stream's status UNKNOWN on 3.11.2. The
-    code raises it after the `try` instead (docs/decisions.md)."""
+    code catches the group with a plain `except` instead (docs/decisions.md)."""
     assert raises_inside_except_star(
         ast.parse("try:\n    pass\nexcept* ValueError as e:\n    raise e.exceptions[0]\n")
     ) == [4]

@@ -198,7 +198,6 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
         pending = Pending(send, STREAM_WINDOW)
         error_ends_stream = metadata_flag(stream.metadata, GRPC_ERROR_MODE)
         draining = self._drain.stream(pending) if self._drain is not None else nullcontext()
-        ended_with: grpclib.GRPCError | None = None
         try:
             with draining:
                 async with anyio.create_task_group() as group:
@@ -223,12 +222,10 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
             statuses, rest = failed.split(grpclib.GRPCError)
             if statuses is None or rest is not None:
                 raise
-            ended_with = _first_status(statuses)
+            raise _first_status(statuses) from None
         finally:
             # The stream is over: requests still in the server answer nobody any more.
             pending.cancel_all()
-        if ended_with is not None:
-            raise ended_with from None
         if pending.ended_by_drain:
             # Every request it had admitted is answered; the client learns why the stream ends.
             raise grpclib.GRPCError(grpclib.const.Status.UNAVAILABLE, SHUTTING_DOWN)
