@@ -177,12 +177,15 @@ def measure(
     workers: int | None = None,
     sink: str | None = None,
     traced_first: bool = True,
+    repository: Path | None = None,
+    streaming: bool = False,
 ) -> list[Window]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
     env.update(OTEL_TRACES_EXPORTER="none")
     if sink is not None:
         env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=sink)
-    repository = PEER_MODELS / ("onnx" if model.endswith("_onnx") else "triton")
+    if repository is None:
+        repository = PEER_MODELS / ("onnx" if model.endswith("_onnx") else "triton")
     if checkout.triton:
         # run_triton.sh execs tritonserver: the process started here is the server.
         command = ["bash", str(PEERS / "run_triton.sh"), str(repository)]
@@ -208,6 +211,8 @@ def measure(
         url = f"127.0.0.1:{GRPC if proto == 'grpc' else HTTP}"
         pa = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", proto]
         pa += ["--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "50"]
+        if streaming:
+            pa.append("--streaming")
         lines = []
         rates: tuple[int | None, ...] = (None,)
         if sink is not None:
@@ -313,12 +318,23 @@ def main() -> None:
     parser.add_argument(
         "--trace", action="store_true", help="measure every request traced, then none"
     )
+    parser.add_argument(
+        "--repository",
+        type=Path,
+        default=None,
+        help="serve this model repository (default: side_by_side.sh's, python or ONNX)",
+    )
+    parser.add_argument(
+        "--streaming", action="store_true", help="gRPC streaming (a decoupled model needs it)"
+    )
     args = parser.parse_args()
     checkouts: list[Checkout] = args.checkouts
     if len({checkout.name for checkout in checkouts}) < len(checkouts):
         parser.error("two checkouts share a name (the medians are kept by name)")
+    if args.streaming and args.proto != "grpc":
+        parser.error("--streaming is gRPC's")
     if any(checkout.triton for checkout in checkouts):
-        if args.trace or args.model.endswith("_onnx"):
+        if args.trace or (args.repository is None and args.model.endswith("_onnx")):
             parser.error("real Triton is measured on the python models, untraced")
         if not (PEERS / "run_triton.sh").exists():
             parser.error(f"no {PEERS / 'run_triton.sh'}: real Triton needs ../shared/peers")
@@ -343,6 +359,8 @@ def main() -> None:
                     args.workers,
                     endpoint if sink is not None else None,
                     traced_first=round_ % 2 == 0,
+                    repository=args.repository,
+                    streaming=args.streaming,
                 )
                 for window in measured:
                     print(
