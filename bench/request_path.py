@@ -15,8 +15,9 @@ identity, FP32, batch dimension first):
   `--profile CASE` prints cProfile's view of it. An empty ASGI app measures the driver itself.
 
 Cases: `live` (GET /v2/health/live), `small_onnx` / `small_python` (FP32 [1,16] in and out,
-binary), `big_onnx` (FP32 1 MiB in and out, binary), `shm_onnx` (1 MiB in and out through
-system shared memory), `json_onnx` (FP32 [1,16] as JSON).
+binary), `ensemble_onnx` (the same through an ensemble of two ONNX identities, one after the
+other), `big_onnx` (FP32 1 MiB in and out, binary), `shm_onnx` (1 MiB in and out through system
+shared memory), `json_onnx` (FP32 [1,16] as JSON).
 """
 
 from __future__ import annotations
@@ -73,6 +74,21 @@ def _config(name: str, backend: str) -> str:
     )
 
 
+# The two ONNX identities one after the other.
+ENSEMBLE_CONFIG = """name: "ensemble_onnx"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "identity_onnx" model_version: -1
+    input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "mid" } },
+  { model_name: "identity_onnx_b" model_version: -1
+    input_map { key: "INPUT0" value: "mid" } output_map { key: "OUTPUT0" value: "OUTPUT0" } }
+] }
+"""
+
+
 def write_repository(root: Path) -> None:
     graph = helper.make_graph(
         [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
@@ -85,6 +101,11 @@ def write_repository(root: Path) -> None:
     (root / "identity_onnx" / "1").mkdir(parents=True)
     (root / "identity_onnx" / "1" / "model.onnx").write_bytes(model.SerializeToString())
     (root / "identity_onnx" / "config.pbtxt").write_text(_config("identity_onnx", "onnx"))
+    (root / "identity_onnx_b" / "1").mkdir(parents=True)
+    (root / "identity_onnx_b" / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    (root / "identity_onnx_b" / "config.pbtxt").write_text(_config("identity_onnx_b", "onnx"))
+    (root / "ensemble_onnx" / "1").mkdir(parents=True)
+    (root / "ensemble_onnx" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     (root / "identity_python" / "1").mkdir(parents=True)
     (root / "identity_python" / "1" / "model.py").write_text(MODEL_PY)
     (root / "identity_python" / "config.pbtxt").write_text(_config("identity_python", "python"))
@@ -210,6 +231,7 @@ def cases(regions: Regions) -> dict[str, Call]:
         "live": Call("GET", "/v2/health/live", {}, b""),
         "small_onnx": binary_infer("identity_onnx", SMALL),
         "small_python": binary_infer("identity_python", SMALL),
+        "ensemble_onnx": binary_infer("ensemble_onnx", SMALL),
         "json_onnx": json_infer("identity_onnx", SMALL),
         "big_onnx": binary_infer("identity_onnx", BIG),
         "shm_onnx": shm_infer("identity_onnx", BIG, regions.input.name, regions.output.name),

@@ -3,6 +3,7 @@ scheduler -> step models, decoupled steps (the ensemble streams) and max_infligh
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import threading
 import time
@@ -211,6 +212,37 @@ async def test_a_chain_feeds_one_step_into_the_next(system: ActorSystem, tmp_pat
     assert (response.model_name, response.model_version, response.id) == ("chain", "1", "r1")
     assert [tensor.name for tensor in response.outputs] == ["OUT"]
     np.testing.assert_array_equal(response.outputs[0].data, [6, 12])
+
+
+def plus_one(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"Y": values["X"] + 1}
+
+
+async def test_a_long_chain_runs_every_step(system: ActorSystem, tmp_path: Path) -> None:
+    """A chain far longer than the steps one task runs itself (INLINE_DEPTH): each step runs
+    once, in order, and no task's stack grows with the chain (1,000 steps run in one task
+    would pass Python's recursion limit)."""
+    length = 1000
+    router = Router()
+    await serve(
+        system, router, FunctionBackend(plus_one), model_config("plus_one", ["X"], ["Y"]), tmp_path
+    )
+    names = ["IN", *(f"t{i}" for i in range(1, length)), "OUT"]
+    steps = ",\n".join(
+        f'{{ model_name: "plus_one" input_map {{ key: "X" value: "{a}" }} '
+        f'output_map {{ key: "Y" value: "{b}" }} }}'
+        for a, b in itertools.pairwise(names)
+    )
+    config = CHAIN.split("ensemble_scheduling")[0].replace('"chain"', '"long"')
+    await serve(
+        system,
+        router,
+        EnsembleBackend(),
+        f"{config}ensemble_scheduling {{ step [ {steps} ] }}",
+        tmp_path,
+    )
+    response = await router.infer(request("long", 1))
+    np.testing.assert_array_equal(response.outputs[0].data, [1 + length, 2 + length])
 
 
 async def test_independent_steps_of_a_diamond_run_concurrently(
@@ -869,6 +901,32 @@ async def test_max_inflight_requests_holds_up_a_decoupled_step_that_outpaces_the
         assert gauge.most <= limit
     else:
         assert max(ahead) == 20
+
+
+async def test_the_steps_a_decoupled_step_opens_run_side_by_side(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    """Each response of a decoupled step starts the next step at once, while the step before
+    runs on: the stream is not read one branch at a time (the last ready step of a branch runs
+    in the task that found it, but never in the loop reading a decoupled step's responses)."""
+    gauge = Gauge()
+    router = Router()
+    await serve(system, router, SplitBackend(), SPLIT, tmp_path)
+    await serve(
+        system, router, FunctionBackend(gauge), ONE.format(name="double", count=4), tmp_path
+    )
+    await serve(system, router, EnsembleBackend(), STREAMED, tmp_path)
+    collected = start_stream(router, "streamed", [1, 2, 3, 4])
+    try:
+        # The gate closed, no execute of the next step finishes: all four run at once only if
+        # each response was taken while the steps opened by those before it were running.
+        await until(lambda: gauge.running == 4)
+    finally:
+        gauge.gate.set()
+    with anyio.fail_after(HANG):
+        await collected.done.wait()
+    assert collected.by_index() == {0: 2, 1: 4, 2: 6, 3: 8}
+    assert gauge.most == 4
 
 
 class TickerInstance(BackendInstance):

@@ -30,6 +30,10 @@ from tritonactor.core.types import (
 from tritonactor.scheduling.ensemble_stream import ResponseStream
 from tritonactor.scheduling.router import ModelHandle, Router
 
+# How many steps one after the other a task runs itself before the next starts a task of its
+# own (`EnsembleRun._start_ready`): each nests a few frames, and a chain may be long.
+INLINE_DEPTH = 16
+
 # Absent: resolved, but not there (an optional input left out, an output not produced).
 Resolved = Tensor | None
 
@@ -131,12 +135,21 @@ class EnsembleRun:
         assert self._group is not None
         self._group.cancel_scope.cancel()
 
-    async def _start_ready(self, branch: Branch) -> None:
+    async def _start_ready(self, branch: Branch, run_here: bool = True, depth: int = 0) -> None:
         """Start the needed steps of the branch whose tensors are all resolved; answer once its
         outputs are. With `max_inflight_requests`, waits for a step to have room: that holds up
-        whatever produced the branch (back-pressure)."""
+        whatever produced the branch (back-pressure).
+
+        With `run_here`, the last step found ready (one without a slot limit) runs in this
+        task, after every other has started in a task of its own: a chain of steps runs in
+        the request's task and spawns none, up to `INLINE_DEPTH` steps deep (`depth`: the
+        steps run so in this task), beyond which a task of its own starts afresh. A decoupled
+        step's loop over its responses passes False: it must go on reading while the steps it
+        opened run."""
         assert self._group is not None
         steps = self.routes.steps_of_stream.get(branch.stream, ())
+        here: EnsembleStep | None = None
+        run_here = run_here and depth < INLINE_DEPTH
         progress = True
         while progress:  # a skipped step resolves its outputs at once: look again
             progress = False
@@ -155,11 +168,20 @@ class EnsembleRun:
                         progress = True
                     continue
                 slot = self.slots[step.index]
-                if slot is None:
+                if slot is None and run_here:
+                    if here is not None:
+                        self._group.start_soon(self._run_step, here, branch, None)
+                    here = step
+                elif slot is None:
                     self._group.start_soon(self._run_step, step, branch, None)
                 else:
+                    if here is not None:  # started first, as found, before waiting for room
+                        self._group.start_soon(self._run_step, here, branch, None)
+                        here = None
                     await self._group.start(self._run_step, step, branch, slot)
-        self._answer(branch)
+        self._answer(branch)  # (as soon as its outputs are: before a step run here)
+        if here is not None:
+            await self._run_step(here, branch, None, depth=depth + 1)
 
     def _nothing_to_run(self, step: EnsembleStep, branch: Branch) -> bool:
         """Every tensor the step reads is absent, each for an optional input of its model: it
@@ -200,6 +222,7 @@ class EnsembleRun:
         branch: Branch,
         slot: anyio.Semaphore | None,
         *,
+        depth: int = 0,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         try:
@@ -207,10 +230,14 @@ class EnsembleRun:
                 async with _holding(slot, task_status):
                     await self._stream_step(step, branch)
                 return
-            async with _holding(slot, task_status):
+            if slot is None:  # (no slot to hold: spares the context manager, a step's most)
+                task_status.started()
                 response = await self.router.infer(self._step_request(step, branch))
+            else:
+                async with _holding(slot, task_status):
+                    response = await self.router.infer(self._step_request(step, branch))
             branch.tensors.update(_mapped(step, response))
-            await self._start_ready(branch)
+            await self._start_ready(branch, depth=depth)
         except TritonError as error:
             self._fail(in_step(self.name, step, error))
 
@@ -228,7 +255,7 @@ class EnsembleRun:
                         self._fail(cancelled(f"request for ensemble '{self.name}' was cancelled"))
                         return
                     opened = Branch(self.routes.flow.opens[step.index], _mapped(step, response))
-                    await self._start_ready(opened)
+                    await self._start_ready(opened, run_here=False)
         finally:
             stream.close()
             if not stream.sender.finished:
