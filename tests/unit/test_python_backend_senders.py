@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,8 +30,21 @@ from tests.python_backend_support import (
 )
 from tritonactor.actors import Reply
 from tritonactor.backends.base import RESCHEDULE, Deferred
+from tritonactor.backends.python import PythonBackend
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceResponse, RequestedOutput
+
+
+@pytest.fixture(params=["inline", "files"])
+def start_both(
+    request: pytest.FixtureRequest, backend: PythonBackend, arena_backend: PythonBackend
+) -> Iterator[Started]:
+    """`start` twice: small tensors inside the messages, as served, then every tensor of a
+    response sender's, or of a BLS call's either way, through a shared-memory file of its own
+    (the inline limit 0)."""
+    started = Started(arena_backend if request.param == "files" else backend)
+    yield started
+    started.finalize_all()
 
 
 def late(mode: str, value: int = 0, model: str = "late_answer"):  # type: ignore[no-untyped-def]
@@ -153,9 +167,9 @@ def values(answers: list) -> list[object]:  # type: ignore[type-arg]
 
 
 @pytest.mark.anyio
-async def test_decoupled_responses_after_execute_returned_arrive(start: Started) -> None:
+async def test_decoupled_responses_after_execute_returned_arrive(start_both: Started) -> None:
     """The model checks `using_decoupled_model_transaction_policy` in initialize."""
-    instance = start("stream_after")
+    instance = start_both("stream_after")
     parked, parked_answers = stream("park", 2)
     assert await instance.execute([parked]) == [None]
     release, release_answers = stream("release", 5)
@@ -344,9 +358,11 @@ class StreamingRouter:
 
 
 @pytest.mark.anyio
-async def test_decoupled_bls_yields_every_response_then_the_empty_final(start: Started) -> None:
-    router = StreamingRouter(start("stream_after"))
-    instance = start("bls_stream", infer=router.infer, submit=router.submit)
+async def test_decoupled_bls_yields_every_response_then_the_empty_final(
+    start_both: Started,
+) -> None:
+    router = StreamingRouter(start_both("stream_after"))
+    instance = start_both("bls_stream", infer=router.infer, submit=router.submit)
     [result] = await instance.execute(
         [request("bls_stream", text("MODE", "count"), int32("COUNT", 2))]
     )

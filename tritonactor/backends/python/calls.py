@@ -44,12 +44,14 @@ class ServedCalls:
         shm_prefix: str,
         held: HeldRequests,
         token: Callable[[], Any],
+        inline_limit: int = ipc.INLINE_LIMIT,
     ) -> None:
         self._context = context
         self._channel = channel
         self._shm_prefix = shm_prefix
         self._held = held
         self._token = token
+        self._inline_limit = inline_limit  # (small answers travel inside the message)
         self._pool: ThreadPoolExecutor | None = None
         # Once closed (the stub exited or is finalized) nothing more is written for it: what a
         # call answers late would be left in shared memory, nobody to read it.
@@ -80,7 +82,7 @@ class ServedCalls:
             shm = None
             if tensors is not None:
                 shm, message["response"]["descriptors"] = ipc.write_tensors(
-                    self._shm_prefix, tensors
+                    self._shm_prefix, tensors, inline=self._inline_limit
                 )
                 message["shm"] = shm
             try:

@@ -106,7 +106,12 @@ class PythonInstance(BackendInstance):
         self._token, loop = _creator_loop()
         self._stub = StubProcess(model.interpreter, context.name, model.settings)
         self._calls = ServedCalls(
-            context, self._stub.answers, self._stub.parent_prefix, self._held, lambda: self._token
+            context,
+            self._stub.answers,
+            self._stub.parent_prefix,
+            self._held,
+            lambda: self._token,
+            model.settings.inline_limit,
         )
         # One execute at a time: its tensors travel through reused arenas (see ipc.Arena), or
         # inside its messages when they are small (ipc.INLINE_LIMIT).

@@ -279,7 +279,9 @@ class Stub(WireConversions):
                 self._send(key, None, flags)
                 return
             entry, arrays = self._response_entry(response, requested)
-            shm, descriptors = ipc.write_tensors(self.shm_prefix, arrays)
+            # Small ones inside the message: a file per response would cost each side its
+            # system calls (a decoupled model's tokens are small and many).
+            shm, descriptors = ipc.write_tensors(self.shm_prefix, arrays, inline=self._inline_limit)
             self._send(key, entry, flags, shm, descriptors)
 
     def _send(

@@ -190,7 +190,9 @@ class ServerCalls:
 
     def _bls_message(self, call: int, request: Any, decoupled: bool) -> dict[str, Any]:
         arrays = [(t.name(), t.as_numpy()) for t in request.inputs()]
-        shm, descriptors = ipc.write_tensors(self._stub.shm_prefix, arrays)
+        shm, descriptors = ipc.write_tensors(
+            self._stub.shm_prefix, arrays, inline=self._stub._inline_limit
+        )
         version = request.model_version()
         return {
             "op": "bls",
