@@ -214,6 +214,51 @@ async def test_a_chain_feeds_one_step_into_the_next(system: ActorSystem, tmp_pat
     np.testing.assert_array_equal(response.outputs[0].data, [6, 12])
 
 
+FAN = """
+name: "fan"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 2 ] } ]
+output [
+  { name: "FIRST" data_type: TYPE_INT32 dims: [ 2 ] },
+  { name: "SECOND" data_type: TYPE_INT32 dims: [ 2 ] },
+  { name: "THIRD" data_type: TYPE_INT32 dims: [ 2 ] }
+]
+ensemble_scheduling { step [
+  { model_name: "seen" input_map { key: "X" value: "IN" }
+    output_map { key: "Y" value: "FIRST" } },
+  { model_name: "seen" input_map { key: "X" value: "FIRST" }
+    output_map { key: "Y" value: "SECOND" } },
+  { model_name: "seen" input_map { key: "X" value: "FIRST" }
+    output_map { key: "Y" value: "THIRD" } }
+] }
+"""
+
+
+async def test_steps_ready_together_reach_their_model_in_the_configs_order(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    """Steps that start together reach a shared model (one instance) in the order the config
+    lists them, request after request, as when each started in a task of its own in turn."""
+    seen: list[int] = []
+
+    def record(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append(int(values["X"][0]))
+        return {"Y": values["X"] + len(seen)}
+
+    router = Router()
+    await serve(
+        system, router, FunctionBackend(record), model_config("seen", ["X"], ["Y"]), tmp_path
+    )
+    await serve(system, router, EnsembleBackend(), FAN, tmp_path)
+    for value in (10, 20, 30):
+        seen.clear()
+        response = await router.infer(request("fan", value))
+        outputs = {tensor.name: int(tensor.data[0]) for tensor in response.outputs}
+        # The first step saw IN; the second and third, FIRST (IN + 1), in that order.
+        assert seen == [value, value + 1, value + 1]
+        assert outputs == {"FIRST": value + 1, "SECOND": value + 3, "THIRD": value + 4}
+
+
 def plus_one(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"Y": values["X"] + 1}
 
@@ -224,8 +269,18 @@ async def test_a_long_chain_runs_every_step(system: ActorSystem, tmp_path: Path)
     would pass Python's recursion limit)."""
     length = 1000
     router = Router()
+    seen: list[int] = []
+
+    def counted_plus_one(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append(int(values["X"][0]))
+        return plus_one(values)
+
     await serve(
-        system, router, FunctionBackend(plus_one), model_config("plus_one", ["X"], ["Y"]), tmp_path
+        system,
+        router,
+        FunctionBackend(counted_plus_one),
+        model_config("plus_one", ["X"], ["Y"]),
+        tmp_path,
     )
     names = ["IN", *(f"t{i}" for i in range(1, length)), "OUT"]
     steps = ",\n".join(
@@ -243,6 +298,7 @@ async def test_a_long_chain_runs_every_step(system: ActorSystem, tmp_path: Path)
     )
     response = await router.infer(request("long", 1))
     np.testing.assert_array_equal(response.outputs[0].data, [1 + length, 2 + length])
+    assert seen == list(range(1, 1 + length))  # each step once, in order
 
 
 async def test_independent_steps_of_a_diamond_run_concurrently(

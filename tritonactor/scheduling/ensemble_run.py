@@ -140,15 +140,16 @@ class EnsembleRun:
         outputs are. With `max_inflight_requests`, waits for a step to have room: that holds up
         whatever produced the branch (back-pressure).
 
-        With `run_here`, the last step found ready (one without a slot limit) runs in this
-        task, after every other has started in a task of its own: a chain of steps runs in
-        the request's task and spawns none, up to `INLINE_DEPTH` steps deep (`depth`: the
-        steps run so in this task), beyond which a task of its own starts afresh. A decoupled
-        step's loop over its responses passes False: it must go on reading while the steps it
-        opened run."""
+        With `run_here`, a step that is the only one this call starts (and has no slot limit)
+        runs in this task: a chain of steps runs in the request's task and spawns none, up to
+        `INLINE_DEPTH` steps deep (`depth`: the steps run so in this task), beyond which a task
+        of its own starts afresh. Steps that start together each get a task, started in the
+        config's order, so they reach their models in that order. A decoupled step's loop over
+        its responses passes False: it must go on reading while the steps it opened run."""
         assert self._group is not None
         steps = self.routes.steps_of_stream.get(branch.stream, ())
         here: EnsembleStep | None = None
+        starting = 0  # the steps this call starts
         run_here = run_here and depth < INLINE_DEPTH
         progress = True
         while progress:  # a skipped step resolves its outputs at once: look again
@@ -168,16 +169,16 @@ class EnsembleRun:
                         progress = True
                     continue
                 slot = self.slots[step.index]
-                if slot is None and run_here:
-                    if here is not None:
-                        self._group.start_soon(self._run_step, here, branch, None)
-                    here = step
-                elif slot is None:
+                starting += 1
+                if slot is None and run_here and starting == 1:
+                    here = step  # run here, unless another step starts too
+                    continue
+                if here is not None:  # not the only one: it starts first, in a task of its own
+                    self._group.start_soon(self._run_step, here, branch, None)
+                    here = None
+                if slot is None:
                     self._group.start_soon(self._run_step, step, branch, None)
                 else:
-                    if here is not None:  # started first, as found, before waiting for room
-                        self._group.start_soon(self._run_step, here, branch, None)
-                        here = None
                     await self._group.start(self._run_step, step, branch, slot)
         self._answer(branch)  # (as soon as its outputs are: before a step run here)
         if here is not None:
