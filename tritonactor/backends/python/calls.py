@@ -73,9 +73,9 @@ class ServedCalls:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _send(self, message: dict[str, Any], tensors: list[tuple[str, Any]] | None = None) -> bool:
-        """Send `message`, its `tensors` written to shared memory first (into
-        message["shm"] and message["response"]["descriptors"]). False when the stub is gone:
-        nothing is left behind."""
+        """Send `message`, its `tensors` written first, inside it when small, else to shared
+        memory (into message["shm"] and message["response"]["descriptors"]). False when the
+        stub is gone: nothing is left behind."""
         with self._writing:
             if self._closed:
                 return False

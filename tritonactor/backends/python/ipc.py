@@ -4,9 +4,10 @@ Control messages are small dicts, pickled and length-prefixed on a socket. Tenso
 travel in /dev/shm: the sender writes a batch's tensors into one file there and sends
 descriptors (name, datatype, shape, offset, size); the reader maps the file, unlinks it at once
 (ownership has passed) and wraps numpy arrays around the mapping, so the mapping lives exactly as
-long as the arrays do. Only an execute's batch and its results of a few KiB at most
-(`INLINE_LIMIT`) travel inside their message, as one bytearray the reader's arrays are views of:
-writing and reading shared memory costs more than the bytes themselves there.
+long as the arrays do. Tensors of a few KiB at most a message (`INLINE_LIMIT`: an execute's
+batch, its results, a response sender's response, a BLS call's request and answers) travel
+inside their message, as one bytearray the reader's arrays are views of: writing and reading
+shared memory costs more than the bytes themselves there.
 
 This module is imported by the stub, which may run under another interpreter: it needs only the
 standard library and numpy.
@@ -140,8 +141,8 @@ _counter = itertools.count()
 # Batches up to this size go through an instance's reusable arena (and are copied out by the
 # reader); bigger ones get a file of their own that the reader maps without copying.
 ARENA_LIMIT = 1 << 20
-# Batches up to this size travel inside their message where the writer allows it (an execute
-# and its results): a bytearray of their own, which the reader's arrays view without copying.
+# Tensors up to this size a message travel inside it where the writer allows it (every writer
+# but a test's, which sets 0): a bytearray of their own, which the reader's arrays view.
 INLINE_LIMIT = 4 << 10
 # An arena's first size, and how much it grows by when a batch needs more (python backend
 # settings `shm-default-byte-size` and `shm-growth-byte-size`; 0 for the growth step: to the

@@ -41,9 +41,9 @@ class StubSettings:
     how long a stub may take to start, and to finalize, before it is declared dead and killed.
     The shared-memory sizes (shm-default-byte-size, shm-growth-byte-size) are the first size and
     the growth step of each instance's reused arenas (0: tritonactor's defaults).
-    `inline_limit`: how many bytes of an execute's tensors, or of its results, travel inside
-    its message rather than through shared memory (not a backend setting: tests set 0 to take
-    the shared-memory path with small tensors)."""
+    `inline_limit`: how many bytes of a message's tensors (an execute's, its results, a
+    response sender's, a BLS call's) travel inside it rather than through shared memory (not
+    a backend setting: tests set 0 to take the shared-memory path with small tensors)."""
 
     start_timeout_s: float = 30.0
     shm_default_size: int = 0

@@ -289,7 +289,7 @@ class Stub(WireConversions):
         key: int,
         entry: dict[str, Any] | None,
         flags: int,
-        shm: str | None = None,
+        shm: ipc.Place = None,
         descriptors: list[Any] | None = None,
         error: tuple[str, str] | None = None,
     ) -> None:

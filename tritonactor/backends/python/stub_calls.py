@@ -146,7 +146,7 @@ class ServerCalls:
         else:
             waiter.set(value)
 
-    def _response(self, shm: str | None, wire: dict[str, Any]) -> Any:
+    def _response(self, shm: ipc.Place, wire: dict[str, Any]) -> Any:
         pb = self._stub.pb
         arrays = ipc.read_tensors(shm, wire["descriptors"])
         error = wire["error"]
