@@ -259,10 +259,6 @@ async def test_steps_ready_together_reach_their_model_in_the_configs_order(
         assert outputs == {"FIRST": value + 1, "SECOND": value + 3, "THIRD": value + 4}
 
 
-def plus_one(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {"Y": values["X"] + 1}
-
-
 async def test_a_long_chain_runs_every_step(system: ActorSystem, tmp_path: Path) -> None:
     """A chain far longer than the steps one task runs itself (INLINE_DEPTH): each step runs
     once, in order, and no task's stack grows with the chain (1,000 steps run in one task
@@ -271,14 +267,14 @@ async def test_a_long_chain_runs_every_step(system: ActorSystem, tmp_path: Path)
     router = Router()
     seen: list[int] = []
 
-    def counted_plus_one(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def plus_one(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         seen.append(int(values["X"][0]))
-        return plus_one(values)
+        return {"Y": values["X"] + 1}
 
     await serve(
         system,
         router,
-        FunctionBackend(counted_plus_one),
+        FunctionBackend(plus_one),
         model_config("plus_one", ["X"], ["Y"]),
         tmp_path,
     )
@@ -963,8 +959,9 @@ async def test_the_steps_a_decoupled_step_opens_run_side_by_side(
     system: ActorSystem, tmp_path: Path
 ) -> None:
     """Each response of a decoupled step starts the next step at once, while the step before
-    runs on: the stream is not read one branch at a time (the last ready step of a branch runs
-    in the task that found it, but never in the loop reading a decoupled step's responses)."""
+    runs on: the stream is not read one branch at a time (a step that is the only one to start
+    runs in the task that found it ready, but never in the loop reading a decoupled step's
+    responses)."""
     gauge = Gauge()
     router = Router()
     await serve(system, router, SplitBackend(), SPLIT, tmp_path)
