@@ -364,6 +364,37 @@ async def test_bls_calls_the_servers_infer(start_either: Started) -> None:
 
 
 @pytest.mark.anyio
+async def test_bls_calls_of_one_execute_are_all_under_way_at_once(start_either: Started) -> None:
+    """A model's BLS calls are served side by side, however many there are (Triton sets no
+    limit): `bls_fanout`'s 16 calls, awaited together, are all asked before any is answered.
+    An instance made on a worker thread of the server's loop (as the server makes them) has
+    its calls read and served on that loop, no thread of the call pool taken."""
+    asked: list[InferenceRequest] = []
+    all_asked = anyio.Event()
+
+    async def infer(req: InferenceRequest) -> InferenceResponse:
+        asked.append(req)
+        if len(asked) == 16:
+            all_asked.set()
+        await all_asked.wait()
+        return InferenceResponse(
+            model_name=req.model_name,
+            model_version="1",
+            outputs=[tensor("OUTPUT0", req.inputs[0].data)],
+        )
+
+    instance = await anyio.to_thread.run_sync(start_either, "bls_fanout", infer)
+    x = np.arange(4, dtype=np.float32)
+    with anyio.fail_after(PATIENCE_S):  # (only keeps a bug from hanging here)
+        [result] = await instance.execute([request("bls_fanout", tensor("INPUT0", x))])
+    np.testing.assert_array_equal(outputs(result)["OUTPUT0"], 16 * x)
+    assert [(c.model_name, c.requested_output_names) for c in asked] == [
+        ("identity", ["OUTPUT0"])
+    ] * 16
+    assert instance._calls._pool is None
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize(("value", "how"), [(1, "code 1"), (2, "signal SIGKILL")])
 async def test_process_death_mid_request_raises_instance_died(
     start: Started, value: int, how: str

@@ -2,13 +2,18 @@
 through the router, one response (`exec()`) or a stream of them (`exec(decoupled=True)`, on the
 router's streaming with a `ResponseSender`), and model control (`pb_utils.load_model`...).
 
-Each call arrives through the instance's reader (on the event loop) and is served from a small
-thread pool, so that a call waiting on another model never holds up the reader; the work itself
-runs on the server's event loop (`anyio.from_thread`, with the loop's token).
+Each call arrives through the instance's reader. A BLS call with one response, read on the
+server's event loop, is served there by a task of its own: it asks the router and writes the
+answer back (from a thread when its tensors go to a shared-memory file), so a call waiting on
+another model never holds up the reader and crosses no thread. Everything else (a decoupled
+call, whose responses come from whichever thread sends them; model control; any call read off
+the loop) is served from a small thread pool, its work run on the server's event loop
+(`anyio.from_thread`, with the loop's token).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -16,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio.from_thread
+import anyio.to_thread
+import numpy as np
 
 from tritonactor.backends.base import InstanceContext
 from tritonactor.backends.python import ipc
@@ -45,6 +52,7 @@ class ServedCalls:
         held: HeldRequests,
         token: Callable[[], Any],
         inline_limit: int = ipc.INLINE_LIMIT,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._context = context
         self._channel = channel
@@ -53,13 +61,22 @@ class ServedCalls:
         self._token = token
         self._inline_limit = inline_limit  # (small answers travel inside the message)
         self._pool: ThreadPoolExecutor | None = None
+        self._loop = loop  # the server's event loop, where the router is asked
+        self._tasks: set[asyncio.Task[None]] = set()  # the BLS calls served on the loop
         # Once closed (the stub exited or is finalized) nothing more is written for it: what a
         # call answers late would be left in shared memory, nobody to read it.
         self._closed = False
         self._writing = threading.Lock()
 
     def submit(self, message: dict[str, Any]) -> None:
-        """From the instance's reader: serve `message` (op bls or control) on the pool."""
+        """From the instance's reader: serve `message` (op bls or control), in a task when it is
+        a BLS call with one response read on the server's loop, else on the pool."""
+        if message["op"] == "bls" and not message.get("decoupled") and self._on_loop():
+            assert self._loop is not None
+            task = self._loop.create_task(self._serve_bls_here(message))
+            self._tasks.add(task)  # (the loop keeps only a weak reference)
+            task.add_done_callback(self._tasks.discard)
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(CALL_THREADS, f"{self._context.name}-calls")
         serve = self._serve_bls if message["op"] == "bls" else self._serve_control
@@ -93,7 +110,44 @@ class ServedCalls:
                 return False
             return True
 
+    def _on_loop(self) -> bool:
+        """Whether this runs on the server's event loop (the reader's, not a thread's)."""
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
     # -- BLS ---------------------------------------------------------------------------------
+
+    async def _serve_bls_here(self, message: dict[str, Any]) -> None:
+        """A BLS call with one response, on the server's loop (`_serve_bls` on a thread)."""
+        response: InferenceResponse | None = None
+        failure: TritonError | None = None
+        try:
+            request = self._bls_request(message)
+            self._decoupled_refused(request)
+            infer = self._context.infer
+            assert infer is not None
+            response = await infer(request)
+        except TritonError as exc:
+            failure = exc
+        except Exception as exc:
+            failure = internal(f"{type(exc).__name__}: {exc}")
+        if response is not None and not self._small(response):
+            # A shared-memory file to make and fill: not on the loop.
+            await anyio.to_thread.run_sync(self._answer, message["call"], response, None)
+        else:
+            self._answer(message["call"], response, failure)
+
+    def _small(self, response: InferenceResponse) -> bool:
+        """Whether `response`'s tensors travel inside the answer (no file to write)."""
+        total = 0
+        for tensor in response.outputs:
+            data = tensor.data
+            if not isinstance(data, np.ndarray) or data.dtype == np.object_:
+                return False
+            total += data.nbytes
+        return total <= self._inline_limit
 
     def _serve_bls(self, message: dict[str, Any]) -> None:
         try:
@@ -104,7 +158,7 @@ class ServedCalls:
             if message.get("decoupled"):
                 self._stream(message["call"], request, token)
                 return
-            self._decoupled_refused(request, token)
+            self._decoupled_refused(request)
             infer = self._context.infer
             assert infer is not None
             response = anyio.from_thread.run(infer, request, token=token)
@@ -136,7 +190,7 @@ class ServedCalls:
             request.trace = parent.trace.child()
         return request
 
-    def _decoupled_refused(self, request: InferenceRequest, token: Any) -> None:
+    def _decoupled_refused(self, request: InferenceRequest) -> None:
         """exec() without decoupled=True on a decoupled model: Triton's error."""
         router = _router(self._context)
         if router is None:

@@ -112,6 +112,7 @@ class PythonInstance(BackendInstance):
             self._held,
             lambda: self._token,
             model.settings.inline_limit,
+            loop,
         )
         # One execute at a time: its tensors travel through reused arenas (see ipc.Arena), or
         # inside its messages when they are small (ipc.INLINE_LIMIT).
