@@ -44,6 +44,9 @@ venv's:
     python bench/process_cpu.py --proto http --rounds 4 /path/to/checkout \
         /path/to/checkout@/path/to/venv3.12
 
+A model with `response_cache { enable: true }` (`bench/models/features`' `identity_cached`)
+needs the servers' cache: `--cache-config local,size=1048576` gives both the same one.
+
 Every line also gives the client's CPU a request (perf_analyzer's own, from this script's
 children's usage): the share of the 2 cores the load itself takes.
 """
@@ -179,6 +182,7 @@ def measure(
     traced_first: bool = True,
     repository: Path | None = None,
     streaming: bool = False,
+    cache_config: str | None = None,
 ) -> list[Window]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
     env.update(OTEL_TRACES_EXPORTER="none")
@@ -198,6 +202,8 @@ def measure(
             command += ["--workers", str(workers)]
         for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
             command += [f"--{name}-address", "127.0.0.1", f"--{name}-port", str(port)]
+    if cache_config is not None:  # the same flag on both servers
+        command.append(f"--cache-config={cache_config}")
     with open(os.devnull, "wb") as quiet:
         server = subprocess.Popen(command, env=env, stdout=quiet, stderr=subprocess.STDOUT)
     try:
@@ -327,6 +333,11 @@ def main() -> None:
     parser.add_argument(
         "--streaming", action="store_true", help="gRPC streaming (a decoupled model needs it)"
     )
+    parser.add_argument(
+        "--cache-config",
+        default=None,
+        help="the servers' response cache, as Triton's flag says it (local,size=N)",
+    )
     args = parser.parse_args()
     checkouts: list[Checkout] = args.checkouts
     if len({checkout.name for checkout in checkouts}) < len(checkouts):
@@ -361,6 +372,7 @@ def main() -> None:
                     traced_first=round_ % 2 == 0,
                     repository=args.repository,
                     streaming=args.streaming,
+                    cache_config=args.cache_config,
                 )
                 for window in measured:
                     print(
