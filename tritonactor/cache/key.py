@@ -24,20 +24,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable
 
 import numpy as np
 
 from tritonactor.core import offload
 from tritonactor.core.datatypes import serialize_bytes
-from tritonactor.core.types import InferenceRequest, ParameterValue
+from tritonactor.core.types import InferenceRequest, Tensor
 
-_COUNT = struct.Struct("<Q")
 _INTEGER = struct.Struct("<q")
-_FLOAT = struct.Struct("<d")
 DIGEST_BYTES = 16
-
-_Update = Callable[[bytes | memoryview], object]
 
 
 # request.context key of the request's content digest, once worked out (`content_digest`).
@@ -51,11 +46,9 @@ def request_key(model: str, version: int, request: InferenceRequest) -> bytes | 
     content = content_digest(request)
     if content is None:
         return None
-    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    _text(digest.update, model)
-    digest.update(_INTEGER.pack(version))
-    digest.update(content)
-    return digest.digest()
+    # The content's 16 bytes and the version's 8, then the name: no two keys' bytes alike.
+    hashed = content + _INTEGER.pack(version) + model.encode()
+    return hashlib.blake2b(hashed, digest_size=DIGEST_BYTES).digest()
 
 
 def key_work(request: InferenceRequest) -> int:
@@ -73,64 +66,50 @@ def key_work(request: InferenceRequest) -> int:
 def content_digest(request: InferenceRequest) -> bytes | None:
     """The digest of what the model sees of `request` besides its own name and version (see
     the module's docstring), kept in `request.context` once worked out; None when an input is
-    not in host memory."""
+    not in host memory.
+
+    What describes the request (each input's name, datatype, shape and data length, the
+    requested outputs, the parameters) is hashed as one `repr` of plain values, which tells
+    them apart as they are (True, 1, 1.0 and "1" differ; strings are quoted), then the inputs'
+    data in the same order: their lengths come first, so no two requests' bytes run alike."""
     if CONTENT in request.context:
         known: bytes | None = request.context[CONTENT]
         return known
-    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    update = digest.update
-    inputs = sorted(request.inputs, key=lambda tensor: tensor.name)
-    update(_COUNT.pack(len(inputs)))
+    inputs = sorted(request.inputs, key=_name) if len(request.inputs) > 1 else request.inputs
+    described: list[tuple[str, str, tuple[int, ...], int]] = []
+    payloads: list[bytes | np.ndarray] = []
     result: bytes | None = None
     for tensor in inputs:
         data = tensor.data
         if not isinstance(data, np.ndarray):
             break
-        _text(update, tensor.name)
-        _text(update, tensor.datatype)
-        update(_COUNT.pack(len(tensor.shape)))
-        for dim in tensor.shape:
-            update(_INTEGER.pack(dim))
+        payload: bytes | np.ndarray
         if _is_bytes(tensor.datatype, data):
-            payload: bytes | memoryview = serialize_bytes(data)
+            payload = serialize_bytes(data)
+            length = len(payload)
         else:
-            payload = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-        update(_COUNT.pack(len(payload)))
-        update(payload)
+            payload = np.ascontiguousarray(data)
+            length = payload.nbytes
+        described.append((tensor.name, tensor.datatype, tuple(map(int, tensor.shape)), length))
+        payloads.append(payload)
     else:
-        outputs = sorted(request.requested_output_names)
-        update(_COUNT.pack(len(outputs)))
-        for name in outputs:
-            _text(update, name)
         parameters = request.model_parameters
-        update(_COUNT.pack(len(parameters)))
-        for key in sorted(parameters):
-            _text(update, key)
-            _value(update, parameters[key])
+        header = (
+            described,
+            sorted(request.requested_output_names),
+            sorted(parameters.items()),  # (the names differ: values are never compared)
+        )
+        digest = hashlib.blake2b(repr(header).encode(), digest_size=DIGEST_BYTES)
+        for payload in payloads:
+            digest.update(payload)
         result = digest.digest()
     request.context[CONTENT] = result
     return result
 
 
+def _name(tensor: Tensor) -> str:
+    return tensor.name
+
+
 def _is_bytes(datatype: str, data: np.ndarray) -> bool:
     return datatype == "BYTES" or data.dtype.hasobject
-
-
-def _text(update: _Update, text: str) -> None:
-    data = text.encode()
-    update(_COUNT.pack(len(data)))
-    update(data)
-
-
-def _value(update: _Update, value: ParameterValue) -> None:
-    # Tagged by type: True, 1, 1.0 and "1" are four different parameters.
-    if isinstance(value, bool):
-        update(b"b1" if value else b"b0")
-    elif isinstance(value, int):  # any size: gRPC's uint64 parameters do not fit an int64
-        update(b"i")
-        _text(update, str(value))
-    elif isinstance(value, float):
-        update(b"f" + _FLOAT.pack(value))
-    else:
-        update(b"s")
-        _text(update, str(value))
