@@ -194,6 +194,7 @@ class ServerCalls:
             self._stub.shm_prefix, arrays, inline=self._stub._inline_limit
         )
         version = request.model_version()
+        parameters = request.parameters()
         return {
             "op": "bls",
             "call": call,
@@ -204,7 +205,7 @@ class ServerCalls:
             "model_version": "" if version in (-1, None, "") else str(version),
             "id": request.request_id(),
             "outputs": list(request._requested),
-            "parameters": json.loads(request.parameters()),
+            "parameters": {} if parameters == "{}" else json.loads(parameters),
             "correlation_id": request.correlation_id(),
             "flags": request.flags(),
             # The request whose trace the BLS call continues (trace=request.trace()).
