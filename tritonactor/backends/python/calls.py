@@ -4,7 +4,7 @@ router's streaming with a `ResponseSender`), and model control (`pb_utils.load_m
 
 Each call arrives through the instance's reader. A BLS call with one response, read on the
 server's event loop, is served there by a task of its own: it asks the router and writes the
-answer back (from a thread when its tensors go to a shared-memory file), so a call waiting on
+answer back (from a thread when its tensors are large: `core/offload`), so a call waiting on
 another model never holds up the reader and crosses no thread. Everything else (a decoupled
 call, whose responses come from whichever thread sends them; model control; any call read off
 the loop) is served from a small thread pool, its work run on the server's event loop
@@ -21,13 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio.from_thread
-import anyio.to_thread
 import numpy as np
 
 from tritonactor.backends.base import InstanceContext
 from tritonactor.backends.python import ipc
 from tritonactor.backends.python.held import HeldRequests
 from tritonactor.backends.python.wire import bls_parameters, response_to_wire
+from tritonactor.core import offload
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import (
     InferenceRequest,
@@ -92,21 +92,25 @@ class ServedCalls:
     def _send(self, message: dict[str, Any], tensors: list[tuple[str, Any]] | None = None) -> bool:
         """Send `message`, its `tensors` written first, inside it when small, else to shared
         memory (into message["shm"] and message["response"]["descriptors"]). False when the
-        stub is gone: nothing is left behind."""
-        with self._writing:
+        stub is gone: nothing is left behind. The tensors are written before the lock is
+        taken, so that the loop, answering a small call, never waits on a large file being
+        written by a thread."""
+        shm = None
+        if tensors is not None:
             if self._closed:
                 return False
-            shm = None
-            if tensors is not None:
-                shm, message["response"]["descriptors"] = ipc.write_tensors(
-                    self._shm_prefix, tensors, inline=self._inline_limit
-                )
-                message["shm"] = shm
+            shm, message["response"]["descriptors"] = ipc.write_tensors(
+                self._shm_prefix, tensors, inline=self._inline_limit
+            )
+            message["shm"] = shm
+        with self._writing:
+            if self._closed:  # (closed while the tensors were written: the file goes too)
+                ipc.remove_file(shm)
+                return False
             try:
                 self._channel.send(message)
             except OSError:  # the stub is gone; the reader reports it
-                if shm is not None:
-                    ipc.remove_file(shm)
+                ipc.remove_file(shm)
                 return False
             return True
 
@@ -120,34 +124,37 @@ class ServedCalls:
     # -- BLS ---------------------------------------------------------------------------------
 
     async def _serve_bls_here(self, message: dict[str, Any]) -> None:
-        """A BLS call with one response, on the server's loop (`_serve_bls` on a thread)."""
-        response: InferenceResponse | None = None
-        failure: TritonError | None = None
-        try:
-            request = self._bls_request(message)
-            self._decoupled_refused(request)
-            infer = self._context.infer
-            assert infer is not None
-            response = await infer(request)
-        except TritonError as exc:
-            failure = exc
-        except Exception as exc:
-            failure = internal(f"{type(exc).__name__}: {exc}")
-        if response is not None and not self._small(response):
-            # A shared-memory file to make and fill: not on the loop.
-            await anyio.to_thread.run_sync(self._answer, message["call"], response, None)
-        else:
-            self._answer(message["call"], response, failure)
+        """A BLS call with one response, on the server's loop (`_serve_bls` on a thread).
+        Whatever happens, the call is answered: with the response, or with an error (one
+        writing the answer failed with, too), or, cancelled as the server stops, unavailable."""
+        call = message["call"]
+        answered = False
 
-    def _small(self, response: InferenceResponse) -> bool:
-        """Whether `response`'s tensors travel inside the answer (no file to write)."""
-        total = 0
-        for tensor in response.outputs:
-            data = tensor.data
-            if not isinstance(data, np.ndarray) or data.dtype == np.object_:
-                return False
-            total += data.nbytes
-        return total <= self._inline_limit
+        def answer(response: InferenceResponse | None, error: TritonError | None) -> None:
+            nonlocal answered
+            try:
+                self._answer(call, response, error)
+            except Exception as exc:  # e.g. an output of a dtype no Triton datatype names
+                self._answer(call, None, internal(f"{type(exc).__name__}: {exc}"))
+            answered = True
+
+        try:
+            try:
+                request = self._bls_request(message)
+                self._decoupled_refused(request)
+                infer = self._context.infer
+                assert infer is not None
+                response = await infer(request)
+            except TritonError as exc:
+                answer(None, exc)
+            except Exception as exc:
+                answer(None, internal(f"{type(exc).__name__}: {exc}"))
+            else:
+                # Large tensors are written to their file off the loop (core/offload).
+                await offload.off_loop(lambda: answer(response, None), _answer_work(response))
+        finally:
+            if not answered:
+                self._answer(call, None, unavailable("the server is stopping"))
 
     def _serve_bls(self, message: dict[str, Any]) -> None:
         try:
@@ -291,6 +298,15 @@ class ServedCalls:
         except Exception as exc:
             answer["error"] = f"{type(exc).__name__}: {exc}"
         self._send(answer)
+
+
+def _answer_work(response: InferenceResponse) -> int:
+    """What writing `response`'s tensors costs, in `offload` bytes (BYTES: a step an element)."""
+    work = 0
+    for tensor in response.outputs:
+        data = np.asarray(tensor.data)
+        work += data.size * offload.ELEMENT_BYTES if data.dtype.hasobject else data.nbytes
+    return work
 
 
 def _router(context: InstanceContext) -> Any:
