@@ -77,12 +77,7 @@ def rough_work(response: InferenceResponse) -> int:
     """What measuring and packing `response` costs at least, in `offload` bytes, worked out
     without looking at any element (so that a response with many BYTES elements is measured
     off the event loop too)."""
-    work = 0
-    for tensor in response.outputs:
-        data = tensor.data
-        if isinstance(data, np.ndarray):
-            work += data.size * offload.ELEMENT_BYTES if _is_bytes(tensor) else data.nbytes
-    return work
+    return offload.tensors_work(response.outputs)
 
 
 def pack(response: InferenceResponse) -> bytes:

@@ -9,20 +9,23 @@ about what copying that many bytes does not, but it is the scale that keeps a mi
 
 Used by shared-memory output writes (memory/lease.py, and engine/host.py for a front end's
 request), classification rankings
-(frontends/classification.py) and the response cache's keys, copies and hits
-(scheduling/caching.py)."""
+(frontends/classification.py), the response cache's keys, copies and hits
+(scheduling/caching.py) and a BLS call's answer to its model (backends/python/calls.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import anyio
 import anyio.to_thread
+import numpy as np
 import sniffio
+
+from tritonactor.core.types import Tensor
 
 T = TypeVar("T")
 
@@ -35,6 +38,18 @@ OFF_LOOP_BYTES = 2 << 20
 # What one Python-level step over an element counts for (see the module's docstring): 16,384
 # steps reach OFF_LOOP_BYTES.
 ELEMENT_BYTES = 128
+
+
+def tensors_work(tensors: Iterable[Tensor]) -> int:
+    """What copying or encoding `tensors` costs at least, in these bytes, worked out without
+    looking at any element (a BYTES element counts ELEMENT_BYTES)."""
+    work = 0
+    for tensor in tensors:
+        data = tensor.data
+        if isinstance(data, np.ndarray):
+            steps = tensor.datatype == "BYTES" or data.dtype.hasobject
+            work += data.size * ELEMENT_BYTES if steps else data.nbytes
+    return work
 
 
 def large(size: int) -> bool:

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio.from_thread
-import numpy as np
 
 from tritonactor.backends.base import InstanceContext
 from tritonactor.backends.python import ipc
@@ -151,7 +150,8 @@ class ServedCalls:
                 answer(None, internal(f"{type(exc).__name__}: {exc}"))
             else:
                 # Large tensors are written to their file off the loop (core/offload).
-                await offload.off_loop(lambda: answer(response, None), _answer_work(response))
+                work = offload.tensors_work(response.outputs)
+                await offload.off_loop(lambda: answer(response, None), work)
         finally:
             if not answered:
                 self._answer(call, None, unavailable("the server is stopping"))
@@ -298,15 +298,6 @@ class ServedCalls:
         except Exception as exc:
             answer["error"] = f"{type(exc).__name__}: {exc}"
         self._send(answer)
-
-
-def _answer_work(response: InferenceResponse) -> int:
-    """What writing `response`'s tensors costs, in `offload` bytes (BYTES: a step an element)."""
-    work = 0
-    for tensor in response.outputs:
-        data = np.asarray(tensor.data)
-        work += data.size * offload.ELEMENT_BYTES if data.dtype.hasobject else data.nbytes
-    return work
 
 
 def _router(context: InstanceContext) -> Any:
