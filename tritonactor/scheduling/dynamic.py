@@ -11,8 +11,6 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import anyio
-
 from tritonactor._proto.inference import (
     ModelConfig,
     ModelQueuePolicy,
@@ -142,7 +140,7 @@ class DynamicBatcher(Actor[BatcherMessage]):
         if queue.size and queue.count >= queue.size:
             item.reply.fail(unavailable("Exceeds maximum queue size"))
             return
-        now = anyio.current_time()
+        now = self.now()
         deadline = now + timeout if timeout else math.inf
         entry = _Waiting(item, level - 1, batch_size(request), shape_key(request), now, deadline)
         queue.queue.append(entry)
@@ -183,7 +181,7 @@ class DynamicBatcher(Actor[BatcherMessage]):
     # -- batching ------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        now = anyio.current_time()
+        now = self.now()
         self._expire(now)
         wake: float | None = None
         while self._idle:

@@ -155,7 +155,7 @@ class SequenceBatcher(Actor[SequenceMessage]):
             self._request_answered(message.entry)
         elif message.at == self._armed:
             self._armed = None
-        now = anyio.current_time()
+        now = self.now()
         self._release_idle(now)
         wake = self._dispatch(now)
         self._arm(now, wake)
@@ -167,7 +167,7 @@ class SequenceBatcher(Actor[SequenceMessage]):
         except TritonError as error:
             item.reply.fail(error)
             return
-        now = anyio.current_time()
+        now = self.now()
         sequence = self._sequences.get(correlation_id)
         if sequence is None:
             if not start:
@@ -410,7 +410,7 @@ class SequenceBatcher(Actor[SequenceMessage]):
         parameters = entry.item.request.parameters
         parameters["sequence_start"] = parameters["sequence_end"] = False
         sequence.queue.appendleft(entry)
-        sequence.last = anyio.current_time()
+        sequence.last = self.now()
 
     # -- instances that stop -------------------------------------------------------------------
 
