@@ -148,9 +148,6 @@ def bind_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-UVICORN_PROTOCOL = "tritonactor.frontends.http.uvicorn_protocol:HttpToolsOneWrite"
-
-
 def uvicorn_command(settings: Settings, workers: int = 0) -> list[str]:
     """The command that serves the app with uvicorn (httptools, uvloop) in `workers` front-end
     processes (0 or 1: in uvicorn's own process)."""
@@ -168,8 +165,7 @@ def uvicorn_command(settings: Settings, workers: int = 0) -> list[str]:
         "--loop",
         "uvloop",
         "--http",
-        # httptools, each response in one write (frontends/http/uvicorn_protocol.py).
-        UVICORN_PROTOCOL,
+        "httptools",
         "--no-access-log",
         "--lifespan",
         "on",

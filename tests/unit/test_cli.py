@@ -191,7 +191,7 @@ def test_uvicorn_command(repo: Path, tmp_path: Path) -> None:
         "--loop",
         "uvloop",
         "--http",
-        cli.UVICORN_PROTOCOL,
+        "httptools",
         "--no-access-log",
         "--lifespan",
         "on",
