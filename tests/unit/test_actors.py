@@ -329,3 +329,18 @@ async def test_a_timer_delivers_its_message_and_a_stop_cancels_those_pending() -
             ref.stop()
             await ref.join()
     assert actor.total == 16 and log == ["counter started", "counter stopped"]
+
+
+async def test_now_is_the_clock_timers_count_on() -> None:
+    """`now()` reads the clock `tell_later` sleeps on (the event loop's, which anyio reads)."""
+    with anyio.fail_after(HANG):
+        async with ActorSystem() as system:
+            actor = Counter(log=[])
+            await system.spawn(actor)
+            before = anyio.current_time()
+            now = actor.now()
+            assert before <= now <= anyio.current_time()
+            actor.tell_later(Add(1), 0.01)
+            while actor.total != 1:
+                await anyio.sleep(0)
+            assert actor.now() >= now + 0.009  # (the loop may run a timer a clock tick early)
