@@ -208,8 +208,13 @@ class Actor(ABC, Generic[M]):
                 await self.started()
                 self.running = True
                 task_status.started()
+                mailbox = self._receive
                 try:
-                    async for message in self._receive:
+                    while True:
+                        try:
+                            message = await mailbox.get()
+                        except anyio.EndOfStream:
+                            break
                         self._current = message
                         if isinstance(message, ChildFailed):
                             if message.child in self._children:

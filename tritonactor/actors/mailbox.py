@@ -26,7 +26,16 @@ class MailboxClosed(Exception):
 
 
 class Mailbox(Generic[M]):
-    __slots__ = ("_burst", "_closed", "_gone", "_reader", "_size", "_writers", "messages")
+    __slots__ = (
+        "_burst",
+        "_closed",
+        "_gone",
+        "_loop",
+        "_reader",
+        "_size",
+        "_writers",
+        "messages",
+    )
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -36,6 +45,9 @@ class Mailbox(Generic[M]):
         self._reader: asyncio.Future[None] | None = None
         self._writers: deque[tuple[asyncio.Future[None], M]] = deque()
         self._burst = 0
+        # The reader's loop, once it has waited: one task reads a mailbox, always on one loop
+        # (asking asyncio for the running loop costs a system call, getpid, every time).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -92,12 +104,19 @@ class Mailbox(Generic[M]):
         self._burst = 0
         if self.messages:
             await asyncio.sleep(0)  # a long run of queued messages lets others run
+        messages = self.messages
         while True:
-            try:
-                return self.get_nowait()
-            except anyio.WouldBlock:
-                pass
-            reader = self._reader = asyncio.get_running_loop().create_future()
+            # get_nowait's steps, without raising WouldBlock each time the reader waits.
+            if self._writers:
+                self._admit_writer()
+            if messages:
+                return messages.popleft()
+            if self._closed:
+                raise anyio.EndOfStream
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            reader = self._reader = loop.create_future()
             try:
                 await reader
             finally:
