@@ -5,6 +5,8 @@ It keeps the contract of the anyio memory stream it replaces (`put_nowait` raise
 its reader still gets what was queued, a mailbox whose reader is gone fails waiting writers)
 without its per-message costs: a message that finds the reader waiting wakes it with one
 future, and a reader that finds a message queued takes it without a trip through the loop.
+A mailbox serves one event loop: its reader keeps the loop it first waited on (an actor's
+mailbox is closed when its run ends, so a later run never waits on it).
 """
 
 from __future__ import annotations
