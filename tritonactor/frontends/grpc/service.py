@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, cast
@@ -38,12 +37,12 @@ from tritonactor.frontends.grpc.status import translate_errors
 from tritonactor.frontends.grpc.stream import (
     GRPC_ERROR_MODE,
     STREAM_WINDOW,
-    Answer,
     Pending,
     decoupled_answer,
     decoupled_done,
     metadata_flag,
     refusal,
+    stream_answers,
     streamed_answer,
     text_metadata,
     write_answers,
@@ -194,8 +193,8 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
     async def _model_stream_infer(
         self, stream: grpclib.server.Stream[InferRequestMessage, StreamInferResponse]
     ) -> None:
-        send, receive = anyio.create_memory_object_stream[Answer](math.inf)
-        pending = Pending(send, STREAM_WINDOW)
+        answers = stream_answers()
+        pending = Pending(answers, STREAM_WINDOW)
         error_ends_stream = metadata_flag(stream.metadata, GRPC_ERROR_MODE)
         draining = self._drain.stream(pending) if self._drain is not None else nullcontext()
         try:
@@ -203,7 +202,7 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
                 async with anyio.create_task_group() as group:
                     reading = group.cancel_scope
                     group.start_soon(
-                        write_answers, stream, receive, error_ends_stream, pending, reading
+                        write_answers, stream, answers, error_ends_stream, pending, reading
                     )
                     async for message in stream:
                         await pending.start()

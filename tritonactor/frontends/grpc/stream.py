@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +16,10 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import grpclib.server
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tritonactor._proto_c.grpc_service_pb2 import ModelInferResponse
 from tritonactor.actors import ActorStopped, Reply
+from tritonactor.actors.mailbox import Mailbox, MailboxClosed
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.frontends.grpc.codec import ENABLE_EMPTY_FINAL, encode_infer_response
@@ -35,9 +36,16 @@ FINAL_RESPONSE = "triton_final_response"
 GRPC_ERROR_MODE = "triton_grpc_error"
 
 
+def stream_answers() -> Mailbox[Answer]:
+    """Where a stream's answers wait for its writer: as many as come (a decoupled model may
+    send any number a request), in order. The actors' mailbox rather than an anyio memory
+    stream, whose `receive` yields to the loop for every answer."""
+    return Mailbox(sys.maxsize)
+
+
 async def write_answers(
     stream: grpclib.server.Stream[Any, StreamInferResponse],
-    answers: MemoryObjectReceiveStream[Answer],
+    answers: Mailbox[Answer],
     error_ends_stream: bool,
     pending: Pending | None = None,
     reading: anyio.CancelScope | None = None,
@@ -45,13 +53,19 @@ async def write_answers(
     """Send each answer as it comes; in "triton_grpc_error" mode the first error of a model
     ends the stream with its status (raised as a GRPCError). When the answers end because the
     server drains (`pending`), the `reading` of further requests stops too."""
-    async with answers:
-        async for answer in answers:
+    try:
+        while True:
+            try:
+                answer = await answers.get()
+            except anyio.EndOfStream:
+                break
             if isinstance(answer, StreamError):
                 if error_ends_stream and answer.from_model:
                     raise grpc_error(answer.error)
                 answer = answer.response
             await stream.send_message(answer)
+    finally:
+        answers.leave()  # answers delivered from now on find nobody to write them
     if pending is not None and reading is not None and pending.ended_by_drain:
         reading.cancel()
 
@@ -62,8 +76,8 @@ class Pending:
     overflowing the scheduler's mailbox. Closes the response stream after the last answer once
     the client has finished sending."""
 
-    def __init__(self, send: MemoryObjectSendStream[Answer], window: int):
-        self._send = send
+    def __init__(self, answers: Mailbox[Answer], window: int):
+        self._answers = answers
         self._slots = anyio.Semaphore(window)
         self._running = 0
         self._input_done = False
@@ -92,8 +106,8 @@ class Pending:
         # Called from the actor that answered: it must never raise there.
         # A closed stream means the client went away: nobody is left to read the answer.
         if response is not None:
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._send.send_nowait(response)
+            with contextlib.suppress(MailboxClosed):
+                self._answers.put_nowait(response)
         if finished:
             self._running -= 1
             self._slots.release()
@@ -121,7 +135,7 @@ class Pending:
 
     def _maybe_close(self) -> None:
         if (self._input_done or self.draining) and self._running == 0:
-            self._send.close()
+            self._answers.close()
 
 
 def decoupled_answer(
