@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
-
 from tritonactor.actors import Reply
 from tritonactor.actors.loop import on_loop
+from tritonactor.actors.mailbox import Mailbox, MailboxClosed
 from tritonactor.core.errors import TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 
@@ -27,9 +25,9 @@ class ResponseStream:
     loop cannot be held up: its responses wait however many they are). 0: no capacity limit."""
 
     def __init__(self, capacity: int, ensemble_request: InferenceRequest) -> None:
-        self._send, self._receive = anyio.create_memory_object_stream[
-            tuple[InferenceResponse | None, TritonError | None, bool]
-        ](math.inf)
+        self._answers: Mailbox[tuple[InferenceResponse | None, TritonError | None, bool]] = Mailbox(
+            sys.maxsize
+        )
         self._capacity = capacity or math.inf
         self._room = threading.Condition()
         self._waiting = 0
@@ -60,8 +58,8 @@ class ResponseStream:
             self._put_from_thread(answer)
 
     def _put(self, answer: tuple[InferenceResponse | None, TritonError | None, bool]) -> None:
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._send.send_nowait(answer)
+        with contextlib.suppress(MailboxClosed):
+            self._answers.put_nowait(answer)
 
     def execute_over(self, reply: Reply[Any]) -> None:
         """The step's execute is over: if it failed before the model sent its final response,
@@ -71,7 +69,7 @@ class ResponseStream:
     async def responses(self) -> AsyncIterator[InferenceResponse]:
         """The model's responses, until its final one; raises the error it ended with."""
         while True:
-            response, error, final = await self._receive.receive()
+            response, error, final = await self._answers.get()
             with self._room:
                 self._waiting -= 1
                 self._room.notify()
@@ -88,7 +86,7 @@ class ResponseStream:
         with self._room:
             self._closed = True
             self._room.notify_all()
-        self._receive.close()
+        self._answers.leave()
 
 
 class StepSender(ResponseSender):

@@ -27,18 +27,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
+import sys
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Generic, TypeVar
 
 import anyio
 import numpy as np
-from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from tritonactor.actors import Reply
 from tritonactor.actors.loop import on_loop
+from tritonactor.actors.mailbox import Mailbox, MailboxClosed
 from tritonactor.core.datatypes import BINARY_ONLY, num_elements, to_numpy_dtype
 from tritonactor.core.errors import TritonError, internal, invalid_arg
 from tritonactor.core.types import (
@@ -119,9 +119,7 @@ class GenerateRoutes:
 
         return StreamingResponse(body(), status_code=status, media_type=EVENT_STREAM)
 
-    async def _start(
-        self, request: Request
-    ) -> tuple[MemoryObjectReceiveStream[Event], InferenceRequest]:
+    async def _start(self, request: Request) -> tuple[Mailbox[Event], InferenceRequest]:
         """Decode the request and submit it: its answers arrive on the returned stream."""
         name = request.path_params["model"]
         version = request.path_params.get("version")
@@ -136,17 +134,17 @@ class GenerateRoutes:
         infer_request = decode_generate_request(
             body, handle.signature, name, version, self.max_depth
         )
-        send, receive = anyio.create_memory_object_stream[Event](math.inf)
+        events: Mailbox[Event] = Mailbox(sys.maxsize)  # a decoupled model sends any number
 
         def deliver(
             response: InferenceResponse | None, error: TritonError | None, final: bool
         ) -> None:
             # Runs where the answer comes from (an actor): it must never raise there. A closed
             # stream means the client left: nobody reads the answer.
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                send.send_nowait((response, error, final))
+            with contextlib.suppress(MailboxClosed):
+                events.put_nowait((response, error, final))
             if final:
-                send.close()
+                events.close()
 
         deliver_on_loop = on_loop(deliver)
         if handle.decoupled:
@@ -157,7 +155,7 @@ class GenerateRoutes:
         else:
             reply = self.router.submit(infer_request)
             reply.add_done_callback(lambda done: deliver_on_loop(*_outcome(done), True))
-        return receive, infer_request
+        return events, infer_request
 
 
 def _outcome(
@@ -172,13 +170,20 @@ def _outcome(
 
 
 async def _answers(
-    events: MemoryObjectReceiveStream[Event],
+    events: Mailbox[Event],
 ) -> AsyncIterator[tuple[InferenceResponse | None, TritonError | None]]:
-    """The model's answers (a bare final flag is none)."""
-    async with events:
-        async for response, error, _final in events:
+    """The model's answers (a bare final flag is none); once done with, what the model sends
+    later is dropped."""
+    try:
+        while True:
+            try:
+                response, error, _final = await events.get()
+            except anyio.EndOfStream:
+                return
             if response is not None or error is not None:
                 yield response, error
+    finally:
+        events.leave()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
