@@ -1113,3 +1113,61 @@ async def test_max_inflight_requests_holds_up_a_python_decoupled_step(
     if limit:
         assert max(waiting) <= limit + 1
         assert gauge.most <= limit
+
+
+class FailsOnZero(BackendInstance):
+    """`double`, failing the request whose X is 0."""
+
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        results: list[Result] = []
+        for request in requests:
+            x = request.inputs[0].data
+            if int(x.flat[0]) == 0:
+                results.append(internal("zero"))
+                continue
+            outputs = [Tensor("Y", "INT32", x.shape, x * 2)]
+            results.append(InferenceResponse(request.model_name, "1", request.id, outputs))
+        return results
+
+
+async def test_once_a_step_fails_no_further_step_is_routed(
+    system: ActorSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoupled step's responses still queued when a step they opened fails start nothing:
+    the run is over, and none of them reaches the next step's model after the failure."""
+    from tritonactor.scheduling import ensemble_run
+
+    class FailsOnZeroBackend(Backend):
+        name = "function"
+
+        def load_model(self, context: ModelContext) -> BackendModel:
+            class Model(BackendModel):
+                def create_instance(self, context: InstanceContext) -> BackendInstance:
+                    return FailsOnZero()
+
+            return Model()
+
+    failed: list[TritonError] = []
+    routed_after: list[str] = []
+    fail, route = ensemble_run.EnsembleRun._fail, Router._route
+
+    def noting_fail(run: Any, error: TritonError) -> None:
+        failed.append(error)
+        fail(run, error)
+
+    def noting_route(router: Router, request: InferenceRequest) -> Any:
+        if failed and request.model_name == "double":
+            routed_after.append(request.model_name)
+        return route(router, request)
+
+    monkeypatch.setattr(ensemble_run.EnsembleRun, "_fail", noting_fail)
+    monkeypatch.setattr(Router, "_route", noting_route)
+    router = Router()
+    await serve(system, router, SplitBackend(), SPLIT, tmp_path)
+    await serve(system, router, FailsOnZeroBackend(), ONE.format(name="double", count=4), tmp_path)
+    await serve(system, router, EnsembleBackend(), STREAMED, tmp_path)
+    for _ in range(5):
+        failed.clear()
+        collected = await stream(router, "streamed", list(range(300)))
+        assert failed and len(collected.errors) == 1, collected.errors
+        assert routed_after == []

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -62,6 +63,34 @@ async def test_a_full_mailbox_refuses_put_nowait_and_put_waits_for_room() -> Non
         assert await mailbox.get() == 1  # room: the waiting message goes in, in order
         await queued.wait()
     assert [await mailbox.get(), await mailbox.get()] == [2, 3]
+
+
+@pytest.mark.parametrize(("burst", "runs"), [(64, [64, 64, 22]), (1, [1] * 150)])
+async def test_a_reader_takes_a_burst_of_queued_messages_then_lets_others_run(
+    burst: int, runs: list[int]
+) -> None:
+    """The actors' mailboxes let other tasks run after 64 queued messages in a row; a
+    stream's (burst 1) after each: its writer sees a client gone between two answers."""
+    mailbox: Mailbox[int] = Mailbox(1000, burst=burst)
+    for message in range(150):
+        mailbox.put_nowait(message)
+    taken: list[int] = []
+    done = False
+
+    async def other() -> None:
+        while not done:
+            taken.append(-1)  # a mark where another task ran
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(other)
+        await anyio.lowlevel.checkpoint()  # (the other task has run once)
+        for _ in range(150):
+            taken.append(await mailbox.get())
+        done = True
+    assert [t for t in taken if t >= 0] == list(range(150))  # in order
+    got = [len(run) for run in "".join("x" if t >= 0 else "|" for t in taken).split("|") if run]
+    assert got == runs
 
 
 async def test_a_closed_mailbox_is_drained_then_ends() -> None:

@@ -33,14 +33,19 @@ class Mailbox(Generic[M]):
         "_closed",
         "_gone",
         "_loop",
+        "_most",
         "_reader",
         "_size",
         "_writers",
         "messages",
     )
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, burst: int = _BURST) -> None:
+        """`size`: the most messages it holds; `burst`: how many queued messages the reader
+        takes in a row before it lets other tasks run (1: before each after the first, as a
+        stream's reader must, to see its client leave or its task cancelled between two)."""
         self._size = size
+        self._most = burst
         self.messages: deque[M] = deque()
         self._closed = False  # no more messages: the reader drains what is queued
         self._gone = False  # the reader left: nothing queued will ever be read
@@ -99,13 +104,14 @@ class Mailbox(Generic[M]):
 
     async def get(self) -> M:
         """The next message, waiting for one; `anyio.EndOfStream` once closed and drained."""
-        if self.messages and self._burst < _BURST:
+        if self.messages and self._burst < self._most:
             self._burst += 1
             self._admit_writer()
             return self.messages.popleft()
         self._burst = 0
         if self.messages:
             await asyncio.sleep(0)  # a long run of queued messages lets others run
+            self._burst = 1  # the message taken now starts the next run
         messages = self.messages
         while True:
             # get_nowait's steps, without raising WouldBlock each time the reader waits.

@@ -226,6 +226,9 @@ class EnsembleRun:
         depth: int = 0,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
+        if self._failure is not None:  # started before another step failed: nothing to run
+            task_status.started()
+            return
         try:
             if self.routes.flow.decoupled[step.index]:
                 async with _holding(slot, task_status):
@@ -252,6 +255,8 @@ class EnsembleRun:
             reply.add_done_callback(stream.execute_over)
             async with contextlib.aclosing(stream.responses()) as responses:
                 async for response in responses:
+                    if self._failure is not None:  # another step failed: the run is over
+                        return
                     if self.request.cancelled:
                         self._fail(cancelled(f"request for ensemble '{self.name}' was cancelled"))
                         return

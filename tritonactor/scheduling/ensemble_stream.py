@@ -25,8 +25,10 @@ class ResponseStream:
     loop cannot be held up: its responses wait however many they are). 0: no capacity limit."""
 
     def __init__(self, capacity: int, ensemble_request: InferenceRequest) -> None:
+        # One response at a time: a run whose step failed stops between two (its task is
+        # cancelled), before the next steps are started for the rest.
         self._answers: Mailbox[tuple[InferenceResponse | None, TritonError | None, bool]] = Mailbox(
-            sys.maxsize
+            sys.maxsize, burst=1
         )
         self._capacity = capacity or math.inf
         self._room = threading.Condition()

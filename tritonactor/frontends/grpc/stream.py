@@ -39,8 +39,9 @@ GRPC_ERROR_MODE = "triton_grpc_error"
 def stream_answers() -> Mailbox[Answer]:
     """Where a stream's answers wait for its writer: as many as come (a decoupled model may
     send any number a request), in order. The actors' mailbox rather than an anyio memory
-    stream, whose `receive` yields to the loop for every answer."""
-    return Mailbox(sys.maxsize)
+    stream, whose `receive` makes objects for every wait; like it, the writer lets the loop run
+    between two queued answers, so that a client gone, or the call cancelled, is seen there."""
+    return Mailbox(sys.maxsize, burst=1)
 
 
 async def write_answers(

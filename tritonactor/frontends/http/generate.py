@@ -134,7 +134,8 @@ class GenerateRoutes:
         infer_request = decode_generate_request(
             body, handle.signature, name, version, self.max_depth
         )
-        events: Mailbox[Event] = Mailbox(sys.maxsize)  # a decoupled model sends any number
+        # A decoupled model sends any number; the reader sees its client leave between two.
+        events: Mailbox[Event] = Mailbox(sys.maxsize, burst=1)
 
         def deliver(
             response: InferenceResponse | None, error: TritonError | None, final: bool
