@@ -67,3 +67,24 @@ async def test_an_answer_after_the_writer_has_gone_is_dropped_quietly() -> None:
         # Delivered from a model's actor once nobody writes: no exception reaches it.
         pending.deliver("late", finished=True)  # type: ignore[arg-type]
     assert len(answers) == 0
+
+
+async def test_a_stream_the_client_reset_ends_the_writer_without_an_error() -> None:
+    """A client that cancels its call resets the stream: the writer stops there, quietly
+    (grpclib is cancelling the handler; an error would end that cancellation as a failure)."""
+    from h2.exceptions import StreamClosedError
+
+    answers = stream_answers()
+    pending = Pending(answers, window=4)
+
+    class Reset(Written):
+        async def send_message(self, message: Any) -> None:
+            raise StreamClosedError(1)
+
+    with anyio.fail_after(HANG):
+        await pending.start()
+        await pending.start()
+        pending.deliver("first", finished=True)  # type: ignore[arg-type]
+        await write_answers(Reset(), answers, False, pending)  # returns
+        pending.deliver("late", finished=True)  # type: ignore[arg-type]
+    assert len(answers) == 0

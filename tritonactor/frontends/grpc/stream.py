@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import grpclib.server
+from h2.exceptions import StreamClosedError
 
 from tritonactor._proto_c.grpc_service_pb2 import ModelInferResponse
 from tritonactor.actors import ActorStopped, Reply
@@ -64,7 +65,13 @@ async def write_answers(
                 if error_ends_stream and answer.from_model:
                     raise grpc_error(answer.error)
                 answer = answer.response
-            await stream.send_message(answer)
+            try:
+                await stream.send_message(answer)
+            except StreamClosedError:
+                # The client reset the stream (it cancelled the call): nothing more can be
+                # sent, and grpclib is cancelling the call's handler. Raised on, it would end
+                # that cancellation with an error of its own ("Failed to handle cancellation").
+                return
     finally:
         answers.leave()  # answers delivered from now on find nobody to write them
     if pending is not None and reading is not None and pending.ended_by_drain:
