@@ -10,7 +10,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tritonactor.frontends.grpc.stream import Pending, stream_answers, write_answers
+from tritonactor.actors.mailbox import Mailbox
+from tritonactor.frontends.grpc.stream import Pending, write_answers
 
 pytestmark = pytest.mark.anyio
 
@@ -31,7 +32,7 @@ class Written:
 
 
 async def test_answers_go_out_in_order_and_the_writer_ends_with_the_last() -> None:
-    answers = stream_answers()
+    answers: Mailbox[Any] = Mailbox.for_stream()
     pending = Pending(answers, window=4)
     stream = Written()
     with anyio.fail_after(HANG):
@@ -51,7 +52,7 @@ async def test_answers_go_out_in_order_and_the_writer_ends_with_the_last() -> No
 
 
 async def test_an_answer_after_the_writer_has_gone_is_dropped_quietly() -> None:
-    answers = stream_answers()
+    answers: Mailbox[Any] = Mailbox.for_stream()
     pending = Pending(answers, window=4)
 
     class Broken(Written):
@@ -74,7 +75,7 @@ async def test_a_stream_the_client_reset_ends_the_writer_without_an_error() -> N
     (grpclib is cancelling the handler; an error would end that cancellation as a failure)."""
     from h2.exceptions import StreamClosedError
 
-    answers = stream_answers()
+    answers: Mailbox[Any] = Mailbox.for_stream()
     pending = Pending(answers, window=4)
 
     class Reset(Written):

@@ -208,13 +208,8 @@ class Actor(ABC, Generic[M]):
                 await self.started()
                 self.running = True
                 task_status.started()
-                mailbox = self._receive
                 try:
-                    while True:
-                        try:
-                            message = await mailbox.get()
-                        except anyio.EndOfStream:
-                            break
+                    async for message in self._receive:
                         self._current = message
                         if isinstance(message, ChildFailed):
                             if message.child in self._children:

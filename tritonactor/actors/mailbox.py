@@ -12,6 +12,7 @@ mailbox is closed when its run ends, so a later run never waits on it).
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 from typing import Generic, TypeVar
 
@@ -55,6 +56,13 @@ class Mailbox(Generic[M]):
         # The reader's loop, once it has waited: one task reads a mailbox, always on one loop
         # (asking asyncio for the running loop costs a system call, getpid, every time).
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def for_stream(cls) -> Mailbox[M]:
+        """A stream's answers on their way to whoever sends them on: as many as come (a
+        decoupled model sends any number), taken one at a time with the loop let run between
+        two queued, so that a client gone, a call cancelled or a run failed is seen there."""
+        return cls(sys.maxsize, burst=1)
 
     def __len__(self) -> int:
         return len(self.messages)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -25,10 +24,8 @@ class ResponseStream:
     loop cannot be held up: its responses wait however many they are). 0: no capacity limit."""
 
     def __init__(self, capacity: int, ensemble_request: InferenceRequest) -> None:
-        # One response at a time: a run whose step failed stops between two (its task is
-        # cancelled), before the next steps are started for the rest.
-        self._answers: Mailbox[tuple[InferenceResponse | None, TritonError | None, bool]] = Mailbox(
-            sys.maxsize, burst=1
+        self._answers: Mailbox[tuple[InferenceResponse | None, TritonError | None, bool]] = (
+            Mailbox.for_stream()
         )
         self._capacity = capacity or math.inf
         self._room = threading.Condition()

@@ -21,6 +21,7 @@ import grpclib.server
 
 from tritonactor._proto import inference as pb
 from tritonactor.actors.loop import on_loop
+from tritonactor.actors.mailbox import Mailbox
 from tritonactor.core.errors import TritonError, cancelled, internal, unavailable
 from tritonactor.core.types import InferenceRequest, ResponseSender
 from tritonactor.frontends.classification import encode_off_loop
@@ -37,12 +38,12 @@ from tritonactor.frontends.grpc.status import translate_errors
 from tritonactor.frontends.grpc.stream import (
     GRPC_ERROR_MODE,
     STREAM_WINDOW,
+    Answer,
     Pending,
     decoupled_answer,
     decoupled_done,
     metadata_flag,
     refusal,
-    stream_answers,
     streamed_answer,
     text_metadata,
     write_answers,
@@ -193,7 +194,7 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
     async def _model_stream_infer(
         self, stream: grpclib.server.Stream[InferRequestMessage, StreamInferResponse]
     ) -> None:
-        answers = stream_answers()
+        answers: Mailbox[Answer] = Mailbox.for_stream()
         pending = Pending(answers, STREAM_WINDOW)
         error_ends_stream = metadata_flag(stream.metadata, GRPC_ERROR_MODE)
         draining = self._drain.stream(pending) if self._drain is not None else nullcontext()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,14 +36,6 @@ FINAL_RESPONSE = "triton_final_response"
 GRPC_ERROR_MODE = "triton_grpc_error"
 
 
-def stream_answers() -> Mailbox[Answer]:
-    """Where a stream's answers wait for its writer: as many as come (a decoupled model may
-    send any number a request), in order. The actors' mailbox rather than an anyio memory
-    stream, whose `receive` makes objects for every wait; like it, the writer lets the loop run
-    between two queued answers, so that a client gone, or the call cancelled, is seen there."""
-    return Mailbox(sys.maxsize, burst=1)
-
-
 async def write_answers(
     stream: grpclib.server.Stream[Any, StreamInferResponse],
     answers: Mailbox[Answer],
@@ -56,11 +47,7 @@ async def write_answers(
     ends the stream with its status (raised as a GRPCError). When the answers end because the
     server drains (`pending`), the `reading` of further requests stops too."""
     try:
-        while True:
-            try:
-                answer = await answers.get()
-            except anyio.EndOfStream:
-                break
+        async for answer in answers:
             if isinstance(answer, StreamError):
                 if error_ends_stream and answer.from_model:
                     raise grpc_error(answer.error)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import sys
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Generic, TypeVar
 
@@ -134,8 +133,7 @@ class GenerateRoutes:
         infer_request = decode_generate_request(
             body, handle.signature, name, version, self.max_depth
         )
-        # A decoupled model sends any number; the reader sees its client leave between two.
-        events: Mailbox[Event] = Mailbox(sys.maxsize, burst=1)
+        events: Mailbox[Event] = Mailbox.for_stream()
 
         def deliver(
             response: InferenceResponse | None, error: TritonError | None, final: bool
@@ -176,11 +174,7 @@ async def _answers(
     """The model's answers (a bare final flag is none); once done with, what the model sends
     later is dropped."""
     try:
-        while True:
-            try:
-                response, error, _final = await events.get()
-            except anyio.EndOfStream:
-                return
+        async for response, error, _final in events:
             if response is not None or error is not None:
                 yield response, error
     finally:
