@@ -549,7 +549,50 @@ async def test_errors_streams_and_unknown_methods_answer_as_before() -> None:
     assert status(ours.streams[15]) == str(Status.INVALID_ARGUMENT.value)
     assert status(ours.streams[17]) == str(Status.UNIMPLEMENTED.value)
     assert ours.streams[19]["data"] == message(b"ONE") + message(b"TWO")
-    assert ours.service.lane_calls == 2  # ECHO and FAIL; not the method no one serves, nor CHAT
+    assert ours.service.lane_calls == 3  # ECHO, FAIL and CHAT; not the method no one serves
+
+
+async def test_a_streaming_call_takes_the_lane_past_both_windows_each_way() -> None:
+    """A streaming call's messages, both ways past the stream's and the connection's windows
+    (64 KiB each way): read, answered and given their windows back by the lane as by h2."""
+    small = Configuration(http2_connection_window_size=2**16, http2_stream_window_size=2**16)
+    parts = [bytes([97 + n]) * (30_000 + n) for n in range(8)]
+    opened: list[int] = []
+
+    async def play(session: Session) -> None:
+        await warm(session, CHAT)
+        stream_id = session.open(CHAT)
+        opened.append(stream_id)
+        session.bodies[stream_id] = b"".join(message(part) for part in parts)
+        await session.settle(session.ended(stream_id))
+
+    ours, theirs = await both(play, config=small)
+    assert ours.streams[opened[0]]["data"] == b"".join(message(p.upper()) for p in parts)
+    assert status(ours.streams[opened[0]]) == "0"
+    assert ours.service.lane_calls == 1 and theirs.service.calls == ours.service.calls == 3
+
+
+async def test_a_streaming_call_the_client_resets_mid_way_ends_as_on_h2() -> None:
+    """A client that resets a streaming call after an answer: the handler cancelled, the
+    stream closed, a late frame on it answered as h2 answers one on a stream it reset."""
+    opened: list[int] = []
+
+    async def play(session: Session) -> None:
+        await warm(session, CHAT)
+        stream_id = session.open(CHAT)
+        opened.append(stream_id)
+        session.client.send_data(stream_id, message(b"first"))
+        await session.settle(lambda: "data" in session.streams.get(stream_id, {}))
+        session.client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        session.send_out()
+        await session.settle()
+        session.raw(DataFrame(stream_id, message(b"late")))
+        await session.settle()
+
+    ours, _ = await both(play)
+    assert ours.streams[opened[0]]["data"] == message(b"FIRST")
+    assert ours.service.lane_calls == 1 and not ours.protocol.lane.streams
+    assert not ours.transport.closed
 
 
 async def test_streams_past_the_limit_end_the_connection_as_h2_ends_it() -> None:
@@ -649,7 +692,7 @@ async def test_calls_before_the_settings_are_acknowledged_get_their_larger_windo
 async def test_streams_h2_opens_count_the_lanes_against_the_limit() -> None:
     async def play(session: Session) -> None:
         await at_the_limit(session)
-        session.open(CHAT)  # h2's stream: the 101st open
+        session.open("/t.S/Nothing")  # h2's stream (a method no one serves): the 101st open
         await session.settle()
 
     ours, _ = await both(play)
@@ -1066,7 +1109,10 @@ async def test_an_h2_stream_waiting_for_the_connections_window_goes_on() -> None
 
     async def play(session: Session) -> None:
         given_to_h2(session, given)
-        stream_id = session.call(CHAT, payload)
+        # a call with a content-length is h2's (h2 holds its body to it)
+        body = message(payload)
+        stream_id = session.open(CHAT, [("content-length", str(len(body)))])
+        session.bodies[stream_id] = body
         await session.settle(
             lambda: len(session.streams.get(stream_id, {}).get("data", b"")) > len(payload)
         )

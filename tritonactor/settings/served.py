@@ -348,7 +348,8 @@ class ServedSettings(BaseSettings):
     grpc_lane: Annotated[
         bool,
         honoured(
-            "unary calls read and answered beside h2, without its per-frame objects, and "
+            "calls, unary and streaming, read and answered beside h2, without its per-frame "
+            "objects, and "
             "ModelInfer without grpclib's request handler ([grpc.md](grpc.md#performance)); "
             "`false`: every call through h2 and grpclib's handler, as grpclib serves it",
             BOOL,

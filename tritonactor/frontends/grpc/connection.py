@@ -1,7 +1,7 @@
 """grpclib's HTTP/2 server connections, made cheaper: two changes for large messages, the
 header blocks a connection decodes and encodes again taken from a cache (hpack_cache.py), and
-unary calls read and answered beside h2 (lane.py: `_Protocol` gives a connection's bytes to
-its lane; `_LaneConnection` shows grpclib's keepalive the lane's calls).
+calls read and answered beside h2 (lane.py: `_Protocol` gives a connection's bytes to its
+lane; `_LaneConnection` shows grpclib's keepalive the lane's calls).
 
 - Frames of up to FRAME bytes (`SETTINGS_MAX_FRAME_SIZE`; h2's default is 16 KiB): a client
   then sends a 1 MiB tensor in one DATA frame rather than in 64, each parsed by h2 in Python.
@@ -26,7 +26,6 @@ import logging
 from dataclasses import is_dataclass, replace
 from typing import Any
 
-import grpclib.const
 from grpclib.protocol import Connection, H2Protocol
 from grpclib.server import Handler, Server
 from h2.connection import ConnectionState, H2Connection
@@ -73,7 +72,7 @@ def quiet_data_frames(connection: H2Connection) -> bool:
 
 class _Protocol(H2Protocol):
     lane: Lane | None = None
-    lanes = True  # unary calls read and answered by a lane (False: by h2, as grpclib does)
+    lanes = True  # calls read and answered by a lane (False: by h2, as grpclib does)
     direct: DirectCalls | None = None  # ModelInfer calls a lane answers itself (direct.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,13 +90,10 @@ class _Protocol(H2Protocol):
         h2_connection.max_inbound_frame_size = FRAME
         self.connection.flush()
         if cached and self.lanes and isinstance(self.handler, Handler):
-            unary = frozenset(
-                name
-                for name, method in self.handler.mapping.items()
-                if method.cardinality is grpclib.const.Cardinality.UNARY_UNARY
-            )
+            # every method served, unary or streaming (a method no one serves is h2's)
+            methods = frozenset(self.handler.mapping)
             self.lane = Lane(
-                h2_connection, self.connection, self.processor, self.handler, unary, self.direct
+                h2_connection, self.connection, self.processor, self.handler, methods, self.direct
             )
             if type(self.connection) is Connection and is_dataclass(self.connection._config):
                 self.connection.__class__ = _LaneConnection

@@ -1,18 +1,20 @@
-"""Unary calls read and answered beside h2: the HTTP/2 frames of a unary call taken without h2's
-state machines.
+"""Calls read and answered beside h2: the HTTP/2 frames of a call taken without h2's state
+machines.
 
 h2 (Python) spends ~80 µs of a unary call reading its HEADERS and DATA frames and writing its
 answer's three frames, most of it in objects made per frame and per stream (frames, flags,
 events, a stream with its own state machine and window managers), where the call itself needs a
-few slices of bytes. A connection's `Lane` reads the frames arriving on it. A HEADERS frame
-that opens a new stream (its block whole, END_HEADERS) is read here: its header block decoded
-once, with the connection's HPACK decoder (a block read before, the table unchanged since, is
-not decoded again: a gRPC client sends the same block with every call; hpack_cache.py). A call
-of a unary-unary method is then the lane's: its frames go to a `LaneStream` (lane_stream.py),
-a `grpclib.protocol.Stream` that reads and writes them itself, and the call goes to grpclib's
-request handler (a ModelInfer call that `direct` takes is answered by direct.py). Any other (a
-streaming method, a method no one serves, a request h2 checks further) is h2's, and the decoder
-hands h2 the headers it decoded, so that the block's changes to the table are made once. Every
+few slices of bytes; a streaming call pays the same for each message each way. A connection's
+`Lane` reads the frames arriving on it. A HEADERS frame that opens a new stream (its block
+whole, END_HEADERS) is read here: its header block decoded once, with the connection's HPACK
+decoder (a block read before, the table unchanged since, is not decoded again: a gRPC client
+sends the same block with every call; hpack_cache.py). A call of a method served (unary or
+streaming, as `methods` lists them) is then the lane's: its frames go to a `LaneStream`
+(lane_stream.py), a `grpclib.protocol.Stream` that reads and writes them itself, and the call
+goes to grpclib's request handler (a ModelInfer call that `direct` takes is answered by
+direct.py). Any other (a method no one serves, a request h2 checks further, one whose HEADERS
+end the stream) is h2's, and the decoder hands h2 the headers it decoded, so that the block's
+changes to the table are made once. Every
 other frame goes to h2, in the order it came, so h2 still owns the connection (settings, pings,
 GOAWAY, the connection's flow-control windows, HPACK) and every other stream; but for a
 WINDOW_UPDATE of the connection's window, which a client sends after each answer it reads: the
@@ -93,7 +95,8 @@ class DirectCalls(Protocol):
 
 
 class Lane:
-    """A connection's frames, read once: unary calls to `LaneStream`s, the rest to h2."""
+    """A connection's frames, read once: the calls of `methods` to `LaneStream`s, the rest to
+    h2."""
 
     def __init__(
         self,
@@ -101,14 +104,14 @@ class Lane:
         connection: Connection,
         processor: EventsProcessor,
         handler: Handler,
-        unary: frozenset[str],
+        methods: frozenset[str],
         direct: DirectCalls | None = None,
     ) -> None:
         self.h2 = h2
         self.connection = connection
         self.processor = processor
         self.handler = handler
-        self.unary = unary
+        self.methods = methods  # the paths of the calls the lane takes
         self.direct = direct  # ModelInfer calls it takes (direct.py); the rest are grpclib's
         self.streams: dict[int, LaneStream] = {}
         self._buffer = bytearray()  # a frame not yet whole (grown in place as it comes)
@@ -230,7 +233,7 @@ class Lane:
         )
 
     def _known(self, block: bytes) -> list[tuple[str, str]] | None:
-        """The headers of `block`, read here, where they open a call of a unary method; None
+        """The headers of `block`, read here, where they open a call of a method in `methods`; None
         otherwise, and the frame is then h2's: the decoder hands h2 what it read (reading
         a block may change the HPACK table: it is read once). A block read before, the table
         unchanged since, is not read again (hpack_cache.py)."""
@@ -248,7 +251,7 @@ class Lane:
             named = None
         fields = dict(named or ())
         headers = None
-        if fields.get(":path") in self.unary and not fields.keys() & H2_CHECKS:
+        if fields.get(":path") in self.methods and not fields.keys() & H2_CHECKS:
             headers = named
         else:
             decoder.hand_over(block, raw)
@@ -329,7 +332,7 @@ class Lane:
             refuse_self_dependency(payload, flags, stream.id)
             stream.receive_trailers(trailers)
         else:
-            raise ProtocolError(f"Frame of type {kind} on unary stream {stream.id}")
+            raise ProtocolError(f"Frame of type {kind} on lane stream {stream.id}")
 
     def _to_h2(self, data: bytes | bytearray) -> None:
         """h2's frames, and what it asks to send; its events to grpclib, as grpclib's

@@ -1,5 +1,8 @@
-"""A unary call's stream on a connection's lane: a `grpclib.protocol.Stream` whose frames the
-lane reads (lane.py) and that writes its own, without h2's stream state machine.
+"""A call's stream on a connection's lane: a `grpclib.protocol.Stream` whose frames the lane
+reads (lane.py) and that writes its own, without h2's stream state machine. A unary call's
+answer goes in one write (`send_answer`); a streaming call's messages each way go through the
+same frames and windows as grpclib's `send_data` and `recv_data` (its messages read from the
+stream's buffer, its window given back as they are read).
 
 The lane hands it the frames of its stream it takes (DATA, RST_STREAM, WINDOW_UPDATE, the
 request's trailers); it keeps the stream's flow-control windows both ways, gives the window
@@ -63,7 +66,7 @@ class StreamLane(Protocol):
 
 
 class LaneStream(Stream):
-    """A unary call's stream, its frames read and written by its connection's `Lane`."""
+    """A call's stream, its frames read and written by its connection's `Lane`."""
 
     def __init__(self, lane: StreamLane, stream_id: int) -> None:
         self.lane = lane  # (before grpclib's init, which makes the stream's buffer)
