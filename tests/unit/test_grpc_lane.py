@@ -46,6 +46,7 @@ from tritonactor.settings import Settings
 pytestmark = pytest.mark.anyio
 
 ECHO, WAIT, FAIL, CHAT = "/t.S/Echo", "/t.S/Wait", "/t.S/Fail", "/t.S/Chat"
+FIRST, PAUSE = "/t.S/First", "/t.S/Pause"  # streaming: answer one message, then end / wait
 RST_STREAM, GOAWAY, WINDOW_UPDATE_TYPE = 3, 7, 8
 HEADERS = [
     (":method", "POST"),
@@ -96,16 +97,34 @@ class Service:
         async for message in stream:
             await stream.send_message(Raw(message.data.upper()))
 
+    async def first(self, stream: Stream[Raw, Raw]) -> None:
+        """Answers the first message and ends the call (OK), the client's side still open."""
+        await self._seen(stream)
+        message = await stream.recv_message()
+        assert message is not None
+        await stream.send_message(Raw(message.data[:3]))
+
+    async def pause(self, stream: Stream[Raw, Raw]) -> None:
+        """Answers the first message, then reads no more until `release`."""
+        await self._seen(stream)
+        message = await stream.recv_message()
+        assert message is not None
+        await stream.send_message(Raw(message.data[:3]))
+        await self.release.wait()
+        async for message in stream:
+            await stream.send_message(Raw(message.data[:3]))
+
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         unary = grpclib.const.Cardinality.UNARY_UNARY
+        streaming = grpclib.const.Cardinality.STREAM_STREAM
         return unary_answers(
             {
                 ECHO: grpclib.const.Handler(self.echo, unary, Raw, Raw),
                 WAIT: grpclib.const.Handler(self.wait, unary, Raw, Raw),
                 FAIL: grpclib.const.Handler(self.fail, unary, Raw, Raw),
-                CHAT: grpclib.const.Handler(
-                    self.chat, grpclib.const.Cardinality.STREAM_STREAM, Raw, Raw
-                ),
+                CHAT: grpclib.const.Handler(self.chat, streaming, Raw, Raw),
+                FIRST: grpclib.const.Handler(self.first, streaming, Raw, Raw),
+                PAUSE: grpclib.const.Handler(self.pause, streaming, Raw, Raw),
             }
         )
 
@@ -593,6 +612,55 @@ async def test_a_streaming_call_the_client_resets_mid_way_ends_as_on_h2() -> Non
     assert ours.streams[opened[0]]["data"] == message(b"FIRST")
     assert ours.service.lane_calls == 1 and not ours.protocol.lane.streams
     assert not ours.transport.closed
+
+
+async def test_a_call_that_ended_before_its_client_gives_the_streams_window_back() -> None:
+    """A streaming call answers one message and ends (OK) while its client goes on sending,
+    past the stream's window: the window goes back for what no one reads (what the call left
+    unread, and what came after), the stream's as well as the connection's, as with h2; the
+    client is not left holding its bytes."""
+    small = Configuration(http2_connection_window_size=2**20, http2_stream_window_size=2**16)
+    opened: list[int] = []
+    windows: list[int] = []  # the client's window on the stream once the call ended
+
+    async def play(session: Session) -> None:
+        stream_id = session.open(FIRST)
+        opened.append(stream_id)
+        session.client.send_data(stream_id, message(b"one"))
+        session.client.send_data(stream_id, message(b"x" * 40_000))  # unread: a frame of its own
+        await session.settle(lambda: "trailers" in session.streams.get(stream_id, {}))
+        windows.append(session.client.local_flow_control_window(stream_id))
+        session.bodies[stream_id] = message(b"z" * 200_000)
+        await session.settle()
+
+    ours, _ = await both(play, config=small)
+    assert windows[0] == windows[1] > 2**16 - 40_013  # the unread message's window back
+    assert opened[0] not in ours.bodies  # all sent
+    assert ours.streams[opened[0]]["data"] == message(b"one")
+    assert ours.service.lane_calls == 1
+
+
+async def test_a_streams_window_emptied_goes_back_once_a_little_is_read() -> None:
+    """The client fills the stream's window; the call reads one message (20 KB, under half the
+    window) and waits: the window goes back then, as h2's window manager gives back a window
+    that is empty, and the client sends on."""
+    small = Configuration(http2_connection_window_size=2**20, http2_stream_window_size=2**16)
+    left: list[int] = []
+
+    async def play(session: Session) -> None:
+        stream_id = session.open(PAUSE)
+        first = message(b"a" * 20_000)
+        session.client.send_data(stream_id, first)
+        session.client.send_data(stream_id, message(b"b" * (2**16 - len(first) - 5)))
+        session.bodies[stream_id] = message(b"c" * 50_000)
+        await session.settle()
+        left.append(len(session.bodies.get(stream_id, b"")))
+        session.service.release.set()
+        await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play, config=small)
+    assert left[0] == left[1] < 50_005  # some of it sent while the call waits
+    assert ours.service.lane_calls == 1
 
 
 async def test_streams_past_the_limit_end_the_connection_as_h2_ends_it() -> None:

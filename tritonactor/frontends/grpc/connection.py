@@ -123,10 +123,21 @@ class _Protocol(H2Protocol):
 
 
 class _LaneConnection(Connection):
-    """grpclib's connection, its keepalive seeing the lane's calls: grpclib pings a client only
-    while a call is open (unless told otherwise), and looks for them among h2's streams."""
+    """grpclib's connection, its keepalive seeing the lane's calls (grpclib pings a client only
+    while a call is open, unless told otherwise, and looks for them among h2's streams), and
+    what a lane stream's call left unread given back through the stream."""
 
     lane: Lane | None
+
+    def ack(self, stream_id: int, size: int) -> None:
+        # grpclib gives back what a call left unread when it lets its stream go: a lane
+        # stream's goes back as the stream gives back what it reads (its own window too)
+        lane = self.lane
+        stream = None if lane is None else lane.streams.get(stream_id)
+        if stream is None:
+            super().ack(stream_id, size)
+        else:
+            stream.acknowledge(size)
 
     def _is_need_send_ping(self) -> bool:
         config = self._config

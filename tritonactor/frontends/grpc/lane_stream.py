@@ -97,7 +97,7 @@ class LaneStream(Stream):
     def lane_ack(lane: StreamLane, stream_id: int, size: int) -> None:
         stream = lane.streams.get(stream_id)
         if stream is not None:
-            stream._ack(size)
+            stream.acknowledge(size)
         elif size and not lane.connection.is_closing():  # closed: the connection's window
             lane.ack_connection(size)
 
@@ -113,10 +113,12 @@ class LaneStream(Stream):
             raise FlowControlError(f"Flow control window exceeded on stream {self.id}")
         if self.id not in self.lane.processor.streams:
             # the call let its stream go: no one reads it, its window goes back at once, as
-            # grpclib gives back data for a stream it does not know
-            self.lane.ack_connection(size)
+            # grpclib gives back data for a stream it does not know (and h2 counts it to the
+            # stream too while the peer may still send on it: a streaming call that ended
+            # before its client did)
             if end:
                 self._remote_end()
+            self.acknowledge(size)
             return
         self.buffer.add(data, size)
         self.data_received += len(data)
@@ -181,7 +183,7 @@ class LaneStream(Stream):
 
     # flow control of what is received
 
-    def _ack(self, size: int) -> None:
+    def acknowledge(self, size: int) -> None:
         """The call read `size` bytes: their window goes back to the peer (the connection's by
         h2's manager; the stream's while the peer may still send on it)."""
         if not size or self.connection.is_closing():
@@ -190,7 +192,11 @@ class LaneStream(Stream):
         if self.remote_closed:
             return
         self._unacked += size
-        if self._unacked * 2 >= self.lane.h2.local_settings.initial_window_size:
+        initial = self.lane.h2.local_settings.initial_window_size
+        # as h2's window manager: half the window read, or a little of it once it is empty
+        if self._unacked * 2 >= initial or (
+            self._inbound <= 0 and self._unacked > min(1024, initial // 4)
+        ):
             increment, self._unacked = self._unacked, 0
             self._inbound += increment
             self._write(frame_header(4, WINDOW_UPDATE, 0, self.id) + increment.to_bytes(4, "big"))
