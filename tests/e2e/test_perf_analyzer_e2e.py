@@ -53,17 +53,22 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @needs_perf_analyzer
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", "grpc", "grpc-streaming"])
 def test_perf_analyzer_measures_the_server(server: ServerProcess, protocol: str) -> None:
+    """Over HTTP, unary gRPC calls, and one gRPC stream per client (`--streaming`, as
+    bench/process_cpu.py measures streams)."""
     assert BINARY is not None
     url = server.url if protocol == "http" else server.grpc_url
     # A count of requests per window, not a time: the run ends on requests answered, however
     # busy the machine; stability 100% accepts the first windows.
     command = [
-        BINARY, "-m", "simple", "-u", url, "-i", protocol, "--concurrency-range", "2",
+        BINARY, "-m", "simple", "-u", url, "-i", protocol.removesuffix("-streaming"),
+        "--concurrency-range", "2",
         "--measurement-mode", "count_windows", "--measurement-request-count", "50",
         "-s", "100", "--max-trials", "3",
     ]  # fmt: skip
+    if protocol.endswith("-streaming"):
+        command.append("--streaming")
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
 
     assert run.returncode == 0, run.stdout + run.stderr
