@@ -14,17 +14,16 @@ streaming, as `methods` lists them) is then the lane's: its frames go to a `Lane
 goes to grpclib's request handler (a ModelInfer call that `direct` takes is answered by
 direct.py). Any other (a method no one serves, a request h2 checks further, one whose HEADERS
 end the stream) is h2's, and the decoder hands h2 the headers it decoded, so that the block's
-changes to the table are made once. Every
-other frame goes to h2, in the order it came, so h2 still owns the connection (settings, pings,
-GOAWAY, the connection's flow-control windows, HPACK) and every other stream; but for a
-WINDOW_UPDATE of the connection's window, which a client sends after each answer it reads: the
-lane grows h2's window and tells grpclib's streams, as h2 and grpclib do (h2 took ~20 µs a call
-for it), and hands h2 one that h2 refuses, or one that follows frames of h2's in the same read
-(h2 reads those together). What h2 keeps for the connection, the lane keeps in step: the
-highest stream id opened (GOAWAY names it), the connection's windows both ways, the streams it
-closed (`_closed_streams`: h2 then answers a late frame on one as it would on its own), the
-connection state machine's inputs; and a lane stream counts against the concurrent streams h2
-allows.
+changes to the table are made once. Every other frame goes to h2, in the order it came, so h2
+still owns the connection (settings, pings, GOAWAY, the connection's flow-control windows,
+HPACK) and every other stream; but for a WINDOW_UPDATE of the connection's window, which a
+client sends after each answer it reads: the lane grows h2's window and tells grpclib's
+streams, as h2 and grpclib do (h2 took ~20 µs a call for it), and hands h2 one that h2
+refuses, or one that follows frames of h2's in the same read (h2 reads those together). What
+h2 keeps for the connection, the lane keeps in step: the highest stream id opened (GOAWAY
+names it), the connection's windows both ways, the streams it closed (`_closed_streams`: h2
+then answers a late frame on one as it would on its own), the connection state machine's
+inputs; and a lane stream counts against the concurrent streams h2 allows.
 
 What a lane stream does not take is left to h2's rules as h2 applies them: a frame on a stream
 the lane closed goes to h2, which knows it closed. A lane stream takes DATA, RST_STREAM,

@@ -184,8 +184,9 @@ class LaneStream(Stream):
     # flow control of what is received
 
     def acknowledge(self, size: int) -> None:
-        """The call read `size` bytes: their window goes back to the peer (the connection's by
-        h2's manager; the stream's while the peer may still send on it)."""
+        """`size` bytes read by the call (or left to no one once it let its stream go): their
+        window goes back to the peer (the connection's by h2's manager; the stream's while the
+        peer may still send on it, by the rule of h2's window manager)."""
         if not size or self.connection.is_closing():
             return
         self.lane.ack_connection(size)
