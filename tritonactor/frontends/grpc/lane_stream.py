@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grpclib.protocol import Buffer, Connection, EventsProcessor, Stream
+from grpclib.protocol import Connection, EventsProcessor, Stream
 from h2.connection import ConnectionInputs, ConnectionState, H2Connection
 from h2.errors import ErrorCodes
 from h2.exceptions import FlowControlError, StreamClosedError
@@ -38,6 +38,7 @@ from tritonactor.frontends.grpc.frames import (
     WINDOW_UPDATE,
     frame_header,
 )
+from tritonactor.frontends.grpc.lane_buffer import LaneBuffer
 
 if TYPE_CHECKING:
     from grpclib.server import Handler
@@ -79,11 +80,13 @@ class LaneStream(Stream):
         self.remote_closed = self.local_closed = self.reset_done = False
 
     def init_stream(self, stream_id: int, connection: Connection) -> None:
-        # grpclib's, but for the buffer, made once: it acks through the lane, as grpclib's
-        # acks through the connection (the stream is then freed when its call lets it go, not
-        # by the cyclic collector)
+        # grpclib's, but for the buffer: grpclib's, made lighter (lane_buffer.py), made once; it
+        # acks through the lane, as grpclib's acks through the connection (the stream is then
+        # freed when its call lets it go, not by the cyclic collector)
         self.id = stream_id
-        self.buffer = Buffer(functools.partial(self.lane_ack, self.lane, stream_id))
+        self.buffer = LaneBuffer(  # type: ignore[assignment]
+            functools.partial(self.lane_ack, self.lane, stream_id)
+        )
         connection.streams_started += 1
         self.created = connection.last_stream_created = time.monotonic()
 
