@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from grpclib.protocol import Buffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -81,16 +82,40 @@ def test_the_lane_buffer_reads_and_gives_the_window_back_as_grpclibs(
     assert ours == theirs
 
 
-def test_two_reads_waiting_both_go_on() -> None:
-    """Two reads waiting on one buffer (grpclib's queue wakes each in turn): both end."""
+async def _readers(kind: type, cancel_first: bool) -> list[tuple[str, bytes]]:
+    """Readers waiting on one buffer, one of them reading twice (so waiting again behind the
+    other), the first cancelled once woken when `cancel_first`: who gets which chunk."""
+    buffer = kind(lambda size: None)
+    got: list[tuple[str, bytes]] = []
 
-    async def play() -> tuple[bytes, bytes]:
-        buffer = LaneBuffer(lambda size: None)
-        first = asyncio.ensure_future(buffer.read(2))
-        second = asyncio.ensure_future(buffer.read(2))
+    async def reader(name: str, times: int) -> None:
+        for _ in range(times):
+            got.append((name, await buffer.read(1)))
+
+    first = asyncio.ensure_future(reader("A", 2))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(reader("B", 1))
+    await asyncio.sleep(0)
+    buffer.add(b"1", 1)
+    if cancel_first:  # woken, not yet run: its wake-up goes to B, with no chunk after it
+        first.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        second.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
+        return got
+    for chunk in (b"2", b"3"):
         await asyncio.sleep(0)
-        buffer.add(b"ab", 2)
-        buffer.add(b"cd", 2)
-        return await first, await second
+        await asyncio.sleep(0)
+        buffer.add(chunk, 1)
+    await asyncio.gather(first, second, return_exceptions=True)
+    return got
 
-    assert sorted(asyncio.run(play())) == [b"ab", b"cd"]
+
+@pytest.mark.parametrize("cancel_first", [False, True])
+def test_reads_waiting_together_take_chunks_in_grpclibs_order(cancel_first: bool) -> None:
+    """A chunk wakes the oldest read waiting, as grpclib's queue does; a woken read cancelled
+    before it runs passes its wake-up on."""
+    theirs = asyncio.run(_readers(Buffer, cancel_first))
+    ours = asyncio.run(_readers(LaneBuffer, cancel_first))
+    assert ours == theirs and ours

@@ -8,13 +8,15 @@ over as it came (~1.6 µs a message in a loop of nothing else). What it gives an
 the window back are grpclib's, step for step: a chunk's window goes back (`ack_callback`) when
 a read first reaches it; a chunk of no flow-controlled size (an empty DATA frame, or the end)
 ends the read that reaches it; a read past the end raises grpclib's AssertionError;
-`unacked_size()` empties what no read reached. tests/unit/test_lane_buffer.py runs random
-sequences through both and compares every result, error and window given back.
+`unacked_size()` empties what no read reached; a chunk wakes the oldest read waiting. tests/
+unit/test_lane_buffer.py runs random sequences through both and compares every result, error
+and window given back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -30,15 +32,21 @@ class LaneBuffer:
         self._unacked: deque[tuple[bytes | bytearray, int]] = deque()  # (data, window size)
         self._acked: deque[bytes | bytearray | memoryview] = deque()  # reached, not all read
         self._acked_size = 0
-        self._waiters: list[asyncio.Future[None]] = []  # reads waiting for a chunk
+        # reads waiting for a chunk, oldest first: a chunk wakes one, as grpclib's queue does
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     def add(self, data: bytes | bytearray, ack_size: int) -> None:
         self._unacked.append((data, ack_size))
         if self._waiters:
-            waiters, self._waiters = self._waiters, []
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+            self._wake_next()
+
+    def _wake_next(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def eof(self) -> None:
         self.add(b"", 0)
@@ -56,9 +64,15 @@ class LaneBuffer:
                     self._waiters.append(waiter)
                     try:
                         await waiter
-                    finally:
-                        if waiter in self._waiters:  # (cancelled before a chunk came)
+                    except BaseException:
+                        # cancelled: a wake-up it had already been given goes to the next
+                        # read waiting (as grpclib's queue passes it on)
+                        woken = not waiter.cancel()
+                        with contextlib.suppress(ValueError):
                             self._waiters.remove(waiter)
+                        if woken and unacked:
+                            self._wake_next()
+                        raise
                     continue
                 data, ack_size = unacked.popleft()
                 if not ack_size:
