@@ -80,9 +80,9 @@ class LaneStream(Stream):
         self.remote_closed = self.local_closed = self.reset_done = False
 
     def init_stream(self, stream_id: int, connection: Connection) -> None:
-        # grpclib's, but for the buffer: grpclib's, made lighter (lane_buffer.py), made once; it
-        # acks through the lane, as grpclib's acks through the connection (the stream is then
-        # freed when its call lets it go, not by the cyclic collector)
+        # grpclib's, but for the buffer (a LaneBuffer, lane_buffer.py, made once): it acks
+        # through the lane, as grpclib's acks through the connection (the stream is then freed
+        # when its call lets it go, not by the cyclic collector)
         self.id = stream_id
         self.buffer = LaneBuffer(  # type: ignore[assignment]
             functools.partial(self.lane_ack, self.lane, stream_id)
