@@ -30,7 +30,6 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from tritonactor.actors.loop import on_loop
 from tritonactor.backends.base import (
     RESCHEDULE,
     BackendInstance,
@@ -74,12 +73,25 @@ class PythonModelSpec(Protocol):
 class _Pending:
     """One execute waiting on the loop for its stub's answer."""
 
-    event: anyio.Event
-    wake: Callable[[], None]  # sets `event` from any thread
+    answered: asyncio.Future[None]  # done once `message` is in, or the process died
+    loop_thread: int  # the thread of the loop that waits
     keys: list[int]
     message: dict[str, Any] | None = None
     died: bool = False
     taken: bool = False  # the dead process had taken the batch off its socket
+
+    def wake(self) -> None:
+        """Wake the execute waiting for this, from any thread (on the loop's own, at once)."""
+        if threading.get_ident() == self.loop_thread:
+            _settle(self.answered)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self.answered.get_loop().call_soon_threadsafe(_settle, self.answered)
+
+
+def _settle(answered: asyncio.Future[None]) -> None:
+    if not answered.done():  # (its execute may have been cancelled meanwhile)
+        answered.set_result(None)
 
 
 class PythonInstance(BackendInstance):
@@ -104,6 +116,11 @@ class PythonInstance(BackendInstance):
         # already use them, as Triton's examples do (`pb_utils.load_model` in initialize).
         self._token: Any
         self._token, loop = _creator_loop()
+        # The loop executes run on and its thread, known at the first execute; the token above
+        # is taken again then, and whenever an execute comes from another loop (as in the unit
+        # tests, which make their instances elsewhere).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._stub = StubProcess(model.interpreter, context.name, model.settings)
         self._calls = ServedCalls(
             context,
@@ -163,7 +180,10 @@ class PythonInstance(BackendInstance):
     # -- execute (on the event loop) ---------------------------------------------------------
 
     async def execute(self, requests: list[InferenceRequest]) -> list[Result]:
-        self._token = anyio.lowlevel.current_token()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._loop_thread = loop, threading.get_ident()
+            self._token = anyio.lowlevel.current_token()
         seq = next(self._seq)
         keys = [next(self._keys) for _ in requests]
         outputs = self.model.output_names
@@ -172,8 +192,7 @@ class PythonInstance(BackendInstance):
         for key, request in zip(keys, requests, strict=True):
             entries.append(request_entry(key, request, outputs))
             arrays.extend((tensor.name, tensor.data) for tensor in request.inputs)
-        event = anyio.Event()
-        pending = _Pending(event, on_loop(event.set), keys)
+        pending = _Pending(loop.create_future(), self._loop_thread, keys)
         with self._lock:
             if self._death is not None:
                 raise BatchNotRun(self._death)
@@ -198,7 +217,7 @@ class PythonInstance(BackendInstance):
                         "requests": entries,
                     }
                 )
-            await pending.event.wait()
+            await pending.answered
             completed = True
         finally:
             with self._lock:
