@@ -10,6 +10,7 @@ for nothing).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gc
 import weakref
@@ -24,6 +25,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.exceptions
 import h2.settings
 import pytest
 from grpclib import GRPCError
@@ -35,7 +37,7 @@ from hyperframe.frame import DataFrame, Frame, RstStreamFrame, WindowUpdateFrame
 from tests.unit.test_grpc_unary import Raw
 from tritonactor.frontends.grpc.connection import FRAME, GrpcServer
 from tritonactor.frontends.grpc.direct import DirectInfer
-from tritonactor.frontends.grpc.frames import frame_header
+from tritonactor.frontends.grpc.frames import LANE_INPUTS, advance, frame_header
 from tritonactor.frontends.grpc.hpack_cache import KEPT_BYTES
 from tritonactor.frontends.grpc.lane_stream import LaneStream
 from tritonactor.frontends.grpc.listener import grpc_listener
@@ -1244,3 +1246,47 @@ async def test_nothing_is_read_once_grpclib_closed_the_connection(before: bytes)
     assert session.protocol.connection._connection.outbound_flow_control_window == window
     assert session.protocol.connection._connection.state_machine.state == state
     assert not session.transport.writes
+
+
+def test_advance_skips_only_steps_that_change_nothing() -> None:
+    """`frames.advance` skips h2's state step on an open server connection: for each input the
+    lane gives, h2's step from there leaves the state as it is and does nothing else; in any
+    other state h2 takes the step (a closed connection refuses the frame)."""
+    machine = h2.connection.H2ConnectionStateMachine
+    open_ = h2.connection.ConnectionState.SERVER_OPEN
+    for input_ in LANE_INPUTS:
+        assert machine._transitions[(open_, input_)] == (None, open_), input_  # type: ignore[attr-defined]
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    conn.initiate_connection()
+    assert conn.state_machine.state is h2.connection.ConnectionState.IDLE
+    advance(conn, h2.connection.ConnectionInputs.RECV_HEADERS)  # h2's step: opens it
+    assert conn.state_machine.state is open_
+    for input_ in LANE_INPUTS:
+        advance(conn, input_)
+        assert conn.state_machine.state is open_
+    conn.close_connection()
+    closed = conn.state_machine.state
+    for input_ in LANE_INPUTS:
+        with pytest.raises(h2.exceptions.ProtocolError):
+            advance(conn, input_)
+        assert conn.state_machine.state is closed
+
+
+def test_the_lane_gives_advance_only_its_inputs() -> None:
+    """Every state step of the lane and its streams goes through `advance`, with one of
+    `LANE_INPUTS`: an input outside them (GOAWAY's, say) would change an open connection's
+    state, which `advance` does not look for."""
+    grpc = Path(__file__).resolve().parents[2] / "tritonactor" / "frontends" / "grpc"
+    allowed = {input_.name for input_ in LANE_INPUTS}
+    seen = set()
+    for name in ("lane.py", "lane_stream.py"):
+        tree = ast.parse((grpc / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                assert node.attr != "process_input", f"{name}: h2's step taken directly"
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "advance":
+                input_ = node.args[1]
+                assert isinstance(input_, ast.Attribute) and input_.attr in allowed, name
+                seen.add(input_.attr)
+    assert seen == allowed

@@ -7,6 +7,7 @@ write the answer's: these are the pieces of the frame layout they use.
 
 from __future__ import annotations
 
+from h2.connection import ConnectionInputs, ConnectionState, H2Connection
 from h2.exceptions import ProtocolError
 
 # Frame types and flags (RFC 9113 §6).
@@ -14,6 +15,29 @@ DATA, HEADERS, RST_STREAM, PUSH_PROMISE, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 
 END_STREAM, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x4, 0x8, 0x20
 PREFACE = 24  # b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", read by h2
 MAX_WINDOW = 2**31 - 1
+
+
+def advance(h2: H2Connection, input_: ConnectionInputs) -> None:
+    """What h2 does to its connection's state for a frame the lane sends or receives
+    (`process_input`), with one of `LANE_INPUTS`, skipped where it changes nothing: on an open
+    server connection each of those leaves the state as it is (h2's transitions from
+    SERVER_OPEN, checked by tests/unit/test_grpc_lane.py). In any other state, h2's own step:
+    it may close the connection, or refuse the frame (ProtocolError)."""
+    machine = h2.state_machine
+    if machine.state is not ConnectionState.SERVER_OPEN:
+        machine.process_input(input_)
+
+
+# The inputs the lane gives `advance` (an enum's hash is a Python call: not looked up per frame).
+LANE_INPUTS = (
+    ConnectionInputs.SEND_HEADERS,
+    ConnectionInputs.SEND_DATA,
+    ConnectionInputs.SEND_RST_STREAM,
+    ConnectionInputs.RECV_HEADERS,
+    ConnectionInputs.RECV_DATA,
+    ConnectionInputs.RECV_WINDOW_UPDATE,
+    ConnectionInputs.RECV_RST_STREAM,
+)
 
 
 def frame_header(length: int, kind: int, flags: int, stream_id: int) -> bytes:

@@ -63,6 +63,7 @@ from tritonactor.frontends.grpc.frames import (
     PUSH_PROMISE,
     RST_STREAM,
     WINDOW_UPDATE,
+    advance,
     frame_header,
     header_block,
     refuse_self_dependency,
@@ -215,7 +216,7 @@ class Lane:
         # (the window is never below 0: nothing is sent past it, h2 asserts it)
         if not 1 <= increment <= MAX_WINDOW - h2.outbound_flow_control_window:
             return False
-        h2.state_machine.process_input(ConnectionInputs.RECV_WINDOW_UPDATE)
+        advance(h2, ConnectionInputs.RECV_WINDOW_UPDATE)
         h2.outbound_flow_control_window += increment
         self.processor.process(WindowUpdated(stream_id=0, delta=increment))
         # (as grpclib after each read: what h2 holds, a reset made while writes were paused)
@@ -272,7 +273,7 @@ class Lane:
         self, stream_id: int, headers: list[tuple[str, str]], payload: bytes, flags: int
     ) -> None:
         h2 = self.h2
-        h2.state_machine.process_input(ConnectionInputs.RECV_HEADERS)
+        advance(h2, ConnectionInputs.RECV_HEADERS)
         h2.highest_inbound_stream_id = stream_id
         refuse_self_dependency(payload, flags, stream_id)  # (h2 has opened it by then)
         stream = LaneStream(self, stream_id)
@@ -293,7 +294,7 @@ class Lane:
                 if pad >= size:
                     raise ProtocolError("Received frame with invalid padding.")
                 payload = payload[1 : size - pad]
-            h2.state_machine.process_input(ConnectionInputs.RECV_DATA)
+            advance(h2, ConnectionInputs.RECV_DATA)
             h2._inbound_flow_control_window_manager.window_consumed(size)
             stream.receive_data(payload, size, bool(flags & END_STREAM))
         elif kind == WINDOW_UPDATE:
@@ -301,18 +302,18 @@ class Lane:
             if not 1 <= increment <= MAX_WINDOW:  # h2 refuses it, before it looks for the stream
                 self._to_h2(frame_header(len(payload), kind, flags, stream.id) + payload)
                 return
-            h2.state_machine.process_input(ConnectionInputs.RECV_WINDOW_UPDATE)
+            advance(h2, ConnectionInputs.RECV_WINDOW_UPDATE)
             stream.receive_window_update(increment)
         elif kind == RST_STREAM:
             if len(payload) != 4:
                 raise ProtocolError("Invalid RST_STREAM frame")
-            h2.state_machine.process_input(ConnectionInputs.RECV_RST_STREAM)
+            advance(h2, ConnectionInputs.RECV_RST_STREAM)
             stream.receive_reset(int.from_bytes(payload, "big"))
         elif (
             kind == HEADERS and flags & END_HEADERS and (flags & END_STREAM or stream.remote_closed)
         ):
             # trailers; or headers on a stream the peer ended (a stream error, once read)
-            h2.state_machine.process_input(ConnectionInputs.RECV_HEADERS)
+            advance(h2, ConnectionInputs.RECV_HEADERS)
             raw = _decode_headers(h2.decoder, header_block(payload, flags))
             if stream.remote_closed:  # refused before they are read as text, as h2 does
                 stream.receive_trailers([])

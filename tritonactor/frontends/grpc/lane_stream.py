@@ -36,6 +36,7 @@ from tritonactor.frontends.grpc.frames import (
     MAX_WINDOW,
     RST_STREAM,
     WINDOW_UPDATE,
+    advance,
     frame_header,
 )
 from tritonactor.frontends.grpc.lane_buffer import LaneBuffer
@@ -221,7 +222,7 @@ class LaneStream(Stream):
 
     def _headers_frames(self, headers: Any, end_stream: bool) -> bytes:
         h2 = self.lane.h2
-        h2.state_machine.process_input(ConnectionInputs.SEND_HEADERS)
+        advance(h2, ConnectionInputs.SEND_HEADERS)
         block = h2.encoder.encode(headers)
         size = h2.max_outbound_frame_size
         flags = END_STREAM if end_stream else 0
@@ -236,7 +237,7 @@ class LaneStream(Stream):
 
     def _data_frame(self, data: bytes, end_stream: bool) -> bytes:
         h2 = self.lane.h2
-        h2.state_machine.process_input(ConnectionInputs.SEND_DATA)
+        advance(h2, ConnectionInputs.SEND_DATA)
         size = len(data)
         self.window -= size
         h2.outbound_flow_control_window -= size
@@ -316,7 +317,7 @@ class LaneStream(Stream):
         if self.id not in self.lane.streams:  # as h2 refuses a closed stream's reset
             raise StreamClosedError(self.id)
         h2 = self.lane.h2
-        h2.state_machine.process_input(ConnectionInputs.SEND_RST_STREAM)
+        advance(h2, ConnectionInputs.SEND_RST_STREAM)
         self.reset_done = True
         self.lane.closed(self, StreamClosedBy.SEND_RST_STREAM)
         frame = frame_header(4, RST_STREAM, 0, self.id) + int(error_code).to_bytes(4, "big")
