@@ -11,6 +11,7 @@ from hpack.exceptions import HPACKDecodingError, OversizedHeaderListError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tritonactor.frontends.grpc import hpack_cache
 from tritonactor.frontends.grpc.hpack_cache import (
     KEPT,
     KEPT_BYTES,
@@ -26,7 +27,9 @@ header = st.tuples(st.sampled_from(NAMES), st.sampled_from(VALUES))
 step = st.tuples(
     st.lists(header, min_size=1, max_size=6),
     st.one_of(st.none(), st.sampled_from([0, 64, 256, 4096])),
-    st.sampled_from(["tuples", "bytes", "header tuples", "never indexed", "sensitive"]),
+    st.sampled_from(
+        ["tuples", "bytes", "header tuples", "never indexed", "sensitive", "the same tuple"]
+    ),
 )
 
 
@@ -36,7 +39,15 @@ def pair() -> tuple[Decoder, Encoder]:
     return decoder, encoder
 
 
-def shaped(headers: list[tuple[str, str]], form: str) -> list[Any]:
+# "the same tuple": one tuple object for each header list, passed again whenever that list
+# comes again (as the direct answers pass their constant headers), which the encoder finds by
+# its identity.
+SAME: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+
+
+def shaped(headers: list[tuple[str, str]], form: str) -> Any:
+    if form == "the same tuple":
+        return SAME.setdefault(tuple(headers), tuple(headers))
     if form == "bytes":
         return [(n.encode(), v.encode()) for n, v in headers]
     if form == "header tuples":
@@ -68,7 +79,9 @@ def test_encoding_and_decoding_from_the_cache_match_hpack(
                 encoder.header_table_size = size
         for _ in range(1 + repeat):
             block = plain_encoder.encode(shaped(headers, form))
-            assert cached_encoder.encode(iter(shaped(headers, form))) == block
+            given = shaped(headers, form)
+            given = given if form == "the same tuple" else iter(given)
+            assert cached_encoder.encode(given) == block
             assert table(cached_encoder) == table(plain_encoder)
             for raw, (plain_decoder, cached_decoder) in decoders.items():
                 plain = plain_decoder.decode(block, raw)
@@ -95,6 +108,33 @@ def test_a_repeated_block_comes_from_the_cache(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(Encoder, "encode", fails)
     assert decoder.decode(repeat) == headers
     assert encoder.encode(headers) == repeat
+
+
+def test_a_tuple_encoded_before_is_found_by_its_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, encoder = pair()
+    plain = Encoder()
+    headers = (("content-type", "application/grpc"), ("x-a", "v"))
+    assert encoder.encode(headers) == plain.encode(headers)  # adds x-a: not kept
+    repeat = plain.encode(headers)
+    assert encoder.encode(headers) == repeat  # kept, by key and by identity
+    assert encoder.encode(headers) == repeat
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("looked at again")
+
+    monkeypatch.setattr(hpack_cache, "_keyable", fails)
+    monkeypatch.setattr(Encoder, "encode", fails)
+    assert encoder.encode(headers) == repeat
+    assert encoder.encode(headers, huffman=True) == repeat
+    with pytest.raises(AssertionError, match="looked at again"):
+        encoder.encode(tuple(headers[:1]))  # another tuple: not found by identity
+    with pytest.raises(AssertionError, match="looked at again"):
+        encoder.encode(headers, huffman=False)  # another flag
+    monkeypatch.undo()
+    encoder.header_table_size = 64  # the table changes: encoded again, as hpack does
+    plain.header_table_size = 64
+    assert encoder.encode(headers) == plain.encode(headers)
+    assert encoder.encode(headers) == plain.encode(headers)
 
 
 def test_a_table_made_smaller_is_not_read_from_the_cache() -> None:

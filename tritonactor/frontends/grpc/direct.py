@@ -65,8 +65,10 @@ grpclib_log = logging.getLogger("grpclib.server")  # where grpclib logs what it 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 CONTENT_TYPE = "application/grpc+proto"  # what grpclib answers with its protobuf codec
 CONTENT_TYPES = frozenset({"application/grpc", CONTENT_TYPE})
-_HEADERS = [(":status", "200"), ("content-type", CONTENT_TYPE)]
-_OK_TRAILERS = [("grpc-status", str(Status.OK.value))]
+# Tuples: the connection's encoder finds a tuple it encoded before by its identity
+# (hpack_cache.py).
+_HEADERS = ((":status", "200"), ("content-type", CONTENT_TYPE))
+_OK_TRAILERS = (("grpc-status", str(Status.OK.value)),)
 
 
 # the service's `infer_call(message, carrier, metadata, send)`: the call answered, logged, traced

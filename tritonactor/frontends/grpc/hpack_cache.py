@@ -105,23 +105,40 @@ class _CachedDecoder(Decoder):
 class _CachedEncoder(Encoder):
     header_table: _CountedTable
     _kept: dict[tuple[Any, ...], bytes]
+    # A tuple of headers encoded before, by its identity: (the tuple, which keeps its id from
+    # being reused; the Huffman flag; the table's generation; the block). The direct answers'
+    # headers and trailers are constant tuples: found here without a key made from them.
+    _same: dict[int, tuple[tuple[Any, ...], bool, int, bytes]]
 
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        if self.header_table.resized or isinstance(headers, dict):
+        table = self.header_table
+        if type(headers) is tuple:
+            same = self._same.get(id(headers))
+            if (
+                same is not None
+                and same[0] is headers
+                and same[1] is huffman
+                and same[2] == table.generation
+                and not table.resized
+            ):
+                return same[3]
+        if table.resized or isinstance(headers, dict):
             return super().encode(headers, huffman)
         # (Listed first, as the key is made from it: hpack adds a header to its table as it
         # goes, so where the iterable fails part way it would have added those before.)
         listed = list(headers)
         if not all(_keyable(h) for h in listed) or type(huffman) is not bool:
             return super().encode(listed, huffman)
-        generation = self.header_table.generation
+        generation = table.generation
         key = (tuple((type(h), tuple(h)) for h in listed), huffman, generation)
-        kept = self._kept.get(key)
-        if kept is not None:
-            return kept
-        encoded = super().encode(listed, huffman)
-        if self.header_table.generation == generation and len(encoded) <= KEPT_BYTES:
+        encoded = self._kept.get(key)
+        if encoded is None:
+            encoded = super().encode(listed, huffman)
+            if table.generation != generation or len(encoded) > KEPT_BYTES:
+                return encoded
             keep(self._kept, key, encoded)
+        if type(headers) is tuple:  # (its headers are keyable tuples: it cannot change)
+            keep(self._same, id(headers), (headers, huffman, generation, encoded))
         return encoded
 
 
@@ -146,4 +163,5 @@ def cache_header_blocks(decoder: Decoder, encoder: Encoder) -> bool:
         coder.header_table.__class__ = _CountedTable
         coder.__class__ = cached
         coder._kept = {}  # type: ignore[attr-defined]
+    encoder._same = {}  # type: ignore[attr-defined]
     return True
