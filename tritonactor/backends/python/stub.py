@@ -185,7 +185,8 @@ class Stub(WireConversions):
         try:
             requests = self._requests_from_wire(message)
             returned = self.model.execute(requests)
-            if inspect.isawaitable(returned):
+            # (A list, what most models return, is never awaitable: no ABC check for it.)
+            if type(returned) is not list and inspect.isawaitable(returned):
                 if self.decoupled:
                     # Triton runs a decoupled coroutine in the background: the next batch need
                     # not wait for it; its answers go through the response senders.
