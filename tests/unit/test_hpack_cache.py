@@ -23,13 +23,17 @@ from tritonactor.frontends.grpc.hpack_cache import (
 NAMES = ["content-type", "te", "grpc-timeout", "x-a", "x-bb", ":path", "user-agent", ":method"]
 VALUES = ["application/grpc", "trailers", "1S", "", "v", "w" * 40, "/", "POST", "grpc-c++/1.67"]
 header = st.tuples(st.sampled_from(NAMES), st.sampled_from(VALUES))
-# A header list, a table size to set before it (None: unchanged), and how to pass it.
+# A few lists that come back often, as a connection's answers repeat theirs.
+POOL = [[(":status", "200"), ("content-type", "application/grpc")], [("x-a", "v")]]
+# A header list, a table size to set before it (None: unchanged), the form of its headers,
+# whether it is passed as the same tuple each time it comes (see `passed`), and the Huffman
+# flag.
 step = st.tuples(
-    st.lists(header, min_size=1, max_size=6),
+    st.one_of(st.lists(header, min_size=1, max_size=6), st.sampled_from(POOL)),
     st.one_of(st.none(), st.sampled_from([0, 64, 256, 4096])),
-    st.sampled_from(
-        ["tuples", "bytes", "header tuples", "never indexed", "sensitive", "the same tuple"]
-    ),
+    st.sampled_from(["tuples", "bytes", "header tuples", "never indexed", "sensitive"]),
+    st.booleans(),
+    st.booleans(),
 )
 
 
@@ -39,15 +43,7 @@ def pair() -> tuple[Decoder, Encoder]:
     return decoder, encoder
 
 
-# "the same tuple": one tuple object for each header list, passed again whenever that list
-# comes again (as the direct answers pass their constant headers), which the encoder finds by
-# its identity.
-SAME: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
-
-
-def shaped(headers: list[tuple[str, str]], form: str) -> Any:
-    if form == "the same tuple":
-        return SAME.setdefault(tuple(headers), tuple(headers))
+def shaped(headers: list[tuple[str, str]], form: str) -> list[Any]:
     if form == "bytes":
         return [(n.encode(), v.encode()) for n, v in headers]
     if form == "header tuples":
@@ -59,29 +55,40 @@ def shaped(headers: list[tuple[str, str]], form: str) -> Any:
     return list(headers)
 
 
+def passed(
+    same: dict[Any, tuple[Any, ...]], headers: list[tuple[str, str]], form: str, as_same: bool
+) -> Any:
+    """The headers as the cached encoder gets them: an iterator of a new list, or one tuple
+    object for each list and form, passed again whenever they come again (as the direct
+    answers pass their constant headers), which the encoder finds by its identity."""
+    if not as_same:
+        return iter(shaped(headers, form))
+    return same.setdefault((form, tuple(headers)), tuple(shaped(headers, form)))
+
+
 def table(coder: Decoder | Encoder) -> tuple[Any, ...]:
     return (coder.header_table.maxsize, tuple(coder.header_table.dynamic_entries))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(step, min_size=1, max_size=30), st.integers(0, 3))
+@given(st.lists(step, min_size=1, max_size=30), st.integers(0, 4))
 def test_encoding_and_decoding_from_the_cache_match_hpack(
-    steps: list[tuple[list[tuple[str, str]], int | None, str]], repeat: int
+    steps: list[tuple[list[tuple[str, str]], int | None, str, bool, bool]], repeat: int
 ) -> None:
     plain_encoder = Encoder()
     _, cached_encoder = pair()
+    same: dict[Any, tuple[Any, ...]] = {}
     # Decoders in pairs, one hpack's own and one cached: the pair of raw=False, of raw=True.
     decoders = {raw: (Decoder(), pair()[0]) for raw in (False, True)}
     # Each list is sent `repeat` more times after its first, as a client repeats its calls.
-    for headers, size, form in steps:
+    for headers, size, form, as_same, huffman in steps:
         if size is not None:
             for encoder in (plain_encoder, cached_encoder):
                 encoder.header_table_size = size
         for _ in range(1 + repeat):
-            block = plain_encoder.encode(shaped(headers, form))
-            given = shaped(headers, form)
-            given = given if form == "the same tuple" else iter(given)
-            assert cached_encoder.encode(given) == block
+            block = plain_encoder.encode(shaped(headers, form), huffman)
+            given = passed(same, headers, form, as_same)
+            assert cached_encoder.encode(given, huffman) == block
             assert table(cached_encoder) == table(plain_encoder)
             for raw, (plain_decoder, cached_decoder) in decoders.items():
                 plain = plain_decoder.decode(block, raw)

@@ -116,11 +116,10 @@ class PythonInstance(BackendInstance):
         # already use them, as Triton's examples do (`pb_utils.load_model` in initialize).
         self._token: Any
         self._token, loop = _creator_loop()
-        # The loop executes run on and its thread, known at the first execute; the token above
-        # is taken again then, and whenever an execute comes from another loop (as in the unit
-        # tests, which make their instances elsewhere).
+        # The loop the last execute ran on: the token above is taken again at the first execute,
+        # and whenever one comes from another loop (as in the unit tests, which make their
+        # instances elsewhere).
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
         self._stub = StubProcess(model.interpreter, context.name, model.settings)
         self._calls = ServedCalls(
             context,
@@ -180,9 +179,10 @@ class PythonInstance(BackendInstance):
     # -- execute (on the event loop) ---------------------------------------------------------
 
     async def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        # On asyncio, as the actors' mailboxes: the answer wakes a future of the loop's own.
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._loop_thread = loop, threading.get_ident()
+            self._loop = loop
             self._token = anyio.lowlevel.current_token()
         seq = next(self._seq)
         keys = [next(self._keys) for _ in requests]
@@ -192,7 +192,7 @@ class PythonInstance(BackendInstance):
         for key, request in zip(keys, requests, strict=True):
             entries.append(request_entry(key, request, outputs))
             arrays.extend((tensor.name, tensor.data) for tensor in request.inputs)
-        pending = _Pending(loop.create_future(), self._loop_thread, keys)
+        pending = _Pending(loop.create_future(), threading.get_ident(), keys)
         with self._lock:
             if self._death is not None:
                 raise BatchNotRun(self._death)
