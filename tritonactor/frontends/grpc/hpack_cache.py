@@ -11,7 +11,10 @@ not kept. What else the result depends on is in the key too (the decoder's limit
 encoder's Huffman flag); a block that fails to decode raises as before and is not kept. Only
 what h2 hands over is kept: blocks of bytes up to KEPT_BYTES (a client cannot make a
 connection hold much: hpack alone keeps nothing), header lists of str or bytes names and
-values, a sensitive flag a bool; anything else is decoded or encoded as hpack does it.
+values, a sensitive flag a bool; anything else is decoded or encoded as hpack does it. A
+tuple of such headers encoded before is also found by its identity (while the table and the
+flag are as they were), without a key made from it: the direct answers' constant headers and
+trailers (direct.py).
 
 A block the lane (lane.py) decoded for a call it leaves to h2 is handed over (`hand_over`):
 h2's decode of it, which comes next, gives what the lane read, so that its changes to the
