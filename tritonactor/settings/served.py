@@ -349,8 +349,8 @@ class ServedSettings(BaseSettings):
         bool,
         honoured(
             "calls, unary and streaming, read and answered beside h2, without its per-frame "
-            "objects, and "
-            "ModelInfer without grpclib's request handler ([grpc.md](grpc.md#performance)); "
+            "objects, and ModelInfer without grpclib's request handler "
+            "([grpc.md](grpc.md#performance)); "
             "`false`: every call through h2 and grpclib's handler, as grpclib serves it",
             BOOL,
             GRPC,
