@@ -107,6 +107,52 @@ class ModelSignature:
     def validate(self, request: InferenceRequest) -> None:
         """Raise INVALID_ARG if the request does not fit the model; change nothing but, for a
         request that asks for classification, `request.context[CLASSIFICATION]`."""
+        if not self._plainly_valid(request):
+            self._check(request)
+
+    def _plainly_valid(self, request: InferenceRequest) -> bool:
+        """Whether `request` passes every check of `_check` with nothing to note: the common
+        request, in one pass over its tensors (every input known, given once, the required
+        ones all there, datatypes and shapes as configured, one batch size in range; outputs
+        the model has, none asking for classification). False leaves the request to `_check`,
+        which finds and words what is wrong, in Triton's order (it runs twice a request: in
+        the front end and in the engine)."""
+        inputs = self._inputs
+        given = request.inputs
+        batched = self.max_batch_size > 0
+        batch_size = None
+        required = 0
+        for tensor in given:
+            spec = inputs.get(tensor.name)
+            if spec is None or tensor.datatype != spec.datatype:
+                return False
+            shape = tensor.shape
+            if batched:
+                if not shape:
+                    return False
+                if batch_size is None:
+                    batch_size = shape[0]
+                elif shape[0] != batch_size:
+                    return False
+                shape = shape[1:]
+            if shape != spec.dims and not _matches(shape, spec.dims):
+                return False
+            if not spec.optional:
+                required += 1
+        if required != len(self._required):
+            return False
+        if len(given) > 1 and len({tensor.name for tensor in given}) != len(given):
+            return False  # a name twice (the codecs refuse that before)
+        if batched and (batch_size is None or not 1 <= batch_size <= self.max_batch_size):
+            return False
+        outputs = self._outputs
+        for output in request.outputs:
+            if output.name not in outputs or "classification" in output.parameters:
+                return False
+        return True
+
+    def _check(self, request: InferenceRequest) -> None:
+        """`validate`'s checks, one by one, in Triton's order."""
         prefix = f"[request id: {request.id or '<id_unknown>'}] "
         # As in Triton, the front end reads the requested outputs' parameters before the core
         # looks at the inputs: a bad class count is reported first.

@@ -1,0 +1,134 @@
+"""`ModelSignature.validate`'s one-pass path for the common request against its full checks:
+whatever request the one pass lets through, the full checks pass too and note nothing (so the
+errors, their wording and their order are the full checks' alone), and the requests clients
+send most are let through by the one pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tritonactor.core.errors import TritonError
+from tritonactor.core.types import InferenceRequest, RequestedOutput, Tensor
+from tritonactor.scheduling.signature import CLASSIFICATION, ModelSignature, TensorSpec
+
+NAMES = ("A", "B", "C")
+DATATYPES = ("FP32", "INT32", "BYTES")
+DIMS = st.lists(st.sampled_from((-1, 0, 1, 2, 3)), max_size=3).map(tuple)
+
+
+@st.composite
+def signatures(draw: Any) -> ModelSignature:
+    names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True))
+    inputs = tuple(
+        TensorSpec(name, draw(st.sampled_from(DATATYPES)), draw(DIMS), draw(st.booleans()))
+        for name in names
+    )
+    outputs = tuple(
+        TensorSpec(name, "FP32", (1,))
+        for name in draw(st.lists(st.sampled_from(("X", "Y")), min_size=1, unique=True))
+    )
+    return ModelSignature("m", draw(st.sampled_from((0, 1, 4))), inputs, outputs)
+
+
+SHAPES = st.lists(st.integers(-1, 5), max_size=4).map(tuple)
+PARAMETERS = st.sampled_from(
+    ({}, {"binary_data": True}, {"classification": 0}, {"classification": 2}, {"x": 1})
+)
+
+
+@st.composite
+def requests(draw: Any, signature: ModelSignature) -> InferenceRequest:
+    """Mostly near-valid requests for `signature`: its own inputs, shapes and datatypes, each
+    perhaps changed (another name, datatype, shape or batch size, left out or given twice)."""
+    inputs = []
+    for spec in signature.inputs:
+        if spec.optional and draw(st.booleans()):
+            continue
+        shape = tuple(2 if d == -1 else d for d in spec.dims)
+        if signature.max_batch_size:
+            shape = (draw(st.integers(0, signature.max_batch_size + 1)), *shape)
+        name, datatype = spec.name, spec.datatype
+        change = draw(
+            st.sampled_from(("none", "none", "name", "datatype", "shape", "twice", "drop"))
+        )
+        if change == "drop":
+            continue
+        if change == "name":
+            name = draw(st.sampled_from(NAMES))
+        elif change == "datatype":
+            datatype = draw(st.sampled_from(DATATYPES))
+        elif change == "shape":
+            shape = draw(SHAPES)
+        tensor = Tensor(name, datatype, shape, np.zeros(0, np.float32))
+        inputs.append(tensor)
+        if change == "twice":
+            inputs.append(tensor)
+    outputs = [
+        RequestedOutput(draw(st.sampled_from(("X", "Y", "Z"))), dict(draw(PARAMETERS)))
+        for _ in range(draw(st.integers(0, 2)))
+    ]
+    return InferenceRequest("m", "", "", draw(st.permutations(inputs)), outputs, {})
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_one_pass_lets_through_only_what_the_checks_pass(data: st.DataObject) -> None:
+    signature = data.draw(signatures())
+    request = data.draw(requests(signature))
+    if signature._plainly_valid(request):
+        signature._check(request)  # raises nothing
+        assert CLASSIFICATION not in request.context
+
+
+@pytest.mark.parametrize("max_batch_size", [0, 8])
+def test_a_common_request_takes_the_one_pass(max_batch_size: int) -> None:
+    signature = ModelSignature(
+        "m",
+        max_batch_size,
+        (TensorSpec("INPUT0", "FP32", (-1, 16)), TensorSpec("EXTRA", "INT32", (1,), True)),
+        (TensorSpec("OUTPUT0", "FP32", (16,)),),
+    )
+    batch = (3,) if max_batch_size else ()
+    request = InferenceRequest(
+        "m",
+        "",
+        "",
+        [Tensor("INPUT0", "FP32", (*batch, 2, 16), np.zeros((*batch, 2, 16), np.float32))],
+        [RequestedOutput("OUTPUT0", {"binary_data": True})],
+        {},
+    )
+    assert signature._plainly_valid(request)
+    signature.validate(request)
+    # Anything else goes to the full checks, with their errors.
+    request.outputs = [RequestedOutput("OUTPUT0", {"classification": 1})]
+    assert not signature._plainly_valid(request)
+    signature.validate(request)
+    assert request.context[CLASSIFICATION]["OUTPUT0"].count == 1
+    request.inputs[0] = Tensor("INPUT0", "FP64", (*batch, 16), np.zeros(0))
+    assert not signature._plainly_valid(request)
+    with pytest.raises(TritonError, match="data-type is 'FP64'"):
+        signature.validate(request)
+
+
+def test_a_name_given_twice_is_left_to_the_checks() -> None:
+    # Both required inputs counted, one of them twice: the full checks find the other missing.
+    signature = ModelSignature(
+        "m", 0, (TensorSpec("A", "FP32", (1,)), TensorSpec("C", "FP32", (1,))), ()
+    )
+    tensor = Tensor("A", "FP32", (1,), np.zeros(1, np.float32))
+    request = InferenceRequest("m", "", "", [tensor, tensor], [], {})
+    assert not signature._plainly_valid(request)
+    with pytest.raises(TritonError, match="missing required input"):
+        signature.validate(request)
+
+
+def test_no_inputs_for_a_batching_model_of_optional_inputs() -> None:
+    signature = ModelSignature("m", 4, (TensorSpec("A", "FP32", (1,), True),), ())
+    request = InferenceRequest("m", "", "", [], [], {})
+    assert not signature._plainly_valid(request)  # no batch size to check: the full checks
+    signature.validate(request)
