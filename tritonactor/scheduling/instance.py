@@ -173,8 +173,11 @@ class InstanceActor(Actor[Execute | _Died]):
             self._finish(message, results, started, backend_started, backend_finished, trace)
             await self._hand_back(message, results)
         # The scheduler may have stopped first (the model is unloading): nothing more will come.
-        with contextlib.suppress(ActorStopped):
+        # (try, not contextlib.suppress: three calls fewer on every execute's path.)
+        try:  # noqa: SIM105
             await self._scheduler.tell(InstanceIdle(self.ref))
+        except ActorStopped:
+            pass
 
     async def _hand_back(self, message: Execute, results: list[Result]) -> None:
         """Requests the model released with RESCHEDULE go back to the scheduler, which runs them

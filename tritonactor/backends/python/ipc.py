@@ -86,8 +86,8 @@ class Channel:
     def recv(self) -> dict[str, Any] | None:
         """The next message, waiting for it; None when the other side is gone."""
         while True:
-            message = self._next()
-            if message is not None:
+            # (`_next` only when the buffer holds something: one call fewer a message.)
+            if self._buffer and (message := self._next()) is not None:
                 return message
             try:
                 size = self.sock.recv_into(self._scratch)
@@ -109,7 +109,7 @@ class Channel:
         if size:
             self._buffer += self._scratch[:size]
         messages = []
-        while (message := self._next()) is not None:
+        while self._buffer and (message := self._next()) is not None:
             messages.append(message)
         if size == 0 and not messages:
             return None  # the end, once every whole message before it was taken

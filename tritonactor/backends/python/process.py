@@ -107,6 +107,8 @@ class StubProcess:
         self.name = name
         self.settings = settings
         self.shm_prefix = f"tritonactor-py-{os.getpid()}-{secrets.token_hex(4)}"
+        # What the server's own files are named by (an attribute: read at every execute).
+        self.parent_prefix = f"{self.shm_prefix}{ipc.SERVER_SIDE}"
         # The sequence number (+1) of the last execute the stub took off the socket: read once
         # it died, it tells a batch the model may have begun from one it never saw.
         self.taken = ipc.Counter()
@@ -172,10 +174,6 @@ class StubProcess:
         except BaseException:
             self.stop(0)
             raise
-
-    @property
-    def parent_prefix(self) -> str:
-        return f"{self.shm_prefix}{ipc.SERVER_SIDE}"
 
     def arena(self) -> ipc.Arena:
         """A reused arena for what the server sends this stub, sized by the settings."""

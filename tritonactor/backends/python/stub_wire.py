@@ -9,6 +9,7 @@ model is decoupled, the arenas its tensors travel through), declared on `WireCon
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -43,7 +44,11 @@ class WireConversions:
         wrap = pb.Tensor._wrap
         for entry in message["requests"]:
             key = entry["key"]
-            inputs = [wrap(name, array) for name, _, array in _take(arrays, entry["inputs"])]
+            count = entry["inputs"]
+            taken = list(itertools.islice(arrays, count))
+            if len(taken) != count:
+                raise ExecuteError(f"the server sent {len(taken)} input tensors, not {count}")
+            inputs = [wrap(name, array) for name, _, array in taken]
             sender = pb.ResponseSender(key, self.decoupled, frozenset(entry["outputs"]))
             trace = pb.InferenceTrace(entry["trace"], key)
             requests.append(pb.InferenceRequest._received(entry, inputs, sender, trace))
@@ -105,13 +110,12 @@ class WireConversions:
     def _response_entry(
         self, response: Any, requested: frozenset[str]
     ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-        error = response.error()
+        # (pb_utils' own attributes, not its accessors: a few calls fewer a response.)
+        error = response._error
         arrays = [
-            (t.name(), t.as_numpy())
-            for t in response.output_tensors()
-            if not requested or t.name() in requested
+            (t._name, t._array) for t in response._outputs if not requested or t._name in requested
         ]
-        parameters = response.parameters()
+        parameters = response._parameters
         entry = {
             "outputs": len(arrays),
             "error": None if error is None else (error_code_name(error.code()), error.message()),
@@ -128,7 +132,3 @@ class WireConversions:
                 released[request._key] = request._release_flags
                 request._sender._close()
         return released
-
-
-def _take(arrays: Any, n: int) -> list[Any]:
-    return [next(arrays) for _ in range(n)]

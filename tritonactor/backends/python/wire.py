@@ -3,14 +3,18 @@ message, and a response's wire form back into an `InferenceResponse`."""
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.errors import ErrorCode, TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 
+# A tensor's or a requested output's name (`map`s it in C: no Python frame a request).
+_NAME = operator.attrgetter("name")
 _SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 _SEQUENCE_END = 2
 
@@ -35,7 +39,7 @@ def request_entry(
         "parameters": dict(request.model_parameters),
         "inputs": len(request.inputs),
         # As in Triton, a request that names no outputs asks for all of them.
-        "outputs": request.requested_output_names or list(all_outputs),
+        "outputs": list(map(_NAME, request.outputs)) or list(all_outputs),
         # What the model's request.trace().get_context() answers.
         "trace": None if request.trace is None else request.trace.carrier(),
     }
@@ -70,20 +74,22 @@ def response_from_wire(
 ) -> InferenceResponse | TritonError:
     """A response the stub sent for `request` (its tensors taken from `arrays`), or the error it
     carries. Outputs the client did not ask for are dropped."""
-    tensors = [next(arrays) for _ in range(wire["outputs"])]
+    count = wire["outputs"]
+    tensors = list(itertools.islice(arrays, count))
+    if len(tensors) != count:
+        raise internal(f"a response of model '{model_name}' lacks {count - len(tensors)} tensors")
     if wire["error"] is not None:
         return error_from_wire(wire["error"])
-    wanted = set(request.requested_output_names)
+    wanted = set(map(_NAME, request.outputs)) if request.outputs else None
     outputs = [
         Tensor(name=name, datatype=datatype, shape=tuple(array.shape), data=array)
         for name, datatype, array in tensors
-        if not wanted or name in wanted
+        if wanted is None or name in wanted
     ]
-    parameters = {
-        k: v
-        for k, v in (wire.get("parameters") or {}).items()
-        if isinstance(v, bool | int | float | str)
-    }
+    given = wire.get("parameters")
+    parameters = (
+        {k: v for k, v in given.items() if isinstance(v, bool | int | float | str)} if given else {}
+    )
     return InferenceResponse(
         model_name=model_name,
         model_version=model_version,
