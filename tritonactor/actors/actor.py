@@ -208,8 +208,14 @@ class Actor(ABC, Generic[M]):
                 await self.started()
                 self.running = True
                 task_status.started()
+                get = self._receive.get
                 try:
-                    async for message in self._receive:
+                    while True:
+                        # (`get`, not `async for`: its `__anext__` was a call more a message.)
+                        try:
+                            message = await get()
+                        except anyio.EndOfStream:
+                            break
                         self._current = message
                         if isinstance(message, ChildFailed):
                             if message.child in self._children:

@@ -259,7 +259,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._requests[id] = request
         if message.targets:
             self._targets[id] = message.targets
-        reply.add_done_callback(lambda done: self._answer(id, done))
+        reply.add_done_callback(functools.partial(self._answer, id))
 
     def _buffers(
         self, targets: tuple[tuple[str, Place], ...], request: InferenceRequest

@@ -29,6 +29,7 @@ import copyreg
 import dataclasses
 import hashlib
 import io
+import itertools
 import operator
 import pickle
 import struct
@@ -203,6 +204,9 @@ def _in_band(buffer: pickle.PickleBuffer) -> bool:
 # crosses as itself.
 _FLAT_SUBMIT = "tritonactor.submit"
 _FLAT_ANSWER = "tritonactor.answer"
+# A requested output as a submit carries it, (name, parameters): taken in C, and given back
+# to `RequestedOutput` in C (`itertools.starmap`).
+_OUTPUT_FIELDS = operator.attrgetter("name", "parameters")
 
 
 def _flat_tensors(tensors: list[Tensor]) -> tuple[tuple[Any, ...], ...] | None:
@@ -247,7 +251,7 @@ def _flat(message: object) -> tuple[Any, ...] | None:
             request.model_version,
             request.id,
             inputs,
-            tuple([(output.name, output.parameters) for output in request.outputs]),
+            tuple(map(_OUTPUT_FIELDS, request.outputs)),
             request.parameters,
             request.resolved_version,
             request.cancelled,
@@ -298,7 +302,7 @@ def _unflat(flat: tuple[Any, ...]) -> object:
             version,
             request_id,
             _tensors(inputs),
-            [RequestedOutput(output, output_parameters) for output, output_parameters in outputs],
+            list(itertools.starmap(RequestedOutput, outputs)),
             parameters,
             resolved,
             cancelled=cancelled,
