@@ -109,7 +109,7 @@ def test_a_common_request_takes_the_one_pass(max_batch_size: int) -> None:
     assert not signature._plainly_valid(request)
     signature.validate(request)
     assert request.context[CLASSIFICATION]["OUTPUT0"].count == 1
-    request.inputs[0] = Tensor("INPUT0", "FP64", (*batch, 16), np.zeros(0))
+    request.inputs[0] = Tensor("INPUT0", "FP64", (*batch, 2, 16), np.zeros(0))
     assert not signature._plainly_valid(request)
     with pytest.raises(TritonError, match="data-type is 'FP64'"):
         signature.validate(request)
@@ -132,3 +132,55 @@ def test_no_inputs_for_a_batching_model_of_optional_inputs() -> None:
     request = InferenceRequest("m", "", "", [], [], {})
     assert not signature._plainly_valid(request)  # no batch size to check: the full checks
     signature.validate(request)
+
+
+def _request(*inputs: tuple[str, str, Any]) -> InferenceRequest:
+    tensors = [Tensor(name, datatype, shape, np.zeros(0)) for name, datatype, shape in inputs]
+    return InferenceRequest("m", "", "", tensors, [], {})
+
+
+TWO = (TensorSpec("A", "FP32", (2,)), TensorSpec("B", "FP32", (2,), True))
+
+
+@pytest.mark.parametrize(
+    ("max_batch_size", "specs", "request_", "error"),
+    [
+        pytest.param(
+            4,
+            (TensorSpec("A", "FP32", (2,)), TensorSpec("C", "FP32", (2,))),
+            _request(("A", "FP32", (1, 2)), ("C", "FP32", (3, 2))),
+            "batch size does not match",
+            id="two batch sizes",
+        ),
+        pytest.param(
+            0, TWO, _request(("B", "FP32", (2,))), "missing required", id="optional for required"
+        ),
+        pytest.param(
+            0, TWO, _request(("A", "INT32", (2,))), "data-type is 'INT32'", id="datatype alone"
+        ),
+        pytest.param(
+            4, TWO, _request(("A", "FP32", (5, 2))), "batch-size must be <= 4", id="batch size"
+        ),
+        pytest.param(
+            -1, TWO, _request(("A", "FP32", (2,))), "batch-size must be <= -1", id="negative max"
+        ),
+    ],
+)
+def test_what_the_checks_refuse_the_one_pass_leaves_to_them(
+    max_batch_size: int, specs: tuple[TensorSpec, ...], request_: InferenceRequest, error: str
+) -> None:
+    signature = ModelSignature("m", max_batch_size, specs, ())
+    assert not signature._plainly_valid(request_)
+    with pytest.raises(TritonError, match=error):
+        signature.validate(request_)
+
+
+def test_a_shape_given_as_a_numpy_array() -> None:
+    # (A shape is a tuple wherever the server makes one; a library caller may pass an array,
+    # which the full checks of a model that does not batch take: they answer, as before.)
+    signature = ModelSignature("m", 0, TWO, ())
+    good = _request(("A", "FP32", np.array([2])))
+    signature.validate(good)
+    bad = _request(("A", "FP32", np.array([2, 3])))
+    with pytest.raises(TritonError, match="unexpected shape"):
+        signature.validate(bad)

@@ -115,11 +115,11 @@ class ModelSignature:
         request, in one pass over its tensors (every input known, given once, the required
         ones all there, datatypes and shapes as configured, one batch size in range; outputs
         the model has, none asking for classification). False leaves the request to `_check`,
-        which finds and words what is wrong, in Triton's order (it runs twice a request: in
-        the front end and in the engine)."""
+        which finds and words what is wrong, in Triton's order. (`validate` runs twice a
+        request: in the front end and in the engine.)"""
         inputs = self._inputs
         given = request.inputs
-        batched = self.max_batch_size > 0
+        batched = self.max_batch_size != 0  # as `_batch_size` reads it
         batch_size = None
         required = 0
         for tensor in given:
@@ -128,21 +128,22 @@ class ModelSignature:
                 return False
             shape = tensor.shape
             if batched:
-                if not shape:
+                if not len(shape):
                     return False
                 if batch_size is None:
                     batch_size = shape[0]
                 elif shape[0] != batch_size:
                     return False
                 shape = shape[1:]
-            if shape != spec.dims and not _matches(shape, spec.dims):
+            # (A shape not a tuple, a numpy array's say, is compared by `_matches` alone.)
+            if not (type(shape) is tuple and shape == spec.dims) and not _matches(shape, spec.dims):
                 return False
             if not spec.optional:
                 required += 1
         if required != len(self._required):
             return False
         if len(given) > 1 and len({tensor.name for tensor in given}) != len(given):
-            return False  # a name twice (the codecs refuse that before)
+            return False  # a name twice
         if batched and (batch_size is None or not 1 <= batch_size <= self.max_batch_size):
             return False
         outputs = self._outputs

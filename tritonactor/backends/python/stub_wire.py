@@ -47,7 +47,9 @@ class WireConversions:
             count = entry["inputs"]
             taken = list(itertools.islice(arrays, count))
             if len(taken) != count:
-                raise ExecuteError(f"the server sent {len(taken)} input tensors, not {count}")
+                raise RuntimeError(
+                    f"the server sent {len(taken)} of a request's {count} input tensors"
+                )
             inputs = [wrap(name, array) for name, _, array in taken]
             sender = pb.ResponseSender(key, self.decoupled, frozenset(entry["outputs"]))
             trace = pb.InferenceTrace(entry["trace"], key)
