@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, replace
@@ -32,6 +33,7 @@ class Tick:
 
 
 BatcherMessage = Infer | InstanceIdle | InstanceGone | Rescheduled | Tick
+_GONE = operator.attrgetter("gone")
 
 
 @dataclass(slots=True, eq=False)
@@ -102,6 +104,8 @@ class DynamicBatcher(Actor[BatcherMessage]):
         else:
             self._default_level = 1
             self._levels = [_Level(batching.default_queue_policy)]
+        # Every level's queues in service order (each level's in time first, then its delayed).
+        self._queues = [queue for level in self._levels for queue in (level.queue, level.delayed)]
         self._idle: deque[ActorRef[Any]] = deque()
         self._deadlines: list[tuple[float, int, _Waiting]] = []
         self._order = itertools.count()
@@ -245,8 +249,9 @@ class DynamicBatcher(Actor[BatcherMessage]):
         return None, oldest + self._delay
 
     def _in_order(self) -> Iterator[_Waiting]:
-        for level in self._levels:
-            yield from level.waiting()
+        # (Iterated in C: a generator's frame resumed per waiting request cost two calls a
+        # request each time a batch is looked for.)
+        return itertools.filterfalse(_GONE, itertools.chain.from_iterable(self._queues))
 
     def _leave(self, entry: _Waiting) -> None:
         entry.gone = True
