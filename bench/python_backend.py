@@ -286,7 +286,7 @@ async def _time_backend(
     )
     # Count what crosses the process boundary: messages to the stub, and back from it.
     crossings = [0, 0]
-    channel, dispatch = instance._stub.channel, instance._reader._handle
+    channel, dispatch = instance._stub.channel, instance._dispatch
     send = channel.send
 
     def counted_send(message: dict) -> None:
@@ -298,7 +298,7 @@ async def _time_backend(
         dispatch(message)
 
     channel.send = counted_send  # type: ignore[method-assign]
-    instance._reader._handle = counted_dispatch
+    instance._dispatch = counted_dispatch  # type: ignore[method-assign]
 
     def request() -> InferenceRequest:
         return InferenceRequest(

@@ -34,7 +34,7 @@ def add_sub(a: np.ndarray, b: np.ndarray) -> InferenceRequest:
 def count_crossings(instance: PythonInstance) -> dict[str, list[str]]:
     """Record the op of every message the server sends the stub and reads back from it."""
     seen: dict[str, list[str]] = {"out": [], "back": []}
-    send, dispatch = instance._stub.channel.send, instance._reader._handle
+    send, dispatch = instance._stub.channel.send, instance._dispatch
 
     def counted_send(message: dict[str, Any]) -> None:
         seen["out"].append(message["op"])
@@ -45,7 +45,7 @@ def count_crossings(instance: PythonInstance) -> dict[str, list[str]]:
         dispatch(message)
 
     instance._stub.channel.send = counted_send  # type: ignore[method-assign]
-    instance._reader._handle = counted_dispatch
+    instance._dispatch = counted_dispatch  # type: ignore[method-assign]
     return seen
 
 
@@ -93,7 +93,7 @@ async def test_small_results_are_each_answers_own_large_ones_are_views(
 def where_tensors_go(instance: PythonInstance) -> dict[str, list[Any]]:
     """Record where each execute's tensors travel, and its results'."""
     seen: dict[str, list[Any]] = {"out": [], "back": []}
-    send, dispatch = instance._stub.channel.send, instance._reader._handle
+    send, dispatch = instance._stub.channel.send, instance._dispatch
 
     def watched_send(message: dict[str, Any]) -> None:
         if message["op"] == "execute":
@@ -106,7 +106,7 @@ def where_tensors_go(instance: PythonInstance) -> dict[str, list[Any]]:
         dispatch(message)
 
     instance._stub.channel.send = watched_send  # type: ignore[method-assign]
-    instance._reader._handle = watched_dispatch
+    instance._dispatch = watched_dispatch  # type: ignore[method-assign]
     return seen
 
 

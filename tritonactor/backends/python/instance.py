@@ -83,9 +83,7 @@ class _Pending:
     def wake(self) -> None:
         """Wake the execute waiting for this, from any thread (on the loop's own, at once)."""
         if threading.get_ident() == self.loop_thread:
-            answered = self.answered
-            if not answered.done():  # (its execute may have been cancelled meanwhile)
-                answered.set_result(None)
+            _settle(self.answered)
         else:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self.answered.get_loop().call_soon_threadsafe(_settle, self.answered)
@@ -158,7 +156,7 @@ class PythonInstance(BackendInstance):
             self._stub.channel,
             self.name,
             loop,
-            self._dispatch,
+            self._handle,
             self._holds_up,
             self._exited,
         )
@@ -287,6 +285,12 @@ class PythonInstance(BackendInstance):
     def _holds_up(self, message: dict[str, Any]) -> bool:
         """A response whose sender may wait for room: handed on from a thread."""
         return message["op"] == "send" and self._held.holds_up(message["key"])
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        try:
+            self._dispatch(message)
+        except Exception:
+            log.exception("instance '%s': cannot handle a message from its model", self.name)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         op = message["op"]

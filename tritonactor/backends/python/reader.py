@@ -18,24 +18,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from tritonactor.backends.python import ipc
 
-log = logging.getLogger(__name__)
-
 Message = dict[str, Any]
-_CANNOT_HANDLE = "instance '%s': cannot handle a message from its model"
 
 
 class ChannelReader:
     """Reads one instance's channel and hands each message to `handle`, in order; a message
     for which `holds_up` is true is handed on from a thread while reading waits (on the loop);
-    `ended` runs once the channel has ended. A message `handle` fails on is logged, and
-    reading goes on."""
+    `ended` runs once the channel has ended."""
 
     def __init__(
         self,
@@ -80,7 +75,7 @@ class ChannelReader:
             self._stop()
             while self._unhandled:
                 if (message := self._unhandled.popleft()) is not None:
-                    self._handle_safely(message)
+                    self._handle(message)
             if not self._at_end:
                 self._channel.sock.settimeout(timeout)
                 self._read_forever()
@@ -128,21 +123,12 @@ class ChannelReader:
                     daemon=True,
                 ).start()
             else:
-                try:  # (here rather than through `_handle_safely`: one call fewer a message)
-                    self._handle(message)
-                except Exception:
-                    log.exception(_CANNOT_HANDLE, self._name)
-
-    def _handle_safely(self, message: Message) -> None:
-        try:
-            self._handle(message)
-        except Exception:
-            log.exception(_CANNOT_HANDLE, self._name)
+                self._handle(message)
 
     def _hand_on_from_thread(self, message: Message) -> None:
         assert self._loop is not None
         try:
-            self._handle_safely(message)
+            self._handle(message)
         finally:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing reads
                 self._loop.call_soon_threadsafe(self._resume)
@@ -191,7 +177,7 @@ class ChannelReader:
 
     def _read_forever(self) -> None:
         while (message := self._channel.recv()) is not None:
-            self._handle_safely(message)
+            self._handle(message)
         self._end()
 
     def _end(self) -> None:
