@@ -1,5 +1,6 @@
 """engine/lanes.py with the frames of engine/wire.py: large tensors cross in shared-memory
-slots that the receiver copies out and releases; without room they cross on the socket."""
+slots that the receiver reads in place and releases once its last view of them has gone;
+without room they cross on the socket."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
+from tritonactor.core.tensors import HeldView
 from tritonactor.core.types import InferenceResponse, Tensor
 from tritonactor.engine import lanes
 from tritonactor.engine import messages as m
 from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader, owner_prefix, remove_owned, sweep_lanes
-from tritonactor.engine.wire import OUT_OF_BAND, encode
+from tritonactor.engine.wire import OUT_OF_BAND, encode, write
 
 SHM = lanes.SHM_DIR
 
@@ -31,6 +34,19 @@ def answer(index: int, elements: int) -> m.Answer:
 
 def files(lane: Lane) -> set[str]:
     return {name for name in os.listdir(SHM) if name.startswith(lane.prefix + "-")}
+
+
+def in_a_slot(data: object) -> bool:
+    """Whether `data` views a lane's slot (through the views it is of)."""
+    while True:
+        if type(data) is HeldView:
+            return True
+        if isinstance(data, np.ndarray):
+            data = data.base
+        elif isinstance(data, memoryview):
+            data = data.obj
+        else:
+            return False
 
 
 def cross(message: m.Answer, lane: Lane, reader: FrameReader) -> m.Answer:
@@ -49,24 +65,85 @@ def test_a_large_tensor_crosses_in_a_slot_that_is_reused_once_released() -> None
         np.testing.assert_array_equal(
             first.value.outputs[0].data, answer(1, OUT_OF_BAND).value.outputs[0].data
         )
-        assert len(taken.taken) == 1 and len(files(lane)) == 1
+        # Read in place: the slot is the receiver's while a view of it lives.
+        assert in_a_slot(first.value.outputs[0].data)
+        assert not taken.pop_taken() and len(files(lane)) == 1
         # Not released yet: the next tensor needs a slot of its own.
         second = cross(answer(2, OUT_OF_BAND), lane, reader)
         assert len(files(lane)) == 2
-        lane.release(tuple(taken.taken))
-        taken.taken.clear()
+        assert not first.value.outputs[0].data.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            first.value.outputs[0].data[0] = 0
+        kept = first.value.outputs[0].data[10:20]  # a view of a view keeps the slot too
+        del first
+        assert not taken.pop_taken()
+        np.testing.assert_array_equal(kept, np.arange(10, 20, dtype=np.float32) + 1)
+        del kept
+        [name] = taken.pop_taken()  # the last view went: released
+        lane.release((name,))
         third = cross(answer(3, OUT_OF_BAND // 2), lane, reader)
-        assert len(files(lane)) == 2  # a released slot took it
-        # What was received is a copy: reusing the slots changed none of it.
-        for index, got in ((1, first), (2, second), (3, third)):
+        assert len(files(lane)) == 2  # the released slot took it
+        # What is still viewed is unchanged by the reuse of the slot released.
+        for index, got in ((2, second), (3, third)):
             size = got.value.outputs[0].data.size
             np.testing.assert_array_equal(
                 got.value.outputs[0].data, np.arange(size, dtype=np.float32) + index
             )
-            assert not got.value.outputs[0].data.flags.writeable
     finally:
         lane.close()
         taken.close()
+    assert not files(lane)
+
+
+def test_a_view_let_go_on_another_thread_is_released_by_the_next_message() -> None:
+    """A view may go on a backend's thread: the slot is named in the `Released` that rides
+    with the next message this side writes (wire.write), and once only."""
+    lane, taken = Lane(), LaneReader()
+    other_lane = Lane()
+    reader = FrameReader(taken)
+    try:
+        got = cross(answer(1, OUT_OF_BAND), lane, reader)
+        box = [got]
+        del got
+        thread = threading.Thread(target=box.clear)
+        thread.start()
+        thread.join()
+        written: list[bytes] = []
+
+        class Transport:
+            def write(self, data: bytes) -> None:
+                written.append(bytes(data))
+
+            def writelines(self, pieces: list[bytes]) -> None:
+                written.append(b"".join(bytes(piece) for piece in pieces))
+
+        write(Transport(), encode(m.Released(())), other_lane, taken)
+        messages = FrameReader().feed(b"".join(written))
+        assert [type(message) for message in messages] == [m.Released, m.Released]
+        assert len(messages[0].names) == 1 and messages[0].names[0].startswith(lane.prefix)
+        written.clear()
+        write(Transport(), encode(m.Released(())), other_lane, taken)
+        assert [type(x) for x in FrameReader().feed(b"".join(written))] == [m.Released]
+    finally:
+        lane.close()
+        other_lane.close()
+        taken.close()
+
+
+def test_a_slot_still_viewed_when_the_connection_ends_stays_readable() -> None:
+    """The reader's close unlinks the slots; one a view still reads stays mapped until the
+    view goes (an answer still being written to its client, say)."""
+    lane, taken = Lane(), LaneReader()
+    reader = FrameReader(taken)
+    try:
+        got = cross(answer(4, OUT_OF_BAND), lane, reader)
+        taken.close()
+        lane.close()
+        np.testing.assert_array_equal(
+            got.value.outputs[0].data, np.arange(OUT_OF_BAND, dtype=np.float32) + 4
+        )
+    finally:
+        lane.close()
     assert not files(lane)
 
 
@@ -79,7 +156,7 @@ def test_without_room_in_the_lane_a_tensor_crosses_on_the_socket() -> None:
         assert sum(len(bytes(piece)) for piece in pieces) > big.value.outputs[0].data.nbytes
         got = cross(big, lane, reader)
         np.testing.assert_array_equal(got.value.outputs[0].data, big.value.outputs[0].data)
-        assert not files(lane) and not taken.taken
+        assert not files(lane) and not taken.pop_taken()
     finally:
         lane.close()
 
@@ -151,14 +228,15 @@ def test_room_is_made_by_dropping_free_smaller_slots_only_when_that_makes_enough
     lane, taken = Lane(limit=4 * OUT_OF_BAND), LaneReader()
     reader = FrameReader(taken)
     try:
-        for index in range(4):  # four 64 KiB slots fill the lane
-            cross(answer(index, OUT_OF_BAND // 4), lane, reader)
+        kept = [cross(answer(index, OUT_OF_BAND // 4), lane, reader) for index in range(4)]
+        # (four 64 KiB slots fill the lane)
         assert len(files(lane)) == 4 and len(taken._mapped) == 4
         cross(answer(9, 8 * OUT_OF_BAND // 4), lane, reader)  # over the limit: the socket
         assert len(files(lane)) == 4 and not lane.dropped
         cross(answer(9, 2 * OUT_OF_BAND // 4), lane, reader)  # all four busy: the socket
         assert len(files(lane)) == 4 and not lane.dropped
-        lane.release(tuple(taken.taken[:2]))
+        del kept[:2]
+        lane.release(taken.pop_taken())
         cross(answer(9, 2 * OUT_OF_BAND // 4), lane, reader)  # two free ones make room
         assert len(files(lane)) == 3 and len(lane.dropped) == 2
         [dropped] = reader.feed(bytes(encode(m.Dropped(tuple(lane.dropped)))[0]))

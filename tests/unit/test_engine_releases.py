@@ -1,8 +1,8 @@
 """A `Released` rides with the next message its side sends (engine/lanes.py): a large tensor
-taken from the other side's lane writes nothing by itself; the next message carries the release
-in the same write, and the release goes alone only once the slots taken hold `RELEASE_ALONE`
-bytes. Both sides: the engine's connection to a front end (engine/host.py) and a front end's
-to the engine (engine/remote.py)."""
+read from the other side's lane writes nothing by itself, nor does its last view going; the
+next message carries the release in the same write, and the release goes alone only once the
+slots let go of hold `RELEASE_ALONE` bytes. Both sides: the engine's connection to a front end
+(engine/host.py) and a front end's to the engine (engine/remote.py)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_a_release_waits_while_the_connection_is_closing(engine: Side) -> None:
     [name] = slots(engine.other)
     engine.transport.is_closing = lambda: True  # type: ignore[method-assign]
     engine.connection.send(m.Answer(2, None))
-    assert engine.transport.written == [] and engine.connection._lanes.taken == [name]
+    assert engine.transport.written == [] and engine.connection._lanes.pop_taken() == (name,)
 
 
 def test_the_engine_releases_alone_once_the_slots_taken_hold_enough(
@@ -142,7 +142,7 @@ def test_the_engine_releases_alone_once_the_slots_taken_hold_enough(
     engine.receive_large(3)
     [[released]] = written(engine.transport)
     assert isinstance(released, m.Released) and set(released.names) == slots(engine.other)
-    assert not engine.connection._lanes.taken and not engine.connection._lanes.due
+    assert not engine.connection._lanes.pop_taken() and not engine.connection._lanes.due
 
 
 async def test_a_front_end_releases_the_engines_slots_with_its_next_request(
@@ -172,3 +172,24 @@ async def test_a_front_end_releases_alone_once_the_slots_taken_hold_enough(
     front_end.other.release(released.names)
     front_end.receive_large(3)
     assert len(slots(front_end.other)) == 2
+
+
+async def test_a_tensor_still_viewed_is_released_with_the_first_message_after_it_goes(
+    front_end: Side,
+) -> None:
+    """An answer's tensor is read in place: its slot stays the front end's while the answer is
+    held (being written to its client), and is released with the first message after."""
+    id, reply = front_end.connection.submit(InferenceRequest(model_name="m"))
+    deliver(front_end.connection, encode(large_answer(id), front_end.other))
+    [name] = slots(front_end.other)
+    kept = reply.result().outputs[0].data
+    del reply
+    front_end.transport.written.clear()
+    front_end.connection.submit(InferenceRequest(model_name="m"))
+    [[submit]] = written(front_end.transport)
+    assert isinstance(submit, m.Submit)  # no release: the tensor is still viewed
+    np.testing.assert_array_equal(kept, np.arange(OUT_OF_BAND, dtype=np.float32) + id)
+    del kept
+    front_end.connection.submit(InferenceRequest(model_name="m"))
+    [_, [released, submit]] = written(front_end.transport)
+    assert released == m.Released((name,)) and isinstance(submit, m.Submit)

@@ -1,10 +1,11 @@
 """An HTTP infer response in pieces (frontends/http/responses.py, routes.py's `InferResponse`): an
-output whose data already is a large `bytes` object of its own (as a tensor taken from the
-engine's lane is) is sent as that object, not copied into one body with the rest; the pieces
-are sent one after another and make the same body."""
+output whose data already is a large `bytes` object of its own, or lies in a slot of the
+engine's lane, is sent as it is, not copied into one body with the rest; the pieces are sent
+one after another and make the same body."""
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
@@ -92,30 +93,33 @@ def test_anything_else_is_one_body(case: str) -> None:
 
 
 @pytest.mark.parametrize("datatype", ["FP32", "INT64", "FP64", "FP16", "BF16", "UINT8"])
-def test_an_answer_taken_from_the_engines_lane_is_sent_as_the_bytes_taken(datatype: str) -> None:
-    """The real way there: the engine's answer crosses in its lane, the front end takes it
-    out (engine/lanes.py), and the encoder sends the data it took as it is."""
+def test_an_answer_taken_from_the_engines_lane_is_sent_from_the_slot(datatype: str) -> None:
+    """The real way there: the engine's answer crosses in its lane, the front end reads it in
+    place (engine/lanes.py), and the encoder sends a view of the slot, not a copy; the slot is
+    released once the ASGI server (here: the body's last reference) lets go of it."""
     values = (np.arange(SEND_AS_IS, dtype=np.int64) % 200).astype(to_numpy_dtype(datatype))
     tensor = Tensor("OUT", datatype, (1, values.size), values.reshape(1, -1))
     lane, reader = Lane(), LaneReader()
     try:
         sent = encode(m.Answer(1, InferenceResponse("m", "1", outputs=[tensor])), lane)
         [answer] = FrameReader(reader).feed(b"".join(bytes(piece) for piece in sent))
-        assert reader.taken  # it crossed in the lane
         taken = answer.value.outputs[0].data
 
         body, header_length = encode_infer_response(answer.value, binary_request("OUT"))
 
-        base = taken
-        while isinstance(base, np.ndarray):
-            base = base.base
-        assert isinstance(base, memoryview) and type(base.obj) is bytes
         assert isinstance(body, tuple) and len(body) == 2
-        assert body[1] is base.obj  # the bytes the front end took, not a copy of them
+        piece = body[1]
+        assert isinstance(piece, memoryview) and piece.readonly and piece.nbytes == taken.nbytes
+        # the slot's memory itself, not a copy of it
+        assert np.shares_memory(np.frombuffer(piece, np.uint8), taken)
         np.testing.assert_array_equal(
             read_outputs(b"".join(body), header_length)["OUT"].reshape(-1).view(np.uint8),
             values.view(np.uint8),
         )
+        del answer, taken
+        assert not reader.pop_taken()  # the body still views the slot
+        del body, piece
+        assert len(reader.pop_taken()) == 1
     finally:
         lane.close()
         reader.close()
@@ -124,8 +128,17 @@ def test_an_answer_taken_from_the_engines_lane_is_sent_as_the_bytes_taken(dataty
 def test_a_view_of_a_whole_bytes_object_in_another_order_is_not_that_object() -> None:
     data = bytes(range(256)) * (SEND_AS_IS // 256)
     reversed_view = np.frombuffer(data, np.uint8)[::-1]
-    assert responses._whole_bytes(np.frombuffer(data, np.uint8)) is data
-    assert responses._whole_bytes(reversed_view) is None
+    assert responses._as_is(np.frombuffer(data, np.uint8)) is data
+    assert responses._as_is(reversed_view) is None
+
+
+def test_memory_mapped_elsewhere_than_a_lane_is_joined() -> None:
+    """Only a lane's slot promises to stay as it is while viewed: other mapped memory (a python
+    model's shared memory, say) is copied into the body as before."""
+    with mmap.mmap(-1, SEND_AS_IS) as mapping:
+        array = np.frombuffer(mapping, np.uint8)
+        assert responses._as_is(array) is None
+        del array
 
 
 async def test_the_pieces_are_sent_one_after_another_under_one_content_length() -> None:

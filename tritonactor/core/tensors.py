@@ -18,6 +18,14 @@ from tritonactor.core.datatypes import (
 from tritonactor.core.errors import TritonError, invalid_arg
 
 
+class HeldView(np.ndarray):
+    """Bytes that lie in memory lent by another process (a slot of the engine's lane,
+    engine/lanes.py), which stays lent for as long as this array lives: every view of it
+    leads back to it (an array's `base`, a memoryview's `obj`), so a writer may keep such a
+    view until it has written it, with no copy made first (frontends/http/responses.py).
+    Read-only."""
+
+
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """What error messages about one request name: its model, and its id as Triton's

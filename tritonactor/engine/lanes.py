@@ -3,10 +3,13 @@
 Each side of an engine connection owns a `Lane` for what it sends: files in /dev/shm (slots),
 created as needed and reused. A tensor of `OUT_OF_BAND` bytes or more is copied into a free
 slot, and its frame carries the slot's name and the size instead of the bytes; the receiver's
-`LaneReader` maps the slot (once, then keeps it mapped), copies the tensor out and says so in a
-`Released` message, after which the sender reuses the slot. So a large tensor costs one copy on
-each side and no socket traffic: on the socket it cost a copy into and out of the kernel, and a
-wake-up for every socket buffer's worth (~200 KiB) of it.
+`LaneReader` maps the slot (once, then keeps it mapped) and reads the tensor where it lies: a
+read-only view of the slot, which stays the receiver's for as long as any view of it lives
+(an answer being written to its client, a request queued or computing). When the last one
+goes (from whatever thread let go of it), the receiver says so in a `Released` message, after
+which the sender reuses the slot. So a large tensor costs one copy, the sender's, and no
+socket traffic: on the socket it cost a copy into and out of the kernel, and a wake-up for
+every socket buffer's worth (~200 KiB) of it.
 
 A `Released` rides with the next message its side sends (a request's answer, the next request),
 in the same write: sent alone it cost both processes a write, a read and a wake-up a large
@@ -17,15 +20,18 @@ never left with all of its lane waiting to be released.
 What a lane holds is bounded (`LANE_LIMIT` per direction and connection) and its space is
 reserved when a slot is made (`posix_fallocate`: a full /dev/shm, as Docker's 64 MiB default
 fills, is an error then, not a SIGBUS later); a tensor that finds no slot crosses on the socket
-as before. A free slot the sender drops to make room for a bigger one is named in a `Dropped`
-message, and the receiver unmaps it (an unlinked file's memory lives as long as a mapping).
-Slot files are named by host, owner pid and a random token; they are unlinked by their owner
-when the connection ends, by the engine when a front end's connection ends (it may have died),
-and by an engine at start for owners on this host that are no longer running.
+as before, so a view kept long (requests queued behind a slow model) costs the sender room,
+never progress. A
+free slot the sender drops to make room for a bigger one is named in a `Dropped` message, and
+the receiver unmaps it (an unlinked file's memory lives as long as a mapping). Slot files are
+named by host, owner pid and a random token; they are unlinked by their owner when the
+connection ends, by the engine when a front end's connection ends (it may have died), and by an
+engine at start for owners on this host that are no longer running.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -34,9 +40,13 @@ import os
 import re
 import secrets
 import socket
+import weakref
 from dataclasses import dataclass
 
+import numpy as np
+
 from tritonactor.backends.python.ipc import SHM_DIR, map_new, remove_files
+from tritonactor.core.tensors import HeldView
 
 __all__ = [
     "LANE_LIMIT",
@@ -172,24 +182,39 @@ class Lane:
 
 
 class LaneReader:
-    """The receiving side: the other side's slots, mapped once each."""
+    """The receiving side: the other side's slots, mapped once each, and read in place."""
 
     def __init__(self) -> None:
         self._mapped: dict[str, mmap.mmap] = {}
-        self.taken: list[str] = []  # slots copied out since the last `Released`
+        # Slots whose last view has gone, (name, size), appended from any thread (a view may
+        # go on a backend's thread); the loop's thread moves them to `taken`.
+        self.returned: collections.deque[tuple[str, int]] = collections.deque()
+        self.taken: list[str] = []  # slots to name in the next `Released`
         self._taken_bytes = 0
 
     @property
     def due(self) -> bool:
-        """Whether the slots taken hold enough to be released now, alone (`RELEASE_ALONE`),
-        rather than with the next message."""
+        """Whether the slots to release hold enough to be released now, alone
+        (`RELEASE_ALONE`), rather than with the next message."""
+        self._collect()
         return self._taken_bytes >= RELEASE_ALONE
 
     def pop_taken(self) -> tuple[str, ...]:
-        """The slots copied out since last asked (for a `Released` message)."""
+        """The slots whose views have all gone since last asked (for a `Released` message)."""
+        self._collect()
         taken, self.taken = tuple(self.taken), []
         self._taken_bytes = 0
         return taken
+
+    def _collect(self) -> None:
+        returned = self.returned
+        while returned:
+            try:
+                name, size = returned.popleft()
+            except IndexError:  # (another caller on this thread, from a finalizer, took it)
+                break
+            self.taken.append(name)
+            self._taken_bytes += size
 
     def forget(self, names: tuple[str, ...]) -> None:
         """The sender dropped these slots: unmap them (their memory goes with the mapping)."""
@@ -200,29 +225,30 @@ class LaneReader:
                     mapping.close()
 
     def take(self, name: str, size: int) -> memoryview:
-        """A read-only copy of the first `size` bytes of the slot `name` (a view of `bytes`)."""
+        """A read-only view of the first `size` bytes of the slot `name`: the slot is released
+        once every view of it has gone (see the module's doc)."""
         if not name.startswith(PREFIX) or "/" in name:
             raise ValueError(f"not a lane slot: {name!r}")
         mapping = self._mapped.get(name)
         if mapping is None:
             fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
             try:
-                mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+                # ACCESS_READ: the mapping exports read-only memory (PROT_READ alone exports
+                # pages that cannot be written as writable).
+                mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             finally:
                 os.close(fd)
             self._mapped[name] = mapping
         if size > len(mapping):
             raise ValueError(f"lane slot {name!r} holds {len(mapping)} bytes, not {size}")
-        # A `bytes` object of its own (one copy, not zeroed first): an HTTP front end sends it
-        # as it is (frontends/http/responses.py).
-        copy = mapping[:size]
-        self.taken.append(name)
-        self._taken_bytes += size
-        return memoryview(copy)
+        held = np.frombuffer(mapping, np.uint8, size).view(HeldView)
+        weakref.finalize(held, self.returned.append, (name, size)).atexit = False
+        return memoryview(held)
 
     def close(self) -> None:
         """The connection is over: unmap the other side's slots and unlink them (their owner
-        does too when it can; one that died cannot)."""
+        does too when it can; one that died cannot). A slot still viewed stays mapped until
+        its last view goes."""
         for name, mapping in self._mapped.items():
             with contextlib.suppress(BufferError):
                 mapping.close()

@@ -367,10 +367,10 @@ def encode(
 
 def write(transport: Any, pieces: list[bytes | memoryview], lane: Lane, taken: LaneReader) -> None:
     """Write a message's frame (`pieces`, from `encode`) on a connection's transport, with a
-    `Released` for the other side's slots `taken` copied out since its last message before
+    `Released` for the other side's slots `taken` is done with since its last message before
     it, and a `Dropped` for the slots `lane` gave up in encoding it after it (engine/lanes.py):
     each side of an engine connection sends this way."""
-    if taken.taken:
+    if taken.returned or taken.taken:
         pieces = [*encode(messages.Released(taken.pop_taken())), *pieces]
     if len(pieces) == 1:
         transport.write(pieces[0])

@@ -19,7 +19,7 @@ import numpy as np
 
 from tritonactor.core.datatypes import BINARY_ONLY, is_datatype, num_elements, to_numpy_dtype
 from tritonactor.core.errors import internal
-from tritonactor.core.tensors import tensor_to_bytes
+from tritonactor.core.tensors import HeldView, tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.frontends.classification import classify
 from tritonactor.frontends.http.codec import BINARY_DATA_OUTPUT, encode_json
@@ -32,12 +32,12 @@ def encode_infer_response(
     request: InferenceRequest,
     *,
     in_shared_memory: Collection[str] = (),
-) -> tuple[bytes | tuple[bytes, ...], int | None]:
+) -> tuple[bytes | tuple[bytes | memoryview, ...], int | None]:
     """Encode a response as the request asked: (body, JSON header length or None).
 
-    The body is `bytes`, or a tuple of `bytes` to send one after another when an output's data
-    already is a `bytes` object of its own (a large tensor from the engine's lane): it is sent
-    as it is rather than copied into one body with the rest.
+    The body is `bytes`, or a tuple of pieces to send one after another when a large output's
+    data can be sent as it is (it lies in a slot of the engine's lane, or is a `bytes` object
+    of its own) rather than copied into one body with the rest.
 
     The header length is not None when some output travels as binary data after the JSON; the
     front end then sends it as `Inference-Header-Content-Length`. The outputs named in
@@ -68,17 +68,18 @@ def encode_infer_response(
     return _body([header, *chunks]), len(header)
 
 
-# A `bytes` object at least this large that holds an output's data is sent as it is, not
-# joined into the body (joining copies it; one more ASGI message costs a few µs).
+# An output's data at least this large is sent as it is, not joined into the body (joining
+# copies it; one more ASGI message costs a few µs), when it is a `bytes` object of its own or
+# lies in a slot of the engine's lane (engine/lanes.py).
 SEND_AS_IS = 64 * 1024
 
 
-def _body(pieces: list[Any]) -> bytes | tuple[bytes, ...]:
-    """The pieces as one `bytes`, or as several where a large one is a `bytes` object."""
-    body: list[bytes] = []
+def _body(pieces: list[Any]) -> bytes | tuple[bytes | memoryview, ...]:
+    """The pieces as one `bytes`, or as several where a large one can be sent as it is."""
+    body: list[bytes | memoryview] = []
     joined: list[Any] = []
     for piece in pieces:
-        whole = _whole_bytes(piece) if len(piece) >= SEND_AS_IS else None
+        whole = _as_is(piece) if len(piece) >= SEND_AS_IS else None
         if whole is None:
             joined.append(piece)
             continue
@@ -93,17 +94,26 @@ def _body(pieces: list[Any]) -> bytes | tuple[bytes, ...]:
     return tuple(body)
 
 
-def _whole_bytes(piece: Any) -> bytes | None:
-    """The `bytes` object `piece` (a contiguous uint8 view) is all of, or None."""
+def _as_is(piece: Any) -> bytes | memoryview | None:
+    """`piece` (a contiguous uint8 view) to send as it is: the `bytes` object it is all of, or
+    a view of it where it lies in a lane's slot (which stays the front end's until the ASGI
+    server lets go of the view: an ASGI server that wants `bytes` copies it then, once; one
+    that writes what it is given, as uvicorn's httptools protocol does, copies nothing). None
+    for anything else, which is joined."""
     if type(piece) is bytes:
         return piece
     if not (isinstance(piece, np.ndarray) and piece.flags.c_contiguous):
         return None  # (a reversed view of a whole object holds its bytes in another order)
     base = piece
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if isinstance(base, memoryview):
-        base = base.obj
+    while True:
+        if isinstance(base, np.ndarray):
+            if type(base) is HeldView:
+                return memoryview(piece)
+            base = base.base
+        elif isinstance(base, memoryview):
+            base = base.obj
+        else:
+            break
     if type(base) is bytes and len(base) == piece.nbytes:
         return base
     return None
