@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -541,7 +542,7 @@ def test_large_tensors_cross_in_shared_memory_that_is_reused_and_removed(tmp_pat
             if round == 1:
                 # A slot is released with the first message after its tensor's last view
                 # went (engine/lanes.py), here the next request's answer or the next request:
-                # two slots each way, then reused.
+                # two slots in the front end's lane, one in the engine's, then reused.
                 made = {pid: lane_files(pid) for pid in (engine, *connections)}
         assert all(made.values()), made
         assert {pid: lane_files(pid) for pid in (engine, *connections)} == made  # reused
@@ -556,6 +557,66 @@ def test_large_tensors_cross_in_shared_memory_that_is_reused_and_removed(tmp_pat
     finally:
         stop(served)
     assert not lane_files(engine) and not lane_files(survivor)
+
+
+def test_an_answer_still_being_written_keeps_its_slot(tmp_path: Path) -> None:
+    """The front end reads an answer's tensor in the engine's lane slot and uvicorn writes it
+    from there: an answer larger than the sockets' buffers, to a client that does not read
+    yet, keeps its slot until it is written (answers meanwhile take another one), and the
+    client reads its own bytes, not those of the answers after it (engine/lanes.py)."""
+    served = start("serve-1", tmp_path, models=("async_add",))
+    try:
+        engine = served.engine()
+        # 12 MiB of FP32 each way: past what the kernel buffers of a connection whose client
+        # reads nothing (tcp_wmem's 4 MiB at most, and a receive buffer of 4 KiB)
+        elements = 3 << 20
+        late = np.full((1, elements), 1.0, np.float32)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "datatype": "FP32",
+                        "shape": [1, elements],
+                        "parameters": {"binary_data_size": late.nbytes},
+                    }
+                ],
+                "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(("127.0.0.1", served.http_port))
+        reader.sendall(
+            b"POST /v2/models/async_add/infer HTTP/1.1\r\nHost: test\r\n"
+            b"Content-Length: %d\r\nInference-Header-Content-Length: %d\r\n\r\n"
+            % (len(header) + late.nbytes, len(header))
+            + header
+            + late.tobytes()
+        )
+        other = served.connection()
+        wait_for(lambda: inferences(other) == 1, 60, lambda: "the late request not answered")
+        for value in (2.0, 3.0):  # answers while the late one is being written
+            data = np.full((1, elements), value, np.float32)
+            np.testing.assert_array_equal(infer_large(other, data), data + 1)
+        slots = lane_files(engine)
+        response = http.client.HTTPResponse(reader)
+        response.begin()
+        body = response.read()
+        assert response.status == 200, body[:300]
+        length = int(response.getheader("Inference-Header-Content-Length"))
+        np.testing.assert_array_equal(np.frombuffer(body[length:], np.float32), late[0] + 1)
+        reader.close()
+        assert len(slots) == 2  # its slot was held: the answers after it took one more
+    finally:
+        stop(served)
+
+
+def inferences(connection: http.client.HTTPConnection) -> int:
+    """The inferences async_add has counted."""
+    connection.request("GET", "/v2/models/async_add/stats")
+    response = connection.getresponse()
+    return int(json.loads(response.read())["model_stats"][0]["inference_count"])
 
 
 def traced_env(receiver: OtlpReceiver, delay_ms: int) -> dict[str, str]:

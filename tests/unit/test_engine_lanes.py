@@ -49,6 +49,12 @@ def in_a_slot(data: object) -> bool:
             return False
 
 
+def mapped(name: str) -> bool:
+    """Whether this process still maps the slot `name`."""
+    with open("/proc/self/maps") as maps:
+        return any(name in line for line in maps)
+
+
 def cross(message: m.Answer, lane: Lane, reader: FrameReader) -> m.Answer:
     [received] = reader.feed(b"".join(bytes(piece) for piece in encode(message, lane)))
     assert isinstance(received, m.Answer)
@@ -103,8 +109,10 @@ def test_a_view_let_go_on_another_thread_is_released_by_the_next_message() -> No
     reader = FrameReader(taken)
     try:
         got = cross(answer(1, OUT_OF_BAND), lane, reader)
+        assert in_a_slot(got.value.outputs[0].data)
         box = [got]
         del got
+        assert not taken.returned and not taken.pop_taken()  # still viewed, in `box`
         thread = threading.Thread(target=box.clear)
         thread.start()
         thread.join()
@@ -137,14 +145,68 @@ def test_a_slot_still_viewed_when_the_connection_ends_stays_readable() -> None:
     reader = FrameReader(taken)
     try:
         got = cross(answer(4, OUT_OF_BAND), lane, reader)
+        assert in_a_slot(got.value.outputs[0].data)
+        [name] = files(lane)
         taken.close()
         lane.close()
+        assert not files(lane)  # unlinked, still mapped here
         np.testing.assert_array_equal(
             got.value.outputs[0].data, np.arange(OUT_OF_BAND, dtype=np.float32) + 4
         )
+        assert mapped(name)
+        del got
+        assert not mapped(name) and [n for n, _ in taken.returned] == [name]
     finally:
         lane.close()
     assert not files(lane)
+
+
+def test_an_array_numpy_makes_of_the_held_view_keeps_the_slot() -> None:
+    """numpy makes an array of an array's memory with that memory's owner as its base,
+    skipping views: the held view is that owner, so such an array keeps the slot too."""
+    lane, taken = Lane(), LaneReader()
+    try:
+        name = lane.put(memoryview(np.arange(OUT_OF_BAND, dtype=np.float32)).cast("B"))
+        assert name is not None
+        view = taken.take(name, 4 * OUT_OF_BAND)
+        kept = [np.asarray(view.obj), view.obj.view(np.ndarray), np.frombuffer(view.obj, np.uint8)]
+        del view
+        while kept:
+            assert not taken.pop_taken()
+            kept.pop()
+        assert taken.pop_taken() == (name,)
+    finally:
+        lane.close()
+        taken.close()
+
+
+def test_past_the_view_limit_a_tensor_is_copied_out_and_released_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests queued behind a slow model keep their views: past `VIEW_LIMIT` viewed, what
+    comes is copied out and its slot released with the next message, so the sender keeps room
+    (one tensor is viewed however large it is)."""
+    monkeypatch.setattr(lanes, "VIEW_LIMIT", 2 * 4 * OUT_OF_BAND)  # two tensors' bytes
+    lane, taken = Lane(), LaneReader()
+    reader = FrameReader(taken)
+    try:
+        big = cross(answer(0, 4 * OUT_OF_BAND), lane, reader)  # over the limit alone: viewed
+        assert in_a_slot(big.value.outputs[0].data)
+        del big
+        [first] = taken.pop_taken()
+        lane.release((first,))
+        got = [cross(answer(index, OUT_OF_BAND), lane, reader) for index in range(4)]
+        assert [in_a_slot(g.value.outputs[0].data) for g in got] == [True, True, False, False]
+        assert len(taken.pop_taken()) == 2  # the copies' slots, at once
+        for index, g in enumerate(got):
+            np.testing.assert_array_equal(
+                g.value.outputs[0].data, np.arange(OUT_OF_BAND, dtype=np.float32) + index
+            )
+        del got, g
+        assert len(taken.pop_taken()) == 2  # the views' slots, once they went
+    finally:
+        lane.close()
+        taken.close()
 
 
 def test_without_room_in_the_lane_a_tensor_crosses_on_the_socket() -> None:

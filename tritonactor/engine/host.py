@@ -128,7 +128,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         for message in received:
             self._dispatch(message)
-        del received  # (with the last message: a tensor no one kept is released at once)
+        del received  # (with the last message: a tensor no one kept is let go of now)
         message = None
         if self._lanes.due:  # otherwise they ride with the next message (engine/lanes.py)
             self.send(m.Released(self._lanes.pop_taken()))

@@ -37,6 +37,7 @@ import itertools
 import logging
 import mmap
 import os
+import pickle
 import re
 import secrets
 import socket
@@ -51,6 +52,7 @@ from tritonactor.core.tensors import HeldView
 __all__ = [
     "LANE_LIMIT",
     "RELEASE_ALONE",
+    "VIEW_LIMIT",
     "Lane",
     "LaneReader",
     "owner_prefix",
@@ -69,11 +71,14 @@ LANE_LIMIT = 32 << 20
 _SMALLEST = 64 << 10
 # After /dev/shm refused a slot, tensors go on the socket for this many before a new try.
 _RETRY_AFTER = 1000
-# Slots taken with this many bytes in them are released at once, without waiting for a message
-# to ride with: their capacity is at most twice that, so the sender keeps at least three
-# quarters of its lane whatever the other side sends (requests queued behind a slow model hold
-# no more of /dev/shm than that).
+# Slots let go of with this many bytes in them are released at once, without waiting for a
+# message to ride with: their capacity is at most twice that.
 RELEASE_ALONE = LANE_LIMIT // 8
+# What a receiver holds in views of the sender's slots at most: a tensor past it (requests
+# queued behind a slow model) is copied out and its slot released at once, as before views, so
+# that the sender keeps at least half of its lane whatever the other side keeps (one tensor is
+# always viewed, however large).
+VIEW_LIMIT = LANE_LIMIT // 8
 
 _lanes = itertools.count()
 
@@ -191,6 +196,7 @@ class LaneReader:
         self.returned: collections.deque[tuple[str, int]] = collections.deque()
         self.taken: list[str] = []  # slots to name in the next `Released`
         self._taken_bytes = 0
+        self._viewed = 0  # bytes of the slots viewed, not yet returned
 
     @property
     def due(self) -> bool:
@@ -209,12 +215,10 @@ class LaneReader:
     def _collect(self) -> None:
         returned = self.returned
         while returned:
-            try:
-                name, size = returned.popleft()
-            except IndexError:  # (another caller on this thread, from a finalizer, took it)
-                break
+            name, size = returned.popleft()  # (finalizers only append)
             self.taken.append(name)
             self._taken_bytes += size
+            self._viewed -= size
 
     def forget(self, names: tuple[str, ...]) -> None:
         """The sender dropped these slots: unmap them (their memory goes with the mapping)."""
@@ -226,23 +230,32 @@ class LaneReader:
 
     def take(self, name: str, size: int) -> memoryview:
         """A read-only view of the first `size` bytes of the slot `name`: the slot is released
-        once every view of it has gone (see the module's doc)."""
+        once every view of it has gone (see the module's doc); past `VIEW_LIMIT`, a copy (of a
+        `bytes` object), the slot released with the next message."""
         if not name.startswith(PREFIX) or "/" in name:
             raise ValueError(f"not a lane slot: {name!r}")
         mapping = self._mapped.get(name)
         if mapping is None:
             fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
             try:
-                # ACCESS_READ: the mapping exports read-only memory (PROT_READ alone exports
-                # pages that cannot be written as writable).
-                mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # read-only views
             finally:
                 os.close(fd)
             self._mapped[name] = mapping
         if size > len(mapping):
             raise ValueError(f"lane slot {name!r} holds {len(mapping)} bytes, not {size}")
-        held = np.frombuffer(mapping, np.uint8, size).view(HeldView)
+        self._collect()
+        if self._viewed and self._viewed + size > VIEW_LIMIT:
+            self.taken.append(name)
+            self._taken_bytes += size
+            return memoryview(mapping[:size])
+        # Over a PickleBuffer of the mapping: it holds the mapping's export for as long as the
+        # array lives (a closed mapping under a view would crash the process), and numpy does
+        # not see through it, so an array numpy makes of the held view has the held view as
+        # its base (numpy skips an array's views down to the first base that is not one).
+        held = HeldView((size,), np.uint8, buffer=pickle.PickleBuffer(mapping))
         weakref.finalize(held, self.returned.append, (name, size)).atexit = False
+        self._viewed += size
         return memoryview(held)
 
     def close(self) -> None:

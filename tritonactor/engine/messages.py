@@ -5,7 +5,7 @@ request), `Cancel` (its client went away). Engine → front end: `Answer`/`Faile
 request's outcome), `Part` (one response of a decoupled model's stream), `Table` (the ready
 model versions, sent whenever they change, before anything that depends on the change), and
 `Regions` (the shared-memory regions clients registered, likewise). Both ways: `Released`
-(lane slots whose tensors the receiver has copied out) and `Dropped` (lane slots the sender
+(lane slots the receiver is done with: its views of them gone) and `Dropped` (lane slots the sender
 gave up)."""
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class EngineConnection(asyncio.BufferedProtocol):
                 self.hello.set_result(message)
             else:
                 self._on_message(message)
-        message = None  # (a tensor no one kept is released at once)
+        message = None  # (a tensor no one kept is let go of now)
         if self._lanes.due:  # otherwise they ride with the next message (engine/lanes.py)
             with contextlib.suppress(TritonError):  # the engine is gone: nothing to release
                 self.send(m.Released(self._lanes.pop_taken()))
