@@ -345,6 +345,25 @@ async def test_a_large_answer_waits_for_the_clients_window(tmp_path: Path) -> No
     assert answer(ours.streams[3]).raw_output_contents == [b"\x07" * 200_000]
 
 
+async def test_a_large_answer_that_fits_goes_in_one_write_of_its_pieces(tmp_path: Path) -> None:
+    """Where the client's windows and frame size take the whole answer, its headers, message
+    and trailers go in one `writelines`, the tensor's bytes a buffer of their own (not copied
+    into the frame), and the client reads the same answer as grpclib's."""
+
+    async def play(session: Session) -> None:
+        for _ in range(2):
+            stream_id = infer(session, "big")
+            await session.settle(session.ended(stream_id))
+
+    ours, _ = await both(play, tmp_path, window=1 << 20, frame=1 << 20)
+    assert direct_calls(ours) == 2
+    assert answer(ours.streams[3]).raw_output_contents == [b"\x07" * 200_000]
+    # one write an answer: the headers and the DATA frame's header, the message's head, the
+    # entry's prefix, the entry, and the trailers (after what h2 had to send, if anything)
+    assert len(ours.transport.pieces) == 2  # type: ignore[attr-defined]
+    assert all(count >= 5 for count in ours.transport.pieces)  # type: ignore[attr-defined]
+
+
 async def test_the_restricted_protocol(tmp_path: Path) -> None:
     header = "triton-grpc-protocol-infer-key"
 

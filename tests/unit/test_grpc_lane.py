@@ -136,10 +136,15 @@ class Transport:
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.pieces: list[int] = []  # the number of buffers of each `writelines`
         self.closed = False
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
+
+    def writelines(self, pieces: list[Any]) -> None:
+        self.pieces.append(len(pieces))
+        self.writes.append(b"".join(memoryview(piece).cast("B") for piece in pieces))
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -165,6 +170,7 @@ class Session:
         lanes: bool,
         window: int | None = None,
         config: Configuration | None = None,
+        frame: int | None = None,
         split: int | None = None,
         handshake: bool = True,
         service: Any = None,
@@ -181,11 +187,17 @@ class Session:
         self.client = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         )
+        values = {}
         if window is not None:
-            self.client.local_settings = h2.settings.Settings(
-                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}
-            )
+            values[h2.settings.SettingCodes.INITIAL_WINDOW_SIZE] = window
+        if frame is not None:  # frames this large accepted, and the connection's window
+            values[h2.settings.SettingCodes.MAX_FRAME_SIZE] = frame
+        if values:
+            self.client.local_settings = h2.settings.Settings(client=True, initial_values=values)
         self.client.initiate_connection()
+        if frame is not None:
+            self.client.max_inbound_frame_size = frame  # (h2 reads it at its start only)
+            self.client.increment_flow_control_window(4 * frame)
         self.streams: dict[int, dict[str, Any]] = {}
         self.connection: list[tuple[str, Any]] = []
         self.bodies: dict[int, bytes] = {}  # what the client still has to send

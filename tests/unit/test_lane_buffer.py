@@ -16,8 +16,14 @@ from tritonactor.frontends.grpc.lane_buffer import LaneBuffer
 
 OPS = st.lists(
     st.one_of(
-        # a chunk: its bytes (bytes or bytearray, as the lane slices them) and its padding
-        st.tuples(st.just("add"), st.integers(0, 40), st.integers(0, 3), st.booleans()),
+        # a chunk: its bytes (bytes, bytearray or a memoryview, as the lane slices them) and
+        # its padding
+        st.tuples(
+            st.just("add"),
+            st.integers(0, 40),
+            st.integers(0, 3),
+            st.sampled_from(["bytes", "bytearray", "view"]),
+        ),
         st.tuples(st.just("empty")),  # an empty DATA frame: no flow-controlled size
         st.tuples(st.just("eof")),
         st.tuples(st.just("read"), st.integers(0, 60)),
@@ -27,7 +33,9 @@ OPS = st.lists(
 )
 
 
-async def _play(kind: type, ops: list[tuple[Any, ...]]) -> list[Any]:
+async def _play(kind: type, ops: list[tuple[Any, ...]], copy: bool = True) -> list[Any]:
+    """`ops` on a buffer of `kind`; `copy` false: LaneBuffer's reads that may give views (their
+    bytes logged, not their type)."""
     log: list[Any] = []
     buffer = kind(lambda size: log.append(("ack", size)))
     reading: asyncio.Task[bytes] | None = None
@@ -45,21 +53,29 @@ async def _play(kind: type, ops: list[tuple[Any, ...]]) -> list[Any]:
                 log.append(("error", type(error).__name__, str(error)))
             else:
                 result = reading.result()
-                log.append(("read", type(result).__name__, bytes(result)))
+                log.append(("read", type(result).__name__ if copy else "", bytes(result)))
             reading = None
 
     for op in ops:
         if op[0] == "add":
-            _, length, pad, as_bytearray = op
-            data = bytes((counter + i) % 251 for i in range(length))
+            _, length, pad, form = op
+            data: Any = bytes((counter + i) % 251 for i in range(length))
             counter += length
-            buffer.add(bytearray(data) if as_bytearray else data, length + pad)
+            if form == "bytearray":
+                data = bytearray(data)
+            elif form == "view":  # a part of what the socket read
+                data = memoryview(b"<" + data + b">")[1:-1]
+            buffer.add(data, length + pad)
         elif op[0] == "empty":
             buffer.add(b"", 0)
         elif op[0] == "eof":
             buffer.eof()
         elif op[0] == "read" and reading is None:
-            reading = asyncio.ensure_future(buffer.read(op[1]))
+            reading = asyncio.ensure_future(
+                buffer.read(op[1], copy=False)
+                if kind is LaneBuffer and not copy
+                else buffer.read(op[1])
+            )
         elif op[0] == "cancel" and reading is not None:
             reading.cancel()
         await settle()
@@ -79,6 +95,16 @@ def test_the_lane_buffer_reads_and_gives_the_window_back_as_grpclibs(
 ) -> None:
     theirs = asyncio.run(_play(Buffer, ops))
     ours = asyncio.run(_play(LaneBuffer, ops))
+    assert ours == theirs
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_reads_that_may_give_views_give_what_grpclibs_gives(ops: list[tuple[Any, ...]]) -> None:
+    """`read(size, copy=False)` (the direct ModelInfer path's) gives the same bytes, errors and
+    windows as grpclib's read; only the type of what it gives may differ."""
+    theirs = asyncio.run(_play(Buffer, ops, copy=False))
+    ours = asyncio.run(_play(LaneBuffer, ops, copy=False))
     assert ours == theirs
 
 

@@ -231,17 +231,17 @@ class DirectInfer:
             missing = self._restrictions.missing(INFERENCE, metadata.get)  # type: ignore[union-attr]
             if missing is not None:
                 raise GRPCError(Status.UNAVAILABLE, grpc_message(missing))
-        data = await read_message(stream, self._max_size)
+        data = await read_message(stream, self._max_size, view=True)
         if data is None:  # grpclib's handler asserts a message came
             raise AssertionError("ModelInfer without a request message")
         message = parse_message(InferRequestMessage.FromString, data)
         connection = stream.connection
         connection.messages_received += 1
-        kept: list[bytes] = []
+        kept: list[tuple[list[Any], int]] = []
         await self._infer(message, fields, metadata, functools.partial(_keep, connection, kept))
         if not kept:  # (grpclib answers a unary call without a message UNKNOWN)
             raise RuntimeError("ModelInfer answered without a message")
-        await _send(stream, sent, kept[0])
+        await _send(stream, sent, *kept[0])
 
     async def _fail(
         self,
@@ -272,29 +272,33 @@ class DirectInfer:
             stream.reset_nowait()
 
 
-async def _keep(connection: Connection, kept: list[bytes], response: InferResponseMessage) -> None:
+async def _keep(
+    connection: Connection, kept: list[tuple[list[Any], int]], response: InferResponseMessage
+) -> None:
     """The answer encoded and counted, and kept for its write after the call's log line, as
-    unary.py's `send_message` keeps it until the handler returns."""
-    out = response.SerializeToString()
-    kept.append(b"\0" + len(out).to_bytes(4, "big") + out)
+    unary.py's `send_message` keeps it until the handler returns: its length prefix and the
+    message's pieces (`InferResponseMessage.pieces`: the tensors' bytes as they are)."""
+    pieces, size = response.pieces()
+    pieces[0] = b"\0" + size.to_bytes(4, "big") + pieces[0]
+    kept.append((pieces, size + 5))
     connection.messages_sent += 1
     connection.last_message_sent = time.monotonic()
 
 
-async def _send(stream: LaneStream, sent: list[bool], body: bytes) -> None:
+async def _send(stream: LaneStream, sent: list[bool], pieces: list[Any], size: int) -> None:
     """The answer: headers, message and trailers in one write, or in pieces past the stream's
     window or the peer's frame size (as unary.py writes it)."""
     connection = stream.connection
     if not connection.write_ready.is_set():
         await connection.write_ready.wait()
     stream.check_open()
-    if stream.fits(len(body)):
+    if stream.fits(size):
         sent[0] = True
-        stream.send_answer(_HEADERS, body, _OK_TRAILERS)
+        stream.send_answer(_HEADERS, pieces, _OK_TRAILERS, size)
         return
     stream.send_answer(_HEADERS, None, None)
     sent[0] = True
-    await stream.send_data(body)  # in pieces, as the window allows
+    await stream.send_data(b"".join(pieces))  # in pieces, as the window allows
     await stream.send_headers(_OK_TRAILERS, end_stream=True)
 
 

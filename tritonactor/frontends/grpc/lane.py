@@ -161,7 +161,14 @@ class Lane:
                         if start < position:
                             self._to_h2(buffer[start:position])
                         start = after
-                        self._stream_frame(stream, kind, flags, buffer[position + 9 : after])
+                        # a DATA frame's payload as a view: what it views is not written again
+                        # (a buffer that frames were taken from is replaced, below)
+                        payload = (
+                            memoryview(buffer)[position + 9 : after]
+                            if kind == DATA
+                            else buffer[position + 9 : after]
+                        )
+                        self._stream_frame(stream, kind, flags, payload)
                         position = after
                         continue
                     if (
@@ -206,7 +213,7 @@ class Lane:
             if position == end:
                 self._buffer = bytearray()
             elif position or buffer is not self._buffer:
-                self._buffer = bytearray(buffer[position:])
+                self._buffer = bytearray(memoryview(buffer)[position:])
 
     def _window_update(self, increment: int) -> bool:
         """A WINDOW_UPDATE of the connection's window, taken as h2 takes it (the window grown,
@@ -284,7 +291,7 @@ class Lane:
             handler.accept(stream, headers, release)
 
     def _stream_frame(
-        self, stream: LaneStream, kind: int, flags: int, payload: bytes | bytearray
+        self, stream: LaneStream, kind: int, flags: int, payload: bytes | bytearray | memoryview
     ) -> None:
         h2 = self.h2
         if kind == DATA:
@@ -362,6 +369,14 @@ class Lane:
         """`frames` to the socket, after what h2 has to send."""
         pending = self.h2.data_to_send()
         self.connection._transport.write(pending + frames if pending else frames)
+
+    def writelines(self, pieces: list[Any]) -> None:
+        """`pieces` (buffers) to the socket one after another, after what h2 has to send: one
+        `writev` on uvloop, none of them copied (asyncio's transport joins them)."""
+        pending = self.h2.data_to_send()
+        if pending:
+            pieces = [pending, *pieces]
+        self.connection._transport.writelines(pieces)
 
     def ack_connection(self, size: int) -> None:
         """`size` bytes read: their share of the connection's window back, by h2's count."""

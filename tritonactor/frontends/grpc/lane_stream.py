@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grpclib.protocol import Connection, EventsProcessor, Stream
@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from grpclib.server import Handler
 
 
+# A message at least this large is written as its pieces (one `writev`), not joined first.
+WRITE_AS_IS = 64 * 1024
+
+
 class StreamLane(Protocol):
     """What a lane stream needs of its connection's lane (lane.py's `Lane`)."""
 
@@ -56,6 +60,10 @@ class StreamLane(Protocol):
 
     def write(self, frames: bytes) -> None:
         """`frames` to the socket, after what h2 has to send."""
+        ...
+
+    def writelines(self, pieces: list[Any]) -> None:
+        """`pieces` (buffers) to the socket one after another, after what h2 has to send."""
         ...
 
     def ack_connection(self, size: int) -> None:
@@ -236,13 +244,16 @@ class LaneStream(Stream):
         return b"".join(frames)
 
     def _data_frame(self, data: bytes, end_stream: bool) -> bytes:
+        return self._data_header(len(data), end_stream) + data
+
+    def _data_header(self, size: int, end_stream: bool) -> bytes:
+        """The header of a DATA frame of `size` bytes, counted against the windows."""
         h2 = self.lane.h2
         advance(h2, ConnectionInputs.SEND_DATA)
-        size = len(data)
         self.window -= size
         h2.outbound_flow_control_window -= size
         flags = END_STREAM if end_stream else 0
-        return frame_header(size, DATA, flags, self.id) + data
+        return frame_header(size, DATA, flags, self.id)
 
     def _local_end(self) -> None:
         self.local_closed = True
@@ -257,21 +268,34 @@ class LaneStream(Stream):
         h2 = self.lane.h2
         return size <= min(self.window, h2.outbound_flow_control_window, h2.max_outbound_frame_size)
 
-    def send_answer(self, headers: Any, data: bytes | None, trailers: Any) -> None:
-        """Headers, a message that `fits` (or None) and trailers (or None), in one write."""
+    def send_answer(
+        self, headers: Any, data: Sequence[Any] | None, trailers: Any, size: int = 0
+    ) -> None:
+        """Headers, a message that `fits` (or None) and trailers (or None), in one write. The
+        message is `data`, buffers of `size` bytes in all: joined with the frames when small,
+        written as they are when large (`WRITE_AS_IS`: a large tensor's bytes are not copied
+        into the frame)."""
         self.check_open()
-        frames = self._headers_frames(headers, False)
+        frames = [self._headers_frames(headers, False)]
         if data is not None:
-            frames += self._data_frame(data, False)
-            self.data_sent += len(data)
-            self.connection.data_sent += len(data)
+            frames.append(self._data_header(size, False))
+            frames += data
+            self.data_sent += size
+            self.connection.data_sent += size
             self.connection.data_send_process()
         if trailers is not None:
-            frames += self._headers_frames(trailers, True)
-        self._write(frames)
+            frames.append(self._headers_frames(trailers, True))
+        if size < WRITE_AS_IS:
+            self._write(b"".join(frames))
+        else:
+            self.lane.writelines(frames)
         self.connection.headers_send_process()
         if trailers is not None:
             self._local_end()
+
+    async def recv_view(self, size: int) -> bytes | memoryview:
+        """`recv_data`, a part of one received chunk as a view of it (LaneBuffer.read)."""
+        return await self.buffer.read(size, copy=False)  # type: ignore[call-arg]
 
     async def send_headers(self, headers: Any, end_stream: bool = False) -> None:
         await self.connection.write_ready.wait()

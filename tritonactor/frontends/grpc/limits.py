@@ -84,9 +84,12 @@ async def receive(
     return message
 
 
-async def read_message(raw: grpclib.protocol.Stream, max_size: int) -> bytes | None:
+async def read_message(
+    raw: grpclib.protocol.Stream, max_size: int, view: bool = False
+) -> bytes | memoryview | None:
     """The bytes of the next length-prefixed message on `raw` (None at its end), read once
-    its length is known to be at most `max_size`."""
+    its length is known to be at most `max_size`; with `view` (a lane's stream), a view of
+    what the socket read where the message came in one piece."""
     try:
         prefix = await raw.recv_data(5)
     except AssertionError:  # grpclib's word for a stream that ended inside the prefix
@@ -105,7 +108,7 @@ async def read_message(raw: grpclib.protocol.Stream, max_size: int) -> bytes | N
             "--grpc-max-message-size to increase the limit.",
         )
     try:
-        data = await raw.recv_data(length)
+        data = await (raw.recv_view(length) if view else raw.recv_data(length))  # type: ignore[attr-defined]
     except AssertionError:  # the same, inside the message
         raise _truncated() from None
     if len(data) != length:

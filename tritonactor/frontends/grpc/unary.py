@@ -162,7 +162,9 @@ class UnaryStream(grpclib.server.Stream):  # type: ignore[type-arg]
             raw.check_open()
             self._answer_headers = self._answer_data = None
             if data is None or raw.fits(len(data)):
-                raw.send_answer(headers, data, trailers)
+                raw.send_answer(
+                    headers, None if data is None else (data,), trailers, len(data or b"")
+                )
             else:
                 raw.send_answer(headers, None, None)
                 await raw.send_data(data)  # in pieces, as the window allows
