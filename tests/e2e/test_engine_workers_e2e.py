@@ -612,6 +612,27 @@ def test_an_answer_still_being_written_keeps_its_slot(tmp_path: Path) -> None:
         stop(served)
 
 
+def test_large_grpc_messages_cross_uvicorns_loop_both_ways(tmp_path: Path) -> None:
+    """Under `tritonactor serve` (uvicorn, uvloop), large ModelInfer messages each way: the
+    request read in place from what the socket read, the answer written as its pieces (its
+    tensor from the engine's lane slot, uncopied) in one writev; tritonclient gets each
+    answer's own bytes, round after round, the slots reused."""
+    served = start("serve-1", tmp_path, models=("async_add",))
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
+        rng = np.random.default_rng(1)
+        for _ in range(2):
+            for elements in (1 << 14, 1 << 18, 3 << 18):  # 64 KiB, 1 MiB, 3 MiB
+                data = rng.random((1, elements), dtype=np.float32)
+                tensor = grpcclient.InferInput("INPUT0", [1, elements], "FP32")
+                tensor.set_data_from_numpy(data)
+                result = client.infer("async_add", [tensor])
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data + 1)
+        client.close()
+    finally:
+        stop(served)
+
+
 def inferences(connection: http.client.HTTPConnection) -> int:
     """The inferences async_add has counted."""
     connection.request("GET", "/v2/models/async_add/stats")

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import grpclib.server
 import h2.errors
+import numpy as np
 import pytest
 from grpclib.const import Status
 from grpclib.events import RecvRequest, listen
@@ -26,6 +29,7 @@ from grpclib.events import RecvRequest, listen
 from tests.unit.test_grpc_lane import Session, message, status
 from tritonactor._proto_c.grpc_service_pb2 import ModelInferRequest, ModelInferResponse
 from tritonactor.core.errors import invalid_arg
+from tritonactor.core.tensors import HeldView
 from tritonactor.frontends.drain import Drain
 from tritonactor.frontends.grpc import direct as direct_module
 from tritonactor.frontends.grpc import limits
@@ -54,6 +58,8 @@ class Infer(InferenceService):
         self.cancelled = 0
         self.release = asyncio.Event()
         self.seen: list[tuple[str, Any]] = []
+        self.readonly: list[bool] = []  # echo_raw's request contents: read-only each
+        self.owners: list[tuple[str, int]] = []  # and what their memory belongs to
 
     async def _model_infer(self, stream: grpclib.server.Stream[Any, Any]) -> None:
         self.grpclib_calls += 1
@@ -84,7 +90,14 @@ class Infer(InferenceService):
             raise invalid_arg("no such input 'X', as asked")
         elif name == "boom":
             raise RuntimeError("a bug")
-        raw = [b"\x07" * 200_000] if name == "big" else []
+        raw: list[Any] = [b"\x07" * 200_000] if name == "big" else []
+        if name == "echo_raw":  # the request's raw contents as they came, answered as they are
+            self.readonly += [memoryview(entry).readonly for entry in message.raw]
+            self.owners += [
+                (type(memoryview(entry).obj).__name__, len(memoryview(entry).obj))
+                for entry in message.raw
+            ]
+            raw = [np.frombuffer(entry, np.uint8) for entry in message.raw]
         return InferResponseMessage(ModelInferResponse(model_name=name, id=message.id), raw)
 
 
@@ -364,6 +377,33 @@ async def test_a_large_answer_that_fits_goes_in_one_write_of_its_pieces(tmp_path
     assert all(count >= 5 for count in ours.transport.pieces)  # type: ignore[attr-defined]
 
 
+async def test_a_large_request_is_read_in_place_and_its_contents_are_read_only(
+    tmp_path: Path,
+) -> None:
+    """A request message in one large DATA frame is read as a view of what the socket read
+    (or of the lane's buffer, where the frame came in several reads), read-only either way;
+    the answer echoing its contents is the same as grpclib's."""
+    contents = bytes(range(256)) * 400  # 100 KiB
+    body = ModelInferRequest(model_name="echo_raw", id="x", raw_input_contents=[contents])
+    payload = message(body.SerializeToString())  # one DATA frame's
+
+    async def play(session: Session) -> None:
+        stream_id = session.open(MODEL_INFER)
+        session.bodies[stream_id] = payload
+        session._send_body(stream_id, payload)
+        await session.settle(session.ended(stream_id))
+
+    # in one read, the frame's payload views the bytes read; in pieces, the lane's buffer
+    for split, owner in ((None, "bytes"), (7_000, "bytearray")):
+        ours, theirs = await both(play, tmp_path, split=split, window=1 << 20, frame=1 << 20)
+        assert direct_calls(ours) == 1
+        assert answer(ours.streams[1]).raw_output_contents == [contents]
+        assert ours.infer.readonly == [True]  # type: ignore[attr-defined]
+        assert theirs.infer.readonly == [True]  # type: ignore[attr-defined]
+        [(kind, size)] = ours.infer.owners  # type: ignore[attr-defined]
+        assert kind == owner and size > len(payload)  # not a copy of the frame's payload
+
+
 async def test_the_restricted_protocol(tmp_path: Path) -> None:
     header = "triton-grpc-protocol-infer-key"
 
@@ -626,3 +666,26 @@ async def test_a_timeout_of_the_calls_own_is_grpclibs_unknown(
     assert headers["grpc-message"] == "Internal Server Error"
     logged = [r.getMessage() for r in caplog.records if r.name == "grpclib.server"]
     assert logged.count("Timeout occurred") == 2  # both paths
+
+
+async def test_a_large_answer_keeps_unchanging_tensors_as_they_are_and_copies_the_rest() -> None:
+    """`_keep` (the answer's pieces, written later): a tensor in a lane's slot (a HeldView)
+    or in `bytes` goes as it is; one a model may still change (its own array) is copied at
+    once, so that what is written is what it answered."""
+    mapping = mmap.mmap(-1, 1 << 17)
+    mapping[:] = b"\x05" * (1 << 17)
+    held = memoryview(HeldView((1 << 17,), np.uint8, buffer=pickle.PickleBuffer(mapping)))
+    own = np.full(1 << 17, 6, np.uint8)
+    data = b"\x07" * (1 << 17)
+    response = InferResponseMessage(ModelInferResponse(model_name="m"), [held, own, data])
+    kept: list[tuple[list[Any], int]] = []
+    connection = SimpleNamespace(messages_sent=0, last_message_sent=0.0)
+    await direct_module._keep(connection, kept, response)  # type: ignore[arg-type]
+    [(pieces, size)] = kept
+    assert held in pieces and any(piece is data for piece in pieces)
+    own[:] = 0  # the model changes its array after answering
+    body = b"".join(bytes(memoryview(piece).cast("B")) for piece in pieces)
+    assert size == len(body) and body[0] == 0 and int.from_bytes(body[1:5], "big") == size - 5
+    sent = ModelInferResponse.FromString(body[5:])
+    assert sent.raw_output_contents == [b"\x05" * (1 << 17), b"\x06" * (1 << 17), data]
+    del pieces, kept, held

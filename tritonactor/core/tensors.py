@@ -26,6 +26,30 @@ class HeldView(np.ndarray):
     Read-only."""
 
 
+def owner_of(data: object) -> object:
+    """What the memory `data` views belongs to: the first `HeldView` on the way through the
+    views it is of (an array's `base`, a memoryview's `obj`), or the object they end at."""
+    while True:
+        if isinstance(data, np.ndarray):
+            if type(data) is HeldView:
+                return data
+            base = data.base
+            if base is None:
+                return data
+            data = base
+        elif isinstance(data, memoryview):
+            data = data.obj
+        else:
+            return data
+
+
+def unchanging(data: object) -> bool:
+    """Whether nothing can change `data`'s bytes while it lives: `bytes`, or a view of `bytes`
+    or of a `HeldView` (a writer may then keep it, uncopied, until it has written it)."""
+    owner = owner_of(data)
+    return type(owner) is bytes or type(owner) is HeldView
+
+
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """What error messages about one request name: its model, and its id as Triton's

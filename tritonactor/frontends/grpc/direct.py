@@ -54,8 +54,9 @@ from grpclib.server import Handler
 from grpclib.utils import DeadlineWrapper, Wrapper
 from h2.exceptions import StreamClosedError
 
+from tritonactor.core.tensors import unchanging
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
-from tritonactor.frontends.grpc.lane_stream import LaneStream
+from tritonactor.frontends.grpc.lane_stream import WRITE_AS_IS, LaneStream
 from tritonactor.frontends.grpc.limits import parse_message, read_message
 from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.frontends.restrictions import INFERENCE, Restrictions, grpc_message
@@ -276,10 +277,15 @@ async def _keep(
     connection: Connection, kept: list[tuple[list[Any], int]], response: InferResponseMessage
 ) -> None:
     """The answer encoded and counted, and kept for its write after the call's log line, as
-    unary.py's `send_message` keeps it until the handler returns: its length prefix and the
-    message's pieces (`InferResponseMessage.pieces`: the tensors' bytes as they are)."""
+    unary.py's `send_message` keeps it until the handler returns: joined when small; when
+    large, its length prefix and the message's pieces (`InferResponseMessage.pieces`), a
+    tensor that lies in a lane's slot (or in `bytes`) as it is, anything else copied."""
     pieces, size = response.pieces()
     pieces[0] = b"\0" + size.to_bytes(4, "big") + pieces[0]
+    if size < WRITE_AS_IS:
+        pieces = [b"".join(pieces)]
+    else:  # a tensor a model may still change (its own buffer, say) is copied now, as before
+        pieces = [piece if unchanging(piece) else bytes(piece) for piece in pieces]
     kept.append((pieces, size + 5))
     connection.messages_sent += 1
     connection.last_message_sent = time.monotonic()

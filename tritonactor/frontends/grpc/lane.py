@@ -94,6 +94,10 @@ class DirectCalls(Protocol):
         ...
 
 
+# A DATA frame's payload at least this large is handed on as a view of what was read.
+VIEW_FROM = 64 * 1024
+
+
 class Lane:
     """A connection's frames, read once: the calls of `methods` to `LaneStream`s, the rest to
     h2."""
@@ -161,11 +165,12 @@ class Lane:
                         if start < position:
                             self._to_h2(buffer[start:position])
                         start = after
-                        # a DATA frame's payload as a view: what it views is not written again
-                        # (a buffer that frames were taken from is replaced, below)
+                        # a large DATA frame's payload as a read-only view: what it views is
+                        # not written again (a buffer that frames were taken from is replaced,
+                        # below); a small one copied, not to keep a whole read for it
                         payload = (
-                            memoryview(buffer)[position + 9 : after]
-                            if kind == DATA
+                            memoryview(buffer).toreadonly()[position + 9 : after]
+                            if kind == DATA and length >= VIEW_FROM
                             else buffer[position + 9 : after]
                         )
                         self._stream_frame(stream, kind, flags, payload)
@@ -371,8 +376,8 @@ class Lane:
         self.connection._transport.write(pending + frames if pending else frames)
 
     def writelines(self, pieces: list[Any]) -> None:
-        """`pieces` (buffers) to the socket one after another, after what h2 has to send: one
-        `writev` on uvloop, none of them copied (asyncio's transport joins them)."""
+        """`pieces` (buffers that nothing changes) to the socket one after another, after what
+        h2 has to send: one `writev` on uvloop, which keeps them, uncopied, until written."""
         pending = self.h2.data_to_send()
         if pending:
             pieces = [pending, *pieces]

@@ -54,8 +54,8 @@ class LaneBuffer:
 
     async def read(self, size: int, copy: bool = True) -> bytes | memoryview:
         """grpclib's read of `size` bytes; with `copy` false, a part of one chunk comes as a
-        view of it rather than `bytes` (the chunks are views of what the socket read, which
-        nothing writes again: lane.py)."""
+        read-only view of it rather than `bytes` (the chunks are views of what the socket read,
+        or copies of it, which nothing writes again: lane.py)."""
         assert size >= 0, "Size can not be negative"
         if size == 0:
             return b""
@@ -93,11 +93,15 @@ class LaneBuffer:
         length = len(first)
         if length == size:  # a whole chunk (a message in a DATA frame of its own)
             acked.popleft()
-            return first if type(first) is bytes or not copy else bytes(first)
+            if type(first) is bytes:
+                return first
+            if copy:
+                return bytes(first)
+            return first if type(first) is memoryview else memoryview(first).toreadonly()
         if length > size:
             view = first if type(first) is memoryview else memoryview(first)
             acked[0] = view[size:]
-            return bytes(view[:size]) if copy else view[:size]
+            return bytes(view[:size]) if copy else view.toreadonly()[:size]
         chunks: list[bytes | bytearray | memoryview] = []
         taken = 0
         while taken < size:

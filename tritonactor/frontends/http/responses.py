@@ -19,7 +19,7 @@ import numpy as np
 
 from tritonactor.core.datatypes import BINARY_ONLY, is_datatype, num_elements, to_numpy_dtype
 from tritonactor.core.errors import internal
-from tritonactor.core.tensors import HeldView, tensor_to_bytes
+from tritonactor.core.tensors import HeldView, owner_of, tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.frontends.classification import classify
 from tritonactor.frontends.http.codec import BINARY_DATA_OUTPUT, encode_json
@@ -104,18 +104,11 @@ def _as_is(piece: Any) -> bytes | memoryview | None:
         return piece
     if not (isinstance(piece, np.ndarray) and piece.flags.c_contiguous):
         return None  # (a reversed view of a whole object holds its bytes in another order)
-    base = piece
-    while True:
-        if isinstance(base, np.ndarray):
-            if type(base) is HeldView:
-                return memoryview(piece)
-            base = base.base
-        elif isinstance(base, memoryview):
-            base = base.obj
-        else:
-            break
-    if type(base) is bytes and len(base) == piece.nbytes:
-        return base
+    owner = owner_of(piece)
+    if type(owner) is HeldView:
+        return memoryview(piece)
+    if type(owner) is bytes and len(owner) == piece.nbytes:
+        return owner
     return None
 
 
