@@ -1,0 +1,130 @@
+"""Two trees side by side in time: both servers up at once, requests alternating between them
+one at a time, and each server's CPU per request (its process tree's, from /proc).
+
+    cd /tmp; python <main>/bench/interleaved.py OLD NEW [--requests 4000]
+        [--cases small_onnx,big_onnx,shm_onnx,grpc_big] [--workers 1]
+
+Each tree serves `tritonactor serve --workers N` (one front end and the engine by default) from
+its own folder, on bench/request_path.py's repository; the cases are request_path.py's (binary
+HTTP, one keep-alive connection each) and `grpc_big` (1 MiB in and out through tritonclient's
+gRPC client). Measured one after the other, two trees' figures move with the machine by 10-20 %
+within minutes on a shared host; alternating every request puts both in the same moments, so
+their ratio holds to a couple of per cent where sequential runs could not tell 5 % apart
+(docs/benchmarks.md, "Large tensors read where they lie"). Both servers' working sets share
+the caches, so the figures themselves are higher than one server's alone: read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import importlib.util
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from http_infer import free_port, tree_cpu_seconds
+
+
+def _request_path(tree: Path, name: str) -> ModuleType:
+    """`tree`'s own bench/request_path.py, starting its servers from `tree`."""
+    spec = importlib.util.spec_from_file_location(name, tree / "bench" / "request_path.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    module.REPO_ROOT = tree  # (imported from this tree's http_infer otherwise)
+    return module
+
+
+class Served:
+    """One tree's server and a client of each kind."""
+
+    def __init__(self, tree: Path, name: str, workers: int) -> None:
+        self.paths = _request_path(tree, name)
+        work = Path(tempfile.mkdtemp(prefix=f"interleaved-{name}-"))
+        self.paths.write_repository(work / "models")
+        self.regions = self.paths.Regions()
+        grpc_port = free_port()
+        self.process, url = self.paths.start_uvicorn(
+            work / "models", work, workers, {"TRITONACTOR_GRPC_PORT": str(grpc_port)}
+        )
+        host, port = url.rsplit(":", 1)
+        self.http = http.client.HTTPConnection(host, int(port), timeout=60)
+        for call in self.regions.register_calls():
+            self.paths.send(self.http, call)
+        self.calls = self.paths.cases(self.regions)
+        self.grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+
+    def request(self, case: str) -> Callable[[], None]:
+        """One request of `case`, checked."""
+        if case != "grpc_big":
+            call = self.calls[case]
+            return lambda: self.paths.send(self.http, call)
+        data = np.random.default_rng(0).random((1, 1 << 18), dtype=np.float32)
+        tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+
+        def call() -> None:
+            answer = self.grpc.infer("identity_onnx", [tensor]).as_numpy("OUTPUT0")
+            if answer is None or not np.array_equal(answer, data):
+                raise RuntimeError("a wrong answer")
+
+        return call
+
+    def close(self) -> None:
+        self.grpc.close()
+        self.regions.close()
+        self.paths.stop_server(self.process)
+
+
+def measure(servers: Sequence[Served], case: str, requests: int) -> list[float]:
+    """Each server's CPU µs per request of `case`, the requests alternating between them."""
+    calls = [served.request(case) for served in servers]
+    for call in calls:
+        for _ in range(min(100, requests)):
+            call()
+    before = [tree_cpu_seconds(served.process.pid) for served in servers]
+    for _ in range(requests):
+        for call in calls:
+            call()
+    after = [tree_cpu_seconds(served.process.pid) for served in servers]
+    return [
+        (end - start) / requests * 1e6
+        for start, end in zip(before, after, strict=True)
+        if start is not None and end is not None
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("trees", nargs=2, type=Path, help="the old tree, then the new one")
+    parser.add_argument("--requests", type=int, default=4000, help="per case (a quarter: 1 MiB)")
+    parser.add_argument("--cases", default="small_onnx,big_onnx,shm_onnx,grpc_big")
+    parser.add_argument("--workers", type=int, default=1, help="tritonactor serve --workers")
+    args = parser.parse_args(argv)
+    servers: list[Any] = []
+    try:
+        for index, tree in enumerate(args.trees):
+            servers.append(Served(tree.resolve(), f"request_path_{index}", args.workers))
+        print(f"old {args.trees[0]}, new {args.trees[1]}: server CPU µs per request", flush=True)
+        for case in args.cases.split(","):
+            count = args.requests if case in ("small_onnx", "json_onnx") else args.requests // 4
+            old, new = measure(servers, case, max(count, 50))
+            print(f"{case:12s} old {old:7.0f}  new {new:7.0f}  new/old {new / old:.3f}", flush=True)
+    finally:
+        for served in servers:
+            served.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
