@@ -21,12 +21,12 @@ What a lane holds is bounded (`LANE_LIMIT` per direction and connection) and its
 reserved when a slot is made (`posix_fallocate`: a full /dev/shm, as Docker's 64 MiB default
 fills, is an error then, not a SIGBUS later); a tensor that finds no slot crosses on the socket
 as before, so a view kept long (requests queued behind a slow model) costs the sender room,
-never progress. A
-free slot the sender drops to make room for a bigger one is named in a `Dropped` message, and
-the receiver unmaps it (an unlinked file's memory lives as long as a mapping). Slot files are
-named by host, owner pid and a random token; they are unlinked by their owner when the
-connection ends, by the engine when a front end's connection ends (it may have died), and by an
-engine at start for owners on this host that are no longer running.
+never progress, and a receiver holds at most `VIEW_LIMIT` in views. A free slot the sender
+drops to make room for a bigger one is named in a `Dropped` message, and the receiver unmaps
+it (an unlinked file's memory lives as long as a mapping). Slot files are named by host, owner
+pid and a random token; they are unlinked by their owner when the connection ends, by the
+engine when a front end's connection ends (it may have died), and by an engine at start for
+owners on this host that are no longer running.
 """
 
 from __future__ import annotations
