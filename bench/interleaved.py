@@ -24,7 +24,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -111,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cases", default="small_onnx,big_onnx,shm_onnx,grpc_big")
     parser.add_argument("--workers", type=int, default=1, help="tritonactor serve --workers")
     args = parser.parse_args(argv)
-    servers: list[Any] = []
+    servers: list[Served] = []
     try:
         for index, tree in enumerate(args.trees):
             servers.append(Served(tree.resolve(), f"request_path_{index}", args.workers))

@@ -613,10 +613,11 @@ def test_an_answer_still_being_written_keeps_its_slot(tmp_path: Path) -> None:
 
 
 def test_large_grpc_messages_cross_uvicorns_loop_both_ways(tmp_path: Path) -> None:
-    """Under `tritonactor serve` (uvicorn, uvloop), large ModelInfer messages each way: the
-    request read in place from what the socket read, the answer written as its pieces (its
-    tensor from the engine's lane slot, uncopied) in one writev; tritonclient gets each
-    answer's own bytes, round after round, the slots reused."""
+    """Under `tritonactor serve` (uvicorn, uvloop), large ModelInfer messages each way, the
+    paths where a request is read in place and an answer of 64 KiB or more written as its
+    pieces (its tensor a view of the engine's lane slot): tritonclient gets each answer's own
+    bytes, round after round, while the slots are reused. (Which path wrote what is checked
+    in tests/unit/test_grpc_direct.py; this checks the bytes through the real loop.)"""
     served = start("serve-1", tmp_path, models=("async_add",))
     try:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")

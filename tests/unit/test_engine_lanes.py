@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from tritonactor.core.tensors import HeldView
+from tritonactor.core.tensors import HeldView, owner_of
 from tritonactor.core.types import InferenceResponse, Tensor
 from tritonactor.engine import lanes
 from tritonactor.engine import messages as m
@@ -38,15 +38,7 @@ def files(lane: Lane) -> set[str]:
 
 def in_a_slot(data: object) -> bool:
     """Whether `data` views a lane's slot (through the views it is of)."""
-    while True:
-        if type(data) is HeldView:
-            return True
-        if isinstance(data, np.ndarray):
-            data = data.base
-        elif isinstance(data, memoryview):
-            data = data.obj
-        else:
-            return False
+    return type(owner_of(data)) is HeldView
 
 
 def mapped(name: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -10,6 +11,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonactor.core.errors import TritonError, internal
+
+# An object's name (a requested output's), read in C.
+_NAME = operator.attrgetter("name")
 
 
 class Trace(Protocol):
@@ -193,7 +197,7 @@ class InferenceRequest:
 
     @property
     def requested_output_names(self) -> list[str]:
-        return [output.name for output in self.outputs]
+        return list(map(_NAME, self.outputs))  # (in C: no comprehension's frame)
 
     @property
     def model_parameters(self) -> Parameters:

@@ -202,7 +202,8 @@ class LaneReader:
     def due(self) -> bool:
         """Whether the slots to release hold enough to be released now, alone
         (`RELEASE_ALONE`), rather than with the next message."""
-        self._collect()
+        if self.returned:  # (asked after every read: no call when nothing came back)
+            self._collect()
         return self._taken_bytes >= RELEASE_ALONE
 
     def pop_taken(self) -> tuple[str, ...]:

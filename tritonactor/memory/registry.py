@@ -29,6 +29,7 @@ from tritonactor.core.errors import (
     not_found,
     unavailable,
 )
+from tritonactor.core.tensors import owner_of
 from tritonactor.core.types import Tensor
 from tritonactor.memory.cuda import CudaRegion, CudaRuntime, CudaUnavailable, load_runtime
 from tritonactor.memory.region import Kind, Region
@@ -334,10 +335,6 @@ def _overlap(a: _Extent, b: _Extent) -> bool:
 
 
 def _over_mapping(data: np.ndarray) -> bool:
-    """Whether `data`'s memory belongs to a memory-mapped file (through the views it is of)."""
-    base: object = data
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if isinstance(base, memoryview):
-        base = base.obj
-    return isinstance(base, mmap.mmap)
+    """Whether `data`'s memory belongs to a memory-mapped file (through the views it is of; a
+    lane slot's `HeldView` is not a client's region)."""
+    return isinstance(owner_of(data), mmap.mmap)

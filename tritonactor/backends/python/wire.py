@@ -4,7 +4,6 @@ message, and a response's wire form back into an `InferenceResponse`."""
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -13,8 +12,6 @@ import numpy as np
 from tritonactor.core.errors import ErrorCode, TritonError, internal
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 
-# A tensor's or a requested output's name (`map`s it in C: no Python frame a request).
-_NAME = operator.attrgetter("name")
 _SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 _SEQUENCE_END = 2
 
@@ -39,7 +36,7 @@ def request_entry(
         "parameters": dict(request.model_parameters),
         "inputs": len(request.inputs),
         # As in Triton, a request that names no outputs asks for all of them.
-        "outputs": list(map(_NAME, request.outputs)) or list(all_outputs),
+        "outputs": request.requested_output_names or list(all_outputs),
         # What the model's request.trace().get_context() answers.
         "trace": None if request.trace is None else request.trace.carrier(),
     }
@@ -80,7 +77,7 @@ def response_from_wire(
         raise internal(f"a response of model '{model_name}' lacks {count - len(tensors)} tensors")
     if wire["error"] is not None:
         return error_from_wire(wire["error"])
-    wanted = set(map(_NAME, request.outputs)) if request.outputs else None
+    wanted = set(request.requested_output_names) if request.outputs else None
     outputs = [
         Tensor(name=name, datatype=datatype, shape=tuple(array.shape), data=array)
         for name, datatype, array in tensors
