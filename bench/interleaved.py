@@ -2,7 +2,7 @@
 one at a time, and each server's CPU per request (its process tree's, from /proc).
 
     cd /tmp; python <main>/bench/interleaved.py OLD NEW [--requests 4000]
-        [--cases small_onnx,big_onnx,shm_onnx,grpc_big] [--workers 1]
+        [--cases small_onnx,big_onnx,shm_onnx,grpc_big] [--workers 1] [--trace]
 
 Each tree serves `tritonactor serve --workers N` (one front end and the engine by default) from
 its own folder, on bench/request_path.py's repository; the cases are request_path.py's (binary
@@ -12,6 +12,11 @@ within minutes on a shared host; alternating every request puts both in the same
 their ratio holds to a couple of per cent where sequential runs could not tell 5 % apart
 (docs/benchmarks.md, "Large tensors read where they lie"). Both servers' working sets share
 the caches, so the figures themselves are higher than one server's alone: read the ratios.
+
+With `--trace`, the new tree's server traces every request (trace_rate 1, TIMESTAMPS) and
+exports its spans over OTLP/HTTP to bench/otlp_sink.py (a process of its own, not counted: a
+collector runs elsewhere): give the same tree twice to read what tracing costs a request, span
+exporter processes included. `--trace both` traces on both servers (a change to tracing).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import importlib.util
+import json
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -47,17 +54,25 @@ def _request_path(tree: Path, name: str) -> ModuleType:
 class Served:
     """One tree's server and a client of each kind."""
 
-    def __init__(self, tree: Path, name: str, workers: int) -> None:
+    def __init__(self, tree: Path, name: str, workers: int, sink: str | None = None) -> None:
         self.paths = _request_path(tree, name)
         work = Path(tempfile.mkdtemp(prefix=f"interleaved-{name}-"))
         self.paths.write_repository(work / "models")
         self.regions = self.paths.Regions()
         grpc_port = free_port()
-        self.process, url = self.paths.start_uvicorn(
-            work / "models", work, workers, {"TRITONACTOR_GRPC_PORT": str(grpc_port)}
-        )
+        settings = {"TRITONACTOR_GRPC_PORT": str(grpc_port)}
+        if sink is not None:  # every request traced, its spans exported to `sink`
+            settings.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=sink)
+        self.process, url = self.paths.start_uvicorn(work / "models", work, workers, settings)
         host, port = url.rsplit(":", 1)
         self.http = http.client.HTTPConnection(host, int(port), timeout=60)
+        if sink is not None:
+            body = json.dumps({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}).encode()
+            self.http.request("POST", "/v2/trace/setting", body=body)
+            answer = self.http.getresponse()
+            if answer.status != 200:
+                raise RuntimeError(f"trace settings: {answer.status} {answer.read()!r}")
+            answer.read()
         for call in self.regions.register_calls():
             self.paths.send(self.http, call)
         self.calls = self.paths.cases(self.regions)
@@ -112,12 +127,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=4000, help="per case (a quarter: 1 MiB)")
     parser.add_argument("--cases", default="small_onnx,big_onnx,shm_onnx,grpc_big")
     parser.add_argument("--workers", type=int, default=1, help="tritonactor serve --workers")
+    parser.add_argument(
+        "--trace",
+        nargs="?",
+        const="new",
+        choices=("new", "both"),
+        help="the new tree's server (or both) traces every request (spans to bench/otlp_sink.py)",
+    )
     args = parser.parse_args(argv)
     servers: list[Served] = []
+    sink = None
     try:
+        endpoint = None
+        if args.trace:
+            sink = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("otlp_sink.py"))],
+                stdout=subprocess.PIPE,
+            )
+            assert sink.stdout is not None
+            endpoint = f"http://127.0.0.1:{int(sink.stdout.readline())}"
         for index, tree in enumerate(args.trees):
-            servers.append(Served(tree.resolve(), f"request_path_{index}", args.workers))
-        print(f"old {args.trees[0]}, new {args.trees[1]}: server CPU µs per request", flush=True)
+            sink_of = endpoint if index == 1 or args.trace == "both" else None
+            servers.append(Served(tree.resolve(), f"request_path_{index}", args.workers, sink_of))
+        traced = {None: "", "new": " (new: every request traced)"}.get(
+            args.trace, " (every request traced)"
+        )
+        print(
+            f"old {args.trees[0]}, new {args.trees[1]}{traced}: server CPU µs per "
+            "request (its process tree's: span exporters included)",
+            flush=True,
+        )
         for case in args.cases.split(","):
             count = args.requests if case in ("small_onnx", "json_onnx") else args.requests // 4
             old, new = measure(servers, case, max(count, 50))
@@ -125,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for served in servers:
             served.close()
+        if sink is not None:
+            sink.kill()
+            sink.wait()
     return 0
 
 
