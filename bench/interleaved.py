@@ -16,7 +16,8 @@ the caches, so the figures themselves are higher than one server's alone: read t
 With `--trace`, the new tree's server traces every request (trace_rate 1, TIMESTAMPS) and
 exports its spans over OTLP/HTTP to bench/otlp_sink.py (a process of its own, not counted: a
 collector runs elsewhere): give the same tree twice to read what tracing costs a request, span
-exporter processes included. `--trace both` traces on both servers (a change to tracing).
+exporter processes included. `--trace both` traces on both servers (a change to tracing);
+`--trace-rate N` traces one request in N instead.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def _request_path(tree: Path, name: str) -> ModuleType:
 class Served:
     """One tree's server and a client of each kind."""
 
-    def __init__(self, tree: Path, name: str, workers: int, sink: str | None = None) -> None:
+    def __init__(
+        self, tree: Path, name: str, workers: int, sink: str | None = None, rate: int = 1
+    ) -> None:
         self.paths = _request_path(tree, name)
         work = Path(tempfile.mkdtemp(prefix=f"interleaved-{name}-"))
         self.paths.write_repository(work / "models")
@@ -67,7 +70,7 @@ class Served:
         host, port = url.rsplit(":", 1)
         self.http = http.client.HTTPConnection(host, int(port), timeout=60)
         if sink is not None:
-            body = json.dumps({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}).encode()
+            body = json.dumps({"trace_level": ["TIMESTAMPS"], "trace_rate": str(rate)}).encode()
             self.http.request("POST", "/v2/trace/setting", body=body)
             answer = self.http.getresponse()
             if answer.status != 200:
@@ -134,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("new", "both"),
         help="the new tree's server (or both) traces every request (spans to bench/otlp_sink.py)",
     )
+    parser.add_argument(
+        "--trace-rate", type=int, default=1, help="with --trace: trace one request in this many"
+    )
     args = parser.parse_args(argv)
     servers: list[Served] = []
     sink = None
@@ -148,10 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             endpoint = f"http://127.0.0.1:{int(sink.stdout.readline())}"
         for index, tree in enumerate(args.trees):
             sink_of = endpoint if index == 1 or args.trace == "both" else None
-            servers.append(Served(tree.resolve(), f"request_path_{index}", args.workers, sink_of))
-        traced = {None: "", "new": " (new: every request traced)"}.get(
-            args.trace, " (every request traced)"
-        )
+            served = Served(
+                tree.resolve(), f"request_path_{index}", args.workers, sink_of, args.trace_rate
+            )
+            servers.append(served)
+        every = "every request" if args.trace_rate == 1 else f"1 request in {args.trace_rate}"
+        traced = {None: "", "new": f" (new: {every} traced)"}.get(args.trace, f" ({every} traced)")
         print(
             f"old {args.trees[0]}, new {args.trees[1]}{traced}: server CPU µs per "
             "request (its process tree's: span exporters included)",

@@ -515,8 +515,9 @@ def test_the_console_exporter_prints_on_the_servers_output(
     repo: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """OTEL_TRACES_EXPORTER=console: the exporter process prints the spans as JSON on the
-    output it shares with the server; spans leave only every 10 minutes here, so they are on
-    it because the server, stopping, sent them and waited for them to be printed."""
+    output it shares with the server; spans wait up to 10 minutes in the exporter process
+    here, so they are on it because the server, stopping, closed its socket and waited for
+    them to be printed."""
     env = {
         "OTEL_TRACES_EXPORTER": "console",
         "OTEL_BSP_SCHEDULE_DELAY": "600000",

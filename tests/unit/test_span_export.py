@@ -262,6 +262,57 @@ def test_batches_are_exported_at_most_max_export_batch_size_at_a_time(
     assert sum(sizes) == len(spans) > 2 and max(sizes) == 2
 
 
+def test_full_batches_go_at_once_and_the_rest_when_more_comes_or_at_the_end() -> None:
+    """Records are exported `size` at a time as soon as there are that many; those left wait
+    (for the delay, an hour here) for more to come; the end sends what is left."""
+    more = threading.Event()
+
+    def messages() -> Iterator[list[Any]]:
+        yield [1, 2, 3, 4, 5]
+        more.wait()  # (the two full batches were exported before this message came)
+        yield [6]
+        yield [7]
+
+    batches = span_exporter._batches(messages(), size=2, delay_s=3600)
+    assert next(batches) == [1, 2]
+    assert next(batches) == [3, 4]
+    more.set()
+    assert list(batches) == [[5, 6], [7]]
+
+
+def test_what_waits_is_exported_once_the_oldest_has_waited_the_delay() -> None:
+    """A record no other follows is not held for ever: it goes once it has waited the delay,
+    while the socket is still open."""
+    ended = threading.Event()
+
+    def messages() -> Iterator[list[Any]]:
+        yield [1]
+        yield [2]
+        ended.wait()
+
+    batches = span_exporter._batches(messages(), size=512, delay_s=0.05)
+    assert next(batches) == [1, 2]  # (the second came before the first had waited)
+    ended.set()
+    assert list(batches) == []
+
+
+def test_the_shipping_thread_sends_every_tenth_of_a_second_or_sooner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A serving process holds its spans 0.1 s at most, whatever OTEL_BSP_SCHEDULE_DELAY (the
+    exporter process's wait, 5 s unless set); a shorter delay ships sooner."""
+    for delay, interval in ((None, 0.1), ("600000", 0.1), ("50", 0.05)):
+        if delay is None:
+            monkeypatch.delenv("OTEL_BSP_SCHEDULE_DELAY", raising=False)
+        else:
+            monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", delay)
+        shipper = SpanShipper(("console",), "http/protobuf", service_resource())
+        try:
+            assert shipper._interval_s == interval
+        finally:
+            shipper.shutdown()
+
+
 @pytest.mark.parametrize(
     ("value", "expected"), [("", 7), ("250", 250), ("0", 7), ("-3", 7), ("soon", 7)]
 )

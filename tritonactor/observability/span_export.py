@@ -4,9 +4,10 @@ Encoding a traced request's spans as OTLP protobuf and posting them costs about 
 making them, and it ran in the SDK's export thread, which takes the interpreter lock from the
 event loop in turns (docs/benchmarks.md, "Tracing"). Here a serving process only writes each
 finished span down as a plain tuple (`record`, `child_record`), and a thread of its own
-pickles what has gathered, every OTEL_BSP_SCHEDULE_DELAY ms, onto a socket to an exporter
-process (span_exporter.py, run by `_LAUNCH`), which exports them with the exporters the same
-OTEL_* variables configure.
+pickles what has gathered, every SHIP_INTERVAL_MS, onto a socket to an exporter process
+(span_exporter.py, run by `_LAUNCH`), which exports them with the exporters the same OTEL_*
+variables configure, OTEL_BSP_MAX_EXPORT_BATCH_SIZE at a time or once the oldest has waited
+OTEL_BSP_SCHEDULE_DELAY.
 
 What a serving process keeps is bounded: past OTEL_BSP_MAX_QUEUE_SIZE spans waiting for the
 socket, new spans are dropped and counted (a slow collector never holds a request up, as with
@@ -46,10 +47,15 @@ from tritonactor import __version__
 
 log = logging.getLogger(__name__)
 
-# How often the shipping thread sends what has gathered (OTEL_BSP_SCHEDULE_DELAY, ms), how
-# many spans may wait for it (OTEL_BSP_MAX_QUEUE_SIZE) and how many spans the exporter process
-# exports at a time (OTEL_BSP_MAX_EXPORT_BATCH_SIZE), unless those variables say otherwise.
-SCHEDULE_DELAY_MS = 100
+# How long the exporter process lets a span wait for others to be exported with
+# (OTEL_BSP_SCHEDULE_DELAY, ms: the SDK's and Triton's 5 s), how many spans may wait in a
+# serving process for its shipping thread (OTEL_BSP_MAX_QUEUE_SIZE) and how many spans the
+# exporter process exports at a time (OTEL_BSP_MAX_EXPORT_BATCH_SIZE), unless those variables
+# say otherwise. The shipping thread sends what has gathered every SHIP_INTERVAL_MS, or every
+# OTEL_BSP_SCHEDULE_DELAY when that is shorter: a serving process holds its spans for
+# a tenth of a second at most, and the exporter process waits for the rest.
+SCHEDULE_DELAY_MS = 5000
+SHIP_INTERVAL_MS = 100
 MAX_QUEUE_SIZE = 65536
 MAX_EXPORT_BATCH_SIZE = 512
 # How long `shutdown` waits for the exporter process to export what it was sent.
@@ -247,7 +253,7 @@ class SpanShipper:
     ) -> None:
         if interval_s is None:
             delay = _setting(os.environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS)
-            interval_s = delay / 1000
+            interval_s = min(delay, SHIP_INTERVAL_MS) / 1000
         self._interval_s = interval_s
         if max_pending is None:
             max_pending = _setting(os.environ, "OTEL_BSP_MAX_QUEUE_SIZE", MAX_QUEUE_SIZE)
@@ -404,6 +410,6 @@ class ShippingProcessor(SpanProcessor):
         self._shipper.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Not done: spans leave every OTEL_BSP_SCHEDULE_DELAY, and only `shutdown` waits
-        until they are exported."""
+        """Not done: spans are exported within OTEL_BSP_SCHEDULE_DELAY, and only `shutdown`
+        waits until they are."""
         return False

@@ -1,10 +1,14 @@
 """The span exporter process (started by span_export.py's `SpanShipper`, one per serving
-process): it reads the records its serving process sends over a socket and exports them,
-OTEL_BSP_MAX_EXPORT_BATCH_SIZE at a time, with the exporters the OTEL_* variables configure (it
-inherits the environment; the resource comes as the first message). The OTLP/HTTP exporter
-writes the records' bytes straight from the records (`export_batch`); any other exporter gets
-them rebuilt as the SDK's `ReadableSpan`s (`span_of`). It ends when the socket closes, after
-its serving process's last spans, or SHUTDOWN_TIMEOUT_S after that process has gone.
+process): it reads the records its serving process sends over a socket and exports them with
+the exporters the OTEL_* variables configure (it inherits the environment; the resource comes
+as the first message), OTEL_BSP_MAX_EXPORT_BATCH_SIZE at a time as soon as it has that many,
+and what it has once the oldest has waited OTEL_BSP_SCHEDULE_DELAY: each export costs a post
+(~1 ms of CPU), which paid ten times a second for a handful of spans cost a sampling server
+more than its spans did (docs/benchmarks.md, "A copy that did not pay, and tracing measured
+by turns"). The OTLP/HTTP exporter writes the records' bytes straight from the records
+(`export_batch`); any other exporter gets them rebuilt as the SDK's `ReadableSpan`s
+(`span_of`). It ends when the socket closes, after exporting its serving process's last
+spans, or SHUTDOWN_TIMEOUT_S after that process has gone.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import logging
 import os
 import pickle
+import queue
 import select
 import socket
 import sys
@@ -33,6 +38,7 @@ from tritonactor.observability.span_export import (
     _LENGTH,
     _SCOPE,
     MAX_EXPORT_BATCH_SIZE,
+    SCHEDULE_DELAY_MS,
     SHUTDOWN_TIMEOUT_S,
     Record,
     _setting,
@@ -40,6 +46,10 @@ from tritonactor.observability.span_export import (
 )
 
 log = logging.getLogger(__name__)
+
+# Messages read from the socket ahead of the exports (each at most OTEL_BSP_MAX_QUEUE_SIZE
+# records): past them, the socket fills.
+_AHEAD = 2
 
 
 def _messages(sock: socket.socket) -> Iterator[Any]:
@@ -125,25 +135,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s span exporter: %(message)s")
     exporters = build_exporters(args.exporters.split(","), args.protocol)
     size = _setting(os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH_SIZE)
+    delay_s = _setting(os.environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS) / 1000
     scope = InstrumentationScope(*_SCOPE)
     # The ids of the spans the serving process left without: OTEL_PYTHON_ID_GENERATOR's, as there.
     ids = TracerProvider(shutdown_on_exit=False).id_generator
     # Once the serving process has gone (killed: it never said goodbye), what it had sent is
     # exported for SHUTDOWN_TIMEOUT_S at most.
     threading.Thread(target=_outlive, args=(args.parent,), daemon=True).start()
-    # Each batch is exported as it arrives, on this thread: while the collector is slow, the
-    # socket fills and the serving process keeps (then drops) what comes next.
     with socket.socket(fileno=args.fd) as sock:
         messages = _messages(sock)
         first = next(messages, None)
         if first is not None:
             resource = HashedResource(*first)
-            for batch in messages:
-                for start in range(0, len(batch), size):
-                    export_batch(exporters, batch[start : start + size], resource, scope, ids)
+            for batch in _batches(messages, size, delay_s):
+                export_batch(exporters, batch, resource, scope, ids)
     for exporter in exporters:
         exporter.shutdown()
     return 0
+
+
+def _batches(messages: Iterator[list[Record]], size: int, delay_s: float) -> Iterator[list[Record]]:
+    """The records of `messages` in batches to export: `size` of them as soon as there are
+    that many, what there is once the oldest has waited `delay_s`, and the rest at the end.
+    The messages are read on a thread of their own into a queue of `_AHEAD` at most, so that
+    while an export is slow (a slow collector) the socket fills and the serving process keeps
+    (then drops) what comes next, as when each message was exported as it came."""
+    arrived: queue.Queue[list[Record] | None] = queue.Queue(_AHEAD)
+
+    def read() -> None:
+        try:
+            for message in messages:
+                arrived.put(message)
+        finally:
+            arrived.put(None)
+
+    threading.Thread(target=read, name="span reader", daemon=True).start()
+    pending: list[Record] = []
+    due = 0.0  # when the oldest pending record has waited `delay_s`
+    while True:
+        try:
+            message = arrived.get(timeout=max(0.0, due - time.monotonic()) if pending else None)
+        except queue.Empty:
+            message = []
+        if message is None:
+            break
+        if message:
+            if not pending:
+                due = time.monotonic() + delay_s
+            pending += message
+        while len(pending) >= size:
+            batch, pending = pending[:size], pending[size:]
+            yield batch
+        if pending and time.monotonic() >= due:
+            batch, pending = pending, []
+            yield batch
+    for start in range(0, len(pending), size):
+        yield pending[start : start + size]
 
 
 if __name__ == "__main__":
