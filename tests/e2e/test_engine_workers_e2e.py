@@ -642,7 +642,8 @@ def inferences(connection: http.client.HTTPConnection) -> int:
 
 
 def traced_env(receiver: OtlpReceiver, delay_ms: int) -> dict[str, str]:
-    """Tracing on, exporting to `receiver`, spans leaving every `delay_ms`."""
+    """Tracing on, exporting to `receiver`, spans exported once they have waited `delay_ms`
+    in the exporter process at most."""
     return {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": str(delay_ms),
@@ -731,9 +732,9 @@ def test_every_serving_process_exports_from_an_exporter_process_that_ends_with_i
     tmp_path: Path,
 ) -> None:
     """Each front end and the engine export their spans from an exporter process of their
-    own. Spans leave only every 10 minutes here, so a request's spans (made in a front end and
-    in the engine) arrive because the server, stopping, sends them and waits for them to be
-    exported; then every exporter process has ended."""
+    own. Spans wait up to 10 minutes in the exporter processes here, so a request's spans
+    (made in a front end and in the engine) arrive because the server, stopping, closes their
+    sockets and waits for them to be exported; then every exporter process has ended."""
     receiver = OtlpReceiver()
     served = start("serve", tmp_path, env_extra=traced_env(receiver, delay_ms=600000))
     try:

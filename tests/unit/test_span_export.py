@@ -296,6 +296,17 @@ def test_what_waits_is_exported_once_the_oldest_has_waited_the_delay() -> None:
     assert list(batches) == []
 
 
+def test_a_delay_meaning_never_holds_records_until_the_end() -> None:
+    """A delay longer than a wait can take (10^13 ms, as OTEL_BSP_SCHEDULE_DELAY may say) is
+    not an error that ends the exporter process and every span with it."""
+
+    def messages() -> Iterator[list[Any]]:
+        yield [1]
+        yield [2, 3]
+
+    assert list(span_exporter._batches(messages(), size=2, delay_s=1e10)) == [[1, 2], [3]]
+
+
 def test_the_shipping_thread_sends_every_tenth_of_a_second_or_sooner(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

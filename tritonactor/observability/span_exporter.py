@@ -47,8 +47,9 @@ from tritonactor.observability.span_export import (
 
 log = logging.getLogger(__name__)
 
-# Messages read from the socket ahead of the exports (each at most OTEL_BSP_MAX_QUEUE_SIZE
-# records): past them, the socket fills.
+# Messages queued between the socket's reader and the exports (each at most
+# OTEL_BSP_MAX_QUEUE_SIZE records; the reader holds one more while the queue is full, beside
+# the records being exported): past them, the socket fills.
 _AHEAD = 2
 
 
@@ -159,7 +160,10 @@ def _batches(messages: Iterator[list[Record]], size: int, delay_s: float) -> Ite
     that many, what there is once the oldest has waited `delay_s`, and the rest at the end.
     The messages are read on a thread of their own into a queue of `_AHEAD` at most, so that
     while an export is slow (a slow collector) the socket fills and the serving process keeps
-    (then drops) what comes next, as when each message was exported as it came."""
+    (then drops) what comes next, as when each message was exported as it came. A delay past
+    what a wait can take (half of `threading.TIMEOUT_MAX`, ~146 years: "never") waits that
+    long."""
+    delay_s = min(delay_s, threading.TIMEOUT_MAX / 2)
     arrived: queue.Queue[list[Record] | None] = queue.Queue(_AHEAD)
 
     def read() -> None:
@@ -183,9 +187,13 @@ def _batches(messages: Iterator[list[Record]], size: int, delay_s: float) -> Ite
             if not pending:
                 due = time.monotonic() + delay_s
             pending += message
-        while len(pending) >= size:
-            batch, pending = pending[:size], pending[size:]
-            yield batch
+        if len(pending) >= size:
+            # Every full batch at once; those left keep the oldest's due time (they go no
+            # later than it would have).
+            whole = len(pending) - len(pending) % size
+            for start in range(0, whole, size):
+                yield pending[start : start + size]
+            pending = pending[whole:]
         if pending and time.monotonic() >= due:
             batch, pending = pending, []
             yield batch
