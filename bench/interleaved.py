@@ -2,7 +2,8 @@
 one at a time, and each server's CPU per request (its process tree's, from /proc).
 
     cd /tmp; python <main>/bench/interleaved.py OLD NEW [--requests 4000]
-        [--cases small_onnx,big_onnx,shm_onnx,grpc_big] [--workers 1] [--trace]
+        [--cases small_onnx,big_onnx,shm_onnx,grpc_big] [--workers 1]
+        [--trace [new|both]] [--trace-rate N]
 
 Each tree serves `tritonactor serve --workers N` (one front end and the engine by default) from
 its own folder, on bench/request_path.py's repository; the cases are request_path.py's (binary
