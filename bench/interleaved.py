@@ -72,11 +72,7 @@ class Served:
         self.http = http.client.HTTPConnection(host, int(port), timeout=60)
         if sink is not None:
             body = json.dumps({"trace_level": ["TIMESTAMPS"], "trace_rate": str(rate)}).encode()
-            self.http.request("POST", "/v2/trace/setting", body=body)
-            answer = self.http.getresponse()
-            if answer.status != 200:
-                raise RuntimeError(f"trace settings: {answer.status} {answer.read()!r}")
-            answer.read()
+            self.paths.send(self.http, self.paths.Call("POST", "/v2/trace/setting", {}, body))
         for call in self.regions.register_calls():
             self.paths.send(self.http, call)
         self.calls = self.paths.cases(self.regions)

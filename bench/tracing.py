@@ -11,7 +11,8 @@ The table shows each round and the medians: infer/s, the ratios to the untraced 
 servers' CPU µs per inference (with the span exporter process) and the spans received per
 inference. A last line gives the CPU one traced request costs, measured in this process on the
 server's own tracing classes: on the request's thread, in the thread that ships its spans, and
-in the exporter process. A default run takes about a minute.
+in the exporter process. A default run takes about two minutes (each traced window waits out
+the export delay, OTEL_BSP_SCHEDULE_DELAY's default, for its last spans).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from tritonactor.core.types import InferenceRequest, Tensor
 from tritonactor.observability.exporters import service_resource
-from tritonactor.observability.span_export import SpanShipper
+from tritonactor.observability.span_export import SCHEDULE_DELAY_MS, SpanShipper
 from tritonactor.observability.trace_settings import TraceSettings
 from tritonactor.observability.tracing import BatchTrace, Tracing
 
@@ -139,8 +140,11 @@ def measure(
     return Measurement(count / elapsed, server_us, spans / count if count else 0.0)
 
 
-def settle(receiver: Sink | None, quiet_s: float = 0.3, limit_s: float = 30) -> None:
-    """Wait until no span has arrived for `quiet_s` (the exporter is done)."""
+def settle(
+    receiver: Sink | None, quiet_s: float = SCHEDULE_DELAY_MS / 1000 + 0.3, limit_s: float = 60
+) -> None:
+    """Wait until no span has arrived for `quiet_s` (the exporter is done: what it holds goes
+    once it has waited the export delay, OTEL_BSP_SCHEDULE_DELAY's default here)."""
     if receiver is None:
         return
     deadline = time.monotonic() + limit_s
@@ -246,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             None,
             workdir,
             "traced",
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"},
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint},  # the export delay's default
         )
         rows: list[tuple[Measurement, Measurement, Measurement]] = []
         try:
