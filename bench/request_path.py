@@ -271,7 +271,8 @@ def start_uvicorn(
     command = [sys.executable, "-m", "uvicorn", "tritonactor.app:app", "--port", str(port)]
     command += ["--loop", "uvloop", "--http", "httptools", "--no-access-log"]
     if workers:
-        command = [str(Path(sys.executable).with_name("tritonactor")), "serve"]
+        # (`-m` from the tree: its own cli, not the installed one's)
+        command = [sys.executable, "-m", "tritonactor.cli", "serve"]
         command += ["--http-port", str(port)]
         command += ["--workers", str(workers)]
     log = (workdir / "uvicorn.log").open("wb")

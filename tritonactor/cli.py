@@ -148,6 +148,10 @@ def bind_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+# httptools, a request's body handed to the app whole (frontends/http/uvicorn_protocol.py).
+UVICORN_PROTOCOL = "tritonactor.frontends.http.uvicorn_protocol:HttpToolsWholeBody"
+
+
 def uvicorn_command(settings: Settings, workers: int = 0) -> list[str]:
     """The command that serves the app with uvicorn (httptools, uvloop) in `workers` front-end
     processes (0 or 1: in uvicorn's own process)."""
@@ -165,7 +169,7 @@ def uvicorn_command(settings: Settings, workers: int = 0) -> list[str]:
         "--loop",
         "uvloop",
         "--http",
-        "httptools",
+        UVICORN_PROTOCOL,
         "--no-access-log",
         "--lifespan",
         "on",

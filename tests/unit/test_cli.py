@@ -191,7 +191,7 @@ def test_uvicorn_command(repo: Path, tmp_path: Path) -> None:
         "--loop",
         "uvloop",
         "--http",
-        "httptools",
+        cli.UVICORN_PROTOCOL,
         "--no-access-log",
         "--lifespan",
         "on",

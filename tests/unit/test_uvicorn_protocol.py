@@ -1,0 +1,198 @@
+"""`tritonactor serve`'s uvicorn protocol (frontends/http/uvicorn_protocol.py): a body of a
+declared length reaches the app in one message once it has all arrived; every other body, and
+every other behaviour, is uvicorn's. A real uvicorn serves an app that records what it receives,
+on a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from uvicorn.importer import import_from_string
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from tritonactor import cli
+from tritonactor.frontends.http import uvicorn_protocol
+from tritonactor.frontends.http.uvicorn_protocol import HttpToolsWholeBody
+from tritonactor.settings import Settings
+
+
+class Recorder:
+    """An ASGI app that reads each request's body (except on /unread) and answers with the
+    body's length and digest; every message it received is kept, by request path."""
+
+    def __init__(self) -> None:
+        self.messages: dict[str, list[dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+        self.disconnected = threading.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        received: list[dict[str, Any]] = []
+        with self.lock:
+            self.messages[path] = received
+        body = b""
+        if path != "/unread":
+            while True:
+                message = await receive()
+                received.append(message)
+                if message["type"] == "http.disconnect":
+                    self.disconnected.set()
+                    return
+                body += message.get("body", b"")
+                if not message.get("more_body", False):
+                    break
+        answer = f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
+        headers = [(b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Recorder, int]]:
+    """A uvicorn with this protocol, serving a `Recorder` on a port of its own."""
+    app = Recorder()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app, http=HttpToolsWholeBody, loop="asyncio", lifespan="off", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[listener])))
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            threading.Event().wait(0.01)
+        yield app, listener.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join()
+        listener.close()
+
+
+def post(path: str, body: bytes, *headers: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: test", *headers]
+    if not any(h.lower().startswith("transfer-encoding") for h in headers):
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer's body (its Content-Length's worth)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return rest
+
+
+def expected(body: bytes) -> bytes:
+    return f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
+
+
+def test_serve_runs_uvicorn_with_this_protocol(tmp_path: Path) -> None:
+    assert import_from_string(cli.UVICORN_PROTOCOL) is HttpToolsWholeBody
+    assert issubclass(HttpToolsWholeBody, HttpToolsProtocol)
+    (tmp_path / "models").mkdir()
+    settings = Settings(model_repositories=(tmp_path / "models",), journal=tmp_path / "journal")
+    command = cli.uvicorn_command(settings)
+    assert command[command.index("--http") + 1] == cli.UVICORN_PROTOCOL
+
+
+def test_a_large_body_reaches_the_app_whole_in_one_message(served: tuple[Recorder, int]) -> None:
+    app, port = served
+    body = os.urandom(3 * 1024 * 1024)  # many reads (asyncio reads 256 KiB at most)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        request = post("/big", body, "Content-Type: application/octet-stream")
+        for start in range(0, len(request), 100_000):  # in pieces, as a client may write it
+            sock.sendall(request[start : start + 100_000])
+        assert read_answer(sock) == expected(body)
+        # The connection serves on: a small body, in one message too, the very bytes read.
+        small = b'{"inputs": []}'
+        sock.sendall(post("/small", small))
+        assert read_answer(sock) == expected(small)
+    (message,) = app.messages["/big"]
+    assert message["more_body"] is False and message["body"] == body
+    (message,) = app.messages["/small"]
+    assert type(message["body"]) is bytes and message["body"] == small
+
+
+def test_a_chunked_body_comes_uvicorns_way(served: tuple[Recorder, int]) -> None:
+    app, port = served
+    pieces = [os.urandom(100_000) for _ in range(5)]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(post("/chunked", chunked, "Transfer-Encoding: chunked"))
+        assert read_answer(sock) == expected(b"".join(pieces))
+    assert app.messages["/chunked"][-1]["more_body"] is False
+
+
+def test_a_body_past_the_limit_comes_in_pieces(
+    served: tuple[Recorder, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, port = served
+    monkeypatch.setattr(uvicorn_protocol, "WHOLE_LIMIT", 1024 * 1024)
+    body = os.urandom(3 * 1024 * 1024)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(post("/big", body))
+        assert read_answer(sock) == expected(body)
+    assert len(app.messages["/big"]) > 1  # uvicorn pauses past 64 KiB until the app reads
+
+
+def test_a_body_the_app_does_not_read_is_dropped_and_the_connection_serves_on(
+    served: tuple[Recorder, int],
+) -> None:
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(post("/unread", os.urandom(2 * 1024 * 1024)))
+        assert read_answer(sock) == expected(b"")
+        small = b"next"
+        sock.sendall(post("/small", small))
+        assert read_answer(sock) == expected(small)
+    assert app.messages["/unread"] == []
+
+
+def test_expect_100_continue_is_answered_when_the_app_asks_for_the_body(
+    served: tuple[Recorder, int],
+) -> None:
+    app, port = served
+    body = os.urandom(500_000)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        request = post("/continue", body, "Expect: 100-continue")
+        head, body_part = request[: len(request) - len(body)], request[len(request) - len(body) :]
+        sock.sendall(head)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            interim += sock.recv(1024)
+        assert interim.startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body_part)
+        assert read_answer(sock) == expected(body)
+    (message,) = app.messages["/continue"]
+    assert message["body"] == body
+
+
+def test_a_client_gone_mid_body_is_a_disconnect(served: tuple[Recorder, int]) -> None:
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        request = post("/gone", os.urandom(1024 * 1024))
+        sock.sendall(request[: len(request) // 2])
+        while "/gone" not in app.messages:  # the app waits for the rest of the body
+            threading.Event().wait(0.01)
+    assert app.disconnected.wait(30)
+    assert app.messages["/gone"] == [{"type": "http.disconnect"}]

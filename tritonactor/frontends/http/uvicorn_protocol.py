@@ -1,0 +1,87 @@
+"""uvicorn's httptools protocol, with a request's body handed to the app whole.
+
+uvicorn hands the app a request's body as it arrives: each read adds to a `bytearray`, reading
+pauses past 64 KiB until the app asks for more, and each `http.request` message is a `bytes`
+copy of what gathered. The infer route reads the whole body before it decodes anything, so a 1
+MiB tensor cost the front end two copies of itself beyond the read (the `bytearray`'s and its
+`bytes`), then a third to join the messages, and a loop turn for every 64 KiB
+(docs/benchmarks.md, "A body read whole"). `tritonactor serve` runs uvicorn with this protocol
+(`--http tritonactor.frontends.http.uvicorn_protocol:HttpToolsWholeBody`): a body that declares
+its length (`Content-Length`), no more than WHOLE_LIMIT, is kept as the pieces the parser gives
+and joined once it has all come, and the app's one `receive` has it in one message (the join of
+a single piece is that piece: a small body is not copied at all).
+
+What stays uvicorn's: a chunked body, a longer one, and any body once the app has started its
+response (a refusal, a route that does not read its body) go uvicorn's way (paused past 64
+KiB, in pieces); `Expect: 100-continue` is answered when the app asks for the body, as before;
+a client that goes away ends the wait with `http.disconnect`; the app's body timeout
+(limits.py) cancels a wait that lasts too long. hypercorn reads bodies its own way and is not
+affected.
+"""
+
+from __future__ import annotations
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from tritonactor.frontends.http.limits import DEFAULT_MAX_INPUT_SIZE
+
+# The longest body gathered whole: Triton's default input size. (A larger --http-max-input-size
+# still works: those bodies come in pieces, as before.)
+WHOLE_LIMIT = DEFAULT_MAX_INPUT_SIZE
+
+
+class HttpToolsWholeBody(HttpToolsProtocol):
+    """uvicorn's httptools protocol; a body of a declared length within WHOLE_LIMIT reaches the
+    app in one message once it has all arrived."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        # The body being gathered whole: its cycle and its pieces so far (None: no such body).
+        self._whole: RequestResponseCycle | None = None
+        self._pieces: list[bytes] = []
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._whole = None
+        self._pieces = []
+        if self.parser.should_upgrade():
+            return
+        length = -1
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() else -1
+            elif name == b"transfer-encoding":
+                return
+        if 0 < length <= WHOLE_LIMIT:
+            self._whole = self.cycle
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self._whole
+        if cycle is None or cycle is not self.cycle or cycle.response_started:
+            if cycle is not None:
+                self._give_up()
+            super().on_body(body)
+            return
+        if cycle.response_complete:
+            return
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._whole is not None and self._whole is self.cycle:
+            self._give_up()
+        super().on_message_complete()
+
+    def _give_up(self) -> None:
+        """What was gathered goes to the cycle as uvicorn would have it; the rest comes uvicorn's
+        way."""
+        cycle, pieces = self._whole, self._pieces
+        self._whole = None
+        self._pieces = []
+        if cycle is None or not pieces:
+            return
+        if cycle.body:  # (nothing of it came uvicorn's way before: kept in order regardless)
+            cycle.body += b"".join(pieces)
+        else:
+            # uvicorn's receive sends `bytes(body)`: a `bytes` body goes as it is, uncopied.
+            cycle.body = b"".join(pieces)  # type: ignore[assignment]
+        cycle.message_event.set()
