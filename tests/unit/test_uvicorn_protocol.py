@@ -33,6 +33,10 @@ class Recorder:
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.lock = threading.Lock()
         self.disconnected = threading.Event()
+        # /hold answers once `release` is set; what its sends raised, and that it has ended
+        self.release = threading.Event()
+        self.raised: list[BaseException] = []
+        self.held_done = threading.Event()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -52,34 +56,51 @@ class Recorder:
                 body += message.get("body", b"")
                 if not message.get("more_body", False):
                     break
+        if path == "/hold":
+            while not self.release.is_set():
+                await asyncio.sleep(0.01)
         answer = f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
         headers = [(b"content-length", str(len(answer)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": answer})
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": answer})
+        except BaseException as error:
+            self.raised.append(error)
+            raise
+        finally:
+            if path == "/hold":
+                self.held_done.set()
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[Recorder, int]]:
-    """A uvicorn with this protocol, serving a `Recorder` on a port of its own."""
+def server() -> Iterator[tuple[Recorder, int, uvicorn.Server]]:
+    """A uvicorn with this protocol (on uvloop, as `tritonactor serve` runs it), serving a
+    `Recorder` on a port of its own."""
     app = Recorder()
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
-        app, http=HttpToolsWholeBody, loop="asyncio", lifespan="off", log_level="warning"
+        app, http=HttpToolsWholeBody, loop="uvloop", lifespan="off", log_level="warning"
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[listener])))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]})
     thread.start()
     try:
         while not server.started:
             if not thread.is_alive():
                 raise RuntimeError("uvicorn did not start")
             threading.Event().wait(0.01)
-        yield app, listener.getsockname()[1]
+        yield app, listener.getsockname()[1], server
     finally:
+        app.release.set()
         server.should_exit = True
         thread.join()
         listener.close()
+
+
+@pytest.fixture
+def served(server: tuple[Recorder, int, uvicorn.Server]) -> tuple[Recorder, int]:
+    return server[0], server[1]
 
 
 def post(path: str, body: bytes, *headers: str) -> bytes:
@@ -196,3 +217,22 @@ def test_a_client_gone_mid_body_is_a_disconnect(served: tuple[Recorder, int]) ->
             threading.Event().wait(0.01)
     assert app.disconnected.wait(30)
     assert app.messages["/gone"] == [{"type": "http.disconnect"}]
+
+
+def test_a_pipelining_client_gone_is_told_to_the_request_still_answering(
+    server: tuple[Recorder, int, uvicorn.Server],
+) -> None:
+    app, port, uvicorn_server = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        # The second request is parsed while the first is still being answered.
+        sock.sendall(post("/hold", b"first") + post("/small", b"second"))
+        while "/hold" not in app.messages:
+            threading.Event().wait(0.01)
+    while uvicorn_server.server_state.connections:  # the server has seen the client go
+        threading.Event().wait(0.01)
+    app.release.set()
+    assert app.held_done.wait(30)
+    # uvicorn marked only the later request disconnected: the earlier one's answer went to the
+    # closed transport, which uvloop refuses with RuntimeError.
+    assert app.raised == []
+    assert "/small" not in app.messages  # never started

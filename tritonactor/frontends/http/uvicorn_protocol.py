@@ -11,6 +11,11 @@ its length (`Content-Length`), no more than WHOLE_LIMIT, is kept as the pieces t
 and joined once it has all come, and the app's one `receive` has it in one message (the join of
 a single piece is that piece: a small body is not copied at all).
 
+A pipelining client that goes away is told to every request of its connection still running:
+uvicorn marks only the last request it parsed as disconnected, so an earlier one still being
+answered wrote to the closed transport, which uvloop refuses with an exception (logged as an
+error of the app's, with its traceback).
+
 What stays uvicorn's: a chunked body, a longer one, and any body once the app has started its
 response (a refusal, a route that does not read its body) go uvicorn's way (paused past 64
 KiB, in pieces); `Expect: 100-continue` is answered when the app asks for the body, as before;
@@ -39,9 +44,16 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         # The body being gathered whole: its cycle and its pieces so far (None: no such body).
         self._whole: RequestResponseCycle | None = None
         self._pieces: list[bytes] = []
+        # Earlier requests of the connection still being answered while a later one was parsed
+        # (pipelining): told of a disconnect too.
+        self._earlier: list[RequestResponseCycle] = []
 
     def on_headers_complete(self) -> None:
+        earlier = self.cycle
         super().on_headers_complete()
+        if earlier is not None and not earlier.response_complete and earlier is not self.cycle:
+            self._earlier = [c for c in self._earlier if not c.response_complete]
+            self._earlier.append(earlier)
         self._whole = None
         self._pieces = []
         if self.parser.should_upgrade():
@@ -85,3 +97,11 @@ class HttpToolsWholeBody(HttpToolsProtocol):
             # uvicorn's receive sends `bytes(body)`: a `bytes` body goes as it is, uncopied.
             cycle.body = b"".join(pieces)  # type: ignore[assignment]
         cycle.message_event.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        for cycle in self._earlier:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self._earlier = []
