@@ -236,3 +236,35 @@ def test_a_pipelining_client_gone_is_told_to_the_request_still_answering(
     # closed transport, which uvloop refuses with RuntimeError.
     assert app.raised == []
     assert "/small" not in app.messages  # never started
+
+
+def test_a_pipelined_body_waiting_its_turn_is_read_no_further_than_uvicorn_reads_it(
+    server: tuple[Recorder, int, uvicorn.Server],
+) -> None:
+    """While a request waits behind one still running, its body's limits do not apply yet:
+    reading pauses past 64 KiB of it (the running request's `receive` resumes reading)."""
+    app, port, uvicorn_server = server
+    body = os.urandom(40 * 1024 * 1024)  # more than the sockets' buffers hold
+    sock = socket.create_connection(("127.0.0.1", port))
+    sender = threading.Thread(
+        target=sock.sendall, args=(post("/hold", b"first") + post("/big", body),)
+    )
+    sender.start()
+    try:
+        while "/hold" not in app.messages:  # the first request has read its body, and waits
+            threading.Event().wait(0.01)
+        (protocol,) = uvicorn_server.server_state.connections
+        whole: Any = protocol
+        while not whole.flow.read_paused and whole._gathered <= 4 * 1024 * 1024:
+            threading.Event().wait(0.01)
+        assert whole.flow.read_paused
+        assert whole._gathered <= 1024 * 1024  # 64 KiB and a read or two
+        app.release.set()  # the first answers; the second starts, reads its body, answers
+        assert read_answer(sock) == expected(b"first")
+        assert read_answer(sock) == expected(body)
+    finally:
+        app.release.set()
+        sender.join()
+        sock.close()
+    (message,) = app.messages["/big"]
+    assert message["body"] == body

@@ -16,6 +16,10 @@ uvicorn marks only the last request it parsed as disconnected, so an earlier one
 answered wrote to the closed transport, which uvloop refuses with an exception (logged as an
 error of the app's, with its traceback).
 
+A pipelined request's body is gathered the same way, but while the request waits its turn
+(its app has not started, so its body limits do not yet apply) reading pauses past 64 KiB of
+it, as uvicorn pauses: its own `receive` resumes reading once it runs.
+
 What stays uvicorn's: a chunked body, a longer one, and any body once the app has started its
 response (a refusal, a route that does not read its body) go uvicorn's way (paused past 64
 KiB, in pieces); `Expect: 100-continue` is answered when the app asks for the body, as before;
@@ -26,6 +30,7 @@ affected.
 
 from __future__ import annotations
 
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from tritonactor.frontends.http.limits import DEFAULT_MAX_INPUT_SIZE
@@ -44,6 +49,7 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         # The body being gathered whole: its cycle and its pieces so far (None: no such body).
         self._whole: RequestResponseCycle | None = None
         self._pieces: list[bytes] = []
+        self._gathered = 0  # bytes in `_pieces`
         # Earlier requests of the connection still being answered while a later one was parsed
         # (pipelining): told of a disconnect too.
         self._earlier: list[RequestResponseCycle] = []
@@ -51,11 +57,13 @@ class HttpToolsWholeBody(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         earlier = self.cycle
         super().on_headers_complete()
-        if earlier is not None and not earlier.response_complete and earlier is not self.cycle:
+        if self._earlier:
             self._earlier = [c for c in self._earlier if not c.response_complete]
+        if earlier is not None and not earlier.response_complete and earlier is not self.cycle:
             self._earlier.append(earlier)
         self._whole = None
         self._pieces = []
+        self._gathered = 0
         if self.parser.should_upgrade():
             return
         length = -1
@@ -77,6 +85,15 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         if cycle.response_complete:
             return
         self._pieces.append(body)
+        self._gathered += len(body)
+        # Waiting its turn behind a request still running (whose `receive` resumes reading):
+        # its own `receive` resumes reading once it starts.
+        if (
+            self._gathered > HIGH_WATER_LIMIT
+            and self.pipeline
+            and any(queued is cycle for queued, _ in self.pipeline)
+        ):
+            self.flow.pause_reading()
 
     def on_message_complete(self) -> None:
         if self._whole is not None and self._whole is self.cycle:
@@ -89,6 +106,7 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         cycle, pieces = self._whole, self._pieces
         self._whole = None
         self._pieces = []
+        self._gathered = 0
         if cycle is None or not pieces:
             return
         if cycle.body:  # (nothing of it came uvicorn's way before: kept in order regardless)
@@ -100,6 +118,9 @@ class HttpToolsWholeBody(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self._whole = None  # (a body that will never be complete)
+        self._pieces = []
+        self._gathered = 0
         for cycle in self._earlier:
             if not cycle.response_complete:
                 cycle.disconnected = True
