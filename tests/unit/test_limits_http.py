@@ -16,6 +16,7 @@ from tritonactor.core.errors import TritonError
 from tritonactor.frontends.http.codec import decode_infer_request, decode_json
 from tritonactor.frontends.http.generate import decode_generate_request
 from tritonactor.frontends.http.limits import (
+    BODY_COMPLETE,
     DEFAULT_JSON_DEPTH,
     BodyLimitError,
     BodyLimits,
@@ -246,6 +247,32 @@ async def test_a_declared_length_past_the_limit_is_refused_unread() -> None:
     assert orjson.loads(client.sent[1]["body"]) == {"error": refused.message}
     assert client.sent[-1] == {"type": "http.response.body", "body": b""}  # after lingering
     assert client.reads == 2  # the linger's, which dropped what came: nothing else was read
+
+
+def complete(headers_scope: dict[str, Any]) -> dict[str, Any]:
+    """The scope of a request whose ASGI server says its body had all arrived."""
+    return {**headers_scope, "extensions": {BODY_COMPLETE: {}}}
+
+
+async def test_a_body_the_server_says_is_in_is_not_wrapped_when_within_the_limit() -> None:
+    client = Client([chunk(b"x" * 100, more=False)])
+    receive, send, refused = LIMITS.bound(
+        complete(scope((b"content-length", b"100"))), client.receive, client.send
+    )
+    assert refused is None
+    assert receive == client.receive and send == client.send  # no timer, no counting
+
+
+async def test_a_body_the_server_says_is_in_is_still_refused_past_the_limit() -> None:
+    for headers in [(b"content-length", b"101")], [(b"transfer-encoding", b"chunked")]:
+        client = Client([chunk(b"x" * 101, more=False)])
+        receive, _, refused = LIMITS.bound(complete(scope(*headers)), client.receive, client.send)
+        if headers[0][0] == b"content-length":
+            assert isinstance(refused, BodyLimitError)
+        else:  # a chunked body is counted as it comes, whatever the server says
+            assert refused is None and receive != client.receive
+            with pytest.raises(BodyLimitError):
+                await receive()
 
 
 async def test_a_body_at_the_limit_is_read() -> None:

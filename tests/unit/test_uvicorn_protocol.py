@@ -21,6 +21,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tritonactor import cli
 from tritonactor.frontends.http import uvicorn_protocol
+from tritonactor.frontends.http.limits import BODY_COMPLETE
 from tritonactor.frontends.http.uvicorn_protocol import HttpToolsWholeBody
 from tritonactor.settings import Settings
 
@@ -31,6 +32,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.messages: dict[str, list[dict[str, Any]]] = {}
+        self.complete_at_start: dict[str, bool] = {}
         self.lock = threading.Lock()
         self.disconnected = threading.Event()
         # /hold answers once `release` is set; what its sends raised, and that it has ended
@@ -45,6 +47,8 @@ class Recorder:
         received: list[dict[str, Any]] = []
         with self.lock:
             self.messages[path] = received
+            # whether the body had all come before the app was called
+            self.complete_at_start[path] = BODY_COMPLETE in scope.get("extensions", {})
         body = b""
         if path != "/unread":
             while True:
@@ -268,3 +272,21 @@ def test_a_pipelined_body_waiting_its_turn_is_read_no_further_than_uvicorn_reads
         sock.close()
     (message,) = app.messages["/big"]
     assert message["body"] == body
+
+
+def test_a_body_in_before_the_app_is_called_says_so(served: tuple[Recorder, int]) -> None:
+    """A small request's body comes in the read that brought its headers: the app is told it
+    is all in (its body limits then need not wait for it nor time it: limits.py)."""
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(post("/small", b'{"inputs": []}'))
+        assert read_answer(sock) == expected(b'{"inputs": []}')
+        # A body that comes after the headers, once the app waits for it: not said.
+        request = post("/continue", b"later", "Expect: 100-continue")
+        sock.sendall(request[: -len(b"later")])
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            interim += sock.recv(1024)
+        sock.sendall(b"later")
+        assert read_answer(sock) == expected(b"later")
+    assert app.complete_at_start == {"/small": True, "/continue": False}

@@ -11,6 +11,11 @@ spent, with a message naming the limit and the setting that raises it.
   client that keeps sending holds nothing.
 - The JSON depth is checked on the bytes before they are parsed (`check_json_depth`, from
   core/json_depth.py: the control plane applies it to a load's config too).
+- A body the ASGI server says has all arrived before the app looks at it (`BODY_COMPLETE` in
+  the scope's extensions: `tritonactor serve`'s uvicorn protocol says so, uvicorn_protocol.py),
+  of a declared length within the limit, is not wrapped: it can neither grow nor be late, and
+  an answer sent before it is read leaves nothing unread on the connection. Most small
+  requests come so, in the read that brought their headers.
 
 The ASGI wrapping is `BodyLimits.bound`, used by `HttpApp` for every HTTP request with a body.
 """
@@ -33,6 +38,9 @@ from tritonactor.settings import Settings
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
+# The scope extension by which an ASGI server says that a request's whole body had arrived
+# before the app was called (uvicorn_protocol.py sets it).
+BODY_COMPLETE = "tritonactor.body_complete"
 _CLOSE = (b"connection", b"close")
 
 
@@ -89,6 +97,10 @@ class BodyLimits:
                 chunked = True
         if length <= 0 and not chunked:
             return receive, send, None
+        if not chunked and length <= self.max_size:
+            extensions = scope.get("extensions")
+            if extensions is not None and BODY_COMPLETE in extensions:
+                return receive, send, None  # all in, within the limit
         bounded = _Bounded(self, receive, send)
         if length > self.max_size:
             bounded.failed = True

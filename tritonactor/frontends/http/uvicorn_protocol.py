@@ -20,6 +20,10 @@ A pipelined request's body is gathered the same way, but while the request waits
 (its app has not started, so its body limits do not yet apply) reading pauses past 64 KiB of
 it, as uvicorn pauses: its own `receive` resumes reading once it runs.
 
+A request whose body has all come says so in its scope (the `tritonactor.body_complete`
+extension): the app's body limits need not wait for it, nor time it (limits.py); most small
+requests come whole in the read that brought their headers, before the app is called.
+
 What stays uvicorn's: a chunked body, a longer one, and any body once the app has started its
 response (a refusal, a route that does not read its body) go uvicorn's way (paused past 64
 KiB, in pieces); `Expect: 100-continue` is answered when the app asks for the body, as before;
@@ -33,7 +37,7 @@ from __future__ import annotations
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from tritonactor.frontends.http.limits import DEFAULT_MAX_INPUT_SIZE
+from tritonactor.frontends.http.limits import BODY_COMPLETE, DEFAULT_MAX_INPUT_SIZE
 
 # The longest body gathered whole: Triton's default input size. (A larger --http-max-input-size
 # still works: those bodies come in pieces, as before.)
@@ -99,6 +103,14 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         if self._whole is not None and self._whole is self.cycle:
             self._give_up()
         super().on_message_complete()
+        # The app has it all (it may not have been called yet: then it need not wait for the
+        # body, nor time it: limits.py).
+        scope = self.cycle.scope
+        extensions = scope.get("extensions")
+        if extensions is None:
+            scope["extensions"] = {BODY_COMPLETE: {}}
+        else:
+            extensions[BODY_COMPLETE] = {}
 
     def _give_up(self) -> None:
         """What was gathered goes to the cycle as uvicorn would have it; the rest comes uvicorn's
