@@ -23,6 +23,7 @@ The ASGI wrapping is `BodyLimits.bound`, used by `HttpApp` for every HTTP reques
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,22 @@ def too_slow(timeout: float) -> BodyLimitError:
     )
 
 
+def declared_body(headers: Iterable[tuple[bytes, bytes]]) -> tuple[int, bool]:
+    """What a request's headers say of its body: its `Content-Length` (-1 without one, or with
+    one the ASGI server has refused already) and whether it comes chunked."""
+    length = -1
+    chunked = False
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                length = -1
+        elif name == b"transfer-encoding":
+            chunked = True
+    return length, chunked
+
+
 @dataclass(frozen=True)
 class BodyLimits:
     """The largest body (bytes) and the longest it may take to arrive (seconds)."""
@@ -85,16 +102,7 @@ class BodyLimits:
         """`receive` and `send` for one HTTP request, held to the limits (unchanged for a
         request without a body), and the error to answer at once, before anything is read,
         when its declared length is past the limit (else None)."""
-        length = -1
-        chunked = False
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    length = -1  # the ASGI server has refused it already
-            elif name == b"transfer-encoding":
-                chunked = True
+        length, chunked = declared_body(scope["headers"])
         if length <= 0 and not chunked:
             return receive, send, None
         if not chunked and length <= self.max_size:

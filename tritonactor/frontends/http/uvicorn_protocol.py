@@ -37,7 +37,7 @@ from __future__ import annotations
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from tritonactor.frontends.http.limits import BODY_COMPLETE, DEFAULT_MAX_INPUT_SIZE
+from tritonactor.frontends.http.limits import BODY_COMPLETE, DEFAULT_MAX_INPUT_SIZE, declared_body
 
 # The longest body gathered whole: Triton's default input size. (A larger --http-max-input-size
 # still works: those bodies come in pieces, as before.)
@@ -70,18 +70,13 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         self._gathered = 0
         if self.parser.should_upgrade():
             return
-        length = -1
-        for name, value in self.headers:
-            if name == b"content-length":
-                length = int(value) if value.isdigit() else -1
-            elif name == b"transfer-encoding":
-                return
-        if 0 < length <= WHOLE_LIMIT:
+        length, chunked = declared_body(self.headers)
+        if not chunked and 0 < length <= WHOLE_LIMIT:
             self._whole = self.cycle
 
     def on_body(self, body: bytes) -> None:
-        cycle = self._whole
-        if cycle is None or cycle is not self.cycle or cycle.response_started:
+        cycle = self._whole  # (None, or the request being parsed: both set by on_headers_complete)
+        if cycle is None or cycle.response_started:
             if cycle is not None:
                 self._give_up()
             super().on_body(body)
@@ -100,7 +95,7 @@ class HttpToolsWholeBody(HttpToolsProtocol):
             self.flow.pause_reading()
 
     def on_message_complete(self) -> None:
-        if self._whole is not None and self._whole is self.cycle:
+        if self._whole is not None:
             self._give_up()
         super().on_message_complete()
         # The app has it all (it may not have been called yet: then it need not wait for the
@@ -121,11 +116,9 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         self._gathered = 0
         if cycle is None or not pieces:
             return
-        if cycle.body:  # (nothing of it came uvicorn's way before: kept in order regardless)
-            cycle.body += b"".join(pieces)
-        else:
-            # uvicorn's receive sends `bytes(body)`: a `bytes` body goes as it is, uncopied.
-            cycle.body = b"".join(pieces)  # type: ignore[assignment]
+        # Nothing of this body came uvicorn's way before (its pieces come after, appended);
+        # uvicorn's receive sends `bytes(body)`: a `bytes` body goes as it is, uncopied.
+        cycle.body = b"".join(pieces)  # type: ignore[assignment]
         cycle.message_event.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
