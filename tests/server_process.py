@@ -127,9 +127,10 @@ def start_server(
     timeout: float = 60,
     probe_headers: Mapping[str, str] | None = None,
     http_port: int | None = None,
+    args: Sequence[str] = (),
 ) -> ServerProcess:
     """`hypercorn tritonactor.app:app` with TRITONACTOR_* settings, on `http_port` (default: a
-    free one); waits until it is live."""
+    free one), hypercorn's own flags `args` last; waits until it is live."""
     http_port = http_port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
     env.update(
@@ -159,6 +160,7 @@ def start_server(
                 # TA_TEST_WORKERS=2 runs every such test against two front ends, 0 in one process.
                 "--workers",
                 os.environ.get("TA_TEST_WORKERS", "1"),
+                *args,
             ],
             env=env,
             stdout=log_file,

@@ -25,6 +25,32 @@ def is_hypercorn(argv: Sequence[str]) -> bool:
     return program.name == "__main__.py" and program.parent.name == "hypercorn"
 
 
+def leaves_worker_class(argv: Sequence[str]) -> bool:
+    """Whether `argv` is a hypercorn command line that leaves the worker class (the event loop)
+    to hypercorn's default, asyncio's: it names none (`-k`, `--worker-class`, in any spelling
+    hypercorn's parser reads, found by that parser) and reads no config file, which may."""
+    config = hypercorn_config(argv)
+    if config is None or config.worker_class != "asyncio":
+        return False
+    if any(_names_config_file(token) for token in argv[1:]):
+        return False
+    # A class named on the command line wins over one named before it: hypercorn's parser reads
+    # the command line after a class of our own, which stays unless the command line names one.
+    marked = _parsed(("--worker-class", _UNNAMED, *argv[1:]))
+    return marked is not None and marked.worker_class == _UNNAMED
+
+
+_UNNAMED = "tritonactor-unnamed"
+
+
+def _names_config_file(token: str) -> bool:
+    """`-c FILE`, `-cFILE`, `--config FILE`, `--config=FILE` or an abbreviation of it."""
+    if token.startswith("--"):
+        name = token.split("=", 1)[0]
+        return len(name) > 3 and "--config".startswith(name)
+    return token.startswith("-c")
+
+
 def hypercorn_config(argv: Sequence[str]) -> Any | None:
     """The `hypercorn.config.Config` hypercorn builds from `argv` (its command line), None
     when `argv` is not hypercorn's or hypercorn refuses it (it then never starts the app)."""

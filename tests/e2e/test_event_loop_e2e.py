@@ -1,0 +1,56 @@
+"""The event loop a front end runs on: uvloop's under a plain `hypercorn tritonactor.app:app`
+(the app chooses it where hypercorn's command line leaves the worker class to its default), the
+one hypercorn's command line names otherwise. Each front end says which in its log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.server_process import ServerProcess, start_server, wait_for
+
+UVLOOP = "serves on the event loop uvloop.Loop"
+ASYNCIO = "serves on the event loop asyncio.unix_events._UnixSelectorEventLoop"
+
+
+def _infers(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    wait_for(lambda: client.is_model_ready("simple"), 60, server.log)
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+        httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    result = client.infer("simple", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
+def test_a_plain_hypercorn_serves_on_uvloop(server: ServerProcess) -> None:
+    _infers(server)
+    log = server.log()
+    assert UVLOOP in log, log
+    assert ASYNCIO not in log
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [(["-k", "asyncio"], ASYNCIO), (["--worker-class=uvloop"], UVLOOP)],
+)
+def test_a_worker_class_named_is_hypercorns(
+    repository: Path, tmp_path: Path, args: list[str], expected: str
+) -> None:
+    # (The repository has a broken model: the server is live, never ready, as the fixture's.)
+    settings = {"TRITONACTOR_EXIT_ON_ERROR": "false"}
+    server = start_server([repository], tmp_path, settings, wait_ready=False, args=args)
+    try:
+        _infers(server)
+        log = server.log()
+        assert expected in log, log
+        assert (UVLOOP if expected == ASYNCIO else ASYNCIO) not in log
+    finally:
+        server.stop()
