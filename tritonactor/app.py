@@ -7,12 +7,10 @@ with its message. Nothing starts until the ASGI lifespan does. Tests use `create
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import os
 import sys
-import warnings
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
 
@@ -28,10 +26,11 @@ from tritonactor.engine.launch import (
 from tritonactor.engine.listeners import shared_grpc_socket
 from tritonactor.engine.remote import RemoteServer
 from tritonactor.frontends.drain import Drain
+from tritonactor.frontends.event_loop import choose_event_loop, log_event_loop
 from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
 from tritonactor.frontends.http.direct import HttpApp
-from tritonactor.frontends.hypercorn_command import hypercorn_config, leaves_worker_class
+from tritonactor.frontends.hypercorn_command import hypercorn_config
 from tritonactor.frontends.listen import ListenFailed, refuse_shared
 from tritonactor.frontends.signals import held_signals
 from tritonactor.frontends.tls import check_hand_started_http
@@ -58,7 +57,7 @@ def create_app(settings: Settings | None = None, workers: int | None = None) -> 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         configure_logging(server.settings)
         server.log_startup()
-        _log_event_loop()
+        log_event_loop()
         drain.open()
         try:
             async with (
@@ -88,7 +87,7 @@ def _front_end_app(server: Server) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         configure_logging(server.settings)
-        _log_event_loop()
+        log_event_loop()
         drain.open()
         try:
             if hypercorn_bind(sys.argv) is not None:  # a plain `hypercorn --workers N`
@@ -121,31 +120,6 @@ def _front_end_app(server: Server) -> Starlette:
             raise
 
     return _gated(create_http_app(front, lifespan=lifespan), front, drain)  # type: ignore[arg-type]
-
-
-def _log_event_loop() -> None:
-    loop = type(asyncio.get_running_loop())
-    logging.getLogger(__name__).info(
-        "process %d serves on the event loop %s.%s", os.getpid(), loop.__module__, loop.__qualname__
-    )
-
-
-def choose_event_loop(argv: Sequence[str]) -> bool:
-    """hypercorn's worker imports the app, then makes its event loop. Where its command line
-    (`argv`) leaves the worker class to hypercorn's default, asyncio's loop, the app has that
-    loop made by uvloop, as `hypercorn -k uvloop` would, and as `tritonactor serve`'s front ends
-    and engine run: a front end's own work costs less there (docs/benchmarks.md). A class named
-    (`-k asyncio`), or a config file, is hypercorn's to follow. True when uvloop was chosen."""
-    if not leaves_worker_class(argv):
-        return False
-    try:
-        import uvloop
-    except ImportError:
-        return False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # (event-loop policies, Python 3.14)
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return True
 
 
 def _gated(app: Starlette, server: Server | RemoteServer, drain: Drain) -> Starlette:

@@ -11,10 +11,16 @@ import signal
 from typing import Any
 
 import pytest
+import uvloop
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
+from tritonactor.frontends.event_loop import (
+    SignalsKept,
+    hides_signal_handlers,
+    registered_signal_handler,
+)
 from tritonactor.frontends.signals import held_signals
 
 SCOPE = {"type": "http", "http_version": "1.1", "method": "GET", "path": "/"}
@@ -230,8 +236,16 @@ def test_a_grpc_call_admitted_before_the_drain_finishes() -> None:
     run(scenario())
 
 
-@pytest.mark.parametrize("installed_by", ["signal module", "event loop"])
-def test_a_signal_is_held_until_the_drain_ends(installed_by: str) -> None:
+@pytest.mark.parametrize(
+    ("installed_by", "loop_factory"),
+    [
+        ("signal module", None),
+        ("event loop", None),
+        # The uvloop loop the app has hypercorn's worker make (frontends/event_loop.py).
+        ("event loop", SignalsKept),
+    ],
+)
+def test_a_signal_is_held_until_the_drain_ends(installed_by: str, loop_factory: Any) -> None:
     """As uvicorn (signal.signal) and hypercorn in one process (loop.add_signal_handler)
     install their handlers: the signal begins the drain at once and reaches the server's handler
     only once the admitted request has been answered; the server's handler is back after."""
@@ -272,10 +286,47 @@ def test_a_signal_is_held_until_the_drain_ends(installed_by: str) -> None:
                 loop.remove_signal_handler(signal.SIGTERM)
 
     try:
-        run(scenario())
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(scenario())
     finally:
         signal.signal(signal.SIGTERM, before)
     assert reached == [1]
+
+
+def test_uvloops_own_loop_is_said_to_hide_its_signal_handlers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`hypercorn -k uvloop` makes uvloop's own loop, whose signal handlers Python cannot
+    read: hypercorn's would stop it at once, so the hold says so rather than seem to hold."""
+    plain = uvloop.new_event_loop()
+    kept = SignalsKept()
+    try:
+        assert hides_signal_handlers(plain)
+        assert not hides_signal_handlers(kept)
+        assert not hides_signal_handlers(asyncio.new_event_loop())
+
+        def handler() -> None:
+            pass
+
+        kept.add_signal_handler(signal.SIGTERM, handler, 1)
+        assert registered_signal_handler(kept, signal.SIGTERM) == (handler, (1,))
+        kept.remove_signal_handler(signal.SIGTERM)
+        assert registered_signal_handler(kept, signal.SIGTERM) is None
+
+        async def enter() -> None:
+            with held_signals(Drain(exit_timeout=30)):
+                pass
+
+        before = signal.getsignal(signal.SIGTERM)
+        try:
+            with caplog.at_level("WARNING", "tritonactor.drain"):
+                plain.run_until_complete(enter())
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        assert "without the drain" in caplog.text
+    finally:
+        plain.close()
+        kept.close()
 
 
 def test_an_app_started_again_admits_requests_again() -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tritonactor.frontends.drain import Drain
+from tritonactor.frontends.event_loop import hides_signal_handlers, registered_signal_handler
 
 log = logging.getLogger("tritonactor.drain")
 
@@ -66,13 +67,21 @@ class _Hold:
         """Put the hold in front of the ASGI server's handler of `sig`; returns what puts
         that handler back, or None when `sig` is ignored here."""
         loop = self.loop
-        handlers = getattr(loop, "_signal_handlers", None)
-        registered = handlers.get(sig) if isinstance(handlers, dict) else None
+        registered = registered_signal_handler(loop, sig)
         if registered is not None:
-            # hypercorn, one process: a handler of asyncio's loop (add_signal_handler).
-            callback, args = registered._callback, registered._args
+            # hypercorn, one process: a handler of its event loop (add_signal_handler).
+            callback, args = registered
             loop.add_signal_handler(sig, self.received, sig, lambda: callback(*args))
             return lambda: loop.add_signal_handler(sig, callback, *args)
+        if hides_signal_handlers(loop):
+            # uvloop's own loop (`hypercorn -k uvloop`): hypercorn's handler, if it made one
+            # (one process), would stop it at once, whatever is held here.
+            log.warning(
+                "%s may stop the server at once, without the drain: the event loop given "
+                "(hypercorn's -k uvloop) does not show its signal handlers; without -k, the "
+                "app runs on uvloop and drains (docs/shutdown.md)",
+                sig.name,
+            )
         previous = signal.getsignal(sig)
         if previous in (signal.SIG_IGN, None):
             return None
