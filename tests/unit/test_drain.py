@@ -16,11 +16,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
-from tritonactor.frontends.event_loop import (
-    SignalsKept,
-    hides_signal_handlers,
-    registered_signal_handler,
-)
+from tritonactor.frontends.event_loop import SignalsKept, registered_signal_handler
 from tritonactor.frontends.signals import held_signals
 
 SCOPE = {"type": "http", "http_version": "1.1", "method": "GET", "path": "/"}
@@ -293,40 +289,65 @@ def test_a_signal_is_held_until_the_drain_ends(installed_by: str, loop_factory: 
     assert reached == [1]
 
 
-def test_uvloops_own_loop_is_said_to_hide_its_signal_handlers(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """`hypercorn -k uvloop` makes uvloop's own loop, whose signal handlers Python cannot
-    read: hypercorn's would stop it at once, so the hold says so rather than seem to hold."""
-    plain = uvloop.new_event_loop()
-    kept = SignalsKept()
+def test_the_apps_uvloop_loop_shows_the_signal_handlers_registered_on_it() -> None:
+    """`SignalsKept` (frontends/event_loop.py) keeps what uvloop keeps out of Python's reach,
+    by signal number (a real-time signal has no `signal.Signals` member)."""
+    realtime = signal.SIGRTMIN + 1
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, realtime)}
+
+    def handler() -> None:
+        pass
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, realtime):
+            loop.add_signal_handler(sig, handler, 1)
+            assert registered_signal_handler(loop, sig) == (handler, (1,))
+            assert registered_signal_handler(loop, int(sig)) == (handler, (1,))
+            assert loop.remove_signal_handler(sig)
+            assert registered_signal_handler(loop, sig) is None
+            assert not loop.remove_signal_handler(sig)
+
     try:
-        assert hides_signal_handlers(plain)
-        assert not hides_signal_handlers(kept)
-        assert not hides_signal_handlers(asyncio.new_event_loop())
-
-        def handler() -> None:
-            pass
-
-        kept.add_signal_handler(signal.SIGTERM, handler, 1)
-        assert registered_signal_handler(kept, signal.SIGTERM) == (handler, (1,))
-        kept.remove_signal_handler(signal.SIGTERM)
-        assert registered_signal_handler(kept, signal.SIGTERM) is None
-
-        async def enter() -> None:
-            with held_signals(Drain(exit_timeout=30)):
-                pass
-
-        before = signal.getsignal(signal.SIGTERM)
-        try:
-            with caplog.at_level("WARNING", "tritonactor.drain"):
-                plain.run_until_complete(enter())
-        finally:
-            signal.signal(signal.SIGTERM, before)
-        assert "without the drain" in caplog.text
+        with asyncio.Runner(loop_factory=SignalsKept) as runner:
+            runner.run(scenario())
     finally:
-        plain.close()
-        kept.close()
+        for sig, handler_before in before.items():
+            signal.signal(sig, handler_before)
+
+
+@pytest.mark.parametrize("installed_by", ["event loop", "signal module"])
+def test_a_handler_uvloops_own_loop_does_not_show_is_said_not_to_be_held(
+    installed_by: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`hypercorn -k uvloop` in one process registers its handler on uvloop's own loop, which
+    Python cannot read: hypercorn's handler would stop the server at once, and the hold says so.
+    uvicorn on the same loop (a handler of the signal module) is held, and nothing is said."""
+    before = signal.getsignal(signal.SIGTERM)
+
+    def handler(*args: Any) -> None:
+        pass
+
+    async def scenario() -> None:
+        if installed_by == "event loop":
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, handler)
+        else:
+            signal.signal(signal.SIGTERM, handler)
+        with held_signals(Drain(exit_timeout=30)):
+            pass
+        if installed_by == "event loop":
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+
+    try:
+        with (
+            caplog.at_level("WARNING", "tritonactor.drain"),
+            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+        ):
+            runner.run(scenario())
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    said = "SIGTERM stops the server at once, without the drain" in caplog.text
+    assert said is (installed_by == "event loop")
 
 
 def test_an_app_started_again_admits_requests_again() -> None:

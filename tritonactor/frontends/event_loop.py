@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,15 +34,21 @@ except ImportError:  # (a dependency through uvicorn[standard], where uvloop bui
 
 def choose_event_loop(argv: Sequence[str]) -> bool:
     """Where `argv` is a hypercorn command line that leaves the worker class to hypercorn's
-    default, have the process's next event loop made by uvloop (a `SignalsKept` loop). True
-    when it was."""
+    default, have the process's next event loop made by uvloop (a `SignalsKept` loop), through
+    an event-loop policy, which hypercorn's worker asks for its loop. True when it was."""
     if uvloop is None or not leaves_worker_class(argv):
         return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # (event-loop policies, Python 3.14)
-        if not hasattr(asyncio, "set_event_loop_policy"):  # (gone in Python 3.16)
+        # (Both gone in Python 3.16, where hypercorn's loop cannot be chosen this way.)
+        if not hasattr(asyncio, "set_event_loop_policy") or not hasattr(uvloop, "EventLoopPolicy"):
             return False
-        asyncio.set_event_loop_policy(_Policy())
+
+        class Policy(uvloop.EventLoopPolicy):  # type: ignore[misc,name-defined]
+            def _loop_factory(self) -> SignalsKept:
+                return SignalsKept()
+
+        asyncio.set_event_loop_policy(Policy())
     return True
 
 
@@ -52,18 +57,12 @@ def registered_signal_handler(loop: asyncio.AbstractEventLoop, sig: int) -> Sign
     it registered none or the loop does not say (a uvloop loop the app did not make)."""
     kept = getattr(loop, "kept_signal_handlers", None)
     if isinstance(kept, dict):
-        return kept.get(sig)
+        return kept.get(int(sig))
     handlers = getattr(loop, "_signal_handlers", None)  # asyncio's own loop
     handle = handlers.get(sig) if isinstance(handlers, dict) else None
     if handle is None:
         return None
     return handle._callback, handle._args
-
-
-def hides_signal_handlers(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether `loop` may have signal handlers of its own that `registered_signal_handler`
-    cannot read: uvloop's, made by someone else (`hypercorn -k uvloop`)."""
-    return type(loop).__module__.startswith("uvloop") and not hasattr(loop, "kept_signal_handlers")
 
 
 def log_event_loop() -> None:
@@ -90,15 +89,11 @@ if uvloop is not None:
 
         def add_signal_handler(self, sig: int, callback: Callable[..., Any], *args: Any) -> None:
             super().add_signal_handler(sig, callback, *args)
-            self.kept_signal_handlers[signal.Signals(sig)] = (callback, args)
+            # (By number: a real-time signal has no `signal.Signals` member.)
+            self.kept_signal_handlers[int(sig)] = (callback, args)
 
         def remove_signal_handler(self, sig: int) -> bool:
-            self.kept_signal_handlers.pop(signal.Signals(sig), None)
-            return bool(super().remove_signal_handler(sig))
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-
-        class _Policy(uvloop.EventLoopPolicy):  # type: ignore[misc,name-defined]
-            def _loop_factory(self) -> SignalsKept:
-                return SignalsKept()
+            removed = bool(super().remove_signal_handler(sig))
+            if removed:  # (uvloop removes none while it does not listen for signals)
+                self.kept_signal_handlers.pop(int(sig), None)
+            return removed

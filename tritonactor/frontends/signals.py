@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tritonactor.frontends.drain import Drain
-from tritonactor.frontends.event_loop import hides_signal_handlers, registered_signal_handler
+from tritonactor.frontends.event_loop import registered_signal_handler
 
 log = logging.getLogger("tritonactor.drain")
 
@@ -73,16 +73,17 @@ class _Hold:
             callback, args = registered
             loop.add_signal_handler(sig, self.received, sig, lambda: callback(*args))
             return lambda: loop.add_signal_handler(sig, callback, *args)
-        if hides_signal_handlers(loop):
-            # uvloop's own loop (`hypercorn -k uvloop`): hypercorn's handler, if it made one
-            # (one process), would stop it at once, whatever is held here.
+        previous = signal.getsignal(sig)
+        if getattr(previous, "__self__", None) is loop:
+            # The loop's own handler of the signal module, for a handler the loop does not show
+            # (uvloop's own loop: `hypercorn -k uvloop` in one process): the ASGI server's
+            # handler runs at once, whatever is held here.
             log.warning(
-                "%s may stop the server at once, without the drain: the event loop given "
-                "(hypercorn's -k uvloop) does not show its signal handlers; without -k, the "
-                "app runs on uvloop and drains (docs/shutdown.md)",
+                "%s stops the server at once, without the drain: its handler is one the event "
+                "loop does not show (uvloop's own, hypercorn's -k uvloop); without -k, the app "
+                "runs on a uvloop loop that drains (docs/shutdown.md)",
                 sig.name,
             )
-        previous = signal.getsignal(sig)
         if previous in (signal.SIG_IGN, None):
             return None
         if callable(previous):
