@@ -35,6 +35,11 @@ installs; python models only, no `--trace`, `--workers` is ours alone):
 
     python bench/process_cpu.py --proto http --rounds 2 triton /path/to/checkout
 
+The front end on hypercorn (`--asgi-server hypercorn`: `serve` runs `hypercorn
+tritonactor.app:app`, one front end beside the engine on two cores, as that command does):
+
+    python bench/process_cpu.py --asgi-server hypercorn --proto http --rounds 2 old new
+
 One tree under another interpreter: `<checkout>@<venv>` runs that virtual environment's
 `tritonactor` (and so its Python, for every process of the server) on the tree, which, first
 on PYTHONPATH, takes the place of the venv's own copy (the venv needs tritonactor and its
@@ -183,6 +188,7 @@ def measure(
     repository: Path | None = None,
     streaming: bool = False,
     cache_config: str | None = None,
+    asgi_server: str = "uvicorn",
 ) -> list[Window]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITONACTOR_", "OTEL_"))}
     env.update(OTEL_TRACES_EXPORTER="none")
@@ -198,6 +204,7 @@ def measure(
     else:
         env.update(PYTHONPATH=str(checkout.tree))
         command = [checkout.program, "serve", "--model-repository", str(repository)]
+        command += ["--asgi-server", asgi_server]
         if workers is not None:
             command += ["--workers", str(workers)]
         for name, port in (("http", HTTP), ("grpc", GRPC), ("metrics", METRICS)):
@@ -334,6 +341,12 @@ def main() -> None:
         "--streaming", action="store_true", help="gRPC streaming (a decoupled model needs it)"
     )
     parser.add_argument(
+        "--asgi-server",
+        choices=("uvicorn", "hypercorn"),
+        default="uvicorn",
+        help="serve's front ends' ASGI server (hypercorn: as `hypercorn tritonactor.app:app`)",
+    )
+    parser.add_argument(
         "--cache-config",
         default=None,
         help="the servers' response cache, as Triton's flag says it (local,size=N)",
@@ -373,6 +386,7 @@ def main() -> None:
                     repository=args.repository,
                     streaming=args.streaming,
                     cache_config=args.cache_config,
+                    asgi_server=args.asgi_server,
                 )
                 for window in measured:
                     print(
