@@ -1,16 +1,18 @@
-"""The event loop a front end runs on: uvloop's under a plain `hypercorn tritonactor.app:app`
-(the app chooses it where hypercorn's command line leaves the worker class to its default), the
-one hypercorn's command line names otherwise. Each front end says which in its log."""
+"""The event loop a front end runs on: uvloop's under `tritonactor serve` (uvicorn's `--loop
+uvloop`) and under a plain `hypercorn tritonactor.app:app` (the app chooses it where hypercorn's
+command line leaves the worker class to its default), the one hypercorn's command line names
+otherwise. Each front end says which in its log."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.server_process import ServerProcess, start_server, wait_for
+from tests.server_process import ServerProcess, start_serve, start_server, wait_for
 
 UVLOOP = "serves on the event loop uvloop.Loop"
 ASYNCIO = "serves on the event loop asyncio.unix_events._UnixSelectorEventLoop"
@@ -52,5 +54,18 @@ def test_a_worker_class_named_is_hypercorns(
         log = server.log()
         assert expected in log, log
         assert (UVLOOP if expected == ASYNCIO else ASYNCIO) not in log
+    finally:
+        server.stop()
+
+
+def test_serves_front_end_serves_on_uvloop(repository: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(repository / "simple", repo / "simple")
+    server = start_serve(tmp_path, {}, "--workers", "1", "--model-repository", str(repo))
+    try:
+        _infers(server)
+        log = server.log()
+        assert UVLOOP in log, log
+        assert ASYNCIO not in log
     finally:
         server.stop()
