@@ -7,8 +7,9 @@ Each server runs this file's `app` in one worker process: it reads a request's b
 perf_analyzer's metadata and config requests for a python identity FP32 [-1,16] model, and
 every infer request with the same fixed bytes (the size, headers and binary layout of
 `tritonactor serve`'s answer to `identity_fp32` with a [1,16] input). perf_analyzer runs at
-concurrency 8 over binary HTTP; after a warm-up, the worker's CPU (utime + stime from /proc)
-over `--seconds`, divided by the requests the app answered, is the floor a request. hypercorn
+concurrency 8 over binary HTTP; after a warm-up, the server's CPU (utime + stime of its
+processes, hypercorn's worker and its idle parent, from /proc) over `--seconds`, divided by the
+requests the app answered, is the floor a request. hypercorn
 runs as `python -m hypercorn` with its default worker class (asyncio's loop; `--hypercorn-args
 "-k uvloop"` for another), uvicorn as `tritonactor serve` runs it (httptools, uvloop).
 Compare with a front end's own CPU a request (`bench/process_cpu.py`, `--asgi-server
@@ -21,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-TICK = os.sysconf("SC_CLK_TCK")
 PERF_ANALYZER = Path.home() / ".cache/tritonactor-peers/bin/perf_analyzer"
 
 _META = {
@@ -101,34 +99,17 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def _answered(port: int) -> int:
     return int(urllib.request.urlopen(f"http://127.0.0.1:{port}/answered").read())
 
 
-def _worker(server: subprocess.Popen[bytes]) -> int:
-    """The process that runs the app: hypercorn's worker (its child), or uvicorn's own."""
-    children = Path(f"/proc/{server.pid}/task/{server.pid}/children")
-    for pid in children.read_text().split():
-        command = Path(f"/proc/{pid}/cmdline").read_text()
-        if "spawn_main" in command:
-            return int(pid)
-    return server.pid
-
-
 def measure(name: str, seconds: float, hypercorn_args: list[str]) -> tuple[int, float]:
-    """(requests a second, worker CPU µs a request) of one server."""
-    port = _free_port()
+    """(requests a second, the server's CPU µs a request) of one server."""
+    # (Here, not at the top: the server imports this module for its app, which needs none.)
+    sys.path.insert(0, str(HERE))
+    from http_infer import free_port, tree_cpu_seconds
+
+    port = free_port()
     module = "bench.asgi_floor:app"  # (from the repository's root, the server's folder)
     if name == "hypercorn":
         command = ["-m", "hypercorn", module, "--bind", f"127.0.0.1:{port}", *hypercorn_args]
@@ -149,7 +130,6 @@ def measure(name: str, seconds: float, hypercorn_args: list[str]) -> tuple[int, 
                 break
             except OSError:
                 time.sleep(0.1)
-        worker = _worker(server)
         target = ["-m", "identity_fp32", "-u", f"127.0.0.1:{port}", "-i", "http"]
         window = ["--concurrency-range", "8", "-p", "30000", "-s", "50"]
         load = subprocess.Popen(
@@ -158,9 +138,10 @@ def measure(name: str, seconds: float, hypercorn_args: list[str]) -> tuple[int, 
             stderr=subprocess.DEVNULL,
         )
         time.sleep(4)  # perf_analyzer's warm-up
-        cpu, answered = _cpu_seconds(worker), _answered(port)
+        cpu, answered = tree_cpu_seconds(server.pid) or 0.0, _answered(port)
         time.sleep(seconds)
-        cpu, answered = _cpu_seconds(worker) - cpu, _answered(port) - answered
+        cpu = (tree_cpu_seconds(server.pid) or 0.0) - cpu
+        answered = _answered(port) - answered
         return round(answered / seconds), cpu / max(answered, 1) * 1e6
     finally:
         if load is not None:
@@ -182,7 +163,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for name in args.servers.split(","):
             rate, floor = measure(name, args.seconds, shlex.split(args.hypercorn_args))
-            print(f"round {round_ + 1} {name}: {rate} infer/s, the worker {floor:.0f} us a request")
+            print(f"round {round_ + 1} {name}: {rate} infer/s, the server {floor:.0f} us a request")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.e2e.test_http_smoke import simple_inputs
 from tests.server_process import ServerProcess, start_serve, start_server, wait_for
 
 UVLOOP = "serves on the event loop uvloop.Loop"
@@ -21,15 +22,9 @@ ASYNCIO = "serves on the event loop asyncio.unix_events._UnixSelectorEventLoop"
 def _infers(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.url)
     wait_for(lambda: client.is_model_ready("simple"), 60, server.log)
+    result = client.infer("simple", simple_inputs())
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = [
-        httpclient.InferInput("INPUT0", [1, 16], "INT32"),
-        httpclient.InferInput("INPUT1", [1, 16], "INT32"),
-    ]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
-    result = client.infer("simple", inputs)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + 3)
 
 
 def test_a_plain_hypercorn_serves_on_uvloop(server: ServerProcess) -> None:

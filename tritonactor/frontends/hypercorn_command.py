@@ -29,13 +29,11 @@ def leaves_worker_class(argv: Sequence[str]) -> bool:
     """Whether `argv` is a hypercorn command line that leaves the worker class (the event loop)
     to hypercorn's default, asyncio's: it names none (`-k`, `--worker-class`, in any spelling
     hypercorn's parser reads, found by that parser) and reads no config file, which may."""
-    config = hypercorn_config(argv)
-    if config is None or config.worker_class != "asyncio":
-        return False
-    if any(_names_config_file(token) for token in argv[1:]):
+    if not is_hypercorn(argv) or any(_names_config_file(token) for token in argv[1:]):
         return False
     # A class named on the command line wins over one named before it: hypercorn's parser reads
-    # the command line after a class of our own, which stays unless the command line names one.
+    # the command line after a class of our own, which stays unless the command line names one
+    # (and is gone where hypercorn refuses the command line: it never starts the app then).
     marked = _parsed(("--worker-class", _UNNAMED, *argv[1:]))
     return marked is not None and marked.worker_class == _UNNAMED
 
