@@ -344,3 +344,128 @@ async def test_now_is_the_clock_timers_count_on() -> None:
             while actor.total != 1:
                 await anyio.sleep(0)
             assert actor.now() >= now + 0.009  # (the loop may run a timer a clock tick early)
+
+
+@dataclass(frozen=True)
+class Echo:
+    """Handled by telling the actor `then`, from inside its own handling."""
+
+    then: Any
+
+
+class Immediate(Actor[Any]):
+    """An actor that handles every message without waiting: on the sender's turn when idle."""
+
+    handles_now = True
+
+    def __init__(self, name: str = "immediate") -> None:
+        super().__init__(name)
+        self.total = 0
+        self.seen: list[Any] = []
+        self.failed: list[str] = []
+
+    async def receive(self, message: Any) -> None:
+        self.handle_now(message)
+
+    def handle_now(self, message: Any) -> None:
+        self.seen.append(message)
+        match message:
+            case Add(amount):
+                self.total += amount
+            case Get(reply):
+                reply.set(self.total)
+            case Echo(then):
+                self.ref.tell_nowait(then)
+                self.total *= 10  # before `then` is handled: it waits for this one
+            case Boom():
+                raise RuntimeError(f"{self.name} exploded")
+
+    async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
+        self.failed.append(f"{child.name}: {error}")
+
+
+async def test_an_idle_actor_that_handles_now_takes_a_message_on_the_senders_turn() -> None:
+    """Sent while it waits on an empty mailbox, a message is handled before `tell_nowait`
+    (and `tell`, and `ask`) returns, with no turn of the loop; the mailbox is never used."""
+    async with ActorSystem() as system:
+        actor = Immediate()
+        ref = await system.spawn(actor)
+        await anyio.wait_all_tasks_blocked()  # its loop waits for a message
+        ref.tell_nowait(Add(2))
+        assert actor.total == 2 and ref.mailbox_depth == 0
+        await ref.tell(Add(3))
+        assert actor.total == 5
+        reply = Reply[int]()
+        ref.tell_nowait(Get(reply))
+        assert reply.done and reply.result() == 5
+
+
+async def test_a_message_sent_while_handling_waits_its_turn() -> None:
+    """One message at a time still: a message the actor sends itself while handling one is
+    queued, and handled after it by the loop, in the order sent."""
+    async with ActorSystem() as system:
+        actor = Immediate()
+        ref = await system.spawn(actor)
+        await anyio.wait_all_tasks_blocked()
+        ref.tell_nowait(Add(1))
+        ref.tell_nowait(Echo(Add(5)))  # handled now; its Add(5) is queued, not nested
+        assert actor.total == 10 and ref.mailbox_depth == 1
+        assert await ref.ask(Get) == 15  # after the loop has had Add(5)
+        assert [type(m).__name__ for m in actor.seen] == ["Add", "Echo", "Add", "Get"]
+
+
+async def test_a_busy_or_starting_actor_that_handles_now_queues_instead() -> None:
+    """Messages sent before its loop waits (while queued ones are pending) go through the
+    mailbox, in order, as to any actor."""
+    async with ActorSystem() as system:
+        actor = Immediate()
+        ref = await system.spawn(actor)
+        await anyio.wait_all_tasks_blocked()
+        ref.tell_nowait(Echo(Add(1)))  # handled now; Add(1) queued behind it
+        ref.tell_nowait(Add(2))  # the loop is woken but has not run: queued too
+        assert ref.mailbox_depth == 2 and actor.total == 0
+        assert await ref.ask(Get) == 3
+        assert [type(m).__name__ for m in actor.seen] == ["Echo", "Add", "Add", "Get"]
+
+
+async def test_a_failure_on_the_senders_turn_fails_the_actor_not_the_sender() -> None:
+    """What `handle_now` raises on a sender's turn fails the actor in its own loop, as a
+    failing `receive` does: reported to its owner, the message's ask answered ActorStopped,
+    later messages refused; the sender's `tell` returns normally."""
+    failures: list[tuple[str, str]] = []
+    async with ActorSystem(on_failure=lambda ref, err: failures.append((ref.name, str(err)))) as (
+        system
+    ):
+        actor = Immediate()
+        ref = await system.spawn(actor)
+        await anyio.wait_all_tasks_blocked()
+        waiting = Reply[int]()
+        ref.tell_nowait(Boom(waiting))  # does not raise here
+        with pytest.raises(ActorStopped):
+            await waiting.wait()
+        with anyio.fail_after(HANG):
+            await ref.join()
+        assert failures == [("immediate", "immediate exploded")]
+        with pytest.raises(ActorStopped):
+            ref.tell_nowait(Add(1))
+
+
+async def test_a_child_failure_reaches_a_parent_that_handles_now_through_its_loop() -> None:
+    """ChildFailed is never taken on the sender's turn: the parent's loop hands it to
+    `on_child_failed` (which may wait), even when the parent is idle."""
+
+    class Guardian(Immediate):
+        async def started(self) -> None:
+            self.child = await self.spawn(Counter("child", []))
+
+    async with ActorSystem() as system:
+        parent = Guardian("parent")
+        await system.spawn(parent)
+        await anyio.wait_all_tasks_blocked()
+        await parent.child.tell(Boom())
+        with anyio.fail_after(HANG):
+            while not parent.failed:
+                await anyio.sleep(0.001)
+        assert parent.failed == ["child: child exploded"]
+        assert not any(type(m).__name__ == "ChildFailed" for m in parent.seen)
+        assert parent.children == ()

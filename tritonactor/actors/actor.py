@@ -42,6 +42,20 @@ class ChildFailed:
     error: BaseException
 
 
+@dataclass(frozen=True, slots=True)
+class _HandlingFailed:
+    """Queued for an actor whose `handle_now` raised on a sender's turn: its loop fails with
+    `error`, as though `message` had failed there."""
+
+    message: Any
+    error: Exception
+
+
+# The messages an actor's loop handles itself, not its `receive` (a tuple: isinstance is
+# quicker with one than with a union, on every message of every actor).
+_OWN_MESSAGES = (ChildFailed, _HandlingFailed)
+
+
 class ActorRef(Generic[M]):
     """The only handle other code has on an actor: send it messages, ask it, stop it."""
 
@@ -54,6 +68,10 @@ class ActorRef(Generic[M]):
 
     async def tell(self, message: M) -> None:
         """Queue a message, waiting while the mailbox is full."""
+        actor = self._actor
+        if actor.handles_now and actor._current is None and self._mailbox.waiting():
+            actor._handle_now(message)
+            return
         try:
             # The common case, a mailbox with room, queues it without yielding to the loop.
             await self._mailbox.put(message)
@@ -61,7 +79,12 @@ class ActorRef(Generic[M]):
             raise ActorStopped(f"actor '{self.name}' is not running") from None
 
     def tell_nowait(self, message: M) -> None:
-        """Queue a message now; `anyio.WouldBlock` when the mailbox is full."""
+        """Queue a message now; `anyio.WouldBlock` when the mailbox is full. (An actor that
+        handles messages where they are sent, idle, handles it now: `Actor.handle_now`.)"""
+        actor = self._actor
+        if actor.handles_now and actor._current is None and self._mailbox.waiting():
+            actor._handle_now(message)
+            return
         try:
             self._mailbox.put_nowait(message)
         except MailboxClosed:
@@ -104,6 +127,10 @@ class Actor(ABC, Generic[M]):
     """Subclass and implement `receive`. Optional hooks: `started`, `stopped`, `on_child_failed`."""
 
     mailbox_size: int = 256
+    # An actor whose every message is handled without waiting (`handle_now`) sets this: a
+    # message sent while it is idle (its loop waiting on an empty mailbox, no message being
+    # handled) is handled at once on the sender's turn, instead of waking its loop.
+    handles_now: bool = False
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -129,6 +156,11 @@ class Actor(ABC, Generic[M]):
 
     async def stopped(self) -> None:
         """Runs after the mailbox is drained and every child has stopped."""
+
+    def handle_now(self, message: M) -> None:
+        """Handle one message without waiting, for an actor that `handles_now`: its `receive`
+        calls this, and so does a sender that finds the actor idle."""
+        raise NotImplementedError
 
     async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
         """Default: a failed child fails its parent too (the failure travels up to the system)."""
@@ -192,8 +224,9 @@ class Actor(ABC, Generic[M]):
 
     async def _child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
         try:
-            await self.ref.tell(ChildFailed(child, error))  # type: ignore[arg-type]
-        except ActorStopped:
+            # Through the mailbox always: the loop hands it to `on_child_failed`.
+            await self._receive.put(ChildFailed(child, error))  # type: ignore[arg-type]
+        except MailboxClosed:
             log.error("actor '%s' failed while its parent '%s' was stopping", child.name, self.name)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -217,7 +250,10 @@ class Actor(ABC, Generic[M]):
                         except anyio.EndOfStream:
                             break
                         self._current = message
-                        if isinstance(message, ChildFailed):
+                        if isinstance(message, _OWN_MESSAGES):
+                            if isinstance(message, _HandlingFailed):
+                                self._current = message.message
+                                raise message.error
                             if message.child in self._children:
                                 self._children.remove(message.child)
                             await self.on_child_failed(message.child, message.error)
@@ -240,6 +276,17 @@ class Actor(ABC, Generic[M]):
             self._task_group = None
             self._fail_pending()
             self._finished.set()
+
+    def _handle_now(self, message: M) -> None:
+        """`message`, sent while this actor is idle, handled on the sender's turn. What it
+        raises fails the actor, in its own loop, as it would have there (the sender goes on)."""
+        self._current = message
+        try:
+            self.handle_now(message)
+        except Exception as error:
+            self._receive.put_failure(_HandlingFailed(message, error))
+        finally:
+            self._current = None
 
     def _fail_pending(self) -> None:
         self.ref.stop()

@@ -67,6 +67,18 @@ class Mailbox(Generic[M]):
     def __len__(self) -> int:
         return len(self.messages)
 
+    def waiting(self) -> bool:
+        """Whether the reader is waiting for a message: none is queued, the mailbox is open."""
+        reader = self._reader
+        return reader is not None and not reader.done()
+
+    def put_failure(self, message: M) -> None:
+        """Queue `message` past the size limit, and even when closed (a failure the reader
+        must see; it is still reading unless it is gone)."""
+        if not self._gone:
+            self.messages.append(message)
+            self._wake_reader()
+
     def put_nowait(self, message: M) -> None:
         if self._closed or self._gone:
             raise MailboxClosed

@@ -27,6 +27,9 @@ def refuse_rescheduled(message: Rescheduled, model: str) -> None:
 
 class DefaultScheduler(Actor[SchedulerMessage]):
     mailbox_size = 1024
+    # Nothing it does waits: a request or an idle instance that finds it idle is handled on the
+    # sender's turn (an instance that says it is idle gets its next batch without a loop turn).
+    handles_now = True
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -34,6 +37,9 @@ class DefaultScheduler(Actor[SchedulerMessage]):
         self._idle: deque[ActorRef[Any]] = deque()
 
     async def receive(self, message: SchedulerMessage) -> None:
+        self.handle_now(message)
+
+    def handle_now(self, message: SchedulerMessage) -> None:
         if isinstance(message, Infer):
             self._queue.append(message)
         elif isinstance(message, InstanceIdle):
