@@ -78,6 +78,8 @@ class _Level:
 
 class DynamicBatcher(Actor[BatcherMessage]):
     mailbox_size = 1024
+    # Nothing it does waits: a message that finds it idle is handled on the sender's turn.
+    handles_now = True
 
     def __init__(self, name: str, config: ModelConfig) -> None:
         super().__init__(name)
@@ -119,6 +121,9 @@ class DynamicBatcher(Actor[BatcherMessage]):
     # -- messages ------------------------------------------------------------------------------
 
     async def receive(self, message: BatcherMessage) -> None:
+        self.handle_now(message)
+
+    def handle_now(self, message: BatcherMessage) -> None:
         if isinstance(message, Infer):
             self._enqueue(message)
         elif isinstance(message, InstanceIdle):
