@@ -469,3 +469,34 @@ async def test_a_child_failure_reaches_a_parent_that_handles_now_through_its_loo
         assert parent.failed == ["child: child exploded"]
         assert not any(type(m).__name__ == "ChildFailed" for m in parent.seen)
         assert parent.children == ()
+
+
+@dataclass(frozen=True)
+class EchoThenBoom:
+    """Sends the actor `then`, then fails, in one handling."""
+
+    then: Any
+
+
+class Brittle(Immediate):
+    def handle_now(self, message: Any) -> None:
+        if isinstance(message, EchoThenBoom):
+            self.ref.tell_nowait(message.then)
+            raise RuntimeError("brittle broke")
+        super().handle_now(message)
+
+
+async def test_what_was_sent_during_a_failing_handling_is_refused_not_handled() -> None:
+    """A handling that fails on the sender's turn fails the actor before any message sent
+    meanwhile is handled: that message is answered ActorStopped, as in the loop."""
+    async with ActorSystem() as system:
+        actor = Brittle()
+        ref = await system.spawn(actor)
+        await anyio.wait_all_tasks_blocked()
+        waiting = Reply[int]()
+        ref.tell_nowait(EchoThenBoom(Get(waiting)))
+        with pytest.raises(ActorStopped):
+            await waiting.wait()
+        with anyio.fail_after(HANG):
+            await ref.join()
+        assert [type(m).__name__ for m in actor.seen] == []  # Get was never handled

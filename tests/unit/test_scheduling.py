@@ -231,3 +231,51 @@ async def test_a_caller_that_gives_up_cancels_its_request(system: ActorSystem) -
     await anyio.to_thread.run_sync(backend.barrier.wait, WAIT)
     with anyio.fail_after(WAIT):
         await blocker.wait()
+
+
+class OnLoopInstance(BackendInstance):
+    """Answers at once, so short that the instance runs its batches on the event loop."""
+
+    may_run_on_loop = True
+
+    def __init__(self) -> None:
+        self.executed = 0
+
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        self.executed += len(requests)
+        return [InferenceResponse("quick", "1", r.id, []) for r in requests]
+
+
+async def test_a_backlog_of_batches_run_on_the_loop_lets_the_loop_turn_between_them() -> None:
+    """The scheduler hands an instance that says it is idle its next batch on the instance's
+    own turn (it handles messages on its sender's turn); a batch run on the loop is still
+    followed by a turn of the loop, so another task runs between any two of them (without
+    that turn, 64 ran in a row: the mailbox's burst)."""
+    from tritonactor.actors import Reply
+    from tritonactor.scheduling.default import DefaultScheduler
+    from tritonactor.scheduling.instance import InstanceActor
+    from tritonactor.scheduling.messages import Infer
+
+    async with ActorSystem() as system:
+        scheduler = await system.spawn(DefaultScheduler("quick"))
+        backend = OnLoopInstance()
+        await system.spawn(InstanceActor("quick_0", backend, scheduler))
+        await anyio.wait_all_tasks_blocked()
+        replies = []
+        for _ in range(300):
+            request = InferenceRequest(
+                "quick", inputs=[Tensor("IN", "INT32", (2,), np.zeros(2, np.int32))]
+            )
+            replies.append(Reply[InferenceResponse]())
+            scheduler.tell_nowait(Infer(request, replies[-1]))
+        runs: list[int] = []  # batches run between two turns of this task
+        seen = 0
+        with anyio.fail_after(WAIT):
+            while backend.executed < len(replies):
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+                runs.append(backend.executed - seen)
+                seen = backend.executed
+            for reply in replies:
+                await reply.wait()
+        assert max(runs) <= 2, max(runs)
+        assert sum(runs) == len(replies)

@@ -129,7 +129,8 @@ class Actor(ABC, Generic[M]):
     mailbox_size: int = 256
     # An actor whose every message is handled without waiting (`handle_now`) sets this: a
     # message sent while it is idle (its loop waiting on an empty mailbox, no message being
-    # handled) is handled at once on the sender's turn, instead of waking its loop.
+    # handled) is handled at once on the sender's turn, instead of waking its loop. (A
+    # subclass whose `receive` waits after all must set it back to False.)
     handles_now: bool = False
 
     def __init__(self, name: str) -> None:
@@ -279,7 +280,8 @@ class Actor(ABC, Generic[M]):
 
     def _handle_now(self, message: M) -> None:
         """`message`, sent while this actor is idle, handled on the sender's turn. What it
-        raises fails the actor, in its own loop, as it would have there (the sender goes on)."""
+        raises fails the actor, in its own loop, before any message sent meanwhile (the
+        sender goes on)."""
         self._current = message
         try:
             self.handle_now(message)

@@ -73,10 +73,11 @@ class Mailbox(Generic[M]):
         return reader is not None and not reader.done()
 
     def put_failure(self, message: M) -> None:
-        """Queue `message` past the size limit, and even when closed (a failure the reader
-        must see; it is still reading unless it is gone)."""
+        """Put `message` first, past the size limit, and even when closed: a failure the
+        reader must see before anything queued after what failed (it is still reading unless
+        it is gone)."""
         if not self._gone:
-            self.messages.append(message)
+            self.messages.appendleft(message)
             self._wake_reader()
 
     def put_nowait(self, message: M) -> None:

@@ -16,6 +16,7 @@ its model-version actor replaces it without waiting for a request to meet the de
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -121,6 +122,7 @@ class InstanceActor(Actor[Execute | _Died]):
             await self._release_dead()
             raise InstanceDied(message.reason)
         started = perf_counter_ns()
+        on_loop = False  # the execute ran here, on the loop, without letting anything run
         requests = [item.request for item in message.batch]
         trace: BatchTrace | None = None
         for request in requests:  # tracing off: one `is None` check per request
@@ -135,6 +137,7 @@ class InstanceActor(Actor[Execute | _Died]):
             else:
                 size = _input_bytes(requests) if self._may_run_on_loop else 0
                 if size and size <= self._short_bytes:
+                    on_loop = True
                     results, backend_started, backend_finished = self._timed_execute(requests)
                 else:
                     results, backend_started, backend_finished = await self._worker.run(
@@ -178,6 +181,12 @@ class InstanceActor(Actor[Execute | _Died]):
             await self._scheduler.tell(InstanceIdle(self.ref))
         except ActorStopped:
             pass
+        if on_loop:
+            # The scheduler, idle, may have put the next batch in this mailbox already (it
+            # handles a message on its sender's turn), which the loop would take at once: a
+            # batch run on the loop lets the loop turn before the next, so that a backlog of
+            # them never holds up everything else on it.
+            await asyncio.sleep(0)
 
     async def _hand_back(self, message: Execute, results: list[Result]) -> None:
         """Requests the model released with RESCHEDULE go back to the scheduler, which runs them
