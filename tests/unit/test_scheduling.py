@@ -279,3 +279,44 @@ async def test_a_backlog_of_batches_run_on_the_loop_lets_the_loop_turn_between_t
                 await reply.wait()
         assert max(runs) <= 2, max(runs)
         assert sum(runs) == len(replies)
+
+
+class NeverWaitingInstance(OnLoopInstance):
+    """An async execute that answers without ever waiting."""
+
+    may_run_on_loop = False
+
+    async def execute(self, requests: list[InferenceRequest]) -> list[Result]:  # type: ignore[override]
+        return OnLoopInstance.execute(self, requests)
+
+
+async def test_a_backlog_of_async_executes_that_never_wait_lets_the_loop_turn() -> None:
+    """The same for an async execute that answers without waiting: it let nothing else run
+    either (seen by a callback the loop runs only if it waited)."""
+    from tritonactor.actors import Reply
+    from tritonactor.scheduling.default import DefaultScheduler
+    from tritonactor.scheduling.instance import InstanceActor
+    from tritonactor.scheduling.messages import Infer
+
+    async with ActorSystem() as system:
+        scheduler = await system.spawn(DefaultScheduler("quick"))
+        backend = NeverWaitingInstance()
+        await system.spawn(InstanceActor("quick_0", backend, scheduler))
+        await anyio.wait_all_tasks_blocked()
+        replies = []
+        for _ in range(300):
+            request = InferenceRequest(
+                "quick", inputs=[Tensor("IN", "INT32", (2,), np.zeros(2, np.int32))]
+            )
+            replies.append(Reply[InferenceResponse]())
+            scheduler.tell_nowait(Infer(request, replies[-1]))
+        runs: list[int] = []
+        seen = 0
+        with anyio.fail_after(WAIT):
+            while backend.executed < len(replies):
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+                runs.append(backend.executed - seen)
+                seen = backend.executed
+            for reply in replies:
+                await reply.wait()
+        assert max(runs) <= 2, max(runs)

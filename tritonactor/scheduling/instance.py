@@ -74,6 +74,8 @@ class InstanceActor(Actor[Execute | _Died]):
     the scheduler as new requests (not for a sequence batcher, whose batches are rows of
     sequences bound to this instance, nor for a batcher that preserves the order of answers)."""
 
+    _loop: asyncio.AbstractEventLoop  # the actor's own, from `started` on
+
     mailbox_size = 4  # the scheduler sends a batch only to an idle instance
 
     def __init__(
@@ -101,8 +103,10 @@ class InstanceActor(Actor[Execute | _Died]):
         # Batches the backend answered: a replacement that answered one works (its owner's
         # back-off after a death starts again from nothing).
         self.answered = 0
+        self._waited = False  # set by `_note_wait`: an async execute waited
 
     async def started(self) -> None:
+        self._loop = asyncio.get_running_loop()
         if isinstance(self._backend, WatchedInstance):
             self._backend.on_death(on_loop(self._died))
         await self._scheduler.tell(InstanceIdle(self.ref))
@@ -122,7 +126,7 @@ class InstanceActor(Actor[Execute | _Died]):
             await self._release_dead()
             raise InstanceDied(message.reason)
         started = perf_counter_ns()
-        on_loop = False  # the execute ran here, on the loop, without letting anything run
+        ran_here = False  # the execute ran without letting anything else on the loop run
         requests = [item.request for item in message.batch]
         trace: BatchTrace | None = None
         for request in requests:  # tracing off: one `is None` check per request
@@ -131,13 +135,18 @@ class InstanceActor(Actor[Execute | _Died]):
                 break
         try:
             if self._is_async:
+                # An async execute may answer without ever waiting: a callback the loop runs
+                # only if it waited tells which (`_waited`).
+                self._waited = False
+                self._loop.call_soon(self._note_wait)
                 backend_started = perf_counter_ns()
                 results = await self._backend.execute(requests)  # type: ignore[misc]
                 backend_finished = perf_counter_ns()
+                ran_here = not self._waited
             else:
                 size = _input_bytes(requests) if self._may_run_on_loop else 0
                 if size and size <= self._short_bytes:
-                    on_loop = True
+                    ran_here = True
                     results, backend_started, backend_finished = self._timed_execute(requests)
                 else:
                     results, backend_started, backend_finished = await self._worker.run(
@@ -181,12 +190,15 @@ class InstanceActor(Actor[Execute | _Died]):
             await self._scheduler.tell(InstanceIdle(self.ref))
         except ActorStopped:
             pass
-        if on_loop:
+        if ran_here and self._receive.messages:
             # The scheduler, idle, may have put the next batch in this mailbox already (it
             # handles a message on its sender's turn), which the loop would take at once: a
-            # batch run on the loop lets the loop turn before the next, so that a backlog of
-            # them never holds up everything else on it.
+            # batch that let nothing else run lets the loop turn before the next, so that a
+            # backlog of them never holds up everything else on it.
             await asyncio.sleep(0)
+
+    def _note_wait(self) -> None:
+        self._waited = True
 
     async def _hand_back(self, message: Execute, results: list[Result]) -> None:
         """Requests the model released with RESCHEDULE go back to the scheduler, which runs them
