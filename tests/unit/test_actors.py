@@ -500,3 +500,12 @@ async def test_what_was_sent_during_a_failing_handling_is_refused_not_handled() 
         with anyio.fail_after(HANG):
             await ref.join()
         assert [type(m).__name__ for m in actor.seen] == []  # Get was never handled
+
+
+def test_a_class_that_handles_now_must_say_how() -> None:
+    """`handles_now` without a `handle_now` is refused when the class is made, not when a
+    message first finds the actor idle."""
+    with pytest.raises(TypeError, match="defines no handle_now"):
+
+        class Careless(Counter):
+            handles_now = True

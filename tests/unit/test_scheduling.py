@@ -246,11 +246,10 @@ class OnLoopInstance(BackendInstance):
         return [InferenceResponse("quick", "1", r.id, []) for r in requests]
 
 
-async def test_a_backlog_of_batches_run_on_the_loop_lets_the_loop_turn_between_them() -> None:
-    """The scheduler hands an instance that says it is idle its next batch on the instance's
-    own turn (it handles messages on its sender's turn); a batch run on the loop is still
-    followed by a turn of the loop, so another task runs between any two of them (without
-    that turn, 64 ran in a row: the mailbox's burst)."""
+async def _batches_between_turns(backend: OnLoopInstance, requests: int = 300) -> list[int]:
+    """A backlog of `requests` for one instance of `backend`, queued at a default scheduler at
+    once: how many batches ran between each two turns of the calling task, until all ran
+    (every request answered)."""
     from tritonactor.actors import Reply
     from tritonactor.scheduling.default import DefaultScheduler
     from tritonactor.scheduling.instance import InstanceActor
@@ -258,53 +257,10 @@ async def test_a_backlog_of_batches_run_on_the_loop_lets_the_loop_turn_between_t
 
     async with ActorSystem() as system:
         scheduler = await system.spawn(DefaultScheduler("quick"))
-        backend = OnLoopInstance()
         await system.spawn(InstanceActor("quick_0", backend, scheduler))
         await anyio.wait_all_tasks_blocked()
         replies = []
-        for _ in range(300):
-            request = InferenceRequest(
-                "quick", inputs=[Tensor("IN", "INT32", (2,), np.zeros(2, np.int32))]
-            )
-            replies.append(Reply[InferenceResponse]())
-            scheduler.tell_nowait(Infer(request, replies[-1]))
-        runs: list[int] = []  # batches run between two turns of this task
-        seen = 0
-        with anyio.fail_after(WAIT):
-            while backend.executed < len(replies):
-                await anyio.lowlevel.cancel_shielded_checkpoint()
-                runs.append(backend.executed - seen)
-                seen = backend.executed
-            for reply in replies:
-                await reply.wait()
-        assert max(runs) <= 2, max(runs)
-        assert sum(runs) == len(replies)
-
-
-class NeverWaitingInstance(OnLoopInstance):
-    """An async execute that answers without ever waiting."""
-
-    may_run_on_loop = False
-
-    async def execute(self, requests: list[InferenceRequest]) -> list[Result]:  # type: ignore[override]
-        return OnLoopInstance.execute(self, requests)
-
-
-async def test_a_backlog_of_async_executes_that_never_wait_lets_the_loop_turn() -> None:
-    """The same for an async execute that answers without waiting: it let nothing else run
-    either (seen by a callback the loop runs only if it waited)."""
-    from tritonactor.actors import Reply
-    from tritonactor.scheduling.default import DefaultScheduler
-    from tritonactor.scheduling.instance import InstanceActor
-    from tritonactor.scheduling.messages import Infer
-
-    async with ActorSystem() as system:
-        scheduler = await system.spawn(DefaultScheduler("quick"))
-        backend = NeverWaitingInstance()
-        await system.spawn(InstanceActor("quick_0", backend, scheduler))
-        await anyio.wait_all_tasks_blocked()
-        replies = []
-        for _ in range(300):
+        for _ in range(requests):
             request = InferenceRequest(
                 "quick", inputs=[Tensor("IN", "INT32", (2,), np.zeros(2, np.int32))]
             )
@@ -319,4 +275,31 @@ async def test_a_backlog_of_async_executes_that_never_wait_lets_the_loop_turn() 
                 seen = backend.executed
             for reply in replies:
                 await reply.wait()
-        assert max(runs) <= 2, max(runs)
+        return runs
+
+
+async def test_a_backlog_of_batches_run_on_the_loop_lets_the_loop_turn_between_them() -> None:
+    """The scheduler hands an instance that says it is idle its next batch on the instance's
+    own turn (it handles messages on its sender's turn); a batch run on the loop is still
+    followed by a turn of the loop, so another task runs between any two of them (without
+    that turn, 64 ran in a row: the mailbox's burst)."""
+    runs = await _batches_between_turns(OnLoopInstance())
+    assert max(runs) <= 2, max(runs)
+    assert sum(runs) == 300
+
+
+class NeverWaitingInstance(OnLoopInstance):
+    """An async execute that answers without ever waiting."""
+
+    may_run_on_loop = False
+
+    async def execute(self, requests: list[InferenceRequest]) -> list[Result]:  # type: ignore[override]
+        return OnLoopInstance.execute(self, requests)
+
+
+async def test_a_backlog_of_async_executes_that_never_wait_lets_the_loop_turn() -> None:
+    """The same for an async execute that answers without waiting: it let nothing else run
+    either (seen by a callback the loop runs only if it waited)."""
+    runs = await _batches_between_turns(NeverWaitingInstance())
+    assert max(runs) <= 2, max(runs)
+    assert sum(runs) == 300

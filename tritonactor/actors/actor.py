@@ -158,10 +158,17 @@ class Actor(ABC, Generic[M]):
     async def stopped(self) -> None:
         """Runs after the mailbox is drained and every child has stopped."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.handles_now and cls.handle_now is Actor.handle_now:
+            raise TypeError(f"{cls.__name__} sets handles_now but defines no handle_now")
+
     def handle_now(self, message: M) -> None:
-        """Handle one message without waiting, for an actor that `handles_now`: its `receive`
-        calls this, and so does a sender that finds the actor idle."""
-        raise NotImplementedError
+        """Handle one message without waiting, for an actor that `handles_now` (a class that
+        says so must define it, checked when the class is made): its `receive` calls this, and
+        so does a sender that finds the actor idle. An actor that does not handle messages
+        now is never sent here."""
+        raise TypeError(f"actor '{self.name}' does not handle messages on a sender's turn")
 
     async def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> None:
         """Default: a failed child fails its parent too (the failure travels up to the system)."""
