@@ -225,9 +225,11 @@ async def test_error_in_started_fails_spawn() -> None:
         async def started(self) -> None:
             raise ValueError("cannot start")
 
+    log: list[str] = []
     async with ActorSystem() as system:
         with pytest.raises(ValueError, match="cannot start"):
-            await system.spawn(Broken())
+            await system.spawn(Broken(log=log))
+        assert log == []  # it never ran: its stopped hook does not either
         # a failed start leaves the system usable
         assert await (await system.spawn(Counter())).ask(Get) == 0
 
@@ -509,3 +511,75 @@ def test_a_class_that_handles_now_must_say_how() -> None:
 
         class Careless(Counter):
             handles_now = True
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A message answering several: its replies are named by `replies`."""
+
+    replies: tuple[Reply[int], ...]
+
+
+class Holder(Actor[Any]):
+    """Keeps the asks it is sent (as a scheduler keeps its queue) until it stops."""
+
+    def __init__(self, hook_fails: bool = False) -> None:
+        super().__init__("holder")
+        self.held: list[Reply[int]] = []
+        self.hook_fails = hook_fails
+        self.hook_saw: list[Exception | None] = []
+
+    async def receive(self, message: Any) -> None:
+        match message:
+            case Get(reply):
+                self.held.append(reply)
+            case Boom():
+                raise RuntimeError("holder exploded")
+
+    async def stopped(self) -> None:
+        self.hook_saw.append(self.failure)
+        for reply in self.held:
+            reply.fail(ActorStopped(f"let go: {self.failure}"))
+        if self.hook_fails:
+            raise ValueError("the hook failed too")
+
+
+@pytest.mark.parametrize("hook_fails", [False, True])
+async def test_a_failed_actor_runs_its_stopped_hook_so_what_it_holds_is_answered(
+    hook_fails: bool,
+) -> None:
+    failures: list[str] = []
+    async with ActorSystem(on_failure=lambda ref, err: failures.append(str(err))) as system:
+        holder = Holder(hook_fails)
+        ref = await system.spawn(holder)
+        held = [Reply[int]() for _ in range(2)]
+        for reply in held:
+            await ref.tell(Get(reply))
+        batch = Batch((Reply[int](), Reply[int]()))
+        ref.tell_nowait(Boom())
+        ref.tell_nowait(batch)  # queued behind the failure: each of its replies is failed
+        with anyio.fail_after(HANG):
+            for reply in held:
+                with pytest.raises(ActorStopped, match="let go: holder exploded"):
+                    await reply.wait()
+            for reply in batch.replies:
+                with pytest.raises(ActorStopped, match="stopped before answering"):
+                    await reply.wait()
+            await ref.join()
+    # the actor's own failure is what its owner hears, the hook's only logged
+    assert failures == ["holder exploded"]
+    assert [type(error) for error in holder.hook_saw] == [RuntimeError]
+
+
+async def test_a_clean_stop_runs_the_hook_without_a_failure() -> None:
+    async with ActorSystem() as system:
+        holder = Holder()
+        ref = await system.spawn(holder)
+        reply = Reply[int]()
+        await ref.tell(Get(reply))
+        ref.stop()
+        with anyio.fail_after(HANG):
+            with pytest.raises(ActorStopped, match="let go: None"):
+                await reply.wait()
+            await ref.join()
+    assert holder.hook_saw == [None]

@@ -303,3 +303,47 @@ async def test_a_backlog_of_async_executes_that_never_wait_lets_the_loop_turn() 
     runs = await _batches_between_turns(NeverWaitingInstance())
     assert max(runs) <= 2, max(runs)
     assert sum(runs) == 300
+
+
+async def test_a_scheduler_that_fails_answers_what_it_queued_and_what_was_running() -> None:
+    """A scheduler that fails (here: a message it cannot handle) still answers the requests in
+    its queue, by its `stopped` hook, which a failed actor runs too (before, they hung); its
+    model fails with it, and the request its instance was running is answered once its
+    execute, which a stop never cuts short, is over."""
+    backend = EchoBackend(barrier=threading.Barrier(2))
+    assert backend.barrier is not None
+    outcomes: dict[str, object] = {}
+    async with ActorSystem() as actors:
+        router = await serve(actors, backend, count=1)
+        handle = router.resolve("echo", "1")
+
+        async def infer(name: str) -> None:
+            try:
+                outcomes[name] = await router.infer(request(1, name))
+            except TritonError as error:
+                outcomes[name] = error
+
+        async def answered(*names: str) -> None:
+            with anyio.fail_after(WAIT):
+                while not all(name in outcomes for name in names):
+                    await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tasks:
+            for name in ("running", "queued 1", "queued 2"):
+                tasks.start_soon(infer, name)
+                await anyio.wait_all_tasks_blocked()
+            assert handle.scheduler.mailbox_depth == 0  # all three taken: one runs, two queue
+            handle.scheduler.tell_nowait(object())  # type: ignore[arg-type]
+            await answered("queued 1", "queued 2")
+            assert "running" not in outcomes
+            await anyio.to_thread.run_sync(backend.barrier.wait, WAIT)  # the execute ends
+            await answered("running")
+    for name in ("queued 1", "queued 2"):
+        error = outcomes[name]
+        assert isinstance(error, TritonError) and error.code is ErrorCode.UNAVAILABLE, name
+        assert "failed" in str(error) and "not run" in str(error), error
+    running = outcomes["running"]
+    assert isinstance(running, InferenceResponse) or (
+        isinstance(running, TritonError) and running.code is ErrorCode.UNAVAILABLE
+    ), running
+    assert backend.finalized[-1] == "model"  # the model's stopped hook ran after its failure

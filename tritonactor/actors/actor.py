@@ -2,8 +2,10 @@
 
 An actor runs inside its parent's task group and owns a task group for its own children, so
 stopping an actor stops its subtree, and nothing outlives its owner. A message that expects an
-answer carries a `reply` (see `Reply`); if the actor stops or fails with such messages still
-queued, their replies fail with `ActorStopped` instead of leaving the caller waiting forever.
+answer carries a `reply` (see `Reply`), or several (`replies`); if the actor stops or fails
+with such messages still queued, their replies fail with `ActorStopped` instead of leaving the
+caller waiting forever. An actor that fails still runs its `stopped` hook, which answers what
+it holds of its own (a scheduler's queue).
 """
 
 from __future__ import annotations
@@ -145,6 +147,8 @@ class Actor(ABC, Generic[M]):
         self._helpers: set[anyio.CancelScope] = set()
         self._finished: anyio.Event | None = None
         self._clock: Callable[[], float] = anyio.current_time
+        # What the actor failed with, for its `stopped` hook (None when it stops cleanly).
+        self.failure: Exception | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -156,7 +160,9 @@ class Actor(ABC, Generic[M]):
         """Handle one message; the next is not taken until this returns."""
 
     async def stopped(self) -> None:
-        """Runs after the mailbox is drained and every child has stopped."""
+        """Runs after the mailbox is drained and every child has stopped; also after the actor
+        failed (`self.failure` set; its children cancelled, what its mailbox still held
+        answered next), so that work it holds is never left unanswered."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -278,12 +284,28 @@ class Actor(ABC, Generic[M]):
                         scope.cancel()
                     for child in self._children:
                         child.stop()
+        except Exception as error:
+            if self.running:
+                # It failed after it started: what it holds (requests queued in a scheduler,
+                # a backend) is answered and released by its `stopped` hook all the same.
+                await self._stopped_after(_unwrap(error))
+            raise
+        else:
             await self.stopped()
         finally:
             self.running = False
             self._task_group = None
             self._fail_pending()
             self._finished.set()
+
+    async def _stopped_after(self, error: Exception) -> None:
+        """The `stopped` hook of an actor that failed with `error` (`self.failure` says so to
+        the hook); what the hook raises is logged, the actor's own failure is what counts."""
+        self.failure = error
+        try:
+            await self.stopped()
+        except Exception:
+            log.exception("actor '%s' failed in its stopped hook, after failing", self.name)
 
     def _handle_now(self, message: M) -> None:
         """`message`, sent while this actor is idle, handled on the sender's turn. What it
@@ -300,18 +322,27 @@ class Actor(ABC, Generic[M]):
     def _fail_pending(self) -> None:
         self.ref.stop()
         error = ActorStopped(f"actor '{self.name}' stopped before answering")
-        pending = [self._current] if self._current is not None else []
-        self._current = None
+        current, self._current = self._current, None
+        queued = []
         while True:
             try:
-                pending.append(self._receive.get_nowait())
+                queued.append(self._receive.get_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
         self._receive.leave()
-        for message in pending:
+        reply = getattr(current, "reply", None)
+        if isinstance(reply, Reply):
+            reply.fail(error)
+        for message in queued:
             reply = getattr(message, "reply", None)
             if isinstance(reply, Reply):
                 reply.fail(error)
+            else:
+                # A queued message answering several (a batch for an instance) names their
+                # replies. (One being handled may have handed them on, as a batch is sent back
+                # to its scheduler: what it names is its handler's to answer.)
+                for each in getattr(message, "replies", ()):
+                    each.fail(error)
 
 
 async def _supervise(

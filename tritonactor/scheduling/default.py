@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any
 
 from tritonactor.actors import Actor, ActorRef, ActorStopped
-from tritonactor.core.errors import cancelled, internal, unavailable
+from tritonactor.core.errors import TritonError, cancelled, internal, unavailable
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 
 SchedulerMessage = Infer | InstanceIdle | InstanceGone | Rescheduled
@@ -23,6 +23,16 @@ def refuse_rescheduled(message: Rescheduled, model: str) -> None:
             "(sequence_batching { iterative_sequence: true })."
         )
     )
+
+
+def not_run(scheduler: Actor[Any]) -> TritonError:
+    """What a request still queued at a scheduler that stops is answered: the model is
+    unloading, or (`failure` set) its scheduler failed."""
+    if scheduler.failure is not None:
+        return unavailable(
+            f"model '{scheduler.name}' failed ({scheduler.failure}); the request was not run"
+        )
+    return unavailable(f"model '{scheduler.name}' is unloading; the request was not run")
 
 
 class DefaultScheduler(Actor[SchedulerMessage]):
@@ -69,6 +79,6 @@ class DefaultScheduler(Actor[SchedulerMessage]):
         return len(self._queue)
 
     async def stopped(self) -> None:
-        error = unavailable(f"model '{self.name}' is unloading; the request was not run")
+        error = not_run(self)
         while self._queue:
             self._queue.popleft().reply.fail(error)

@@ -21,7 +21,7 @@ from tritonactor.actors import Actor, ActorRef, ActorStopped, Reply
 from tritonactor.backends.batching import batch_size, shape_key
 from tritonactor.core.errors import TritonError, cancelled, invalid_arg, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
-from tritonactor.scheduling.default import refuse_rescheduled
+from tritonactor.scheduling.default import not_run, refuse_rescheduled
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 
 
@@ -324,7 +324,7 @@ class DynamicBatcher(Actor[BatcherMessage]):
         return sum(level.count for level in self._levels)
 
     async def stopped(self) -> None:
-        error = unavailable(f"model '{self.name}' is unloading; the request was not run")
+        error = not_run(self)
         for level in self._levels:
             for entry in level.waiting():
                 entry.gone = True

@@ -223,8 +223,8 @@ class InstanceActor(Actor[Execute | _Died]):
                 item.reply.fail(failure)
 
     async def _release(self) -> None:
-        """Finalize the backend instance and end the worker thread (once): at a stop, and when
-        it died (a failed actor's `stopped` hook does not run)."""
+        """Finalize the backend instance and end the worker thread (once): when it died, and
+        at a stop (its `stopped` hook, which a failed actor runs too)."""
         if self._released:
             return
         self._released = True

@@ -27,6 +27,11 @@ class Execute:
 
     batch: list[Infer]
 
+    @property
+    def replies(self) -> list[Reply[InferenceResponse]]:
+        """Its requests' replies (an actor that stops with it queued fails them)."""
+        return [item.reply for item in self.batch]
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceIdle:
@@ -42,6 +47,11 @@ class Rescheduled:
     `iterative_sequence` runs it next in its sequence's slot; other schedulers fail it."""
 
     item: Infer
+
+    @property
+    def replies(self) -> tuple[Reply[InferenceResponse]]:
+        """Its request's reply (a scheduler that stops with it queued fails it)."""
+        return (self.item.reply,)
 
 
 @dataclass(frozen=True, slots=True)

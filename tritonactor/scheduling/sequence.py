@@ -30,7 +30,7 @@ from tritonactor.core.errors import (
     unsupported,
 )
 from tritonactor.core.types import InferenceRequest, InferenceResponse
-from tritonactor.scheduling.default import refuse_rescheduled
+from tritonactor.scheduling.default import not_run, refuse_rescheduled
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 from tritonactor.scheduling.sequence_controls import (
     CorrelationId,
@@ -482,7 +482,7 @@ class SequenceBatcher(Actor[SequenceMessage]):
         return sum(lane.idle for lane in self._lanes.values())
 
     async def stopped(self) -> None:
-        error = unavailable(f"model '{self.name}' is unloading; the request was not run")
+        error = not_run(self)
         for sequence in self._waiting():
             while sequence.queue:
                 sequence.queue.popleft().item.reply.fail(error)
