@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -305,14 +305,15 @@ async def test_a_backlog_of_async_executes_that_never_wait_lets_the_loop_turn() 
     assert sum(runs) == 300
 
 
-async def test_a_scheduler_that_fails_answers_what_it_queued_and_what_was_running() -> None:
-    """A scheduler that fails (here: a message it cannot handle) still answers the requests in
-    its queue, by its `stopped` hook, which a failed actor runs too (before, they hung); its
-    model fails with it, and the request its instance was running is answered once its
-    execute, which a stop never cuts short, is over."""
-    backend = EchoBackend(barrier=threading.Barrier(2))
-    assert backend.barrier is not None
+async def _fail_the_scheduler_under(
+    backend: EchoBackend, entered: Callable[[], object]
+) -> dict[str, object]:
+    """Three requests for one instance of `backend`: the first runs (until `entered()` returns,
+    awaited in a thread, once it is in the backend's execute), two queue at the scheduler; then
+    the scheduler fails on a message it cannot handle. Each request's outcome, by name: the
+    queued ones' once the failure answered them, the running one's once all is over."""
     outcomes: dict[str, object] = {}
+    done = {name: anyio.Event() for name in ("running", "queued 1", "queued 2")}
     async with ActorSystem() as actors:
         router = await serve(actors, backend, count=1)
         handle = router.resolve("echo", "1")
@@ -322,28 +323,74 @@ async def test_a_scheduler_that_fails_answers_what_it_queued_and_what_was_runnin
                 outcomes[name] = await router.infer(request(1, name))
             except TritonError as error:
                 outcomes[name] = error
-
-        async def answered(*names: str) -> None:
-            with anyio.fail_after(WAIT):
-                while not all(name in outcomes for name in names):
-                    await anyio.sleep(0.01)
+            done[name].set()
 
         async with anyio.create_task_group() as tasks:
-            for name in ("running", "queued 1", "queued 2"):
+            for name in done:
                 tasks.start_soon(infer, name)
                 await anyio.wait_all_tasks_blocked()
             assert handle.scheduler.mailbox_depth == 0  # all three taken: one runs, two queue
             handle.scheduler.tell_nowait(object())  # type: ignore[arg-type]
-            await answered("queued 1", "queued 2")
-            assert "running" not in outcomes
-            await anyio.to_thread.run_sync(backend.barrier.wait, WAIT)  # the execute ends
-            await answered("running")
+            with anyio.fail_after(WAIT):
+                await done["queued 1"].wait()
+                await done["queued 2"].wait()
+                await anyio.to_thread.run_sync(entered)
+                await done["running"].wait()
     for name in ("queued 1", "queued 2"):
         error = outcomes[name]
         assert isinstance(error, TritonError) and error.code is ErrorCode.UNAVAILABLE, name
         assert "failed" in str(error) and "not run" in str(error), error
+    return outcomes
+
+
+async def test_a_scheduler_that_fails_answers_what_it_queued_and_what_was_running() -> None:
+    """A scheduler that fails (here: a message it cannot handle) still answers the requests in
+    its queue, by its `stopped` hook, which a failed actor runs too (before, they hung); its
+    model fails with it, and the request its instance was running on its worker thread, which
+    a stop never cuts short, is answered once that execute is over."""
+    backend = EchoBackend(barrier=threading.Barrier(2))
+    barrier = backend.barrier
+    assert barrier is not None
+    outcomes = await _fail_the_scheduler_under(backend, lambda: barrier.wait(WAIT))
+    assert isinstance(outcomes["running"], InferenceResponse)
+    # the instance, cancelled with its failed model, released before the model
+    assert backend.finalized == ["echo_0_0", "model"]
+
+
+class EndlessInstance(EchoInstance):
+    """An async execute that never ends (a python model's process that never answers)."""
+
+    def __init__(self, backend: EchoBackend, name: str, entered: threading.Event) -> None:
+        super().__init__(backend, name)
+        self.entered = entered
+
+    async def execute(self, requests: list[InferenceRequest]) -> list[Result]:  # type: ignore[override]
+        self.entered.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+class EndlessBackend(EchoBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+
+    def load_model(self, context: ModelContext) -> BackendModel:
+        backend = self
+
+        class Model(EchoModel):
+            def create_instance(self, context: InstanceContext) -> BackendInstance:
+                return EndlessInstance(backend, context.name, backend.entered)
+
+        return Model(self)
+
+
+async def test_an_async_execute_cut_short_by_its_models_failure_is_answered() -> None:
+    """An async execute is cancelled with its instance when the model fails: its request is
+    answered UNAVAILABLE (before, it hung), and the instance is finalized before the model."""
+    backend = EndlessBackend()
+    outcomes = await _fail_the_scheduler_under(backend, lambda: backend.entered.wait(WAIT))
     running = outcomes["running"]
-    assert isinstance(running, InferenceResponse) or (
-        isinstance(running, TritonError) and running.code is ErrorCode.UNAVAILABLE
-    ), running
-    assert backend.finalized[-1] == "model"  # the model's stopped hook ran after its failure
+    assert isinstance(running, TritonError) and running.code is ErrorCode.UNAVAILABLE
+    assert "stopped before answering" in str(running)
+    assert backend.finalized == ["echo_0_0", "model"]

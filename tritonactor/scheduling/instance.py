@@ -123,7 +123,7 @@ class InstanceActor(Actor[Execute | _Died]):
 
     async def receive(self, message: Execute | _Died) -> None:
         if isinstance(message, _Died):
-            await self._release_dead()
+            await self.release()
             raise InstanceDied(message.reason)
         started = perf_counter_ns()
         ran_here = False  # the execute ran without letting anything else on the loop run
@@ -140,7 +140,14 @@ class InstanceActor(Actor[Execute | _Died]):
                 self._waited = False
                 self._loop.call_soon(self._note_wait)
                 backend_started = perf_counter_ns()
-                results = await self._backend.execute(requests)  # type: ignore[misc]
+                try:
+                    results = await self._backend.execute(requests)  # type: ignore[misc]
+                except asyncio.CancelledError:
+                    # Stopped in the middle (its model failed, the exit timeout): unlike one on
+                    # the worker thread, an async execute is cut short, and its batch is
+                    # answered here or by no one.
+                    self._cut_short(message)
+                    raise
                 backend_finished = perf_counter_ns()
                 ran_here = not self._waited
             else:
@@ -174,7 +181,7 @@ class InstanceActor(Actor[Execute | _Died]):
                 self._finish(
                     message, [failure] * len(requests), started, trace=trace, error=failure
                 )
-            await self._release_dead()
+            await self.release()
             raise
         except Exception as error:  # a backend bug fails this batch, not the instance
             log.exception("instance '%s' failed to execute a batch", self.name)
@@ -196,6 +203,20 @@ class InstanceActor(Actor[Execute | _Died]):
             # batch that let nothing else run lets the loop turn before the next, so that a
             # backlog of them never holds up everything else on it.
             await asyncio.sleep(0)
+
+    def _cut_short(self, message: Execute) -> None:
+        failure = unavailable(f"model instance '{self.name}' stopped before answering")
+        for item in message.batch:
+            item.reply.fail(failure)
+
+    async def release(self) -> None:
+        """Finalize the backend instance if it is not yet, logging a failure: when it died,
+        and for an owner whose instance was cancelled with it (its `stopped` hook does not
+        run then)."""
+        try:
+            await self._release()
+        except Exception:
+            log.exception("instance '%s' failed to finalize", self.name)
 
     def _note_wait(self) -> None:
         self._waited = True
@@ -232,12 +253,6 @@ class InstanceActor(Actor[Execute | _Died]):
             await self._worker.run(self._backend.finalize)
         finally:
             self._worker.close()
-
-    async def _release_dead(self) -> None:
-        try:
-            await self._release()
-        except Exception:
-            log.exception("instance '%s' failed to finalize after it died", self.name)
 
     def _timed_execute(self, requests: list[InferenceRequest]) -> tuple[list[Result], int, int]:
         # On the worker thread: the backend's own time, without the hops to and from it.

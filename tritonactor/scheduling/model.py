@@ -243,5 +243,10 @@ class ModelVersionActor(Actor[Any]):
                 await self.parent.tell(health)
 
     async def stopped(self) -> None:
+        # Instances stopped with the model have released their backends; those cancelled
+        # because it failed have not (an instance's `stopped` hook runs at a stop or a failure,
+        # never at a cancellation), and go before the model.
+        for actor in list(self._actors.values()):
+            await actor.release()
         if self._model is not None:
             await anyio.to_thread.run_sync(self._model.finalize)
