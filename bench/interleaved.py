@@ -163,7 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         for case in args.cases.split(","):
-            count = args.requests if case in ("small_onnx", "json_onnx") else args.requests // 4
+            count = (
+                args.requests
+                if case in ("small_onnx", "seq_onnx", "json_onnx")
+                else args.requests // 4
+            )
             old, new = measure(servers, case, max(count, 50))
             print(f"{case:12s} old {old:7.0f}  new {new:7.0f}  new/old {new / old:.3f}", flush=True)
     finally:

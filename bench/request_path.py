@@ -15,9 +15,10 @@ identity, FP32, batch dimension first):
   `--profile CASE` prints cProfile's view of it. An empty ASGI app measures the driver itself.
 
 Cases: `live` (GET /v2/health/live), `small_onnx` / `small_python` (FP32 [1,16] in and out,
-binary), `ensemble_onnx` (the same through an ensemble of two ONNX identities, one after the
-other), `big_onnx` (FP32 1 MiB in and out, binary), `shm_onnx` (1 MiB in and out through system
-shared memory), `json_onnx` (FP32 [1,16] as JSON).
+binary), `seq_onnx` (the same ONNX identity under sequence batching, each request a sequence
+of its own: START and END), `ensemble_onnx` (the same through an ensemble of two ONNX
+identities, one after the other), `big_onnx` (FP32 1 MiB in and out, binary), `shm_onnx`
+(1 MiB in and out through system shared memory), `json_onnx` (FP32 [1,16] as JSON).
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def write_repository(root: Path) -> None:
     (root / "identity_onnx_b" / "config.pbtxt").write_text(_config("identity_onnx_b", "onnx"))
     (root / "ensemble_onnx" / "1").mkdir(parents=True)
     (root / "ensemble_onnx" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    (root / "identity_onnx_seq" / "1").mkdir(parents=True)
+    (root / "identity_onnx_seq" / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    (root / "identity_onnx_seq" / "config.pbtxt").write_text(
+        _config("identity_onnx_seq", "onnx") + "sequence_batching { }\n"
+    )
     (root / "identity_python" / "1").mkdir(parents=True)
     (root / "identity_python" / "1" / "model.py").write_text(MODEL_PY)
     (root / "identity_python" / "config.pbtxt").write_text(_config("identity_python", "python"))
@@ -122,10 +128,11 @@ class Call:
     body: bytes
 
 
-def binary_infer(model: str, elements: int) -> Call:
+def binary_infer(model: str, elements: int, parameters: dict[str, Any] | None = None) -> Call:
     data = np.arange(elements, dtype=np.float32).tobytes()
     header = json.dumps(
         {
+            **({"parameters": parameters} if parameters else {}),
             "inputs": [
                 {
                     "name": "INPUT0",
@@ -231,6 +238,12 @@ def cases(regions: Regions) -> dict[str, Call]:
         "live": Call("GET", "/v2/health/live", {}, b""),
         "small_onnx": binary_infer("identity_onnx", SMALL),
         "small_python": binary_infer("identity_python", SMALL),
+        # a sequence of one request each time, through the sequence batcher
+        "seq_onnx": binary_infer(
+            "identity_onnx_seq",
+            SMALL,
+            {"sequence_id": 7, "sequence_start": True, "sequence_end": True},
+        ),
         "ensemble_onnx": binary_infer("ensemble_onnx", SMALL),
         "json_onnx": json_infer("identity_onnx", SMALL),
         "big_onnx": binary_infer("identity_onnx", BIG),

@@ -602,3 +602,19 @@ async def test_the_sequences_of_a_lost_instance_must_start_again(system: ActorSy
     assert "must specify the START flag" in str(error)
     # The replacement instance serves new sequences.
     assert total((await answers([router.submit(seq(4, "b0", 1, start=True))]))[0]) == 4
+
+
+async def test_an_idle_batcher_takes_a_request_on_the_senders_turn(system: ActorSystem) -> None:
+    """The batcher's handling never waits (`handles_now`): a request that finds it idle is
+    slotted and handed to the idle instance where it was submitted, with no turn of the
+    batcher's loop; one submitted while the instance is busy waits for it, in order."""
+    backend = AccumulatingBackend()
+    router, actor = await serve(system, backend, config_text())
+    await anyio.wait_all_tasks_blocked()
+    state = batcher(actor)
+    replies = [router.submit(seq(1, "a0", 5, start=True))]
+    # no await since: already in the instance's mailbox, the batcher's own is empty
+    assert state.idle_instances == 0 and actor.scheduler is not None
+    assert actor.scheduler.mailbox_depth == 0
+    replies.append(router.submit(seq(2, "a1", 5, end=True)))
+    assert [total(r) for r in await answers(replies)] == [1, 3]

@@ -75,6 +75,9 @@ SequenceMessage = Infer | InstanceIdle | InstanceGone | Rescheduled | Tick | _An
 
 class SequenceBatcher(Actor[SequenceMessage]):
     mailbox_size = 1024
+    # Nothing it does waits: a message that finds it idle is handled on the sender's turn (a
+    # reply callback telling it a request was answered included).
+    handles_now = True
 
     def __init__(self, name: str, config: ModelConfig, model_dir: Path | None = None) -> None:
         super().__init__(name)
@@ -137,6 +140,9 @@ class SequenceBatcher(Actor[SequenceMessage]):
     # -- messages ------------------------------------------------------------------------------
 
     async def receive(self, message: SequenceMessage) -> None:
+        self.handle_now(message)
+
+    def handle_now(self, message: SequenceMessage) -> None:
         if isinstance(message, Infer):
             self._enqueue(message)
         elif isinstance(message, InstanceIdle):
@@ -361,7 +367,8 @@ class SequenceBatcher(Actor[SequenceMessage]):
             entry.item.reply.add_done_callback(partial(self._on_answer, entry))
 
     def _on_answer(self, entry: Waiting, _: Reply[InferenceResponse]) -> None:
-        # A reply callback, outside `receive`: the actor learns of it through its mailbox.
+        # A reply callback, outside `receive`: the actor learns of it by a message (handled on
+        # the answerer's turn when the actor is idle, queued otherwise).
         message = _Answered(entry)
         with contextlib.suppress(ActorStopped):
             try:
