@@ -2,13 +2,14 @@
 one at a time, and each server's CPU per request (its process tree's, from /proc).
 
     cd /tmp; python <main>/bench/interleaved.py OLD NEW [--requests 4000]
-        [--cases small_onnx,big_onnx,shm_onnx,grpc_big] [--workers 1]
+        [--cases small_onnx,big_onnx,shm_onnx,grpc_big,grpc_onnx,...] [--workers 1]
         [--trace [new|both]] [--trace-rate N]
 
 Each tree serves `tritonactor serve --workers N` (one front end and the engine by default) from
 its own folder, on bench/request_path.py's repository; the cases are request_path.py's (binary
 HTTP, one keep-alive connection each) and `grpc_big` (1 MiB in and out through tritonclient's
-gRPC client). Measured one after the other, two trees' figures move with the machine by 10-20 %
+gRPC client), `grpc_onnx` and `grpc_python` (FP32 [1,16] through it, the ONNX and the python
+identity). Measured one after the other, two trees' figures move with the machine by 10-20 %
 within minutes on a shared host; alternating every request puts both in the same moments, so
 their ratio holds to a couple of per cent where sequential runs could not tell 5 % apart
 (docs/benchmarks.md, "Large tensors read where they lie"). Both servers' working sets share
@@ -40,6 +41,15 @@ import tritonclient.grpc as grpcclient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from http_infer import free_port, tree_cpu_seconds
+
+# gRPC cases (tritonclient's client): the model and the FP32 elements of its [1, N] tensor.
+GRPC_CASES = {
+    "grpc_big": ("identity_onnx", 1 << 18),
+    "grpc_onnx": ("identity_onnx", 16),
+    "grpc_python": ("identity_python", 16),
+}
+# Cases of small requests, measured `--requests` times (the others a quarter of that).
+SMALL_CASES = ("small_onnx", "seq_onnx", "json_onnx", "grpc_onnx")
 
 
 def _request_path(tree: Path, name: str) -> ModuleType:
@@ -80,18 +90,19 @@ class Served:
 
     def request(self, case: str) -> Callable[[], None]:
         """One request of `case`, checked."""
-        if case != "grpc_big":
+        if case not in GRPC_CASES:
             call = self.calls[case]
             # A fresh connection for each case: uvicorn closes one idle for 5 s (a gRPC case
             # before this one), and a request on it would find the socket closed.
             self.http.close()
             return lambda: self.paths.send(self.http, call)
-        data = np.random.default_rng(0).random((1, 1 << 18), dtype=np.float32)
+        model, elements = GRPC_CASES[case]
+        data = np.random.default_rng(0).random((1, elements), dtype=np.float32)
         tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
         tensor.set_data_from_numpy(data)
 
         def call() -> None:
-            answer = self.grpc.infer("identity_onnx", [tensor]).as_numpy("OUTPUT0")
+            answer = self.grpc.infer(model, [tensor]).as_numpy("OUTPUT0")
             if answer is None or not np.array_equal(answer, data):
                 raise RuntimeError("a wrong answer")
 
@@ -163,11 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         for case in args.cases.split(","):
-            count = (
-                args.requests
-                if case in ("small_onnx", "seq_onnx", "json_onnx")
-                else args.requests // 4
-            )
+            count = args.requests if case in SMALL_CASES else args.requests // 4
             old, new = measure(servers, case, max(count, 50))
             print(f"{case:12s} old {old:7.0f}  new {new:7.0f}  new/old {new / old:.3f}", flush=True)
     finally:
