@@ -310,8 +310,10 @@ async def _fail_the_scheduler_under(
 ) -> dict[str, object]:
     """Three requests for one instance of `backend`: the first runs (until `entered()` returns,
     awaited in a thread, once it is in the backend's execute), two queue at the scheduler; then
-    the scheduler fails on a message it cannot handle. Each request's outcome, by name: the
-    queued ones' once the failure answered them, the running one's once all is over."""
+    the scheduler fails on a message it cannot handle, and a fourth ("late") is sent behind
+    it. Each request's outcome, by name: the queued ones' and the late one's (in the
+    scheduler's words, UNAVAILABLE) once the failure answered them, the running one's once all
+    is over."""
     outcomes: dict[str, object] = {}
     done = {name: anyio.Event() for name in ("running", "queued 1", "queued 2")}
     async with ActorSystem() as actors:
@@ -331,12 +333,17 @@ async def _fail_the_scheduler_under(
                 await anyio.wait_all_tasks_blocked()
             assert handle.scheduler.mailbox_depth == 0  # all three taken: one runs, two queue
             handle.scheduler.tell_nowait(object())  # type: ignore[arg-type]
+            # sent in the same turn: in its mailbox behind the failure, never taken
+            late = router.submit(request(1, "late"))
             with anyio.fail_after(WAIT):
                 await done["queued 1"].wait()
                 await done["queued 2"].wait()
+                with pytest.raises(TritonError) as caught:
+                    await late.wait()
+                outcomes["late"] = caught.value
                 await anyio.to_thread.run_sync(entered)
                 await done["running"].wait()
-    for name in ("queued 1", "queued 2"):
+    for name in ("queued 1", "queued 2", "late"):
         error = outcomes[name]
         assert isinstance(error, TritonError) and error.code is ErrorCode.UNAVAILABLE, name
         assert "failed" in str(error) and "not run" in str(error), error

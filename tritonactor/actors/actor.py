@@ -3,9 +3,9 @@
 An actor runs inside its parent's task group and owns a task group for its own children, so
 stopping an actor stops its subtree, and nothing outlives its owner. A message that expects an
 answer carries a `reply` (see `Reply`), or several (`replies`); if the actor stops or fails
-with such messages still queued, their replies fail with `ActorStopped` instead of leaving the
-caller waiting forever. An actor that fails still runs its `stopped` hook, which answers what
-it holds of its own (a scheduler's queue).
+with such messages still queued, their replies fail (`ActorStopped`, or the actor's
+`stopped_error`) instead of leaving the caller waiting forever. An actor that fails still
+runs its `stopped` hook, which answers what it holds of its own (a scheduler's queue).
 """
 
 from __future__ import annotations
@@ -164,6 +164,11 @@ class Actor(ABC, Generic[M]):
         failed (`self.failure` set; its children cancelled, what its mailbox still held
         answered next), so that work it holds is never left unanswered."""
 
+    def stopped_error(self) -> Exception:
+        """What a message still waiting for an answer is failed with when the actor stops or
+        fails (`ActorStopped`; a scheduler says which model, in the words its clients get)."""
+        return ActorStopped(f"actor '{self.name}' stopped before answering")
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.handles_now and cls.handle_now is Actor.handle_now:
@@ -321,7 +326,7 @@ class Actor(ABC, Generic[M]):
 
     def _fail_pending(self) -> None:
         self.ref.stop()
-        error = ActorStopped(f"actor '{self.name}' stopped before answering")
+        error = self.stopped_error()
         current, self._current = self._current, None
         queued = []
         while True:

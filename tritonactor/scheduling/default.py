@@ -78,6 +78,9 @@ class DefaultScheduler(Actor[SchedulerMessage]):
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    def stopped_error(self) -> Exception:
+        return not_run(self)
+
     async def stopped(self) -> None:
         error = not_run(self)
         while self._queue:

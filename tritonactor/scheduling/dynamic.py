@@ -323,6 +323,9 @@ class DynamicBatcher(Actor[BatcherMessage]):
     def queue_depth(self) -> int:
         return sum(level.count for level in self._levels)
 
+    def stopped_error(self) -> Exception:
+        return not_run(self)
+
     async def stopped(self) -> None:
         error = not_run(self)
         for level in self._levels:

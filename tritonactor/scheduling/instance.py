@@ -204,8 +204,11 @@ class InstanceActor(Actor[Execute | _Died]):
             # backlog of them never holds up everything else on it.
             await asyncio.sleep(0)
 
+    def stopped_error(self) -> Exception:
+        return unavailable(f"model instance '{self.name}' stopped before answering")
+
     def _cut_short(self, message: Execute) -> None:
-        failure = unavailable(f"model instance '{self.name}' stopped before answering")
+        failure = self.stopped_error()
         for item in message.batch:
             item.reply.fail(failure)
 

@@ -488,6 +488,9 @@ class SequenceBatcher(Actor[SequenceMessage]):
         """Instances ready for a batch that were sent none."""
         return sum(lane.idle for lane in self._lanes.values())
 
+    def stopped_error(self) -> Exception:
+        return not_run(self)
+
     async def stopped(self) -> None:
         error = not_run(self)
         for sequence in self._waiting():
