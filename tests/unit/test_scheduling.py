@@ -360,7 +360,8 @@ async def test_a_scheduler_that_fails_answers_what_it_queued_and_what_was_runnin
     assert barrier is not None
     outcomes = await _fail_the_scheduler_under(backend, lambda: barrier.wait(WAIT))
     assert isinstance(outcomes["running"], InferenceResponse)
-    # the instance, cancelled with its failed model, released before the model
+    # the instance released (by its own hook: its mailbox closed before the cancel reached it,
+    # the execute shielded), then the model, whose hook ran after its failure
     assert backend.finalized == ["echo_0_0", "model"]
 
 
@@ -400,4 +401,5 @@ async def test_an_async_execute_cut_short_by_its_models_failure_is_answered() ->
     running = outcomes["running"]
     assert isinstance(running, TritonError) and running.code is ErrorCode.UNAVAILABLE
     assert "stopped before answering" in str(running)
+    # the instance, cancelled mid-execute (no hook of its own), released by its model first
     assert backend.finalized == ["echo_0_0", "model"]

@@ -617,4 +617,6 @@ async def test_an_idle_batcher_takes_a_request_on_the_senders_turn(system: Actor
     assert state.idle_instances == 0 and actor.scheduler is not None
     assert actor.scheduler.mailbox_depth == 0
     replies.append(router.submit(seq(2, "a1", 5, end=True)))
+    # taken at once too, and kept: its sequence's instance is busy
+    assert actor.scheduler.mailbox_depth == 0 and state.queue_depth == 1
     assert [total(r) for r in await answers(replies)] == [1, 3]

@@ -145,8 +145,11 @@ class InstanceActor(Actor[Execute | _Died]):
                 except asyncio.CancelledError:
                     # Stopped in the middle (its model failed, the exit timeout): unlike one on
                     # the worker thread, an async execute is cut short, and its batch is
-                    # answered here or by no one.
-                    self._cut_short(message)
+                    # answered here (counted and traced as failed) or by no one.
+                    failure = self.stopped_error()
+                    self._finish(
+                        message, [failure] * len(requests), started, trace=trace, error=failure
+                    )
                     raise
                 backend_finished = perf_counter_ns()
                 ran_here = not self._waited
@@ -206,11 +209,6 @@ class InstanceActor(Actor[Execute | _Died]):
 
     def stopped_error(self) -> Exception:
         return unavailable(f"model instance '{self.name}' stopped before answering")
-
-    def _cut_short(self, message: Execute) -> None:
-        failure = self.stopped_error()
-        for item in message.batch:
-            item.reply.fail(failure)
 
     async def release(self) -> None:
         """Finalize the backend instance if it is not yet, logging a failure: when it died,
