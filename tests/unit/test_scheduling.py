@@ -403,3 +403,26 @@ async def test_an_async_execute_cut_short_by_its_models_failure_is_answered() ->
     assert "stopped before answering" in str(running)
     # the instance, cancelled mid-execute (no hook of its own), released by its model first
     assert backend.finalized == ["echo_0_0", "model"]
+
+
+async def test_a_scheduler_stopped_cleanly_answers_its_queue_as_unloading() -> None:
+    """The words of a clean stop (an unload), which a failure's must not replace: the requests
+    still queued are answered UNAVAILABLE "is unloading", the running one runs to its end."""
+    backend = EchoBackend(barrier=threading.Barrier(2))
+    barrier = backend.barrier
+    assert barrier is not None
+    async with ActorSystem() as actors:
+        router = await serve(actors, backend, count=1)
+        handle = router.resolve("echo", "1")
+        running = router.submit(request(1, "running"))
+        queued = [router.submit(request(1, f"queued {n}")) for n in (1, 2)]
+        await anyio.wait_all_tasks_blocked()
+        handle.scheduler.stop()
+        with anyio.fail_after(WAIT):
+            for reply in queued:
+                with pytest.raises(TritonError) as caught:
+                    await reply.wait()
+                assert caught.value.code is ErrorCode.UNAVAILABLE
+                assert "'echo' is unloading; the request was not run" in str(caught.value)
+            await anyio.to_thread.run_sync(barrier.wait, WAIT)
+            assert (await running.wait()).id == "running"
