@@ -1,15 +1,19 @@
-"""Triton's default scheduler: each request is a batch of one, run by whichever instance is idle."""
+"""Triton's default scheduler: each request is a batch of one, run by whichever instance is idle.
+
+`Scheduler` is what it shares with the dynamic and sequence batchers."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections import deque
-from typing import Any
+from typing import Any, TypeVar
 
 from tritonactor.actors import Actor, ActorRef, ActorStopped
 from tritonactor.core.errors import TritonError, cancelled, internal, unavailable
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 
 SchedulerMessage = Infer | InstanceIdle | InstanceGone | Rescheduled
+M = TypeVar("M")
 
 
 def refuse_rescheduled(message: Rescheduled, model: str) -> None:
@@ -25,29 +29,34 @@ def refuse_rescheduled(message: Rescheduled, model: str) -> None:
     )
 
 
-def not_run(scheduler: Actor[Any]) -> TritonError:
-    """What a request still queued at a scheduler that stops is answered: the model is
-    unloading, or (`failure` set) its scheduler failed."""
-    if scheduler.failure is not None:
-        return unavailable(
-            f"model '{scheduler.name}' failed ({scheduler.failure}); the request was not run"
-        )
-    return unavailable(f"model '{scheduler.name}' is unloading; the request was not run")
+class Scheduler(Actor[M]):
+    """What the default scheduler and the batchers share: nothing they do waits, so a message
+    that finds one idle is handled on its sender's turn (an instance that says it is idle gets
+    its next batch without a loop turn); a request still queued when one stops is answered
+    UNAVAILABLE (`stopped_error`): the model is unloading, or (`failure` set) it failed."""
 
-
-class DefaultScheduler(Actor[SchedulerMessage]):
     mailbox_size = 1024
-    # Nothing it does waits: a request or an idle instance that finds it idle is handled on the
-    # sender's turn (an instance that says it is idle gets its next batch without a loop turn).
     handles_now = True
 
+    async def receive(self, message: M) -> None:
+        self.handle_now(message)
+
+    @abstractmethod
+    def handle_now(self, message: M) -> None: ...
+
+    def stopped_error(self) -> TritonError:
+        if self.failure is not None:
+            return unavailable(
+                f"model '{self.name}' failed ({self.failure}); the request was not run"
+            )
+        return unavailable(f"model '{self.name}' is unloading; the request was not run")
+
+
+class DefaultScheduler(Scheduler[SchedulerMessage]):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self._queue: deque[Infer] = deque()
         self._idle: deque[ActorRef[Any]] = deque()
-
-    async def receive(self, message: SchedulerMessage) -> None:
-        self.handle_now(message)
 
     def handle_now(self, message: SchedulerMessage) -> None:
         if isinstance(message, Infer):
@@ -78,10 +87,7 @@ class DefaultScheduler(Actor[SchedulerMessage]):
     def queue_depth(self) -> int:
         return len(self._queue)
 
-    def stopped_error(self) -> Exception:
-        return not_run(self)
-
     async def stopped(self) -> None:
-        error = not_run(self)
+        error = self.stopped_error()
         while self._queue:
             self._queue.popleft().reply.fail(error)

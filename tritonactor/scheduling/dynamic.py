@@ -17,11 +17,11 @@ from tritonactor._proto.inference import (
     ModelQueuePolicy,
     ModelQueuePolicyTimeoutAction,
 )
-from tritonactor.actors import Actor, ActorRef, ActorStopped, Reply
+from tritonactor.actors import ActorRef, ActorStopped, Reply
 from tritonactor.backends.batching import batch_size, shape_key
 from tritonactor.core.errors import TritonError, cancelled, invalid_arg, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
-from tritonactor.scheduling.default import not_run, refuse_rescheduled
+from tritonactor.scheduling.default import Scheduler, refuse_rescheduled
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 
 
@@ -76,11 +76,7 @@ class _Level:
                 waiting.popleft()
 
 
-class DynamicBatcher(Actor[BatcherMessage]):
-    mailbox_size = 1024
-    # Nothing it does waits: a message that finds it idle is handled on the sender's turn.
-    handles_now = True
-
+class DynamicBatcher(Scheduler[BatcherMessage]):
     def __init__(self, name: str, config: ModelConfig) -> None:
         super().__init__(name)
         batching = config.dynamic_batching
@@ -119,9 +115,6 @@ class DynamicBatcher(Actor[BatcherMessage]):
         self._next_released = 0
 
     # -- messages ------------------------------------------------------------------------------
-
-    async def receive(self, message: BatcherMessage) -> None:
-        self.handle_now(message)
 
     def handle_now(self, message: BatcherMessage) -> None:
         if isinstance(message, Infer):
@@ -323,11 +316,8 @@ class DynamicBatcher(Actor[BatcherMessage]):
     def queue_depth(self) -> int:
         return sum(level.count for level in self._levels)
 
-    def stopped_error(self) -> Exception:
-        return not_run(self)
-
     async def stopped(self) -> None:
-        error = not_run(self)
+        error = self.stopped_error()
         for level in self._levels:
             for entry in level.waiting():
                 entry.gone = True

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from tritonactor._proto.inference import ModelConfig, ModelSequenceBatchingControlKind
-from tritonactor.actors import Actor, ActorRef, ActorStopped, Reply
+from tritonactor.actors import ActorRef, ActorStopped, Reply
 from tritonactor.backends.batching import batch_size
 from tritonactor.core.errors import (
     TritonError,
@@ -30,7 +30,7 @@ from tritonactor.core.errors import (
     unsupported,
 )
 from tritonactor.core.types import InferenceRequest, InferenceResponse
-from tritonactor.scheduling.default import not_run, refuse_rescheduled
+from tritonactor.scheduling.default import Scheduler, refuse_rescheduled
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 from tritonactor.scheduling.sequence_controls import (
     CorrelationId,
@@ -73,12 +73,7 @@ class _Answered:
 SequenceMessage = Infer | InstanceIdle | InstanceGone | Rescheduled | Tick | _Answered
 
 
-class SequenceBatcher(Actor[SequenceMessage]):
-    mailbox_size = 1024
-    # Nothing it does waits: a message that finds it idle is handled on the sender's turn (a
-    # reply callback telling it a request was answered included).
-    handles_now = True
-
+class SequenceBatcher(Scheduler[SequenceMessage]):
     def __init__(self, name: str, config: ModelConfig, model_dir: Path | None = None) -> None:
         super().__init__(name)
         batching = config.sequence_batching
@@ -138,9 +133,6 @@ class SequenceBatcher(Actor[SequenceMessage]):
         self._in_flight: dict[int, Waiting] = {}
 
     # -- messages ------------------------------------------------------------------------------
-
-    async def receive(self, message: SequenceMessage) -> None:
-        self.handle_now(message)
 
     def handle_now(self, message: SequenceMessage) -> None:
         if isinstance(message, Infer):
@@ -488,11 +480,8 @@ class SequenceBatcher(Actor[SequenceMessage]):
         """Instances ready for a batch that were sent none."""
         return sum(lane.idle for lane in self._lanes.values())
 
-    def stopped_error(self) -> Exception:
-        return not_run(self)
-
     async def stopped(self) -> None:
-        error = not_run(self)
+        error = self.stopped_error()
         for sequence in self._waiting():
             while sequence.queue:
                 sequence.queue.popleft().item.reply.fail(error)
