@@ -3,7 +3,7 @@ one at a time, and each server's CPU per request (its process tree's, from /proc
 
     cd /tmp; python <main>/bench/interleaved.py OLD NEW [--requests 4000]
         [--cases small_onnx,big_onnx,shm_onnx,grpc_big,grpc_onnx,...] [--workers 1]
-        [--trace [new|both]] [--trace-rate N]
+        [--trace [new|both]] [--trace-rate N] [--by-process]
 
 Each tree serves `tritonactor serve --workers N` (one front end and the engine by default) from
 its own folder, on bench/request_path.py's repository; the cases are request_path.py's (binary
@@ -19,7 +19,9 @@ With `--trace`, the new tree's server traces every request (trace_rate 1, TIMEST
 exports its spans over OTLP/HTTP to bench/otlp_sink.py (a process of its own, not counted: a
 collector runs elsewhere): give the same tree twice to read what tracing costs a request, span
 exporter processes included. `--trace both` traces on both servers (a change to tracing);
-`--trace-rate N` traces one request in N instead.
+`--trace-rate N` traces one request in N instead. `--by-process` adds each server's figure by
+process (process_cpu.py's roles: under `--workers 1` the front end is the "parent", beside the
+engine, the python models' processes and the span exporter processes).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import tritonclient.grpc as grpcclient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from http_infer import free_port, tree_cpu_seconds
+from process_cpu import cpu_by_role
 
 # gRPC cases (tritonclient's client): the model and the FP32 elements of its [1, N] tensor.
 GRPC_CASES = {
@@ -114,22 +117,33 @@ class Served:
         self.paths.stop_server(self.process)
 
 
-def measure(servers: Sequence[Served], case: str, requests: int) -> list[float]:
-    """Each server's CPU µs per request of `case`, the requests alternating between them."""
+def measure(
+    servers: Sequence[Served], case: str, requests: int
+) -> tuple[list[float], list[dict[str, float]]]:
+    """Each server's CPU µs per request of `case`, the requests alternating between them, and
+    the same by process role."""
     calls = [served.request(case) for served in servers]
     for call in calls:
         for _ in range(min(100, requests)):
             call()
     before = [tree_cpu_seconds(served.process.pid) for served in servers]
+    roles = [cpu_by_role(served.process.pid) for served in servers]
     for _ in range(requests):
         for call in calls:
             call()
     after = [tree_cpu_seconds(served.process.pid) for served in servers]
-    return [
+    by_role = [
+        {role: (seconds - start[role]) / requests * 1e6 for role, seconds in sorted(now.items())}
+        for start, now in zip(
+            roles, [cpu_by_role(served.process.pid) for served in servers], strict=True
+        )
+    ]
+    totals = [
         (end - start) / requests * 1e6
         for start, end in zip(before, after, strict=True)
         if start is not None and end is not None
     ]
+    return totals, by_role
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--trace-rate", type=int, default=1, help="with --trace: trace one request in this many"
+    )
+    parser.add_argument(
+        "--by-process", action="store_true", help="each server's CPU a request by process role"
     )
     args = parser.parse_args(argv)
     servers: list[Served] = []
@@ -175,8 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for case in args.cases.split(","):
             count = args.requests if case in SMALL_CASES else args.requests // 4
-            old, new = measure(servers, case, max(count, 50))
+            (old, new), roles = measure(servers, case, max(count, 50))
             print(f"{case:12s} old {old:7.0f}  new {new:7.0f}  new/old {new / old:.3f}", flush=True)
+            if args.by_process:
+                for which, by_role in zip(("old", "new"), roles, strict=True):
+                    shares = ", ".join(f"{role} {us:.0f}" for role, us in by_role.items())
+                    print(f"{'':12s} {which}: {shares}", flush=True)
     finally:
         for served in servers:
             served.close()
