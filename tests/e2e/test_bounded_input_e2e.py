@@ -29,6 +29,7 @@ import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from tests.server_process import free_port, loopback_env, wait_for
@@ -381,12 +382,14 @@ def test_grpc_message_past_the_limit_is_resource_exhausted(served: Served) -> No
     _still_serves(served)
 
 
-def _grpc_raw(served: Served, path: str, data: bytes) -> tuple[str, str]:
+def _grpc_raw(served: Served, path: str, data: bytes, before: bytes = b"") -> tuple[str, str]:
     """Send `data` as a gRPC call's whole request stream, framing and all (over HTTP/2 as it
-    is, with h2), and return the call's grpc-status and grpc-message."""
+    is, with h2), after the bytes `before` (frames h2 would not write), and return the call's
+    grpc-status and grpc-message."""
     with socket.create_connection(("127.0.0.1", served.grpc_port), timeout=60) as sock:
         connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         connection.initiate_connection()
+        sock.sendall(connection.data_to_send() + before)
         headers = [
             (":method", "POST"),
             (":scheme", "http"),
@@ -429,6 +432,37 @@ def test_grpc_a_prefix_cut_short_is_invalid_argument(
         str(grpc.StatusCode.INVALID_ARGUMENT.value[0]),
         "Unable to parse request: truncated message",
     )
+    _still_serves(served)
+
+
+def _frame(kind: int, stream: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, 0]) + stream.to_bytes(4, "big") + payload
+
+
+def _simple_call() -> bytes:
+    """A ModelInfer call's request stream for simple: its one length-prefixed message."""
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
+    message = request.SerializeToString()
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def test_grpc_frames_of_types_http2_does_not_define_are_ignored(served: Served) -> None:
+    # RFC 9113 (4.1): a frame of an unknown type is ignored and discarded, as Triton does;
+    # extensions send such frames (PRIORITY_UPDATE 0x10, ORIGIN 0xc), on the connection or on a
+    # stream. Before, grpclib raised on them and the connection ended with the call unanswered.
+    unknown = (
+        _frame(0x10, 0, b"\x00\x00\x00\x01u=1")  # PRIORITY_UPDATE, for stream 1
+        + _frame(0xC, 0, b"\x00\x08http://x")  # ORIGIN
+        + _frame(0xFA, 0, b"anything")
+        + _frame(0xFF, 1, b"")  # on the stream the call opens next
+    )
+    live = "/inference.GRPCInferenceService/ServerLive"
+    assert _grpc_raw(served, live, b"\x00\x00\x00\x00\x00", before=unknown) == ("0", "")
+    status, message = _grpc_raw(served, GRPC_INFER, _simple_call(), unknown)
+    assert (status, message) == ("0", "")
     _still_serves(served)
 
 

@@ -210,3 +210,36 @@ async def test_a_served_connection_is_tuned() -> None:
     assert type(connection.decoder) is _CachedDecoder
     assert type(connection.encoder) is _CachedEncoder
     assert connection.max_inbound_frame_size == FRAME
+
+
+@pytest.mark.parametrize("lanes", [True, False])
+async def test_a_frame_of_a_type_http2_does_not_define_is_ignored(lanes: bool) -> None:
+    """RFC 9113 (4.1): frames of unknown types (an extension's) are ignored, with a lane or
+    without one (h2 reports them as an event grpclib has no handler for: it raised, and the
+    connection ended)."""
+    server = GrpcServer([Echo()], lanes=lanes)
+    await server.start("127.0.0.1", 0)
+    assert server._server is not None
+    port = server._server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        preface = client.data_to_send()
+        client.send_headers(1, HEADERS)
+        client.send_data(1, b"\0" + struct.pack(">I", 3) + b"abc", end_stream=True)
+        # two frames of types no one defines, one on the connection, one on the call's stream
+        unknown = b"\x00\x00\x03\xfa\x00\x00\x00\x00\x00xyz"
+        unknown += b"\x00\x00\x00\xfb\x00\x00\x00\x00\x01"
+        writer.write(preface + unknown + client.data_to_send())
+        events: list[Any] = []
+        while not any(isinstance(e, h2.events.StreamEnded) for e in events):
+            data = await asyncio.wait_for(reader.read(1 << 16), 30)
+            assert data, "the server closed the connection"
+            events += client.receive_data(data)
+        answer = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
+        assert answer == b"\0" + struct.pack(">I", 3) + b"cba"
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()

@@ -12,6 +12,9 @@ lane; `_LaneConnection` shows grpclib's keepalive the lane's calls).
 - h2 formats every frame it receives for its trace log, on or off (`repr(frame)`: for a DATA
   frame, the hex of its whole payload, then cut to 20 characters): a received DATA frame gets a
   short form instead.
+- A frame of a type HTTP/2 does not define (an extension's: PRIORITY_UPDATE, ORIGIN, a client's
+  own) is ignored, as RFC 9113 (section 4.1) asks and Triton does: h2 reports it as an event
+  grpclib has no handler for, and grpclib raised on it, which ended the connection.
 
 These reach into grpclib's and h2's internals (a connection's h2 object, h2's frame dispatch,
 its HPACK coders): where a release moves the first, the connection is left as grpclib makes
@@ -29,6 +32,7 @@ from typing import Any
 from grpclib.protocol import Connection, H2Protocol
 from grpclib.server import Handler, Server
 from h2.connection import ConnectionState, H2Connection
+from h2.events import UnknownFrameReceived
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 from hyperframe.frame import DataFrame, Frame
@@ -70,6 +74,10 @@ def quiet_data_frames(connection: H2Connection) -> bool:
     return True
 
 
+def _ignored(event: UnknownFrameReceived) -> None:
+    """A frame of a type HTTP/2 does not define: nothing to do."""
+
+
 class _Protocol(H2Protocol):
     lane: Lane | None = None
     lanes = True  # calls read and answered by a lane (False: by h2, as grpclib does)
@@ -77,6 +85,11 @@ class _Protocol(H2Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        handlers = getattr(self.processor, "processors", None)
+        if isinstance(handlers, dict):
+            handlers.setdefault(UnknownFrameReceived, _ignored)
+        else:
+            log.debug("grpclib's events processor is not what this expects: left as is")
         h2_connection = getattr(self.connection, "_connection", None)
         if not isinstance(h2_connection, H2Connection):
             log.debug("grpclib's connection holds no h2 connection where expected: left as is")
