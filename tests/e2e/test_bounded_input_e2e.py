@@ -256,6 +256,25 @@ def test_slow_bodies_get_408_and_their_connections_close(served: Served) -> None
     _still_serves(served)
 
 
+def test_a_websocket_handshake_is_refused_and_the_server_serves_on(served: Served) -> None:
+    # No route takes a WebSocket: the handshake is refused by the WebSocket protocol, the same
+    # under both ASGI servers (docs/decisions.md; Triton ignores the Upgrade header). It was a
+    # parser error under serve's uvicorn protocol on a fresh connection (a 400 "Invalid HTTP
+    # request received.").
+    handshake = (
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+        b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    with served.connect() as sock:
+        sock.sendall(handshake)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 403 "), answer
+    _still_serves(served)
+
+
 def test_a_keep_alive_connection_serves_on_after_a_refused_body(served: Served) -> None:
     """A body that was read whole and refused (too deep) leaves its connection usable."""
     deep = b"[" * 1000 + b"1" + b"]" * 1000

@@ -6,6 +6,7 @@ on a real socket."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import socket
@@ -76,16 +77,14 @@ class Recorder:
                 self.held_done.set()
 
 
-@pytest.fixture
-def server() -> Iterator[tuple[Recorder, int, uvicorn.Server]]:
-    """A uvicorn with this protocol (on uvloop, as `tritonactor serve` runs it), serving a
+@contextlib.contextmanager
+def running(protocol: type[HttpToolsProtocol]) -> Iterator[tuple[Recorder, int, uvicorn.Server]]:
+    """A uvicorn with `protocol` (on uvloop, as `tritonactor serve` runs it), serving a
     `Recorder` on a port of its own."""
     app = Recorder()
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app, http=HttpToolsWholeBody, loop="uvloop", lifespan="off", log_level="warning"
-    )
+    config = uvicorn.Config(app, http=protocol, loop="uvloop", lifespan="off", log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]})
     thread.start()
@@ -100,6 +99,13 @@ def server() -> Iterator[tuple[Recorder, int, uvicorn.Server]]:
         server.should_exit = True
         thread.join()
         listener.close()
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[Recorder, int, uvicorn.Server]]:
+    """A uvicorn with this protocol."""
+    with running(HttpToolsWholeBody) as served:
+        yield served
 
 
 @pytest.fixture
@@ -290,3 +296,51 @@ def test_a_body_in_before_the_app_is_called_says_so(served: tuple[Recorder, int]
         sock.sendall(b"later")
         assert read_answer(sock) == expected(b"later")
     assert app.complete_at_start == {"/small": True, "/continue": False}
+
+
+HANDSHAKE = (
+    b"GET /ws HTTP/1.1\r\nHost: test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+)
+
+
+def _answers(port: int, *requests: bytes) -> list[tuple[bytes, bytes]]:
+    """The status line and body of each answer to `requests`, sent one after the other on one
+    connection; the last answer's body is what comes until the connection ends (a refused
+    handshake's ends it)."""
+    answers = []
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        for index, request in enumerate(requests):
+            sock.sendall(request)
+            if index < len(requests) - 1:
+                answers.append((b"HTTP/1.1 200 OK", read_answer(sock)))
+                continue
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            answers.append((head.split(b"\r\n", 1)[0], body))
+    return answers
+
+
+@pytest.mark.parametrize(
+    "requests",
+    [
+        [HANDSHAKE],  # the first request of its connection
+        [HANDSHAKE.replace(b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", b"")],
+        [post("/small", b"abc"), HANDSHAKE],  # after a request of ours
+    ],
+)
+def test_a_websocket_handshake_is_the_websocket_protocols_as_under_uvicorns_own(
+    requests: list[bytes],
+) -> None:
+    """A handshake goes to uvicorn's WebSocket protocol (the app, which takes no WebSocket,
+    is refused there), as with uvicorn's own protocol; it was a parser error (400 "Invalid
+    HTTP request received.") as the first request of a connection, where this protocol read
+    a request cycle that a handshake does not have."""
+    with running(HttpToolsProtocol) as (_, port, _server):
+        theirs = _answers(port, *requests)
+    with running(HttpToolsWholeBody) as (_, port, _server):
+        ours = _answers(port, *requests)
+    assert ours == theirs
+    assert ours[-1][1] != b"Invalid HTTP request received."

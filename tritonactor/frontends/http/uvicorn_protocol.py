@@ -98,6 +98,10 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         if self._whole is not None:
             self._give_up()
         super().on_message_complete()
+        if self.parser.should_upgrade() and self._should_upgrade():
+            # A WebSocket handshake, the WebSocket protocol's (uvicorn's returned at once): no
+            # request of ours is parsed, and `self.cycle` is none, or an earlier request's.
+            return
         # The app has it all (it may not have been called yet: then it need not wait for the
         # body, nor time it: limits.py).
         scope = self.cycle.scope
