@@ -5,7 +5,9 @@ served connection gets (their own tests: test_hpack_cache.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -115,12 +117,13 @@ HEADERS = [
 ]
 
 
-async def test_a_large_frame_may_follow_the_settings_acknowledgement_at_once() -> None:
-    """A client uses the server's frame size as soon as it has read it (RFC 9113, 6.5.3): its
-    acknowledgement and a DATA frame over h2's default size arrive in one write, and in one
-    read of the server's (a frame still arriving is checked once whole, after the
-    acknowledgement was read)."""
-    server = GrpcServer([Echo()])
+@contextlib.asynccontextmanager
+async def _connected(
+    lanes: bool = True,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter, h2.connection.H2Connection]]:
+    """A served connection to an `Echo` server (with a lane or without), and an h2 client
+    for it that has sent its preface."""
+    server = GrpcServer([Echo()], lanes=lanes)
     await server.start("127.0.0.1", 0)
     assert server._server is not None
     port = server._server.sockets[0].getsockname()[1]
@@ -128,6 +131,19 @@ async def test_a_large_frame_may_follow_the_settings_acknowledgement_at_once() -
     try:
         client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         client.initiate_connection()
+        yield reader, writer, client
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_large_frame_may_follow_the_settings_acknowledgement_at_once() -> None:
+    """A client uses the server's frame size as soon as it has read it (RFC 9113, 6.5.3): its
+    acknowledgement and a DATA frame over h2's default size arrive in one write, and in one
+    read of the server's (a frame still arriving is checked once whole, after the
+    acknowledgement was read)."""
+    async with _connected() as (reader, writer, client):
         client.increment_flow_control_window(64 * MiB)
         client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 64 * MiB})
         writer.write(client.data_to_send())
@@ -157,10 +173,6 @@ async def test_a_large_frame_may_follow_the_settings_acknowledgement_at_once() -
         assert answer == b"\0" + struct.pack(">I", len(payload)) + payload[::-1]
         trailers = [e for e in events if isinstance(e, h2.events.TrailersReceived)]
         assert (b"grpc-status", b"0") in trailers[0].headers
-    finally:
-        writer.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_grpc_clients_first_calls_on_fresh_channels() -> None:
@@ -217,14 +229,7 @@ async def test_a_frame_of_a_type_http2_does_not_define_is_ignored(lanes: bool) -
     """RFC 9113 (4.1): frames of unknown types (an extension's) are ignored, with a lane or
     without one (h2 reports them as an event grpclib has no handler for: it raised, and the
     connection ended)."""
-    server = GrpcServer([Echo()], lanes=lanes)
-    await server.start("127.0.0.1", 0)
-    assert server._server is not None
-    port = server._server.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        client.initiate_connection()
+    async with _connected(lanes) as (reader, writer, client):
         preface = client.data_to_send()
         client.send_headers(1, HEADERS)
         client.send_data(1, b"\0" + struct.pack(">I", 3) + b"abc", end_stream=True)
@@ -239,7 +244,3 @@ async def test_a_frame_of_a_type_http2_does_not_define_is_ignored(lanes: bool) -
             events += client.receive_data(data)
         answer = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
         assert answer == b"\0" + struct.pack(">I", 3) + b"cba"
-    finally:
-        writer.close()
-        server.close()
-        await server.wait_closed()
