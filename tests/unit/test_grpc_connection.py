@@ -233,10 +233,18 @@ async def test_a_frame_of_a_type_http2_does_not_define_is_ignored(lanes: bool) -
         preface = client.data_to_send()
         client.send_headers(1, HEADERS)
         client.send_data(1, b"\0" + struct.pack(">I", 3) + b"abc", end_stream=True)
-        # two frames of types no one defines, one on the connection, one on the call's stream
+        # frames of types no one defines: on the connection, on the call's stream before it
+        # opens, and on it once open (the lane's stream)
         unknown = b"\x00\x00\x03\xfa\x00\x00\x00\x00\x00xyz"
         unknown += b"\x00\x00\x00\xfb\x00\x00\x00\x00\x01"
-        writer.write(preface + unknown + client.data_to_send())
+        call = client.data_to_send()
+        opening = 9 + int.from_bytes(call[:3], "big")  # the HEADERS frame
+        mid_call = b"\x00\x00\x02\xfc\x00\x00\x00\x00\x01ab"  # on the call's open stream
+        sent = preface + unknown + call[:opening] + mid_call + call[opening:]
+        writer.write(sent[: len(sent) // 2])  # in two writes, cut at its middle
+        await writer.drain()
+        await asyncio.sleep(0)
+        writer.write(sent[len(sent) // 2 :])
         events: list[Any] = []
         while not any(isinstance(e, h2.events.StreamEnded) for e in events):
             data = await asyncio.wait_for(reader.read(1 << 16), 30)
