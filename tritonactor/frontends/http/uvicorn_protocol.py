@@ -28,8 +28,9 @@ What stays uvicorn's: a chunked body, a longer one, and any body once the app ha
 response (a refusal, a route that does not read its body) go uvicorn's way (paused past 64
 KiB, in pieces); `Expect: 100-continue` is answered when the app asks for the body, as before;
 a client that goes away ends the wait with `http.disconnect`; the app's body timeout
-(limits.py) cancels a wait that lasts too long. hypercorn reads bodies its own way and is not
-affected.
+(limits.py) cancels a wait that lasts too long; a WebSocket handshake goes to uvicorn's
+WebSocket protocol (no request of ours is made of it). hypercorn reads bodies its own way and
+is not affected.
 """
 
 from __future__ import annotations
