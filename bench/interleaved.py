@@ -42,7 +42,7 @@ import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from http_infer import free_port, tree_cpu_seconds
+from http_infer import free_port
 from process_cpu import cpu_by_role
 
 # gRPC cases (tritonclient's client): the model and the FP32 elements of its [1, N] tensor.
@@ -120,30 +120,22 @@ class Served:
 def measure(
     servers: Sequence[Served], case: str, requests: int
 ) -> tuple[list[float], list[dict[str, float]]]:
-    """Each server's CPU µs per request of `case`, the requests alternating between them, and
-    the same by process role."""
+    """Each server's CPU µs per request of `case` (its process tree's), the requests
+    alternating between them, and the same by process role."""
     calls = [served.request(case) for served in servers]
     for call in calls:
         for _ in range(min(100, requests)):
             call()
-    before = [tree_cpu_seconds(served.process.pid) for served in servers]
-    roles = [cpu_by_role(served.process.pid) for served in servers]
+    before = [cpu_by_role(served.process.pid) for served in servers]
     for _ in range(requests):
         for call in calls:
             call()
-    after = [tree_cpu_seconds(served.process.pid) for served in servers]
+    after = [cpu_by_role(served.process.pid) for served in servers]
     by_role = [
         {role: (seconds - start[role]) / requests * 1e6 for role, seconds in sorted(now.items())}
-        for start, now in zip(
-            roles, [cpu_by_role(served.process.pid) for served in servers], strict=True
-        )
+        for start, now in zip(before, after, strict=True)
     ]
-    totals = [
-        (end - start) / requests * 1e6
-        for start, end in zip(before, after, strict=True)
-        if start is not None and end is not None
-    ]
-    return totals, by_role
+    return [sum(roles.values()) for roles in by_role], by_role
 
 
 def main(argv: Sequence[str] | None = None) -> int:
