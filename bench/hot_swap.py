@@ -69,6 +69,8 @@ def hammer(base: str, seconds: float, threads: int, swap: bool) -> dict[str, flo
 
     def worker() -> None:
         session = requests.Session()
+        # Answers uncompressed, as perf_analyzer takes them (requests asks for gzip by default).
+        session.headers["Accept-Encoding"] = "identity"
         mine: list[float] = []
         failed = 0
         while time.monotonic() < deadline:

@@ -1,7 +1,8 @@
 """Bounded input on the real server (docs/limits.md): a body past the size limit, a body that
-does not arrive in time, JSON nested too deep, gRPC messages past the size limit or that do not
-parse. Each gets its status and a message naming the limit, the server keeps serving, and its
-log has no traceback.
+does not arrive in time, JSON nested too deep, a compressed body that does not inflate or
+inflates past the limit, gRPC messages past the size limit or that do not parse. Each gets
+its status and a message naming the limit, the server keeps serving, and its log has no
+traceback. Compressed bodies within the limits are served, and answers compressed as asked.
 
 Both topologies: `tritonactor serve --workers 2` (uvicorn front ends before one engine) and
 `hypercorn tritonactor.app:app` in one process; the limits are the front ends'.
@@ -9,6 +10,7 @@ Both topologies: `tritonactor serve --workers 2` (uvicorn front ends before one 
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
 import socket
@@ -321,6 +323,83 @@ def test_tritonclient_json_and_binary_requests_pass_the_limits(served: Served) -
         result = client.infer("simple", inputs)
         assert result.as_numpy("OUTPUT0").tolist() == (2 * data).tolist()
     client.close()
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_tritonclient_compresses_requests_and_responses(served: Served, coding: str) -> None:
+    """tritonclient's request and response compression, JSON and binary data (whose
+    Inference-Header-Content-Length counts the bytes before compression)."""
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{served.http_port}")
+    data = np.arange(16, dtype=np.int32).reshape(1, 16)
+    for binary in (False, True):
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            tensor = httpclient.InferInput(name, [1, 16], "INT32")
+            tensor.set_data_from_numpy(data, binary_data=binary)
+            inputs.append(tensor)
+        outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+        for request_coding, response_coding in ((coding, None), (None, coding), (coding, coding)):
+            result = client.infer(
+                "simple",
+                inputs,
+                outputs=outputs,
+                request_compression_algorithm=request_coding,
+                response_compression_algorithm=response_coding,
+            )
+            assert result.as_numpy("OUTPUT0").tolist() == (2 * data).tolist()
+    client.close()
+    # The answer is compressed as asked, and says so.
+    answer = httpx.post(
+        f"http://127.0.0.1:{served.http_port}{INFER}",
+        content=_infer_body(),
+        headers={"Accept-Encoding": f"br;q=0.9, {coding};q=0.5"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-encoding"] == coding
+    assert answer.json()["outputs"][0]["data"] == [2 * i for i in range(16)]  # httpx inflates
+
+
+def test_a_body_in_a_coding_the_server_does_not_read_is_501(served: Served) -> None:
+    answer = httpx.post(
+        f"http://127.0.0.1:{served.http_port}{INFER}",
+        content=_infer_body(),
+        headers={"Content-Encoding": "br"},
+    )
+    assert answer.status_code == 501, answer.text
+    assert answer.json() == {"error": "Unsupported compression type"}
+    assert answer.headers["accept-encoding"] == "gzip, deflate"
+    _still_serves(served)
+
+
+def test_a_compressed_body_that_does_not_inflate_is_refused(served: Served) -> None:
+    answer = httpx.post(
+        f"http://127.0.0.1:{served.http_port}{INFER}",
+        content=gzip.compress(_infer_body())[:40],
+        headers={"Content-Encoding": "gzip"},
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {
+        "error": "failed to decompress the request body: it ends before its data"
+    }
+    _still_serves(served)
+
+
+def test_a_compressed_body_that_inflates_past_the_limit_is_refused(served: Served) -> None:
+    """A small body that would inflate to 4 MiB, past the 1 MiB limit: refused as the inflater
+    passes the limit, with Triton's words."""
+    bomb = gzip.compress(b"{" + b" " * (4 * MAX_INPUT) + b"}")
+    assert len(bomb) < MAX_INPUT // 100
+    answer = httpx.post(
+        f"http://127.0.0.1:{served.http_port}{INFER}",
+        content=bomb,
+        headers={"Content-Encoding": "gzip"},
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {
+        "error": f"Decompressed data size exceeds the maximum allowed value of {MAX_INPUT} "
+        "bytes. Use --http-max-input-size to increase the limit."
+    }
+    _still_serves(served)
 
 
 def _grpc_call(served: Served, method: str, body: bytes) -> grpc.RpcError | bytes:

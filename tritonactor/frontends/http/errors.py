@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from tritonactor.core.errors import TritonError
 from tritonactor.frontends.http.codec import encode_json
+from tritonactor.frontends.http.compression import UnsupportedEncoding
 from tritonactor.frontends.http.limits import BodyLimitError
 
 log = logging.getLogger("tritonactor.frontends.http.app")
@@ -38,7 +39,10 @@ async def triton_error(request: Request, error: Exception) -> Response:
     await drain_body(request)
     if isinstance(error, BodyLimitError):  # 408 for a body that did not arrive in time
         return error_response(error.message, error.http_status)
-    return error_response(error.message, error.code.http_status)
+    response = error_response(error.message, error.code.http_status)
+    if isinstance(error, UnsupportedEncoding):  # the codings the server reads
+        response.raw_headers.extend(error.headers)
+    return response
 
 
 async def http_error(request: Request, error: Exception) -> Response:

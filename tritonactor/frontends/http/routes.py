@@ -18,6 +18,7 @@ from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsup
 from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.frontends.http.codec import decode_infer_request, decode_json
+from tritonactor.frontends.http.compression import IDENTITY, deflated, inflated, response_coding
 from tritonactor.frontends.http.errors import JSON, error_response, json_response
 from tritonactor.frontends.http.raw import decode_raw_request
 from tritonactor.frontends.http.responses import encode_infer_response
@@ -66,7 +67,12 @@ class InferResponse(Response):
     (frontends/http/responses.py). Its headers are written down directly rather than worked
     out as starlette's `Response` does for any body."""
 
-    def __init__(self, body: bytes | tuple[bytes, ...], json_length: int | None) -> None:
+    def __init__(
+        self,
+        body: bytes | tuple[bytes, ...],
+        json_length: int | None,
+        coding: str | None = None,
+    ) -> None:
         self.status_code = 200
         self.pieces = (body,) if isinstance(body, bytes) else body
         self.background = None
@@ -79,6 +85,8 @@ class InferResponse(Response):
                 (b"content-length", b"%d" % size),
                 _BINARY_TYPE,
             ]
+        if coding is not None:  # the pieces are compressed (compression.py)
+            self.raw_headers.append((b"content-encoding", coding.encode()))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -103,6 +111,7 @@ class Routes:
         self.router = server.router
         self.headers = HeaderForwarder(server.settings.http_header_forward_pattern)
         self.max_depth = server.settings.http_max_json_depth
+        self.max_input_size = server.settings.http_max_input_size
 
     async def server_metadata(self, request: Request) -> Response:
         server = self.server
@@ -258,8 +267,11 @@ class Routes:
         self, request: Request, name: str, version: str, trace: RequestTrace | None
     ) -> Response:
         body = await request.body()
-        header = request.headers.get("inference-header-content-length")
-        header_length = _header_length(header, len(body))
+        headers = request.headers
+        coding = headers.get("content-encoding")
+        if coding is not None:
+            body = await inflated(body, coding, self.max_input_size)
+        header_length = _header_length(headers.get("inference-header-content-length"), len(body))
         if self.router.loader is not None:
             await self.router.ensure_loaded(name)
         if self.router.resolve(name, version).decoupled:
@@ -282,7 +294,7 @@ class Routes:
                     max_depth=self.max_depth,
                 )
             if self.headers.enabled:  # (the headers are decoded only then)
-                self.headers.forward(infer_request, request.headers.items())
+                self.headers.forward(infer_request, headers.items())
             if trace is not None:
                 infer_request.trace = trace
                 trace.describe(infer_request)
@@ -295,6 +307,12 @@ class Routes:
             )
         finally:
             lease.release()
+        accept = headers.get("accept-encoding")
+        if accept is not None:
+            coding = response_coding(accept)
+            if coding != IDENTITY:
+                pieces = (payload,) if isinstance(payload, bytes) else payload
+                return InferResponse(await deflated(pieces, coding), json_length, coding)
         return InferResponse(payload, json_length)
 
     def _raw_request(self, body: bytes, name: str, version: str) -> Any:
