@@ -322,6 +322,22 @@ def test_per_output_binary_data_overrides_binary_data_output(http: httpx.Client)
     assert response.content == header + DIFFERENCE_BYTES
 
 
+def test_a_listed_output_without_binary_data_is_json_whatever_binary_data_output(
+    http: httpx.Client,
+) -> None:
+    """binary_data_output decides for the outputs a request does not list; a listed one is
+    JSON unless its own binary_data says otherwise (Triton 2.51 answers so)."""
+    request = {**GOOD, "outputs": [{"name": "OUTPUT0"}], "parameters": {"binary_data_output": True}}
+
+    response = post_json(http, "/v2/models/simple/infer", request)
+
+    assert response.status_code == 200, response.text
+    assert "inference-header-content-length" not in response.headers
+    assert response.json()["outputs"] == [
+        {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16], "data": SUM}
+    ]
+
+
 def test_per_output_binary_data_with_tritonclient(client: httpclient.InferenceServerClient) -> None:
     outputs = [
         httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),

@@ -46,10 +46,10 @@ def encode_infer_response(
     """
     response = classify(response, request)
     binary_by_default = request.context.get(BINARY_DATA_OUTPUT) is True
+    # A listed output is binary only by its own binary_data (JSON without it, as Triton's);
+    # binary_data_output decides for the others.
     binary_requested = {
-        output.name: output.parameters["binary_data"] is True
-        for output in request.outputs
-        if "binary_data" in output.parameters
+        output.name: output.parameters.get("binary_data") is True for output in request.outputs
     }
     outputs: list[dict[str, Any]] = []
     chunks: list[Any] = []
