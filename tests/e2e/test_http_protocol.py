@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 
 from tests.e2e.conftest import WIRE_DATATYPES
 from tests.server_process import ServerProcess, wait_for
+from tritonactor.core.datatypes import to_numpy_dtype
 
 pytestmark = pytest.mark.e2e
 
@@ -143,6 +144,31 @@ def test_every_datatype_round_trips(
     else:
         assert "parameters" not in entry  # Triton's C++ client reads any "parameters" as binary
         assert "data" in entry
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_nan_and_the_infinities_travel_in_json(
+    client: httpclient.InferenceServerClient, http: httpx.Client, datatype: str
+) -> None:
+    """JSON has no number for them: Triton reads and writes the literals NaN, Infinity and
+    -Infinity, as tritonclient (Python's json) does."""
+    array = np.array([[np.nan, np.inf, -np.inf, 0.5]] * 2, dtype=to_numpy_dtype(datatype))
+    tensor = httpclient.InferInput("INPUT0", list(array.shape), datatype)
+    tensor.set_data_from_numpy(array, binary_data=False)
+    output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+
+    result = client.infer(f"identity_{datatype.lower()}", [tensor], outputs=[output])
+
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), array)
+    document = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 4], "datatype": datatype, "data": [0.5, 1.5, 2, 3]}
+        ]
+    }
+    raw = orjson.dumps(document).replace(b"[0.5,1.5,2,3]", b"[NaN,Infinity,-Infinity,3]")
+    response = http.post(f"/v2/models/identity_{datatype.lower()}/infer", content=raw)
+    assert response.status_code == 200, response.text
+    assert b'"data":[NaN,Infinity,-Infinity,3.0]' in response.content
 
 
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import ml_dtypes
@@ -12,12 +14,8 @@ import pytest
 from tritonactor.core.datatypes import DATATYPES, serialize_bytes, to_numpy_dtype
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
-from tritonactor.frontends.http.codec import (
-    BINARY_DATA_OUTPUT,
-    decode_infer_request,
-    decode_json,
-    encode_json,
-)
+from tritonactor.frontends.http.codec import BINARY_DATA_OUTPUT, decode_infer_request
+from tritonactor.frontends.http.json_body import decode_json, encode_json
 from tritonactor.frontends.http.raw import decode_raw_request
 from tritonactor.frontends.http.responses import encode_infer_response
 
@@ -813,6 +811,42 @@ def test_decode_json_reports_malformed_json_as_invalid_arg() -> None:
 
 def test_encode_json_writes_numpy_arrays() -> None:
     assert decode_json(encode_json({"a": np.array([1, 2], dtype=np.int32)})) == {"a": [1, 2]}
+
+
+def test_decode_json_reads_nan_and_the_infinities_as_triton_does() -> None:
+    document = decode_json(b'{"data": [NaN, Infinity, -Infinity, 1.5], "name": "NaN"}')
+    data = document["data"]
+    assert math.isnan(data[0]) and data[1:] == [math.inf, -math.inf, 1.5]
+    assert document["name"] == "NaN"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"data": [NaN, }',  # broken whatever its numbers
+        b'{"data": [nan]}',  # Python's and Triton's words only
+        b'{"id": "\xff", "data": [NaN]}',  # not UTF-8
+        b'{"data": [Inf]}',  # Triton's parser takes this short form too: docs/decisions.md
+    ],
+)
+def test_decode_json_still_refuses_what_is_not_json_with_nan(body: bytes) -> None:
+    with pytest.raises(TritonError, match="failed to parse the request JSON buffer") as caught:
+        decode_json(body)
+    assert caught.value.code is ErrorCode.INVALID_ARG
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_nan_and_the_infinities_are_written_as_triton_writes_them(datatype: str) -> None:
+    dtype = to_numpy_dtype(datatype)
+    array = np.array([[math.nan, math.inf], [-math.inf, 0.25]], dtype=dtype)
+    body, header_length = encode_infer_response(
+        make_response(tensor_of("OUT", datatype, array)), make_request()
+    )
+    assert header_length is None
+    assert isinstance(body, bytes)
+    assert b'"data":[NaN,Infinity,-Infinity,0.25]' in body
+    read = json.loads(body)["outputs"][0]["data"]  # what tritonclient reads it with
+    np.testing.assert_array_equal(np.array(read, dtype=dtype), array.reshape(-1))
 
 
 # --- encoding ----------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ import pytest
 from starlette.types import Message
 
 from tritonactor.core.errors import TritonError
-from tritonactor.frontends.http.codec import decode_infer_request, decode_json
+from tritonactor.frontends.http.codec import decode_infer_request
 from tritonactor.frontends.http.generate import decode_generate_request
+from tritonactor.frontends.http.json_body import decode_json
 from tritonactor.frontends.http.limits import (
     BODY_COMPLETE,
     DEFAULT_JSON_DEPTH,

@@ -1,6 +1,6 @@
-"""The KServe v2 / Triton HTTP inference request body -> InferenceRequest (and the JSON helpers
-of the HTTP front end). Responses are encoded in `responses.py`, raw binary requests decoded in
-`raw.py`.
+"""The KServe v2 / Triton HTTP inference request body -> InferenceRequest. Responses are
+encoded in `responses.py`, raw binary requests decoded in `raw.py`, the JSON of bodies read and
+written in `json_body.py`.
 
 Functions over bytes and dicts: no models, actors or web framework; their one state is a
 bounded memory of JSON headers seen before (a header sent again is not decoded again: see
@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from tritonactor.core.datatypes import (
     is_datatype,
     num_elements,
     to_numpy_dtype,
 )
-from tritonactor.core.errors import internal, invalid_arg
+from tritonactor.core.errors import invalid_arg
 from tritonactor.core.protocol import RESERVED_PARAMETER_PREFIX
 from tritonactor.core.tensors import (
     RequestContext,
@@ -51,36 +50,14 @@ from tritonactor.core.types import (
     RequestedOutput,
     Tensor,
 )
+from tritonactor.frontends.http.json_body import decode_json
 from tritonactor.frontends.http.json_tensors import array_from_json
-from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH, check_json_depth
+from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH
 from tritonactor.memory.lease import Reader, Reserver
 
 # request.context key: the request's `binary_data_output` (the default for outputs that do not
 # say), read by `encode_infer_response`.
 BINARY_DATA_OUTPUT = "http.binary_data_output"
-
-
-# --- JSON --------------------------------------------------------------------------------------
-
-
-def decode_json(
-    body: bytes | bytearray | memoryview | str, max_depth: int = DEFAULT_JSON_DEPTH
-) -> Any:
-    """Parse a JSON request body; malformed JSON, or JSON nested deeper than `max_depth`, is
-    the client's error (INVALID_ARG)."""
-    check_json_depth(body, max_depth)
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
-
-
-def encode_json(obj: Any) -> bytes:
-    """Serialize a response body; numpy arrays of numbers and bools are written natively."""
-    try:
-        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
-    except orjson.JSONEncodeError as exc:
-        raise internal(f"failed to serialize the response JSON: {exc}") from None
 
 
 # --- requests ----------------------------------------------------------------------------------
@@ -496,7 +473,5 @@ def _json_type(value: Any) -> str:
 __all__ = [
     "BINARY_DATA_OUTPUT",
     "decode_infer_request",
-    "decode_json",
-    "encode_json",
     "parse_unsigned",
 ]

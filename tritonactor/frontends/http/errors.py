@@ -12,8 +12,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tritonactor.core.errors import TritonError
-from tritonactor.frontends.http.codec import encode_json
 from tritonactor.frontends.http.compression import UnsupportedEncoding
+from tritonactor.frontends.http.json_body import encode_json
 from tritonactor.frontends.http.limits import BodyLimitError
 
 log = logging.getLogger("tritonactor.frontends.http.app")

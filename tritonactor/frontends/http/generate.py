@@ -47,8 +47,8 @@ from tritonactor.core.types import (
     ResponseSender,
     Tensor,
 )
-from tritonactor.frontends.http.codec import encode_json
 from tritonactor.frontends.http.errors import JSON
+from tritonactor.frontends.http.json_body import encode_json
 from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH, check_json_depth
 from tritonactor.scheduling.router import Router
 from tritonactor.scheduling.signature import ModelSignature, TensorSpec

@@ -16,13 +16,15 @@ from collections.abc import Collection
 from typing import Any
 
 import numpy as np
+import orjson
 
 from tritonactor.core.datatypes import BINARY_ONLY, is_datatype, num_elements, to_numpy_dtype
 from tritonactor.core.errors import internal
 from tritonactor.core.tensors import HeldView, owner_of, tensor_to_bytes
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.frontends.classification import classify
-from tritonactor.frontends.http.codec import BINARY_DATA_OUTPUT, encode_json
+from tritonactor.frontends.http.codec import BINARY_DATA_OUTPUT
+from tritonactor.frontends.http.json_body import encode_json
 
 __all__ = ["encode_infer_response"]
 
@@ -176,7 +178,24 @@ def _json_data(datatype: str, array: np.ndarray) -> Any:
     if datatype == "BYTES":
         return _utf8_strings(array)
     # orjson writes contiguous numeric and bool arrays as JSON lists without Python objects.
-    return np.ascontiguousarray(array).reshape(-1)
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        return _with_non_finite(flat)
+    return flat
+
+
+# How Triton's JSON writes the floats JSON has no number for (orjson would write null).
+_NON_FINITE = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
+
+
+def _with_non_finite(flat: np.ndarray) -> orjson.Fragment:
+    """A float array holding NaN or infinities as Triton writes it: those as the literals
+    `NaN`, `Infinity` and `-Infinity` (which Python's json and tritonclient read back), the
+    other values as orjson writes them."""
+    values = orjson.dumps(flat, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+    for index in np.flatnonzero(~np.isfinite(flat)).tolist():
+        values[index] = _NON_FINITE[str(flat[index])]
+    return orjson.Fragment(b"[" + b",".join(values) + b"]")
 
 
 def _utf8_strings(array: np.ndarray) -> list[str] | None:

@@ -17,9 +17,10 @@ from tritonactor.control.load_parameters import parse_load_parameters, parse_unl
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsupported
 from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.headers import HeaderForwarder
-from tritonactor.frontends.http.codec import decode_infer_request, decode_json
+from tritonactor.frontends.http.codec import decode_infer_request
 from tritonactor.frontends.http.compression import IDENTITY, deflated, inflated, response_coding
 from tritonactor.frontends.http.errors import JSON, error_response, json_response
+from tritonactor.frontends.http.json_body import decode_json
 from tritonactor.frontends.http.raw import decode_raw_request
 from tritonactor.frontends.http.responses import encode_infer_response
 from tritonactor.memory.lease import Lease, answer_holding

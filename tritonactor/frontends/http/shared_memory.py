@@ -14,7 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tritonactor.core.errors import invalid_arg
-from tritonactor.frontends.http.codec import decode_json, encode_json, parse_unsigned
+from tritonactor.frontends.http.codec import parse_unsigned
+from tritonactor.frontends.http.json_body import decode_json, encode_json
 from tritonactor.memory.cuda import IPC_HANDLE_SIZE
 from tritonactor.memory.region import Kind
 
