@@ -94,6 +94,28 @@ def test_add_sub_over_http_and_grpc(
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
 
 
+def test_a_request_id_larger_than_the_stubs_socket_buffers_is_served(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """A 1 MB request id travels to the model in its execute message, larger than the
+    socket's buffers: it is served and echoed, and the model serves on (it hung, the stub
+    left half a message, before ipc's writes waited for room)."""
+    long_id = "x" * 1_000_000
+    inputs = [http_input("INPUT0", A, "FP32"), http_input("INPUT1", B, "FP32")]
+    result = http.infer("add_sub", inputs, request_id=long_id)
+    assert result.get_response()["id"] == long_id
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    result = grpc.infer(
+        "add_sub",
+        [grpc_input("INPUT0", A, "FP32"), grpc_input("INPUT1", B, "FP32")],
+        request_id=long_id,
+        client_timeout=EVENT_TIMEOUT_S,
+    )
+    assert result.get_response().id == long_id
+    result = http.infer("add_sub", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+
+
 def test_bytes_identity_keeps_empty_and_non_ascii(
     http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
 ) -> None:

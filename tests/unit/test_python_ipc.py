@@ -281,3 +281,31 @@ def test_messages_arrive_whole_and_in_order_however_the_reads_cut_them() -> None
         writer.join()
         channel.close()
     assert got == sent
+
+
+def test_a_message_larger_than_the_buffers_arrives_whole_from_a_non_blocking_socket() -> None:
+    """The server's end of a stub's socket is non-blocking once its event loop polls it
+    (uvloop's add_reader): a message larger than the socket's buffers is written in parts as
+    the other side reads, and what follows it arrives intact (found with a 500 KB request id,
+    which left the stub half a message and the model hung)."""
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)  # as uvloop leaves the descriptor: sock.send may raise EAGAIN
+    sender = ipc.Channel(theirs)
+    big = {"op": "execute", "requests": [{"id": "x" * 3_000_000}]}
+    after = {"op": "execute", "seq": 2}
+
+    def send_both() -> None:
+        sender.send(big)
+        sender.send(after)
+
+    writer = threading.Thread(target=send_both, daemon=True)
+    writer.start()
+    ours.settimeout(120)  # (a bound, not a wait: a half message must fail the test, not hang it)
+    channel = ipc.Channel(ours)
+    try:
+        assert channel.recv() == big
+        assert channel.recv() == after
+    finally:
+        writer.join()
+        channel.close()
+        sender.close()

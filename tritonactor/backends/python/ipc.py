@@ -20,6 +20,7 @@ import itertools
 import mmap
 import os
 import pickle
+import select
 import socket
 import struct
 import tempfile
@@ -65,6 +66,22 @@ TensorDescriptor = tuple[str, str, tuple[int, ...], int, int]
 # Control messages
 
 
+def _send_all(sock: socket.socket, data: bytes) -> None:
+    """All of `data` on `sock`, waiting for room as a blocking socket would. The server's end
+    of a stub's socket is polled by its event loop (`add_reader`), and uvloop's poll makes the
+    descriptor non-blocking: a message larger than the socket's buffers (a long request id, a
+    batch of many requests) is then written in parts as the stub reads, where `sendall` would
+    raise after a part and leave the stub half a message."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view) :]
+        except BlockingIOError:
+            waiting = select.poll()  # (not select(): the descriptor may be past FD_SETSIZE)
+            waiting.register(sock, select.POLLOUT)
+            waiting.poll()
+
+
 class Channel:
     """Length-prefixed pickles on a connected stream socket. `send` may be called from any
     thread; `recv` and `received` from one reader at a time (what one read brought beyond a
@@ -81,7 +98,7 @@ class Channel:
     def send(self, message: dict[str, Any]) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
-            self.sock.sendall(_HEADER.pack(len(data)) + data)
+            _send_all(self.sock, _HEADER.pack(len(data)) + data)
 
     def recv(self) -> dict[str, Any] | None:
         """The next message, waiting for it; None when the other side is gone."""
