@@ -311,7 +311,11 @@ def test_fp16_has_no_typed_contents(stub: service_pb2_grpc.GRPCInferenceServiceS
     request.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
     error = rpc_error(lambda: stub.ModelInfer(request))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "FP16 data must be sent in raw_input_contents" in error.details()
+    # Triton 2.51's words: the values are in the field of another type.
+    assert error.details() == (
+        "unexpected explicit tensor data for input tensor 'INPUT0' for model 'half' of type "
+        "'FP32', expected datatype 'FP16'"
+    )
 
 
 def test_contents_mixed_with_raw_is_refused(

@@ -431,6 +431,65 @@ def test_malformed_requests_are_rejected(body: bytes, match: str) -> None:
     assert_invalid(match, body)
 
 
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        (
+            {"priority": "1"},
+            "Unable to parse 'priority': attempt to access JSON "
+            "non-unsigned-integer as unsigned-integer",
+        ),
+        ({"priority": -1}, "Unable to parse 'priority'"),
+        ({"priority": 1.5}, "Unable to parse 'priority'"),
+        ({"priority": True}, "Unable to parse 'priority'"),
+        ({"priority": 2**64}, "Unable to parse 'priority'"),
+        ({"timeout": -5}, "Unable to parse 'timeout'"),
+        ({"timeout": "x"}, "Unable to parse 'timeout'"),
+        (
+            {"sequence_start": 1},
+            "Unable to parse 'sequence_start': attempt to access JSON non-boolean as boolean",
+        ),
+        ({"sequence_end": "true"}, "Unable to parse 'sequence_end'"),
+        ({"binary_data_output": 1}, "Unable to parse 'binary_data_output'"),
+        (
+            {"sequence_id": -3},
+            "Unable to parse 'sequence_id': attempt to access JSON non-string as string",
+        ),
+        ({"sequence_id": 1.5}, "Unable to parse 'sequence_id'"),
+        ({"sequence_id": True}, "Unable to parse 'sequence_id'"),
+        ({"sequence_id": 2**64}, "Unable to parse 'sequence_id'"),
+    ],
+)
+def test_parameters_the_server_acts_on_are_read_as_triton_reads_them(
+    parameters: dict[str, Any], words: str
+) -> None:
+    """Whatever the model (a model with no sequence batcher or priority levels too), with
+    Triton 2.51's words, answered 400 (Triton: 500)."""
+    body = json.dumps({"inputs": [], "parameters": parameters}).encode()  # (2**64 too)
+    with pytest.raises(TritonError) as raised:
+        decode_infer_request(body, None, "m", "")
+    assert raised.value.code is ErrorCode.INVALID_ARG
+    assert raised.value.message.startswith(words)
+
+
+def test_parameters_the_server_acts_on_of_their_types_pass() -> None:
+    parameters = {
+        "priority": 2**64 - 1,
+        "timeout": 0,
+        "sequence_id": "s",
+        "sequence_start": True,
+        "sequence_end": False,
+    }
+    request = decode_infer_request(
+        json_body({"inputs": [], "parameters": parameters}), None, "m", ""
+    )
+    assert request.parameters == parameters
+    request = decode_infer_request(
+        json_body({"inputs": [], "parameters": {"sequence_id": 2**64 - 1}}), None, "m", ""
+    )
+    assert request.parameters == {"sequence_id": 2**64 - 1}
+
+
 def test_duplicate_input_names_are_rejected() -> None:
     entry = {"name": "X", "datatype": "INT8", "shape": [1], "data": [1]}
     assert_invalid(

@@ -211,7 +211,8 @@ def decode_infer_request(
         outputs.append(RequestedOutput(output.name, parameters))
     parameters = decode_parameters(message.parameters)
     empty_final = False
-    if parameters:
+    if parameters or message.parameters:
+        _check_request_parameters(message.parameters)
         reserved = [key for key in parameters if key.startswith(RESERVED_PARAMETER_PREFIX)]
         if any(key != ENABLE_EMPTY_FINAL for key in reserved):
             raise invalid_arg(
@@ -230,6 +231,40 @@ def decode_infer_request(
     if empty_final is True:
         request.context[ENABLE_EMPTY_FINAL] = True
     return request
+
+
+# The request parameters the server acts on: the fields of InferParameter each may use, and how
+# Triton names them when another is used.
+_SERVER_PARAMETERS = {
+    "sequence_id": (("int64_param", "string_param"), "int64_param or string_param"),
+    "sequence_start": (("bool_param",), "bool_param"),
+    "sequence_end": (("bool_param",), "bool_param"),
+    "priority": (("int64_param", "uint64_param"), "int64_param or uint64_param"),
+    "timeout": (("int64_param",), "int64_param"),
+    ENABLE_EMPTY_FINAL: (("bool_param",), "bool_param"),
+}
+# The fields a parameter of the model's may use.
+_MODEL_PARAMETER_FIELDS = ("int64_param", "bool_param", "string_param", "double_param")
+
+
+def _check_request_parameters(parameters: ParameterMap) -> None:
+    """A request's parameters of the types Triton takes, whatever the model (with its words):
+    those the server acts on of their own types, a priority not negative, the model's of
+    int64, bool, string or double (not uint64, not unset)."""
+    for key, parameter in parameters.items():
+        field = parameter.WhichOneof("parameter_choice")
+        expected = _SERVER_PARAMETERS.get(key)
+        if expected is not None:
+            fields, words = expected
+            if field not in fields:
+                raise invalid_arg(f"invalid value type for '{key}' parameter, expected {words}.")
+            if key == "priority" and field == "int64_param" and parameter.int64_param < 0:
+                raise invalid_arg("invalid value for 'priority', expected value >= 0.")
+        elif field not in _MODEL_PARAMETER_FIELDS and not key.startswith(RESERVED_PARAMETER_PREFIX):
+            raise invalid_arg(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+                "or string_param."
+            )
 
 
 SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
@@ -287,9 +322,46 @@ def _has_contents(tensor: ModelInferRequest.InferInputTensor) -> bool:
     return any(getattr(contents, field) for field in _CONTENTS_FIELDS)
 
 
+# The typed fields in the order Triton reads them, and the data type each one's values are
+# (int_contents and uint_contents carry the input's own 8- and 16-bit types).
+_CONTENTS_ORDER = (
+    ("bool_contents", "BOOL"),
+    ("int_contents", "INT32"),
+    ("int64_contents", "INT64"),
+    ("uint_contents", "UINT32"),
+    ("uint64_contents", "UINT64"),
+    ("fp32_contents", "FP32"),
+    ("fp64_contents", "FP64"),
+    ("bytes_contents", "BYTES"),
+)
+_NARROW = {"int_contents": ("INT8", "INT16"), "uint_contents": ("UINT8", "UINT16")}
+
+
+def _check_one_contents_field(
+    tensor: ModelInferRequest.InferInputTensor, model: str, datatype: str
+) -> None:
+    """The typed contents hold data in one field, the input's datatype's (Triton's words)."""
+    contents = tensor.contents
+    supplied = False
+    for field, field_type in _CONTENTS_ORDER:
+        if not getattr(contents, field):
+            continue
+        where = (
+            f"unexpected explicit tensor data for input tensor '{tensor.name}' for model '{model}'"
+        )
+        if supplied:
+            raise invalid_arg(f"{where}, binary data was already supplied.")
+        if datatype in _NARROW.get(field, ()):
+            field_type = datatype
+        if field_type != datatype:
+            raise invalid_arg(f"{where} of type '{field_type}', expected datatype '{datatype}'")
+        supplied = True
+
+
 def _array_from_contents(
     tensor: ModelInferRequest.InferInputTensor, shape: tuple[int, ...], prefix: str, model: str
 ) -> np.ndarray:
+    _check_one_contents_field(tensor, model, tensor.datatype)
     field = CONTENTS_FIELD.get(tensor.datatype)
     if field is None:
         raise invalid_arg(

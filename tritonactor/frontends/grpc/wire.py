@@ -65,6 +65,9 @@ def _split_raw(data: bytes) -> tuple[bytes, list[memoryview]]:
     while position < size:
         start = position
         tag, position = _read_varint(view, position)
+        # As protobuf reads a tag: at most 5 bytes, 32 bits, a field number from 1.
+        if position - start > 5 or tag > 0xFFFFFFFF or tag < 8:
+            raise ValueError("malformed tag")
         wire_type = tag & 7
         if wire_type == 2:
             length, position = _read_varint(view, position)

@@ -97,12 +97,8 @@ def decode_infer_request(
     reader = _BinaryReader(binary, model_name, has_header_length=header_length is not None)
     inputs, binary_sizes = _decode_inputs(document, reader, shared_memory, context)
     parameters = _decode_parameters(document.get("parameters"), "the inference request")
-    _require_bool(parameters, "binary_data_output", "the inference request")
-    if any(key.startswith(RESERVED_PARAMETER_PREFIX) for key in parameters):
-        raise invalid_arg(
-            "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
-            "be specified."
-        )
+    if parameters:
+        _check_server_parameters(parameters)
     binary_output = parameters.pop("binary_data_output", False)
     outputs, reserved = _decode_outputs(document.get("outputs"), shared_memory_outputs)
     request = InferenceRequest(
@@ -262,6 +258,37 @@ def _decode_parameters(value: Any, owner: str) -> Parameters:
                 f"not {_json_type(item)}"
             )
     return value
+
+
+# What Triton's JSON reader says of a value of the wrong type (its words; answered 400 here).
+_NOT_UNSIGNED = "attempt to access JSON non-unsigned-integer as unsigned-integer"
+_NOT_BOOLEAN = "attempt to access JSON non-boolean as boolean"
+_NOT_STRING = "attempt to access JSON non-string as string"
+
+
+def _check_server_parameters(parameters: Parameters) -> None:
+    """The request parameters the server acts on, of the types Triton reads them as, whatever
+    the model (a scheduler that acts on one checks it again); keys starting with `triton_`
+    are Triton's."""
+    for key, value in parameters.items():
+        if key in ("priority", "timeout"):
+            if not _unsigned(value):
+                raise invalid_arg(f"Unable to parse '{key}': {_NOT_UNSIGNED}")
+        elif key in ("sequence_start", "sequence_end", "binary_data_output"):
+            if not isinstance(value, bool):
+                raise invalid_arg(f"Unable to parse '{key}': {_NOT_BOOLEAN}")
+        elif key == "sequence_id":
+            if not (isinstance(value, str) or _unsigned(value)):
+                raise invalid_arg(f"Unable to parse '{key}': {_NOT_STRING}")
+        elif key.startswith(RESERVED_PARAMETER_PREFIX):
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and "
+                "should not be specified."
+            )
+
+
+def _unsigned(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 64
 
 
 def _require_bool(parameters: Parameters, key: str, owner: str) -> None:

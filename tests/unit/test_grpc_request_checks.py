@@ -1,0 +1,151 @@
+"""What a ModelInfer request must be before anything runs, with Triton 2.51's words (each case
+was answered so by Triton's gRPC front end in a differential fuzz, 2026-12-06): the request
+parameters the server acts on of their own types, the typed contents in one field of the
+input's type, and a message's tags as protobuf reads them, however large the message."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf.message import DecodeError
+
+from tritonactor._proto_c import grpc_service_pb2 as upb
+from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.frontends.grpc.codec import decode_infer_request
+from tritonactor.frontends.grpc.wire import InferRequestMessage
+
+
+def _request(datatype: str = "FP32", count: int = 4) -> upb.ModelInferRequest:
+    message = upb.ModelInferRequest(model_name="m", model_version="1")
+    message.inputs.add(name="INPUT0", datatype=datatype, shape=[count])
+    return message
+
+
+def _raw(message: upb.ModelInferRequest) -> upb.ModelInferRequest:
+    message.raw_input_contents.append(np.zeros(4, np.float32).tobytes())
+    return message
+
+
+def _refused(message: upb.ModelInferRequest) -> str:
+    with pytest.raises(TritonError) as raised:
+        decode_infer_request(InferRequestMessage.FromString(message.SerializeToString()))
+    assert raised.value.code is ErrorCode.INVALID_ARG
+    return raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "value", "words"),
+    [
+        ("sequence_start", "int64_param", 5, "expected bool_param."),
+        ("sequence_end", "string_param", "true", "expected bool_param."),
+        ("timeout", "bool_param", True, "expected int64_param."),
+        ("timeout", "uint64_param", 5, "expected int64_param."),
+        ("sequence_id", "bool_param", True, "expected int64_param or string_param."),
+        ("sequence_id", "uint64_param", 5, "expected int64_param or string_param."),
+        ("sequence_id", "double_param", 1.5, "expected int64_param or string_param."),
+        ("priority", "double_param", 1.0, "expected int64_param or uint64_param."),
+        ("priority", "string_param", "1", "expected int64_param or uint64_param."),
+        ("triton_enable_empty_final_response", "int64_param", 1, "expected bool_param."),
+        ("custom", "uint64_param", 5, "expected int64_param, bool_param, or string_param."),
+    ],
+)
+def test_a_parameter_of_the_wrong_type_is_refused(
+    key: str, field: str, value: object, words: str
+) -> None:
+    message = _raw(_request())
+    setattr(message.parameters[key], field, value)
+    assert _refused(message) == f"invalid value type for '{key}' parameter, {words}"
+
+
+def test_a_parameter_without_a_value_is_refused() -> None:
+    message = _raw(_request())
+    message.parameters["custom"].SetInParent()
+    assert _refused(message) == (
+        "invalid value type for 'custom' parameter, expected int64_param, bool_param, or "
+        "string_param."
+    )
+
+
+def test_a_negative_priority_is_refused() -> None:
+    message = _raw(_request())
+    message.parameters["priority"].int64_param = -1
+    assert _refused(message) == "invalid value for 'priority', expected value >= 0."
+
+
+def test_parameters_of_the_right_types_pass() -> None:
+    message = _raw(_request())
+    message.parameters["sequence_id"].string_param = "s"
+    message.parameters["sequence_start"].bool_param = True
+    message.parameters["priority"].uint64_param = 2**64 - 1
+    message.parameters["timeout"].int64_param = 0
+    message.parameters["custom"].double_param = 0.5
+    request = decode_infer_request(InferRequestMessage.FromString(message.SerializeToString()))
+    assert request.parameters == {
+        "sequence_id": "s",
+        "sequence_start": True,
+        "priority": 2**64 - 1,
+        "timeout": 0,
+        "custom": 0.5,
+    }
+
+
+@pytest.mark.parametrize(
+    ("datatype", "fields", "words"),
+    [
+        (
+            "FP32",
+            {"fp32_contents": 4, "int_contents": 4},
+            "of type 'INT32', expected datatype 'FP32'",
+        ),
+        ("FP32", {"uint64_contents": 4}, "of type 'UINT64', expected datatype 'FP32'"),
+        ("INT8", {"bool_contents": 4}, "of type 'BOOL', expected datatype 'INT8'"),
+        ("INT64", {"int_contents": 4}, "of type 'INT32', expected datatype 'INT64'"),
+        (
+            "UINT16",
+            {"uint_contents": 4, "uint64_contents": 4},
+            ", binary data was already supplied.",
+        ),
+        ("FP32", {"fp32_contents": 4, "fp64_contents": 4}, ", binary data was already supplied."),
+        ("FP16", {"fp32_contents": 4}, "of type 'FP32', expected datatype 'FP16'"),
+    ],
+)
+def test_typed_contents_in_another_field_are_refused(
+    datatype: str, fields: dict[str, int], words: str
+) -> None:
+    message = _request(datatype)
+    for field, count in fields.items():
+        values = [True] * count if field == "bool_contents" else [1] * count
+        getattr(message.inputs[0].contents, field).extend(values)
+    assert _refused(message) == (
+        f"unexpected explicit tensor data for input tensor 'INPUT0' for model 'm'{words}"
+        if words.startswith(",")
+        else f"unexpected explicit tensor data for input tensor 'INPUT0' for model 'm' {words}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field"), [("INT8", "int_contents"), ("UINT16", "uint_contents")]
+)
+def test_narrow_integers_read_their_wide_field(datatype: str, field: str) -> None:
+    message = _request(datatype)
+    getattr(message.inputs[0].contents, field).extend([1, 2, 3, 4])
+    request = decode_infer_request(InferRequestMessage.FromString(message.SerializeToString()))
+    assert request.inputs[0].data.tolist() == [1, 2, 3, 4]
+
+
+# A raw_input_contents entry (field 7, length-delimited) of 64 bytes, its tag written in 10
+# bytes: protobuf reads a tag in 5 at most.
+_OVERLONG = b"\xba\x80\x80\x80\x80\x80\x80\x80\x80\x00" + bytes([64]) + bytes(64)
+# An unknown field of 20 KB: large enough that the raw entries are found without upb.
+_PAD = b"\xca\x06\xa0\x9c\x01" + b"p" * 20000
+
+
+@pytest.mark.parametrize("prefix", [b"", _PAD], ids=["small", "large"])
+def test_a_tag_protobuf_does_not_read_is_refused_at_any_size(prefix: bytes) -> None:
+    message = _request("FP32", 16).SerializeToString()
+    with pytest.raises(DecodeError):
+        InferRequestMessage.FromString(prefix + message + _OVERLONG)
+    # Written in 5 bytes, the same tag reads (non-minimal, as protobuf allows).
+    entry = b"\xba\x80\x80\x80\x00" + bytes([64]) + bytes(64)
+    request = decode_infer_request(InferRequestMessage.FromString(prefix + message + entry))
+    assert request.inputs[0].data.tolist() == [0.0] * 16
