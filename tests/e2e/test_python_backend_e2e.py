@@ -37,6 +37,7 @@ SERVED = (
     "crash",
     "autocomplete",
     "cancellable",
+    "reshaped",
 )
 
 
@@ -114,6 +115,18 @@ def test_a_request_id_larger_than_the_stubs_socket_buffers_is_served(
     assert result.get_response().id == long_id
     result = http.infer("add_sub", inputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+
+
+def test_a_config_reshape_applies_between_client_and_model(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """The model gets INPUT0 ([b, 3] from the client) in its reshape, [b, 1, 3]; ECHO, made in
+    its reshape, reaches the client in its dims, [b, 3] (as Triton 2.51 does for python models)."""
+    data = np.arange(6, dtype=np.int32).reshape(2, 3)
+    for client, make in ((http, http_input), (grpc, grpc_input)):
+        result = client.infer("reshaped", [make("INPUT0", data, "INT32")])
+        np.testing.assert_array_equal(result.as_numpy("ECHO"), data + 1)
+        np.testing.assert_array_equal(result.as_numpy("SEEN"), data.reshape(2, 1, 3))
 
 
 def test_bytes_identity_keeps_empty_and_non_ascii(

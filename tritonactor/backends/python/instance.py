@@ -45,7 +45,7 @@ from tritonactor.backends.python.held import HeldRequests
 from tritonactor.backends.python.metrics import InstanceMetrics
 from tritonactor.backends.python.process import StubProcess, StubSettings, exit_description
 from tritonactor.backends.python.reader import ChannelReader
-from tritonactor.backends.python.wire import request_entry, response_from_wire
+from tritonactor.backends.python.wire import Reshapes, request_entry, response_from_wire
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import InferenceRequest
 
@@ -101,6 +101,7 @@ class PythonInstance(BackendInstance):
         self.name = context.name
         self._model_name = model.context.name
         self._model_version = str(model.context.version)
+        self._reshapes = Reshapes.of(self._model_name, model.context.config)
         self._seq = itertools.count()
         self._keys = itertools.count()
         self._lock = threading.Lock()
@@ -189,10 +190,12 @@ class PythonInstance(BackendInstance):
         outputs = self.model.output_names
         entries: list[dict[str, Any]] = []
         arrays: list[tuple[str, Any]] = []
+        reshapes = self._reshapes
         for key, request in zip(keys, requests, strict=True):
             entries.append(request_entry(key, request, outputs))
             for tensor in request.inputs:
-                arrays.append((tensor.name, tensor.data))
+                data = tensor.data if reshapes is None else reshapes.input(tensor.name, tensor.data)
+                arrays.append((tensor.name, data))
         pending = _Pending(loop.create_future(), threading.get_ident(), keys)
         with self._lock:
             if self._death is not None:
@@ -262,7 +265,9 @@ class PythonInstance(BackendInstance):
             elif wire is not None:  # the response execute returned
                 self._held.release(key)
                 results.append(
-                    response_from_wire(self._model_name, self._model_version, request, wire, arrays)
+                    response_from_wire(
+                        self._model_name, self._model_version, request, wire, arrays, self._reshapes
+                    )
                 )
             else:
                 results.append(self._held.returned(key))
@@ -338,7 +343,12 @@ class PythonInstance(BackendInstance):
         result = None
         if message["response"] is not None and request is not None:
             result = response_from_wire(
-                self._model_name, self._model_version, request, message["response"], arrays
+                self._model_name,
+                self._model_version,
+                request,
+                message["response"],
+                arrays,
+                self._reshapes,
             )
         self._held.deliver(message["key"], result, bool(message["flags"] & _FINAL))
 

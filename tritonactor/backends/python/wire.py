@@ -1,15 +1,19 @@
 """The server's side of what travels to and from a stub: a request's entry in an execute
-message, and a response's wire form back into an `InferenceResponse`."""
+message, and a response's wire form back into an `InferenceResponse`; the config's `reshape`s
+between what clients send and get and what the model sees and makes."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tritonactor.core.errors import ErrorCode, TritonError, internal
+from tritonactor.backends.base import undo_reshape
+from tritonactor.config.model_config import ModelConfig
+from tritonactor.core.errors import ErrorCode, TritonError, internal, invalid_arg
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 
 _SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
@@ -62,15 +66,54 @@ def error_from_wire(error: tuple[str, str]) -> TritonError:
     return TritonError(ErrorCode.named(code), text)
 
 
+@dataclass(frozen=True)
+class Reshapes:
+    """A model config's `reshape`s, as Triton applies them for every backend: an input goes to
+    the model in its `reshape` (after the batch dimension, when the model batches), and an
+    output the model makes in its `reshape` goes back to the client in the config's `dims`."""
+
+    model: str
+    batching: bool
+    inputs: dict[str, tuple[int, ...]]  # an input's per-item shape for the model
+    outputs: dict[str, tuple[int, ...]]  # an output's config dims, for the client
+
+    @classmethod
+    def of(cls, model: str, config: ModelConfig) -> Reshapes | None:
+        """The config's reshapes; None where it has none (most models)."""
+        inputs = {t.name: tuple(t.reshape.shape) for t in config.input if t.reshape is not None}
+        outputs = {t.name: tuple(t.dims) for t in config.output if t.reshape is not None}
+        if not inputs and not outputs:
+            return None
+        return cls(model, config.max_batch_size > 0, inputs, outputs)
+
+    def input(self, name: str, data: np.ndarray) -> np.ndarray:
+        shape = self.inputs.get(name)
+        if shape is None:
+            return data
+        lead = data.shape[:1] if self.batching else ()
+        try:
+            return data.reshape(lead + shape)
+        except ValueError:
+            raise invalid_arg(
+                f"model '{self.model}' input '{name}' of shape {list(data.shape)} cannot take "
+                f"the config's reshape {list(shape)}"
+            ) from None
+
+    def output(self, name: str, data: np.ndarray) -> np.ndarray:
+        return undo_reshape(self.model, name, data, self.outputs.get(name), self.batching)
+
+
 def response_from_wire(
     model_name: str,
     model_version: str,
     request: InferenceRequest,
     wire: dict[str, Any],
     arrays: Iterator[tuple[str, str, np.ndarray]],
+    reshapes: Reshapes | None = None,
 ) -> InferenceResponse | TritonError:
     """A response the stub sent for `request` (its tensors taken from `arrays`), or the error it
-    carries. Outputs the client did not ask for are dropped."""
+    carries. Outputs the client did not ask for are dropped; an output the config reshapes goes
+    back to its dims (`reshapes`)."""
     count = wire["outputs"]
     tensors = list(itertools.islice(arrays, count))
     if len(tensors) != count:
@@ -78,6 +121,11 @@ def response_from_wire(
     if wire["error"] is not None:
         return error_from_wire(wire["error"])
     wanted = set(request.requested_output_names) if request.outputs else None
+    if reshapes is not None:
+        try:
+            tensors = [(n, d, reshapes.output(n, array)) for n, d, array in tensors]
+        except TritonError as error:
+            return error
     outputs = [
         Tensor(name=name, datatype=datatype, shape=tuple(array.shape), data=array)
         for name, datatype, array in tensors
