@@ -449,6 +449,30 @@ def test_grpc_stream_bytes_that_do_not_parse_end_it_invalid_argument(served: Ser
     _still_serves(served)
 
 
+def test_grpc_stream_answers_the_requests_before_a_bad_message(served: Served) -> None:
+    """The requests a stream sent before a message that does not parse are answered before
+    the stream ends with its status (they were dropped when the message came first)."""
+    request = service_pb2.ModelInferRequest(model_name="simple", id="before")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
+    good = request.SerializeToString()
+    with grpc.insecure_channel(f"127.0.0.1:{served.grpc_port}") as channel:
+        call = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=None,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
+        answers = call(iter([good, good, b"\x0a\x02\xff\xfe"]), timeout=60)
+        got = []
+        with pytest.raises(grpc.RpcError) as raised:
+            for answer in answers:
+                got.append(answer)
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert [(a.error_message, a.infer_response.id) for a in got] == [("", "before")] * 2
+    _still_serves(served)
+
+
 def test_grpc_message_past_the_limit_is_resource_exhausted(served: Served) -> None:
     big = b"\x0a\x06simple" + b"\x3a\x80\x80\x40" + b"x" * MAX_MESSAGE  # raw_input_contents
     error = _grpc_call(served, "ModelInfer", big)

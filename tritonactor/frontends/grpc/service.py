@@ -198,6 +198,9 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
         pending = Pending(answers, STREAM_WINDOW)
         error_ends_stream = metadata_flag(stream.metadata, GRPC_ERROR_MODE)
         draining = self._drain.stream(pending) if self._drain is not None else nullcontext()
+        # A message that does not parse (or is past the size limit) ends the stream with its
+        # status once the requests before it are answered.
+        unreadable: grpclib.GRPCError | None = None
         try:
             with draining:
                 async with anyio.create_task_group() as group:
@@ -205,7 +208,15 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
                     group.start_soon(
                         write_answers, stream, answers, error_ends_stream, pending, reading
                     )
-                    async for message in stream:
+                    messages = aiter(stream)
+                    while True:
+                        try:
+                            message = await anext(messages)
+                        except StopAsyncIteration:
+                            break
+                        except grpclib.GRPCError as error:
+                            unreadable = error
+                            break
                         await pending.start()
                         if pending.draining:  # shutting down: the stream takes no new requests
                             pending.deliver(refusal(message.id, unavailable(SHUTTING_DOWN)), True)
@@ -226,6 +237,8 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
         finally:
             # The stream is over: requests still in the server answer nobody any more.
             pending.cancel_all()
+        if unreadable is not None:
+            raise unreadable
         if pending.ended_by_drain:
             # Every request it had admitted is answered; the client learns why the stream ends.
             raise grpclib.GRPCError(grpclib.const.Status.UNAVAILABLE, SHUTTING_DOWN)
