@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -38,6 +39,7 @@ SERVED = (
     "autocomplete",
     "cancellable",
     "reshaped",
+    "bf16_dlpack",
 )
 
 
@@ -127,6 +129,16 @@ def test_a_config_reshape_applies_between_client_and_model(
         result = client.infer("reshaped", [make("INPUT0", data, "INT32")])
         np.testing.assert_array_equal(result.as_numpy("ECHO"), data + 1)
         np.testing.assert_array_equal(result.as_numpy("SEEN"), data.reshape(2, 1, 3))
+
+
+def test_bf16_travels_through_torch_dlpack(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    data = np.array([1.5, -2.0, 3.25], dtype=ml_dtypes.bfloat16)
+    for client, make in ((http, http_input), (grpc, grpc_input)):
+        result = client.infer("bf16_dlpack", [make("INPUT0", data, "BF16")])
+        got = result.as_numpy("OUTPUT0")
+        assert got.view(np.uint16).tolist() == (data * 2).view(np.uint16).tolist()
 
 
 def test_bytes_identity_keeps_empty_and_non_ascii(

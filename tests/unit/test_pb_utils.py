@@ -247,3 +247,19 @@ def test_arena_starts_at_the_default_size_and_grows_by_the_step(tmp_path: Any) -
         assert doubling.size == 8192
     finally:
         doubling.close()
+
+
+def test_a_bf16_tensor_goes_to_dlpack_and_back_through_torch() -> None:
+    """numpy has no DLPack type for BF16: Triton's models read BF16 through torch's DLPack,
+    and so do ours (found by a differential fuzz: to_dlpack raised numpy's BufferError)."""
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    data = np.array([[1.5, -2.0, 3.25]], dtype=ml_dtypes.bfloat16)
+    tensor = pb_utils.Tensor("IN", data)
+    as_torch = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    assert as_torch.dtype == torch.bfloat16
+    assert as_torch.float().tolist() == [[1.5, -2.0, 3.25]]
+    for source in (tensor.to_dlpack(), as_torch, tensor):  # a capsule, a torch tensor, ours
+        back = pb_utils.Tensor.from_dlpack("OUT", source).as_numpy()
+        assert back.dtype == data.dtype
+        assert back.tobytes() == data.tobytes()

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonactor.core.datatypes import deserialize_bytes, serialize_bytes
+from tritonactor.core.datatypes import deserialize_bytes, serialize_bytes, to_numpy_dtype
 from tritonactor.core.errors import ErrorCode
 
 # TRITONSERVER_DataType values, in Triton's order.
@@ -188,9 +188,15 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        if self._array.dtype == np.object_:
+        array = self._array
+        if array.dtype == np.object_:
             raise TritonModelException("a BYTES tensor cannot be exported as DLPack")
-        return self._array.__dlpack__()
+        if array.dtype.name == "bfloat16":
+            # numpy has no DLPack type for it: torch's bfloat16 tensor over the same memory
+            # (how Triton's python models read BF16).
+            torch = _torch(self._name, "a BF16 tensor is exported as DLPack through torch")
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).__dlpack__()
+        return array.__dlpack__()
 
     def __dlpack__(self, stream: Any = None) -> Any:
         return self.to_dlpack()
@@ -209,23 +215,38 @@ class Tensor:
         if hasattr(dlpack_tensor, "__dlpack__"):
             device = getattr(dlpack_tensor, "__dlpack_device__", lambda: (1, 0))()
             if device[0] == 1:
-                return Tensor(name, np.from_dlpack(dlpack_tensor))
-            import torch  # a GPU tensor: bring it to the host
-
-            return Tensor(name, torch.from_dlpack(dlpack_tensor).cpu().numpy())
+                try:
+                    return Tensor(name, np.from_dlpack(dlpack_tensor))
+                except (BufferError, RuntimeError):  # a type numpy has none for (BF16)
+                    pass
+            # A GPU tensor, or a BF16 one: through torch, to the host.
+            torch = _torch(name, "not a DLPack tensor numpy can read")
+            return Tensor(name, _host_array(torch, torch.from_dlpack(dlpack_tensor)))
         try:
             return Tensor(name, np.from_dlpack(_Capsule(dlpack_tensor)))
         except Exception:
-            try:
-                import torch
-            except ImportError as exc:
-                raise TritonModelException(
-                    f"tensor '{name}': not a DLPack tensor numpy can read ({exc})"
-                ) from None
-            return Tensor(name, torch.utils.dlpack.from_dlpack(dlpack_tensor).cpu().numpy())
+            torch = _torch(name, "not a DLPack tensor numpy can read")
+            return Tensor(name, _host_array(torch, torch.utils.dlpack.from_dlpack(dlpack_tensor)))
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+
+
+def _torch(name: str, what: str) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise TritonModelException(f"tensor '{name}': {what}, which is not installed") from None
+    return torch
+
+
+def _host_array(torch: Any, tensor: Any) -> np.ndarray:
+    """A torch tensor's data on the host as numpy (BF16 as ml_dtypes' bfloat16, viewed)."""
+    tensor = tensor.cpu()
+    if tensor.dtype == torch.bfloat16:
+        bfloat16 = to_numpy_dtype("BF16")  # a KeyError without ml_dtypes: BF16 is unreadable
+        return tensor.view(torch.int16).numpy().view(bfloat16)
+    return tensor.numpy()
 
 
 def check_tensors(tensors: Any, what: str) -> list[Tensor]:
