@@ -345,6 +345,12 @@ def test_json_data_for_half_floats_is_rejected(datatype: str) -> None:
         ("FP32", ["x"], "must hold FP32 values"),
         ("FP32", [None], "must hold FP32 values"),
         ("BOOL", [1], "must hold BOOL values"),
+        ("BOOL", [True, 1], "must hold BOOL values"),
+        # A JSON boolean among numbers (numpy would read it as 1 or 0; Triton refuses it).
+        ("FP32", [1.5, True], "must hold FP32 values"),
+        ("INT32", [5, True], "must hold INT32 values"),
+        ("UINT8", [160, False], "must hold UINT8 values"),
+        ("FP64", [[1.5], [False]], "must hold FP64 values"),
         ("BYTES", [1], "BYTES input 'X' must hold strings"),
         ("BYTES", [["a"], {"b": 1}], "BYTES input 'X' must hold strings"),
     ],

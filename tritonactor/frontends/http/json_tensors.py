@@ -5,8 +5,8 @@ array of the input's datatype and shape, or INVALID_ARG saying why not.
 - Nested arrays are read in their flat order, ragged nesting included: only the element count
   must fit the shape.
 - Integers are checked against the datatype's range (a value outside it is an error, never
-  wrapped); BOOL takes JSON booleans only, floating types take numbers; BYTES takes strings,
-  encoded as UTF-8.
+  wrapped); BOOL takes JSON booleans only, the numeric types numbers only (a boolean among
+  them is refused); BYTES takes strings, encoded as UTF-8.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def _json_numbers(name: str, datatype: str, data: list[Any]) -> np.ndarray:
     dtype = to_numpy_dtype(datatype)
     if parsed.size == 0:
         return parsed.astype(dtype)
+    if parsed.dtype.kind != "b" and datatype != "BOOL" and _holds_a_bool(data):
+        # numpy reads [1.5, true] as [1.5, 1.0]: a JSON boolean is no number (Triton refuses it).
+        raise invalid_arg(f"'data' of input '{name}' must hold {datatype} values")
     if dtype.kind in _INTEGER_KINDS:
         return _json_integers(name, datatype, parsed, data)
     allowed = "b" if datatype == "BOOL" else _FLOAT_KINDS
@@ -101,6 +104,14 @@ def _json_strings(name: str, data: list[Any]) -> np.ndarray:
     array = np.empty(len(items), dtype=np.object_)
     array[:] = items
     return array
+
+
+def _holds_a_bool(data: list[Any]) -> bool:
+    """Whether a JSON boolean is among `data`'s values (nested or not); a flat list is looked
+    at in C."""
+    if bool in map(type, data):
+        return True
+    return list in map(type, data) and bool in map(type, _flatten(data))
 
 
 def _flatten(data: list[Any]) -> list[Any]:
