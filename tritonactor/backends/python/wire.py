@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from tritonactor.backends.base import undo_reshape
 from tritonactor.config.model_config import ModelConfig
 from tritonactor.core.errors import ErrorCode, TritonError, internal, invalid_arg
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
@@ -70,37 +69,56 @@ def error_from_wire(error: tuple[str, str]) -> TritonError:
 class Reshapes:
     """A model config's `reshape`s, as Triton applies them for every backend: an input goes to
     the model in its `reshape` (after the batch dimension, when the model batches), and an
-    output the model makes in its `reshape` goes back to the client in the config's `dims`."""
+    output the model makes in its `reshape` goes back to the client in the config's `dims`.
+    Each -1 of the shape a tensor goes to takes, in order, the size of the tensor's own
+    variable dimensions (-1 in the shape it comes in)."""
 
     model: str
     batching: bool
-    inputs: dict[str, tuple[int, ...]]  # an input's per-item shape for the model
-    outputs: dict[str, tuple[int, ...]]  # an output's config dims, for the client
+    inputs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # name: (dims, reshape)
+    outputs: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]  # name: (reshape, dims)
 
     @classmethod
     def of(cls, model: str, config: ModelConfig) -> Reshapes | None:
         """The config's reshapes; None where it has none (most models)."""
-        inputs = {t.name: tuple(t.reshape.shape) for t in config.input if t.reshape is not None}
-        outputs = {t.name: tuple(t.dims) for t in config.output if t.reshape is not None}
+        inputs = {
+            t.name: (tuple(t.dims), tuple(t.reshape.shape))
+            for t in config.input
+            if t.reshape is not None
+        }
+        outputs = {
+            t.name: (tuple(t.reshape.shape), tuple(t.dims))
+            for t in config.output
+            if t.reshape is not None
+        }
         if not inputs and not outputs:
             return None
         return cls(model, config.max_batch_size > 0, inputs, outputs)
 
     def input(self, name: str, data: np.ndarray) -> np.ndarray:
-        shape = self.inputs.get(name)
-        if shape is None:
-            return data
+        """Input `name` in the shape the model gets it."""
+        shapes = self.inputs.get(name)
+        return data if shapes is None else self._moved(name, data, *shapes)
+
+    def output(self, name: str, data: np.ndarray) -> np.ndarray:
+        """Output `name` in the shape the client gets it."""
+        shapes = self.outputs.get(name)
+        return data if shapes is None else self._moved(name, data, *shapes)
+
+    def _moved(
+        self, name: str, data: np.ndarray, source: tuple[int, ...], target: tuple[int, ...]
+    ) -> np.ndarray:
         lead = data.shape[:1] if self.batching else ()
+        item = data.shape[len(lead) :]
+        sizes = iter([size for dim, size in zip(source, item, strict=False) if dim == -1])
+        shape = tuple(next(sizes, -1) if dim == -1 else dim for dim in target)
         try:
             return data.reshape(lead + shape)
         except ValueError:
             raise invalid_arg(
-                f"model '{self.model}' input '{name}' of shape {list(data.shape)} cannot take "
-                f"the config's reshape {list(shape)}"
+                f"model '{self.model}' tensor '{name}' of shape {list(data.shape)} cannot take "
+                f"the config's shape {list(target)}"
             ) from None
-
-    def output(self, name: str, data: np.ndarray) -> np.ndarray:
-        return undo_reshape(self.model, name, data, self.outputs.get(name), self.batching)
 
 
 def response_from_wire(
