@@ -368,6 +368,14 @@ def test_a_body_in_a_coding_the_server_does_not_read_is_501(served: Served) -> N
     assert answer.status_code == 501, answer.text
     assert answer.json() == {"error": "Unsupported compression type"}
     assert answer.headers["accept-encoding"] == "gzip, deflate"
+    # The model is looked up first, as Triton does: an unknown one is 404 whatever its body.
+    for headers in ({"Content-Encoding": "br"}, {"Inference-Header-Content-Length": "x"}):
+        answer = httpx.post(
+            f"http://127.0.0.1:{served.http_port}/v2/models/nosuch/infer",
+            content=_infer_body(),
+            headers=headers,
+        )
+        assert answer.status_code == 404, answer.text
     _still_serves(served)
 
 

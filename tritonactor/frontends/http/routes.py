@@ -268,17 +268,18 @@ class Routes:
         self, request: Request, name: str, version: str, trace: RequestTrace | None
     ) -> Response:
         body = await request.body()
-        headers = request.headers
-        coding = headers.get("content-encoding")
-        if coding is not None:
-            body = await inflated(body, coding, self.max_input_size)
-        header_length = _header_length(headers.get("inference-header-content-length"), len(body))
         if self.router.loader is not None:
             await self.router.ensure_loaded(name)
         if self.router.resolve(name, version).decoupled:
             raise unsupported(
                 "HTTP end point doesn't support models with decoupled transaction policy"
             )
+        # The model first, as Triton: an unknown one is 404 whatever the body.
+        headers = request.headers
+        coding = headers.get("content-encoding")
+        if coding is not None:
+            body = await inflated(body, coding, self.max_input_size)
+        header_length = _header_length(headers.get("inference-header-content-length"), len(body))
         # The shared-memory regions the request reads and writes: held until it is answered.
         lease = Lease(self.server.shared_memory)
         try:
