@@ -892,6 +892,8 @@ def test_decode_json_reads_nan_and_the_infinities_as_triton_does() -> None:
         b'{"data": [nan]}',  # Python's and Triton's words only
         b'{"id": "\xff", "data": [NaN]}',  # not UTF-8
         b'{"data": [Inf]}',  # Triton's parser takes this short form too: docs/decisions.md
+        b'{"data": [1e999, NaN]}',  # too large for a float, as orjson and Triton have it
+        b'{"id": "\\ud800", "data": [NaN]}',  # a lone surrogate, which orjson refuses
     ],
 )
 def test_decode_json_still_refuses_what_is_not_json_with_nan(body: bytes) -> None:

@@ -194,7 +194,7 @@ class Tensor:
         if array.dtype.name == "bfloat16":
             # numpy has no DLPack type for it: torch's bfloat16 tensor over the same memory
             # (how Triton's python models read BF16).
-            torch = _torch(self._name, "a BF16 tensor is exported as DLPack through torch")
+            torch = _torch(self._name, "numpy has no DLPack type for BF16")
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).__dlpack__()
         return array.__dlpack__()
 
@@ -236,7 +236,7 @@ def _torch(name: str, what: str) -> Any:
     try:
         import torch
     except ImportError:
-        raise TritonModelException(f"tensor '{name}': {what}, which is not installed") from None
+        raise TritonModelException(f"tensor '{name}': {what}, and torch is not installed") from None
     return torch
 
 

@@ -5,6 +5,7 @@ take them, NaN and the infinities included (responses.py writes those in tensor 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
@@ -28,10 +29,22 @@ def decode_json(
     text = bytes(body) if not isinstance(body, str) else body.encode()
     if b"NaN" in text or b"Infinity" in text:
         try:
-            return json.loads(text.decode())
-        except ValueError:  # UnicodeDecodeError and json's JSONDecodeError alike
+            document = json.loads(text.decode(), parse_float=_finite)
+            orjson.dumps(document)  # what orjson refuses besides (a lone surrogate, say)
+        except (ValueError, orjson.JSONEncodeError):  # json's and UTF-8's errors are too
             pass
+        else:
+            return document
     raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
+
+
+def _finite(text: str) -> float:
+    """A JSON number as Python's json reads it, but one too large for a float (1e999) is an
+    error, as orjson and Triton's parser have it; NaN and the infinities come only as words."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number out of range: {text}")
+    return value
 
 
 def encode_json(obj: Any) -> bytes:

@@ -46,16 +46,19 @@ def array_from_json(
 
 
 def _json_numbers(name: str, datatype: str, data: list[Any]) -> np.ndarray:
+    flat: list[Any] | None = None
     try:
         parsed = np.array(data)
     except ValueError:
         # Ragged nesting: numpy refuses it, but the wire only cares about the flat order.
-        parsed = np.array(_flatten(data))
+        flat = _flatten(data)
+        parsed = np.array(flat)
+    depth = parsed.ndim
     parsed = parsed.reshape(-1)
     dtype = to_numpy_dtype(datatype)
     if parsed.size == 0:
         return parsed.astype(dtype)
-    if parsed.dtype.kind != "b" and datatype != "BOOL" and _holds_a_bool(data):
+    if parsed.dtype.kind != "b" and datatype != "BOOL" and _holds_a_bool(data, depth, flat):
         # numpy reads [1.5, true] as [1.5, 1.0]: a JSON boolean is no number (Triton refuses it).
         raise invalid_arg(f"'data' of input '{name}' must hold {datatype} values")
     if dtype.kind in _INTEGER_KINDS:
@@ -106,12 +109,17 @@ def _json_strings(name: str, data: list[Any]) -> np.ndarray:
     return array
 
 
-def _holds_a_bool(data: list[Any]) -> bool:
-    """Whether a JSON boolean is among `data`'s values (nested or not); a flat list is looked
-    at in C."""
-    if bool in map(type, data):
-        return True
-    return list in map(type, data) and bool in map(type, _flatten(data))
+def _holds_a_bool(data: list[Any], depth: int, flat: list[Any] | None) -> bool:
+    """Whether a JSON boolean is among `data`'s values, nested `depth` deep (`flat`: them in
+    one list, when made already); a list or a list of lists is looked at in C, a row at a
+    time."""
+    if flat is not None:
+        return bool in map(type, flat)
+    if depth == 1:
+        return bool in map(type, data)
+    if depth == 2:
+        return any(bool in map(type, row) for row in data)
+    return bool in map(type, _flatten(data))
 
 
 def _flatten(data: list[Any]) -> list[Any]:
