@@ -32,7 +32,7 @@ from opentelemetry.trace.span import TraceState
 
 from tests.otlp_receiver import OtlpReceiver
 from tests.unit.test_otlp import _spans, request_spans
-from tritonactor.observability import span_exporter
+from tritonactor.observability import span_export, span_exporter
 from tritonactor.observability.exporters import build_exporters, service_resource
 from tritonactor.observability.otlp import _Encoder, encode_export_request
 from tritonactor.observability.span_export import (
@@ -169,24 +169,51 @@ def test_the_exporter_process_outlasts_sigint_and_sigterm(receiver: OtlpReceiver
     assert len(sent(receiver)) == len(spans)
 
 
-def test_a_gone_exporter_process_costs_its_spans_only(receiver: OtlpReceiver) -> None:
+def test_a_gone_exporter_process_is_replaced(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exporter process that dies (killed here) is replaced at the next batch, without a
+    zombie left behind: the spans that reach the new one are exported (they were all dropped
+    for the serving process's life)."""
+    monkeypatch.setattr(span_export, "RESPAWN_FIRST_S", 0.0)  # at once, not after a second
     tracing = shipping_tracing(interval_s=0.01)
     shipper = tracing._shipper
     assert shipper is not None
-    shipper.process.kill()
-    shipper.process.wait()
+    first = shipper.process
+    first.kill()
+    first.wait()
     span = request_spans(count=1)[0]
-    # Sending fails once the shipping thread tries: from then on spans are dropped.
     deadline = time.monotonic() + 60  # a bound on a failure, not a wait for the clock
-    while not shipper._broken:
-        assert time.monotonic() < deadline, "sending to a dead exporter process never failed"
+    while shipper.process is first:
+        assert time.monotonic() < deadline, "the exporter process was never replaced"
         tracing.provider._active_span_processor.on_end(span)
         shipper._wake.set()
-    dropped = shipper.dropped
+    assert not shipper._broken
     tracing.provider._active_span_processor.on_end(span)
-    assert shipper.dropped == dropped + 1
-    tracing.shutdown()  # returns: nothing left to wait for
-    assert sent(receiver) == []
+    tracing.shutdown()
+    assert shipper.process.returncode == 0
+    assert sent(receiver)  # what the new one was sent
+    assert "the span exporter process has gone" in caplog.text
+
+
+def test_an_exporter_that_keeps_going_is_retried_less_and_less(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One that lasts less than RESPAWN_STEADY_S doubles the wait before the next, up to
+    RESPAWN_MOST_S; one that lasted resets it."""
+    monkeypatch.setattr(span_export, "RESPAWN_FIRST_S", 0.0)
+    tracing = shipping_tracing(interval_s=3600)
+    shipper = tracing._shipper
+    assert shipper is not None
+    shipper._respawn_wait_s = 1.0
+    shipper._started -= 2.0  # it lived 2 s: past the wait, short of steady
+    assert shipper._replaced(OSError("gone"))
+    assert shipper._respawn_wait_s == 2.0
+    assert not shipper._replaced(OSError("gone again"))  # too soon: 2 s not passed
+    shipper._started -= span_export.RESPAWN_STEADY_S
+    assert shipper._replaced(OSError("gone after a while"))
+    assert shipper._respawn_wait_s == span_export.RESPAWN_FIRST_S
+    tracing.shutdown()
 
 
 def test_the_exporter_process_ends_with_a_serving_process_that_is_killed(

@@ -60,6 +60,12 @@ MAX_QUEUE_SIZE = 65536
 MAX_EXPORT_BATCH_SIZE = 512
 # How long `shutdown` waits for the exporter process to export what it was sent.
 SHUTDOWN_TIMEOUT_S = 30.0
+# An exporter process that goes is replaced (`SpanShipper._replaced`): at the soonest this long
+# after it started, twice that for the next one if it lasted less than RESPAWN_STEADY_S, and
+# so on up to RESPAWN_MOST_S.
+RESPAWN_FIRST_S = 1.0
+RESPAWN_STEADY_S = 60.0
+RESPAWN_MOST_S = 60.0
 
 # The exporter process never takes SIGINT or SIGTERM: it starts with both blocked (a thread's
 # signal mask passes through fork and exec, and Python leaves it as it finds it), since a
@@ -266,24 +272,36 @@ class SpanShipper:
         self._warned = self._warned_unpicklable = False
         # Spans dropped: past `max_pending`, after the exporter process went or shutdown began.
         self.dropped = 0
+        self._command = [
+            sys.executable,
+            "-P",
+            "-c",
+            _LAUNCH,
+            _PACKAGE_ROOT,
+            "--fd",
+            "",  # the exporter's end of the socket, once made (`_spawn`)
+            "--parent",
+            str(os.getpid()),
+            "--exporters",
+            ",".join(exporters),
+            "--protocol",
+            protocol,
+        ]
+        self._resource = (dict(resource.attributes), resource.schema_url)
+        # When to start another exporter process at the soonest, should this one go, and how
+        # long the next one must then wait (doubled for one that did not last: `_replaced`).
+        self._respawn_wait_s = RESPAWN_FIRST_S
+        self._spawn()
+        self._thread = threading.Thread(target=self._run, name="span shipper", daemon=True)
+        self._thread.start()
+
+    def _spawn(self) -> None:
+        """Start an exporter process, and send it the resource (its first message)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
-            command = [
-                sys.executable,
-                "-P",
-                "-c",
-                _LAUNCH,
-                _PACKAGE_ROOT,
-                "--fd",
-                str(theirs.fileno()),
-                "--parent",
-                str(os.getpid()),
-                "--exporters",
-                ",".join(exporters),
-                "--protocol",
-                protocol,
-            ]
+            command = list(self._command)
+            command[command.index("--fd") + 1] = str(theirs.fileno())
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)  # for the child only
             try:
                 self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),))
@@ -295,9 +313,10 @@ class SpanShipper:
         finally:
             theirs.close()
         self._socket = ours
-        self._send((dict(resource.attributes), resource.schema_url))  # the first message
-        self._thread = threading.Thread(target=self._run, name="span shipper", daemon=True)
-        self._thread.start()
+        self._started = time.monotonic()
+        data = pickle.dumps(self._resource, protocol=pickle.HIGHEST_PROTOCOL)
+        with contextlib.suppress(OSError):  # gone at once: the first batch's send finds out
+            ours.sendall(_LENGTH.pack(len(data)) + data)
 
     def put(self, fields: Record) -> None:
         """Send this span with the next batch (dropped past `max_pending`, once the exporter
@@ -342,19 +361,53 @@ class SpanShipper:
         except Exception:
             assert isinstance(message, list)
             data = pickle.dumps(self._picklable(message), protocol=pickle.HIGHEST_PROTOCOL)
+        frame = _LENGTH.pack(len(data)) + data
         try:
-            self._socket.sendall(_LENGTH.pack(len(data)) + data)
+            self._socket.sendall(frame)
+            return
         except OSError as error:
-            with self._lock:  # from now on `put` drops: count this batch and what waits
-                first = not self._broken
+            if not self._stopping and self._replaced(error):
+                with contextlib.suppress(OSError):  # the new one takes the batch the old lost
+                    self._socket.sendall(frame)
+                    return
+        if isinstance(message, list):  # lost with the exporter process that went
+            self._drop(len(message))
+
+    def _replaced(self, error: OSError) -> bool:
+        """The exporter process has gone (killed, or failed): start another, unless the one
+        that went was started less than `_respawn_wait_s` ago (then the batch is dropped, and
+        the next one tries again). One that lasted less than RESPAWN_STEADY_S doubles the
+        wait, up to RESPAWN_MOST_S: an exporter that cannot start is retried now and then, not
+        in a loop."""
+        lived = time.monotonic() - self._started
+        if lived < self._respawn_wait_s:
+            return False
+        with contextlib.suppress(OSError):
+            self._socket.close()
+        if self.process.poll() is None:  # its socket broke under a process still running
+            self.process.kill()
+        self.process.wait()  # (no zombie left behind)
+        if lived < RESPAWN_STEADY_S:
+            self._respawn_wait_s = min(self._respawn_wait_s * 2, RESPAWN_MOST_S)
+        else:
+            self._respawn_wait_s = RESPAWN_FIRST_S
+        log.warning(
+            "the span exporter process has gone (%s, exit status %s): starting another",
+            error,
+            self.process.returncode,
+        )
+        try:
+            self._spawn()
+        except OSError as failed:
+            with self._lock:  # from now on `put` drops: count what waits
                 self._broken = True
-                self.dropped += len(message) if isinstance(message, list) else 0
                 self.dropped += len(self._pending)
                 self._pending = []
-            if first:
-                log.error(
-                    "the span exporter process has gone (%s): no more spans are exported", error
-                )
+            log.error(
+                "cannot start a span exporter process (%s): no more spans are exported", failed
+            )
+            return False
+        return True
 
     def _picklable(self, batch: list[Record]) -> list[Record]:
         """The records of `batch` that pickle (one holding an attribute value no exporter
