@@ -471,13 +471,14 @@ def test_grpc_stream_answers_the_requests_before_a_bad_message(served: Served) -
             request_serializer=None,
             response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
         )
-        answers = call(iter([good, good, b"\x0a\x02\xff\xfe"]), timeout=60)
+        # Many: without the fix some were always still in the server when the bad one came.
+        answers = call(iter([good] * 50 + [b"\x0a\x02\xff\xfe"]), timeout=60)
         got = []
         with pytest.raises(grpc.RpcError) as raised:
             for answer in answers:
                 got.append(answer)
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert [(a.error_message, a.infer_response.id) for a in got] == [("", "before")] * 2
+    assert [(a.error_message, a.infer_response.id) for a in got] == [("", "before")] * 50
     _still_serves(served)
 
 
