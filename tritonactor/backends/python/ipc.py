@@ -72,7 +72,13 @@ def _send_all(sock: socket.socket, data: bytes) -> None:
     descriptor non-blocking: a message larger than the socket's buffers (a long request id, a
     batch of many requests) is then written in parts as the stub reads, where `sendall` would
     raise after a part and leave the stub half a message."""
-    view = memoryview(data)
+    try:
+        sent = sock.send(data)
+    except BlockingIOError:
+        sent = 0
+    if sent == len(data):  # (nearly always: a message is small)
+        return
+    view = memoryview(data)[sent:]
     while view:
         try:
             view = view[sock.send(view) :]
