@@ -313,16 +313,22 @@ def test_tritonclient_json_and_binary_requests_pass_the_limits(served: Served) -
     """What a client sends every day is within the limits: JSON data nested as its shape, and
     binary data."""
     client = httpclient.InferenceServerClient(f"127.0.0.1:{served.http_port}")
-    data = np.arange(16, dtype=np.int32).reshape(1, 16)
     for binary in (False, True):
-        inputs = []
-        for name in ("INPUT0", "INPUT1"):
-            tensor = httpclient.InferInput(name, [1, 16], "INT32")
-            tensor.set_data_from_numpy(data, binary_data=binary)
-            inputs.append(tensor)
-        result = client.infer("simple", inputs)
-        assert result.as_numpy("OUTPUT0").tolist() == (2 * data).tolist()
+        result = client.infer("simple", _simple_inputs(binary))
+        assert result.as_numpy("OUTPUT0").tolist() == (2 * SIMPLE_DATA).tolist()
     client.close()
+
+
+SIMPLE_DATA = np.arange(16, dtype=np.int32).reshape(1, 16)
+
+
+def _simple_inputs(binary: bool) -> list[httpclient.InferInput]:
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = httpclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(SIMPLE_DATA, binary_data=binary)
+        inputs.append(tensor)
+    return inputs
 
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate"])
@@ -330,13 +336,8 @@ def test_tritonclient_compresses_requests_and_responses(served: Served, coding: 
     """tritonclient's request and response compression, JSON and binary data (whose
     Inference-Header-Content-Length counts the bytes before compression)."""
     client = httpclient.InferenceServerClient(f"127.0.0.1:{served.http_port}")
-    data = np.arange(16, dtype=np.int32).reshape(1, 16)
     for binary in (False, True):
-        inputs = []
-        for name in ("INPUT0", "INPUT1"):
-            tensor = httpclient.InferInput(name, [1, 16], "INT32")
-            tensor.set_data_from_numpy(data, binary_data=binary)
-            inputs.append(tensor)
+        inputs = _simple_inputs(binary)
         outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
         for request_coding, response_coding in ((coding, None), (None, coding), (coding, coding)):
             result = client.infer(
@@ -346,7 +347,7 @@ def test_tritonclient_compresses_requests_and_responses(served: Served, coding: 
                 request_compression_algorithm=request_coding,
                 response_compression_algorithm=response_coding,
             )
-            assert result.as_numpy("OUTPUT0").tolist() == (2 * data).tolist()
+            assert result.as_numpy("OUTPUT0").tolist() == (2 * SIMPLE_DATA).tolist()
     client.close()
     # The answer is compressed as asked, and says so.
     answer = httpx.post(
