@@ -24,6 +24,7 @@ from tritonactor._proto.inference import (
     ModelDynamicBatching,
     ModelInput,
     ModelOutput,
+    ModelTensorReshape,
 )
 from tritonactor.backends.base import InstanceContext, ModelContext
 from tritonactor.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeInstance
@@ -978,3 +979,30 @@ def test_a_request_whose_places_cannot_be_told_runs_as_usual(
     np.testing.assert_array_equal(
         outputs_by_name(instance.execute([made])[0])["OUTPUT0"].data, data
     )
+
+
+def test_a_reshape_with_several_variable_dimensions(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    """Each -1 of a reshape takes, in order, the size of the tensor's own variable dimensions,
+    as Triton's does: a [2, 2, 3] request to dims [-1, -1] reshaped [-1, 1, -1] reaches the
+    model as [2, 2, 1, 3], and its output goes back to [2, 2, 3] (numpy takes one -1 only)."""
+    vdir = version_dir(tmp_path)
+    identity_model(vdir / "model.onnx", "FP32", ["batch", "a", 1, "b"])
+    shape = ModelTensorReshape(shape=[-1, 1, -1])
+    config = ModelConfig(
+        name="m",
+        backend="onnxruntime",
+        max_batch_size=4,
+        input=[
+            ModelInput(name="INPUT0", data_type=DataType.TYPE_FP32, dims=[-1, -1], reshape=shape)
+        ],
+        output=[
+            ModelOutput(name="OUTPUT0", data_type=DataType.TYPE_FP32, dims=[-1, -1], reshape=shape)
+        ],
+    )
+    instance = load(backend, config, vdir)
+    data = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    out = outputs_by_name(instance.execute([request(tensor("INPUT0", data))])[0])["OUTPUT0"]
+    assert out.shape == (2, 2, 3)
+    np.testing.assert_array_equal(out.data, data)

@@ -106,16 +106,33 @@ class InstanceDied(Exception):
     instance in its place."""
 
 
-def undo_reshape(
-    model: str, name: str, array: np.ndarray, dims: tuple[int, ...] | None, batching: bool
+def reshaped(
+    data: np.ndarray, source: tuple[int, ...], target: tuple[int, ...], batching: bool
 ) -> np.ndarray:
-    """An output as the client sees it: a model output the config `reshape`s goes back to the
-    config's `dims` (after the batch dimension, when the model batches)."""
+    """`data`, whose config shape is `source`, in the config shape `target` (after the batch
+    dimension, when the model batches), as Triton's `reshape` moves a tensor: each -1 of
+    `target` takes, in order, the size of `data`'s variable dimensions (-1 in `source`).
+    ValueError when the sizes do not fit."""
+    lead = data.shape[:1] if batching else ()
+    item = data.shape[len(lead) :]
+    sizes = iter([size for dim, size in zip(source, item, strict=False) if dim == -1])
+    return data.reshape(lead + tuple(next(sizes, -1) if dim == -1 else dim for dim in target))
+
+
+def undo_reshape(
+    model: str,
+    name: str,
+    array: np.ndarray,
+    dims: tuple[int, ...] | None,
+    batching: bool,
+    reshape: tuple[int, ...] = (),
+) -> np.ndarray:
+    """An output as the client sees it: a model output the config `reshape`s (the model makes
+    it in `reshape`) goes back to the config's `dims`."""
     if dims is None:
         return array
-    lead = array.shape[:1] if batching else ()
     try:
-        return array.reshape(lead + tuple(dims))
+        return reshaped(array, reshape, dims, batching)
     except ValueError:
         raise internal(
             f"model '{model}' output '{name}' of shape {list(array.shape)} cannot take the "

@@ -20,6 +20,7 @@ from tritonactor.backends.base import (
     BackendInstance,
     ModelContext,
     Result,
+    reshaped,
     undo_reshape,
 )
 from tritonactor.backends.onnxruntime.signature import (
@@ -55,16 +56,20 @@ class _InputPlan:
     optional: bool
     is_string: bool
     is_bf16: bool
-    # The per-item shape the model wants when the config reshapes this input.
+    # The per-item shape the model wants when the config reshapes this input, and the
+    # input's own (the client's).
     reshape: tuple[int, ...] | None
+    dims: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class _OutputPlan:
     name: str
     datatype: str
-    # The per-item shape the client sees when the config reshapes this output.
+    # The per-item shape the client sees when the config reshapes this output, and the
+    # model's.
     dims: tuple[int, ...] | None
+    reshape: tuple[int, ...] = ()
 
 
 class OnnxRuntimeInstance(BackendInstance):
@@ -87,6 +92,7 @@ class OnnxRuntimeInstance(BackendInstance):
                 is_string=t.data_type == DataType.TYPE_STRING,
                 is_bf16=t.data_type == DataType.TYPE_BF16,
                 reshape=tuple(t.reshape.shape) if t.reshape is not None else None,
+                dims=tuple(t.dims),
             )
             for t in config.input
         ]
@@ -108,6 +114,7 @@ class OnnxRuntimeInstance(BackendInstance):
                 name=t.name,
                 datatype=config_to_wire(DataType(t.data_type).name),
                 dims=tuple(t.dims) if t.reshape is not None else None,
+                reshape=tuple(t.reshape.shape) if t.reshape is not None else (),
             )
             for t in config.output
         }
@@ -207,8 +214,7 @@ class OnnxRuntimeInstance(BackendInstance):
                 )
             data = tensor.data
             if plan.reshape is not None:
-                lead = data.shape[:1] if self._batching else ()
-                data = data.reshape(lead + plan.reshape)
+                data = reshaped(data, plan.dims, plan.reshape, self._batching)
             if plan.is_string:
                 data = _to_onnx_strings(plan.name, data)
             feeds[plan.name] = data
@@ -327,7 +333,9 @@ class OnnxRuntimeInstance(BackendInstance):
             datatype = from_numpy_dtype(array.dtype)
         else:
             datatype = plan.datatype
-            array = undo_reshape(self.model_name, name, array, plan.dims, self._batching)
+            array = undo_reshape(
+                self.model_name, name, array, plan.dims, self._batching, plan.reshape
+            )
         if datatype == "BYTES":
             array = _from_onnx_strings(array)
         return Tensor(name=name, datatype=datatype, shape=tuple(array.shape), data=array)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonactor.backends.base import reshaped
 from tritonactor.config.model_config import ModelConfig
 from tritonactor.core.errors import ErrorCode, TritonError, internal, invalid_arg
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
@@ -108,12 +109,8 @@ class Reshapes:
     def _moved(
         self, name: str, data: np.ndarray, source: tuple[int, ...], target: tuple[int, ...]
     ) -> np.ndarray:
-        lead = data.shape[:1] if self.batching else ()
-        item = data.shape[len(lead) :]
-        sizes = iter([size for dim, size in zip(source, item, strict=False) if dim == -1])
-        shape = tuple(next(sizes, -1) if dim == -1 else dim for dim in target)
         try:
-            return data.reshape(lead + shape)
+            return reshaped(data, source, target, self.batching)
         except ValueError:
             raise invalid_arg(
                 f"model '{self.model}' tensor '{name}' of shape {list(data.shape)} cannot take "

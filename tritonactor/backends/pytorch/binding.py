@@ -50,8 +50,10 @@ class _InputPlan:
     optional: bool
     is_string: bool
     is_bf16: bool
-    # The per-item shape the model wants when the config reshapes this input.
+    # The per-item shape the model wants when the config reshapes this input, and the
+    # input's own (the client's).
     reshape: tuple[int, ...] | None
+    dims: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +62,10 @@ class _OutputPlan:
     index: int  # position in the returned tuple/list; -1 when the model returns a dict
     datatype: str  # wire name
     torch_dtype: str  # "" for BYTES
-    # The per-item shape the client sees when the config reshapes this output.
+    # The per-item shape the client sees when the config reshapes this output, and the
+    # model's.
     dims: tuple[int, ...] | None
+    reshape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +176,7 @@ def _input_plan(tensor: ModelInput, argument: str) -> _InputPlan:
         is_string=tensor.data_type == DataType.TYPE_STRING,
         is_bf16=tensor.data_type == DataType.TYPE_BF16,
         reshape=tuple(tensor.reshape.shape) if tensor.reshape is not None else None,
+        dims=tuple(tensor.dims),
     )
 
 
@@ -236,6 +241,7 @@ def _bind_outputs(
             datatype=config_to_wire(data_type.name),
             torch_dtype=_TORCH_DTYPES.get(data_type, ""),
             dims=tuple(tensor.dims) if tensor.reshape is not None else None,
+            reshape=tuple(tensor.reshape.shape) if tensor.reshape is not None else (),
         )
     return plans, single, returns_dict
 

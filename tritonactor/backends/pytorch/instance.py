@@ -9,7 +9,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from tritonactor.backends.base import BackendInstance, ModelContext, Result, undo_reshape
+from tritonactor.backends.base import (
+    BackendInstance,
+    ModelContext,
+    Result,
+    reshaped,
+    undo_reshape,
+)
 from tritonactor.backends.pytorch.binding import _Binding, _OutputPlan
 from tritonactor.backends.pytorch.parameters import _Settings
 from tritonactor.core.errors import TritonError, internal, invalid_arg, unavailable
@@ -117,8 +123,7 @@ class PyTorchInstance(BackendInstance):
             if self._batching and batch_size is None and data.ndim > 0:
                 batch_size = data.shape[0]
             if plan.reshape is not None:
-                lead = data.shape[:1] if self._batching else ()
-                data = data.reshape(lead + plan.reshape)
+                data = reshaped(data, plan.dims, plan.reshape, self._batching)
             key = plan.name if self._binding.dict_argument else plan.argument
             values[key] = (
                 _to_strings(plan.name, data)
@@ -168,7 +173,9 @@ class PyTorchInstance(BackendInstance):
             array = _from_strings(self.model_name, name, value, batch_size)
         else:
             array = self._to_numpy(name, plan, value)
-            array = undo_reshape(self.model_name, name, array, plan.dims, self._batching)
+            array = undo_reshape(
+                self.model_name, name, array, plan.dims, self._batching, plan.reshape
+            )
         return Tensor(name=name, datatype=plan.datatype, shape=tuple(array.shape), data=array)
 
     def _to_numpy(self, name: str, plan: _OutputPlan, value: Any) -> np.ndarray:
