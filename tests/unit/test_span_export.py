@@ -9,6 +9,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -268,9 +269,36 @@ def test_shutdown_is_bounded_when_the_exporter_process_does_not_read(
     fields = record_of(request_spans(count=1)[0])
     for index in range(200):  # 20 MB (each its own: pickle writes a repeated value once)
         shipper.put((*fields[:4], {"blob": f"{index:08}" * 12_500}, *fields[5:]))
-    shipper.shutdown(timeout_s=1)
+    shipper.shutdown(wait_s=1)
     assert shipper.process.returncode == -signal.SIGKILL
     assert shipper.dropped == 200  # the one batch could not be sent whole
+
+
+def test_shutdown_leaves_an_exporter_still_exporting_to_finish_by_itself(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collector that accepts and never answers holds an export up to its own time limit:
+    `shutdown` does not wait that out (a server's stop took 33 s), it leaves the exporter
+    process exporting by itself, which ends SHUTDOWN_TIMEOUT_S after its serving process at
+    the latest."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog), answers nothing
+    try:
+        monkeypatch.setenv(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}"
+        )
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "600")
+        tracing = shipping_tracing(interval_s=3600)
+        shipper = tracing._shipper
+        assert shipper is not None
+        for span in request_spans(count=1):
+            tracing.provider._active_span_processor.on_end(span)
+        shipper.shutdown(wait_s=1)
+        assert shipper.process.poll() is None  # still exporting: left to it
+        assert shipper.dropped == 0
+        shipper.process.kill()
+        shipper.process.wait()
+    finally:
+        silent.close()
 
 
 def test_batches_are_exported_at_most_max_export_batch_size_at_a_time(

@@ -12,8 +12,9 @@ OTEL_BSP_SCHEDULE_DELAY.
 What a serving process keeps is bounded: past OTEL_BSP_MAX_QUEUE_SIZE spans waiting for the
 socket, new spans are dropped and counted (a slow collector never holds a request up, as with
 the SDK's queue). The exporter process ends when the socket closes: `SpanShipper.shutdown`
-sends what is left and waits for it to export, and a serving process that dies closes the
-socket too (then what it had sent is exported for SHUTDOWN_TIMEOUT_S at most). It ignores
+sends what is left and waits SHUTDOWN_WAIT_S for it to export (longer, it exports alone), and
+a serving process that dies closes the socket too; either way what it had sent is exported
+for SHUTDOWN_TIMEOUT_S at most once its serving process has ended. It ignores
 SIGINT and SIGTERM from its start, which a terminal or a process manager sends to a whole
 process group, so that the serving process's last spans still reach it.
 """
@@ -58,8 +59,11 @@ SCHEDULE_DELAY_MS = 5000
 SHIP_INTERVAL_MS = 100
 MAX_QUEUE_SIZE = 65536
 MAX_EXPORT_BATCH_SIZE = 512
-# How long `shutdown` waits for the exporter process to export what it was sent.
+# How long an exporter process goes on exporting what it was sent once its serving process has
+# ended (span_exporter.py), and how long `shutdown` waits for it to take the last spans and
+# export them before it leaves it to that.
 SHUTDOWN_TIMEOUT_S = 30.0
+SHUTDOWN_WAIT_S = 3.0
 # An exporter process that goes is replaced (`SpanShipper._replaced`): at the soonest this long
 # after it started, twice that for the next one if it lasted less than RESPAWN_STEADY_S, and
 # so on up to RESPAWN_MOST_S.
@@ -425,27 +429,36 @@ class SpanShipper:
             kept.append(fields)
         return kept
 
-    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
-        """Send what is left and wait (blocking, `timeout_s` at most in all) until the exporter
-        process has exported it and ended; past the time, what is left is dropped and the
-        exporter process killed."""
-        deadline = time.monotonic() + timeout_s
+    def shutdown(self, wait_s: float = SHUTDOWN_WAIT_S) -> None:
+        """Send what is left and wait (blocking, `wait_s` at most for each) until the exporter
+        process has taken it and then exported it and ended. One that takes none of it in
+        that time (stopped, hung) is killed and what is left dropped; one still exporting (a
+        slow or unreachable collector) goes on by itself, SHUTDOWN_TIMEOUT_S at most after
+        this process has ended (span_exporter.py), so that a server's stop is not held up."""
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout_s)
+        self._thread.join(wait_s)
         if self._thread.is_alive():  # stuck sending to an exporter process that does not read
             self._broken = True
             with contextlib.suppress(OSError):
                 self._socket.shutdown(socket.SHUT_RDWR)  # wakes the send with an error
             self._thread.join()
+            log.warning("the span exporter process took nothing in %g s: stopping it", wait_s)
+            self.process.kill()
+            self.process.wait()
+            self._socket.close()
+            return
         with contextlib.suppress(OSError):  # the exporter process has gone already
             self._socket.shutdown(socket.SHUT_WR)
         try:
-            self.process.wait(max(0.0, deadline - time.monotonic()))
+            self.process.wait(wait_s)
         except subprocess.TimeoutExpired:
-            log.warning("the span exporter process did not finish in %g s: stopping it", timeout_s)
-            self.process.kill()
-            self.process.wait()
+            log.warning(
+                "the span exporter process is still exporting after %g s (a slow or unreachable "
+                "collector?): it goes on by itself for %g s at most",
+                wait_s,
+                SHUTDOWN_TIMEOUT_S,
+            )
         finally:
             self._socket.close()
 
