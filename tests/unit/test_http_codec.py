@@ -878,6 +878,11 @@ def test_encode_json_writes_numpy_arrays() -> None:
     assert decode_json(encode_json({"a": np.array([1, 2], dtype=np.int32)})) == {"a": [1, 2]}
 
 
+def test_decode_json_with_nan_reads_integers_past_64_bits_as_orjson_does() -> None:
+    assert decode_json(b'{"a": [18446744073709551616, NaN]}')["a"][0] == 2.0**64
+    assert decode_json(b'{"a": [18446744073709551615, NaN]}')["a"][0] == 2**64 - 1
+
+
 def test_decode_json_reads_nan_and_the_infinities_as_triton_does() -> None:
     document = decode_json(b'{"data": [NaN, Infinity, -Infinity, 1.5], "name": "NaN"}')
     data = document["data"]

@@ -217,6 +217,50 @@ def test_an_exporter_that_keeps_going_is_retried_less_and_less(
     tracing.shutdown()
 
 
+def test_an_exporter_that_cannot_be_started_is_tried_again(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that fails (a passing fork or fd shortage; a missing interpreter here) does not
+    end tracing for the process's life: the next try after the wait starts one."""
+    monkeypatch.setattr(span_export, "RESPAWN_FIRST_S", 0.0)
+    tracing = shipping_tracing(interval_s=3600)
+    shipper = tracing._shipper
+    assert shipper is not None
+    interpreter = shipper._command[0]
+    shipper._command[0] = "/nonexistent/python"
+    shipper.process.kill()
+    assert not shipper._replaced(OSError("gone"))
+    assert not shipper._broken  # not given up
+    shipper._command[0] = interpreter
+    shipper._started -= span_export.RESPAWN_MOST_S  # past any wait
+    assert shipper._replaced(OSError("still gone"))
+    span = request_spans(count=1)[0]
+    tracing.provider._active_span_processor.on_end(span)
+    tracing.shutdown()
+    assert shipper.process.returncode == 0
+    assert len(sent(receiver)) == 1
+
+
+def test_spans_lost_with_a_gone_exporter_are_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose send finds the exporter gone (and none may start yet) counts its spans
+    once, those that do not pickle included (they were counted as they were left out)."""
+    tracing = shipping_tracing(interval_s=3600)
+    shipper = tracing._shipper
+    assert shipper is not None
+    shipper.process.kill()
+    shipper.process.wait()
+    shipper._respawn_wait_s = 3600.0  # no replacement now
+    fields = record_of(request_spans(count=1)[0])
+    unpicklable = (*fields[:4], {"lock": threading.Lock()}, *fields[5:])
+    deadline = time.monotonic() + 60  # a bound on a failure: the socket's end is seen
+    while shipper.dropped == 0:
+        assert time.monotonic() < deadline, "sending to a dead exporter process never failed"
+        shipper._send([fields, unpicklable])
+    assert shipper.dropped in (2, 4)  # one batch, or two if the first went into the buffer
+    assert shipper.dropped % 2 == 0
+    tracing.shutdown()
+
+
 def test_the_exporter_process_ends_with_a_serving_process_that_is_killed(
     receiver: OtlpReceiver,
 ) -> None:

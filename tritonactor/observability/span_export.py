@@ -360,11 +360,14 @@ class SpanShipper:
             if isinstance(message, list):
                 self._drop(len(message))
             return
+        count = len(message) if isinstance(message, list) else 0
         try:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:
             assert isinstance(message, list)
-            data = pickle.dumps(self._picklable(message), protocol=pickle.HIGHEST_PROTOCOL)
+            kept = self._picklable(message)  # (counts what it drops)
+            count = len(kept)
+            data = pickle.dumps(kept, protocol=pickle.HIGHEST_PROTOCOL)
         frame = _LENGTH.pack(len(data)) + data
         try:
             self._socket.sendall(frame)
@@ -374,8 +377,7 @@ class SpanShipper:
                 with contextlib.suppress(OSError):  # the new one takes the batch the old lost
                     self._socket.sendall(frame)
                     return
-        if isinstance(message, list):  # lost with the exporter process that went
-            self._drop(len(message))
+        self._drop(count)  # lost with the exporter process that went
 
     def _replaced(self, error: OSError) -> bool:
         """The exporter process has gone (killed, or failed): start another, unless the one
@@ -384,7 +386,7 @@ class SpanShipper:
         wait, up to RESPAWN_MOST_S: an exporter that cannot start is retried now and then, not
         in a loop."""
         lived = time.monotonic() - self._started
-        if lived < self._respawn_wait_s:
+        if lived < self._respawn_wait_s or self._stopping:
             return False
         with contextlib.suppress(OSError):
             self._socket.close()
@@ -403,13 +405,9 @@ class SpanShipper:
         try:
             self._spawn()
         except OSError as failed:
-            with self._lock:  # from now on `put` drops: count what waits
-                self._broken = True
-                self.dropped += len(self._pending)
-                self._pending = []
-            log.error(
-                "cannot start a span exporter process (%s): no more spans are exported", failed
-            )
+            # Tried again after the wait, as for one that went (the old socket stays closed).
+            self._started = time.monotonic()
+            log.error("cannot start a span exporter process (%s): trying again later", failed)
             return False
         return True
 

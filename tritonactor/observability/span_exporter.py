@@ -116,6 +116,9 @@ def _outlive(parent: int) -> None:
         watch = os.pidfd_open(parent)
     except ProcessLookupError:  # already gone
         pass
+    except OSError:  # no pidfd here (an old kernel, a seccomp profile): look now and then
+        while os.getppid() == parent:
+            time.sleep(1)
     else:
         select.select([watch], [], [])
         os.close(watch)

@@ -16,6 +16,7 @@ from tritonactor.backends.base import (
     InstanceContext,
     ModelContext,
     Result,
+    reshaped,
     undo_reshape,
 )
 from tritonactor.backends.tensorrt.runtime import _device_bytes, _LoadedEngine
@@ -39,6 +40,7 @@ class _InputPlan:
     name: str
     dtype: np.dtype
     reshape: Shape | None  # the per-item shape the engine wants when the config reshapes
+    dims: Shape = ()  # the input's own (the client's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,7 @@ class _OutputPlan:
     datatype: str  # wire name
     dtype: np.dtype
     dims: Shape | None  # the per-item shape the client sees when the config reshapes
+    reshape: Shape = ()  # the engine's
 
 
 class TensorRTInstance(BackendInstance):
@@ -79,6 +82,7 @@ class TensorRTInstance(BackendInstance):
                 name=t.name,
                 dtype=_numpy_dtype(signature.inputs[t.name]),
                 reshape=tuple(t.reshape.shape) if t.reshape is not None else None,
+                dims=tuple(t.dims),
             )
             for t in config.input
         ]
@@ -91,6 +95,9 @@ class TensorRTInstance(BackendInstance):
                 datatype=config_to_wire(DataType(_tensor_type(context.name, tensor)).name),
                 dtype=_numpy_dtype(tensor),
                 dims=tuple(entry.dims) if entry is not None and entry.reshape is not None else None,
+                reshape=tuple(entry.reshape.shape)
+                if entry is not None and entry.reshape is not None
+                else (),
             )
         self._default_outputs = list(listed) or list(signature.outputs)
 
@@ -144,9 +151,8 @@ class TensorRTInstance(BackendInstance):
                     f"the engine takes {plan.dtype}"
                 )
             if plan.reshape is not None:
-                lead = data.shape[:1] if self._batching else ()
                 try:
-                    data = data.reshape(lead + plan.reshape)
+                    data = reshaped(data, plan.dims, plan.reshape, self._batching)
                 except ValueError:
                     raise invalid_arg(
                         f"model '{self.model_name}' input '{plan.name}' of shape "
@@ -214,5 +220,5 @@ class TensorRTInstance(BackendInstance):
 
     def _output(self, name: str, array: np.ndarray) -> Tensor:
         plan = self._outputs[name]
-        array = undo_reshape(self.model_name, name, array, plan.dims, self._batching)
+        array = undo_reshape(self.model_name, name, array, plan.dims, self._batching, plan.reshape)
         return Tensor(name=name, datatype=plan.datatype, shape=tuple(array.shape), data=array)

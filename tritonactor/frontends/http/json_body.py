@@ -29,13 +29,19 @@ def decode_json(
     text = bytes(body) if not isinstance(body, str) else body.encode()
     if b"NaN" in text or b"Infinity" in text:
         try:
-            document = json.loads(text.decode(), parse_float=_finite)
+            document = json.loads(text.decode(), parse_float=_finite, parse_int=_integer)
             orjson.dumps(document)  # what orjson refuses besides (a lone surrogate, say)
         except (ValueError, orjson.JSONEncodeError):  # json's and UTF-8's errors are too
             pass
         else:
             return document
     raise invalid_arg(f"failed to parse the request JSON buffer: {error}") from None
+
+
+def _integer(text: str) -> int | float:
+    """A JSON integer as orjson reads it: a float outside 64 bits (then finite, or an error)."""
+    value = int(text)
+    return value if -(1 << 63) <= value < 1 << 64 else _finite(text)
 
 
 def _finite(text: str) -> float:
