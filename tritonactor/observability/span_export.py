@@ -276,14 +276,13 @@ class SpanShipper:
         self._warned = self._warned_unpicklable = False
         # Spans dropped: past `max_pending`, after the exporter process went or shutdown began.
         self.dropped = 0
+        # The exporter's command, but for its end of the socket (`_spawn`).
         self._command = [
             sys.executable,
             "-P",
             "-c",
             _LAUNCH,
             _PACKAGE_ROOT,
-            "--fd",
-            "",  # the exporter's end of the socket, once made (`_spawn`)
             "--parent",
             str(os.getpid()),
             "--exporters",
@@ -304,8 +303,7 @@ class SpanShipper:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
-            command = list(self._command)
-            command[command.index("--fd") + 1] = str(theirs.fileno())
+            command = [*self._command, "--fd", str(theirs.fileno())]
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)  # for the child only
             try:
                 self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),))

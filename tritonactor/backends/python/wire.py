@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonactor.backends.base import reshaped
+from tritonactor.backends.base import reshaped, undo_reshape
 from tritonactor.config.model_config import ModelConfig
 from tritonactor.core.errors import ErrorCode, TritonError, internal, invalid_arg
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
@@ -99,23 +99,25 @@ class Reshapes:
     def input(self, name: str, data: np.ndarray) -> np.ndarray:
         """Input `name` in the shape the model gets it."""
         shapes = self.inputs.get(name)
-        return data if shapes is None else self._moved(name, data, *shapes)
-
-    def output(self, name: str, data: np.ndarray) -> np.ndarray:
-        """Output `name` in the shape the client gets it."""
-        shapes = self.outputs.get(name)
-        return data if shapes is None else self._moved(name, data, *shapes)
-
-    def _moved(
-        self, name: str, data: np.ndarray, source: tuple[int, ...], target: tuple[int, ...]
-    ) -> np.ndarray:
+        if shapes is None:
+            return data
+        dims, reshape = shapes
         try:
-            return reshaped(data, source, target, self.batching)
+            return reshaped(data, dims, reshape, self.batching)
         except ValueError:
             raise invalid_arg(
                 f"model '{self.model}' tensor '{name}' of shape {list(data.shape)} cannot take "
-                f"the config's shape {list(target)}"
+                f"the config's shape {list(reshape)}"
             ) from None
+
+    def output(self, name: str, data: np.ndarray) -> np.ndarray:
+        """Output `name` in the shape the client gets it (the model's error, INTERNAL, when it
+        cannot take it: as every backend's)."""
+        shapes = self.outputs.get(name)
+        if shapes is None:
+            return data
+        reshape, dims = shapes
+        return undo_reshape(self.model, name, data, dims, self.batching, reshape)
 
 
 def response_from_wire(
