@@ -118,6 +118,40 @@ def test_load_errors_change_nothing(server: ServerProcess) -> None:
     add_sub(client, "simple")
 
 
+def test_a_config_triton_refuses_is_refused_in_its_words(server: ServerProcess) -> None:
+    """A reload whose config fails Triton's checks answers 400 with Triton's message (and
+    the model serves on with its config); so does a load of a folder whose config does."""
+    client = httpclient.InferenceServerClient(server.url)
+    config = client.get_model_config("simple")
+    for change, message in (
+        (
+            {"dynamic_batching": {"preferred_batch_size": [16]}},
+            "dynamic batching preferred size must be <= max batch size for simple",
+        ),
+        (
+            {"input": [dict(config["input"][0], reshape={"shape": [3]}), config["input"][1]]},
+            "model input 'INPUT0' has different size for dims and reshape for simple",
+        ),
+    ):
+        body = {"parameters": {"config": json.dumps(dict(config, **change))}}
+        response = httpx.post(f"{server.base}/v2/repository/models/simple/load", json=body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == (
+            f"load failed for model 'simple': version 1 is at UNAVAILABLE state: {message};\n"
+        )
+        assert client.get_model_config("simple") == config
+        add_sub(client, "simple")
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    bad = dict(config, name="other", max_batch_size=-1)
+    with pytest.raises(InferenceServerException, match="'max_batch_size' must be non-negative"):
+        grpc.load_model("other", config=json.dumps(bad))
+    assert index(server)["other"]["reason"] == (
+        "'max_batch_size' must be non-negative value for other"
+    )
+    assert not client.is_model_ready("other")
+    client.unload_model("other")
+
+
 def test_file_override_paths_are_checked(server: ServerProcess, tmp_path: Path) -> None:
     config = json.dumps({"name": "fresh", "backend": "onnxruntime"})
     for path in ("../escape/model.onnx", "/etc/passwd", "1/../../x", "1\\model.onnx"):

@@ -253,13 +253,6 @@ async def test_a_sequence_request_must_have_batch_size_one(system: ActorSystem) 
     assert "must specify batch-size 1 due to requirements of sequence batcher" in str(error)
 
 
-async def test_a_control_without_two_values_is_refused() -> None:
-    text = config_text().replace("int32_false_true: [ 0, 1 ]", "int32_false_true: [ 1 ]")
-    with pytest.raises(TritonError) as caught:
-        scheduler_for(parse_pbtxt(text))
-    assert caught.value.code == ErrorCode.INVALID_ARG
-
-
 INTERLEAVED = [
     (1, "a0", 11, True, False),
     (100, "b0", 22, True, False),

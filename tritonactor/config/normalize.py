@@ -36,8 +36,6 @@ def fill_defaults(config: ModelConfig, gpus: int) -> ModelConfig:
         filled.optimization = ModelOptimizationPolicy(
             input_pinned_memory=pinned, output_pinned_memory=pinned
         )
-    if filled.max_batch_size < 0:
-        raise ConfigError(f"model '{filled.name}': max_batch_size must be >= 0")
     if not filled.instance_group:
         filled.instance_group = [ModelInstanceGroup()]
     for index, group in enumerate(filled.instance_group):

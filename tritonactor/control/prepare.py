@@ -21,6 +21,7 @@ from tritonactor.backends.python.backend import EXECUTION_ENV_PATH
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.config.model_config import ConfigError
 from tritonactor.config.normalize import fill_defaults
+from tritonactor.config.validate import validate_config
 from tritonactor.control.repository import ModelSource, VersionSelection, version_path
 from tritonactor.core.errors import TritonError
 from tritonactor.core.paths import inside, outside_error
@@ -92,6 +93,8 @@ def prepare_config(
     if not strict and name not in skip_auto_complete:
         config = backend.auto_complete_config(config, version_path(model, latest))
     config = fill_defaults(config, gpus)
+    # Triton checks the inputs and outputs once the backend has completed them.
+    validate_config(config, io=strict or name not in skip_auto_complete)
     config.backend = config.backend or name
     config.default_model_filename = config.default_model_filename or backend.default_model_filename
     confine_config(model, config, caller_config=caller_config, trusted=trusted)

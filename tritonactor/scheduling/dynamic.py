@@ -88,12 +88,8 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
         self._delay = batching.max_queue_delay_microseconds / 1e6
         self._levels_count = batching.priority_levels
         if self._levels_count:
+            # in [1, priority_levels]: config/validate.py refuses a config where it is not
             self._default_level = batching.default_priority_level
-            if not 1 <= self._default_level <= self._levels_count:
-                raise invalid_arg(
-                    f"model '{name}': default_priority_level {self._default_level} must be "
-                    f"in [1, {self._levels_count}] (priority_levels)"
-                )
             policies = batching.priority_queue_policy
             default = batching.default_queue_policy
             self._levels = [

@@ -78,7 +78,7 @@ class SequenceBatcher(Scheduler[SequenceMessage]):
         super().__init__(name)
         batching = config.sequence_batching
         assert batching is not None
-        self._controls = parse_controls(name, config)
+        self._controls = parse_controls(config)
         states = parse_states(name, config, model_dir)
         policy = config.model_transaction_policy
         if states and policy is not None and policy.decoupled:

@@ -19,7 +19,6 @@ __all__ = ["NULL_ROW", "Control", "CorrelationId", "Row", "check_correlation_id"
 CorrelationId = int | str
 
 _KIND = ModelSequenceBatchingControlKind
-_CORRID_TYPES = ("UINT64", "INT64", "UINT32", "INT32", "BYTES")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,53 +69,29 @@ class Row:
 NULL_ROW = Row(start=False, end=False, ready=False, correlation_id=0)
 
 
-def parse_controls(name: str, config: ModelConfig) -> list[Control]:
-    """The config's control inputs; INVALID_ARG for one that names a model input, has other
-    than one control, lacks its two values or has a CORRID type Triton does not take."""
+def parse_controls(config: ModelConfig) -> list[Control]:
+    """The config's control inputs, one per control (a control input without a control
+    holds nothing). The config passed config/validate.py, which refuses, as Triton, a kind
+    given twice, a boolean control without its two values, a CORRID of a type Triton cannot
+    carry an ID in; and, where Triton does not, a tensor with two controls or a control that
+    names a model input."""
     batching = config.sequence_batching
     assert batching is not None
-    inputs = {tensor.name for tensor in config.input}
     controls: list[Control] = []
     for control_input in batching.control_input:
-        if control_input.name in inputs:
-            raise invalid_arg(
-                f"model '{name}': control input '{control_input.name}' is also a model input"
-            )
-        if len(control_input.control) != 1:
-            raise invalid_arg(
-                f"model '{name}': control input '{control_input.name}' must have exactly one "
-                f"control, not {len(control_input.control)}"
-            )
-        control = control_input.control[0]
-        kind = control.kind
-        if kind == _KIND.CONTROL_SEQUENCE_CORRID:
-            if control.data_type.name in ("TYPE_INVALID", None):
-                raise invalid_arg(
-                    f"model '{name}': CORRID control input '{control_input.name}' must "
-                    "specify a data_type"
-                )
-            datatype = config_to_wire(str(control.data_type.name))
-            if datatype not in _CORRID_TYPES:
-                raise invalid_arg(
-                    f"model '{name}': CORRID control input '{control_input.name}' has "
-                    f"unsupported data_type {control.data_type.name}"
-                )
-            controls.append(Control(control_input.name, kind, datatype))
-            continue
-        options = [
-            ("INT32", list(control.int32_false_true)),
-            ("FP32", list(control.fp32_false_true)),
-            ("BOOL", list(control.bool_false_true)),
-        ]
-        given = [(datatype, values) for datatype, values in options if values]
-        if len(given) != 1 or len(given[0][1]) != 2:
-            raise invalid_arg(
-                f"model '{name}': control input '{control_input.name}' must give exactly two "
-                "values (false, true) in one of int32_false_true, fp32_false_true, "
-                "bool_false_true"
-            )
-        datatype, values = given[0]
-        controls.append(Control(control_input.name, kind, datatype, (values[0], values[1])))
+        for control in control_input.control:
+            kind = control.kind
+            if kind == _KIND.CONTROL_SEQUENCE_CORRID:
+                datatype = config_to_wire(str(control.data_type.name))
+                controls.append(Control(control_input.name, kind, datatype))
+                continue
+            if control.int32_false_true:
+                datatype, values = "INT32", list(control.int32_false_true)
+            elif control.fp32_false_true:
+                datatype, values = "FP32", list(control.fp32_false_true)
+            else:
+                datatype, values = "BOOL", list(control.bool_false_true)
+            controls.append(Control(control_input.name, kind, datatype, (values[0], values[1])))
     return controls
 
 
