@@ -330,26 +330,10 @@ def _check_batch_io(config: ModelConfig) -> None:
     outputs = {tensor.name for tensor in config.output}
     for batch_input in config.batch_input:
         kind = BatchInputKind(batch_input.kind).name
-        if len(batch_input.source_input) != 1:
-            raise ConfigError(
-                f"batch input kind '{kind}' expects 1 source input, got "
-                f"{len(batch_input.source_input)}"
-            )
-        if batch_input.data_type not in (DataType.TYPE_INT32, DataType.TYPE_FP32):
-            raise ConfigError("batch input data type must be TYPE_INT32 or TYPE_FP32")
-        for source in batch_input.source_input:
-            if source not in inputs:
-                raise ConfigError(f"unknown source input name '{source}'")
+        _check_source("input", kind, batch_input.source_input, inputs, batch_input.data_type)
     for batch_output in config.batch_output:
         kind = BatchOutputKind(batch_output.kind).name
-        if len(batch_output.source_input) != 1:
-            raise ConfigError(
-                f"batch output kind '{kind}' expects 1 source input, got "
-                f"{len(batch_output.source_input)}"
-            )
-        for source in batch_output.source_input:
-            if source not in inputs:
-                raise ConfigError(f"unknown source input name '{source}'")
+        _check_source("output", kind, batch_output.source_input, inputs)
         targets: set[str] = set()
         for target in batch_output.target_name:
             if target not in outputs:
@@ -357,6 +341,23 @@ def _check_batch_io(config: ModelConfig) -> None:
             if target in targets:
                 raise ConfigError(f"target output name '{target}' can only be specified once")
             targets.add(target)
+
+
+def _check_source(
+    what: str,
+    kind: str,
+    sources: Sequence[str],
+    inputs: set[str],
+    datatype: DataType | None = None,
+) -> None:
+    """A batch input's or output's one source, a model input; a batch input's type."""
+    if len(sources) != 1:
+        raise ConfigError(f"batch {what} kind '{kind}' expects 1 source input, got {len(sources)}")
+    if datatype is not None and datatype not in (DataType.TYPE_INT32, DataType.TYPE_FP32):
+        raise ConfigError("batch input data type must be TYPE_INT32 or TYPE_FP32")
+    for source in sources:
+        if source not in inputs:
+            raise ConfigError(f"unknown source input name '{source}'")
 
 
 def _check_instance_groups(config: ModelConfig) -> None:
