@@ -8,11 +8,13 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import SIMPLE_CONFIG, write_config
@@ -115,6 +117,39 @@ def test_load_errors_change_nothing(server: ServerProcess) -> None:
         assert response.status_code == 400, body
         assert message in response.json()["error"]
     assert client.is_model_ready("simple")
+    add_sub(client, "simple")
+
+
+def test_a_named_repository_is_not_supported_and_changes_nothing(server: ServerProcess) -> None:
+    """Triton's answers to a load, an unload or an index that names a repository: over HTTP
+    the index is the server's and a load or unload 501; over gRPC each is UNIMPLEMENTED."""
+    client = httpclient.InferenceServerClient(server.url)
+    for action in ("load", "unload"):
+        response = httpx.post(f"{server.base}/v2/repository/foo/models/simple/{action}")
+        assert response.status_code == 501, response.text
+        assert response.json() == {"error": "'repository_name' specification is not supported"}
+    named = httpx.post(f"{server.base}/v2/repository/foo/index", json={})
+    assert named.status_code == 200 and named.json() == list(index(server).values())
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for call, request in (
+            (
+                stub.RepositoryModelUnload,
+                service_pb2.RepositoryModelUnloadRequest(
+                    repository_name="foo", model_name="simple"
+                ),
+            ),
+            (
+                stub.RepositoryModelLoad,
+                service_pb2.RepositoryModelLoadRequest(repository_name="foo", model_name="other"),
+            ),
+            (stub.RepositoryIndex, service_pb2.RepositoryIndexRequest(repository_name="foo")),
+        ):
+            with pytest.raises(grpc.RpcError) as caught:
+                call(request)
+            assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert caught.value.details() == "'repository_name' specification is not supported"
+    assert client.is_model_ready("simple") and not client.is_model_ready("other")
     add_sub(client, "simple")
 
 

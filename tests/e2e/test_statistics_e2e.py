@@ -146,6 +146,40 @@ def test_grpc_unknown_model_or_version(grpc_client: grpcclient.InferenceServerCl
         assert caught.value.message() == message
 
 
+HUGE = "99999999999999999999"
+STOL = (
+    f"failed to get model version from specified version string '{HUGE}' (details: stol), "
+    "version should be an integral value > 0"
+)
+
+
+def test_a_version_past_int64_in_tritons_words(
+    http: httpx.Client, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    """Triton reads a version with `stol`: one past int64 is refused, in its words, wherever a
+    version is given (seen on Triton 2.51); so is a negative one over gRPC."""
+    for path in (
+        f"/v2/models/simple/versions/{HUGE}/stats",
+        f"/v2/models/simple/versions/{HUGE}/ready",
+    ):
+        response = http.get(path)
+        assert response.status_code == 400
+        assert response.json() == {"error": STOL}
+    for call, version, message in (
+        (grpc_client.get_inference_statistics, HUGE, STOL),
+        (grpc_client.is_model_ready, HUGE, STOL),
+        (
+            grpc_client.is_model_ready,
+            "-1",
+            "invalid model version specified '-1' , version should be an integral value > 0",
+        ),
+    ):
+        with pytest.raises(InferenceServerException) as caught:
+            call("simple", version)
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert caught.value.message() == message
+
+
 def test_http_client_unknown_model(http_client: httpclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException, match="requested model 'nosuch' is not available"):
         http_client.get_inference_statistics("nosuch")

@@ -142,7 +142,23 @@ def test_select_every_version_of_every_model_by_name_then_version() -> None:
         ("gone", "", "requested model 'gone' is not available"),  # known, nothing ready
         ("nosuch", "1", "requested model 'nosuch' is not available"),
         ("echo", "2", "requested model version is not available for model 'echo'"),
-        ("echo", "abc", "failed to get model version from specified version string 'abc'"),
+        (
+            "echo",
+            "abc",
+            "failed to get model version from specified version string 'abc' (details: stol), "
+            "version should be an integral value > 0",
+        ),
+        (
+            "echo",
+            "99999999999999999999",
+            "failed to get model version from specified version string '99999999999999999999' "
+            "(details: stol), version should be an integral value > 0",
+        ),
+        (
+            "echo",
+            "-1",
+            "invalid model version specified '-1' , version should be an integral value > 0",
+        ),
     ],
 )
 def test_select_refuses_what_is_not_ready_as_triton_does(

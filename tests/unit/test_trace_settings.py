@@ -84,7 +84,6 @@ def test_clearing_a_global_setting_restores_the_servers_default(settings: TraceS
         ({"trace_level": ["OFF", "TIMESTAMPS"]}, "Expect only one trace level 'OFF' is specified"),
         ({"trace_level": "TIMESTAMPS"}, "Unable to parse 'trace_level', expected an array"),
         ({"trace_level": ["LOUD"]}, "unknown level 'LOUD'"),
-        ({"trace_file": "/tmp/trace.json"}, "trace_file cannot be set"),
         ({"trace_mode": "triton"}, "trace_mode cannot be set to 'triton'"),
         ({"trace_colour": "red"}, "Unknown trace setting 'trace_colour'"),
     ],
@@ -96,6 +95,16 @@ def test_invalid_values_are_refused_and_change_nothing(
         settings.update({"trace_count": "3", **changes})
     assert caught.value.code is ErrorCode.INVALID_ARG
     assert message in caught.value.message
+    assert settings.get() == GLOBAL
+
+
+def test_a_trace_file_is_unsupported_as_in_triton(settings: TraceSettings) -> None:
+    with pytest.raises(TritonError) as caught:
+        settings.update({"trace_count": "3", "trace_file": "/tmp/trace.json"})
+    assert caught.value.code is ErrorCode.UNSUPPORTED
+    assert caught.value.message == (
+        "trace file location can not be updated through network protocol"
+    )
     assert settings.get() == GLOBAL
 
 

@@ -21,6 +21,9 @@ RESTRICTED_CATEGORIES = (
     "logging",
 )
 
+# A repository named by a load, an unload or (over gRPC) an index: Triton's answer, UNSUPPORTED.
+NAMED_REPOSITORY = "'repository_name' specification is not supported"
+
 # RE2 (Triton's) turns case-sensitivity back on for the rest of a pattern with `(?-i)`;
 # Python's re takes a flag change only at the very start (`(?i)`) or scoped (`(?-i:...)`).
 _CASE_SENSITIVE = "(?-i)"

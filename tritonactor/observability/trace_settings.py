@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritonactor.core.errors import invalid_arg
+from tritonactor.core.errors import invalid_arg, unsupported
 
 OFF = "OFF"
 LEVELS = ("TIMESTAMPS", "TENSORS")  # in the order Triton lists them
@@ -215,10 +215,9 @@ def _parse(name: str, value: Any) -> Any:
         return _integer(name, value, -1, INT32_MAX)
     if name == "trace_file":
         if value:
-            raise invalid_arg(
-                "trace_file cannot be set: tritonactor exports traces through OpenTelemetry "
-                "(trace_mode 'opentelemetry'), not to files"
-            )
+            # Triton's answer (UNSUPPORTED); tritonactor writes no trace files at all, its
+            # traces go through OpenTelemetry (trace_mode 'opentelemetry').
+            raise unsupported("trace file location can not be updated through network protocol")
         return value
     if value != TRACE_MODE:
         raise invalid_arg(

@@ -309,17 +309,24 @@ def _after_storing(
     return answered
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def parse_version(version: str) -> int:
-    try:
-        number = int(version)
-    except ValueError:
-        number = -1
-    if number < 0 or not version.isdigit():
+    """A version asked for by its string, refused in Triton's words where Triton refuses it
+    (a string its `stol` cannot read, or past int64: "details: stol"; a negative number).
+    Stricter than Triton: a sign and digits only, where `stol` reads "5abc" or " 5" as 5."""
+    digits = version[1:] if version[:1] in "+-" else version
+    if not digits.isdigit() or not digits.isascii() or int(digits) > _INT64_MAX:
         raise invalid_arg(
-            f"failed to get model version from specified version string '{version}', "
-            "version should be an integral value > 0"
+            f"failed to get model version from specified version string '{version}' "
+            "(details: stol), version should be an integral value > 0"
         )
-    return number
+    if version.startswith("-") and int(digits):
+        raise invalid_arg(
+            f"invalid model version specified '{version}' , version should be an integral value > 0"
+        )
+    return int(digits)
 
 
 def _runs(config: ModelConfig, model: str) -> bool:

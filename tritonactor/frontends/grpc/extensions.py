@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from tritonactor._proto import inference as pb
 from tritonactor.control.load_parameters import parse_load_parameters, parse_unload_parameters
-from tritonactor.core.errors import ErrorCode, TritonError, unavailable
+from tritonactor.core.errors import ErrorCode, TritonError, unavailable, unsupported
+from tritonactor.core.protocol import NAMED_REPOSITORY
 from tritonactor.frontends.grpc.status import grpc_error, translate_errors
 from tritonactor.memory.region import Kind
 from tritonactor.observability import logging as log_settings
@@ -93,6 +94,7 @@ class ExtensionCalls:
     async def repository_index(
         self, message: pb.RepositoryIndexRequest
     ) -> pb.RepositoryIndexResponse:
+        _check_unnamed(message.repository_name)
         entries = await self._server.index(ready_only=message.ready)
         return pb.RepositoryIndexResponse(
             models=[
@@ -107,6 +109,7 @@ class ExtensionCalls:
     async def repository_model_load(
         self, message: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
+        _check_unnamed(message.repository_name)
         self._check_explicit()
         name = message.model_name
         options = parse_load_parameters(
@@ -122,6 +125,7 @@ class ExtensionCalls:
     async def repository_model_unload(
         self, message: pb.RepositoryModelUnloadRequest
     ) -> pb.RepositoryModelUnloadResponse:
+        _check_unnamed(message.repository_name)
         self._check_explicit()
         name = message.model_name
         options = parse_unload_parameters(message.parameters, model=name)
@@ -241,3 +245,10 @@ def _model_statistics(handle: ModelHandle) -> pb.ModelStatistics:
             for batch in stats.batch_stats
         ],
     )
+
+
+def _check_unnamed(repository: str) -> None:
+    """A call that names a repository: UNIMPLEMENTED, as Triton answers (its HTTP routes take
+    the name in the path: http/app.py)."""
+    if repository:
+        raise unsupported(NAMED_REPOSITORY)

@@ -88,6 +88,23 @@ def create_http_app(
                 ["POST"],
             ),
             route("/v2/repository/events", routes.repository_events, MODEL_REPOSITORY, ["GET"]),
+            # A repository named in the path, as Triton's routes take it: its index is the
+            # server's, a load or unload through it is not supported.
+            route(
+                "/v2/repository/{repository}/index",
+                routes.repository_index,
+                MODEL_REPOSITORY,
+                ["POST"],
+            ),
+            *(
+                route(
+                    f"/v2/repository/{{repository}}/models/{{model}}/{action}",
+                    routes.named_repository_control,
+                    MODEL_REPOSITORY,
+                    ["POST"],
+                )
+                for action in ("load", "unload")
+            ),
             route("/v2/trace/setting", routes.trace_setting, TRACE, ["GET", "POST"]),
             route("/v2/logging", routes.logging, LOGGING, ["GET", "POST"]),
             *shared_memory_routes(

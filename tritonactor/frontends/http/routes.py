@@ -14,7 +14,8 @@ from starlette.types import Receive, Scope, Send
 
 from tritonactor.config.model_config import config_to_json
 from tritonactor.control.load_parameters import parse_load_parameters, parse_unload_parameters
-from tritonactor.core.errors import TritonError, invalid_arg, unavailable, unsupported
+from tritonactor.core.errors import ErrorCode, TritonError, invalid_arg, unavailable, unsupported
+from tritonactor.core.protocol import NAMED_REPOSITORY
 from tritonactor.frontends.classification import encode_off_loop
 from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.frontends.http.codec import decode_infer_request
@@ -167,6 +168,9 @@ class Routes:
         await self.server.unload(name, options)
         return Response(status_code=200, media_type=JSON)
 
+    async def named_repository_control(self, request: Request) -> Response:
+        raise unsupported(NAMED_REPOSITORY)
+
     async def repository_events(self, request: Request) -> Response:
         """The journal's history (a tritonactor extension): ?after=<seq>&limit=<n>."""
         after = _query_int(request, "after", 0, minimum=0, maximum=2**63 - 1)
@@ -207,7 +211,9 @@ class Routes:
     async def model_ready(self, request: Request) -> Response:
         try:
             self._handle(request)
-        except TritonError:
+        except TritonError as error:
+            if error.code is ErrorCode.INVALID_ARG:  # a version no model can have
+                raise
             return error_response("Model version not ready", 400)
         return Response(status_code=200)
 
