@@ -122,6 +122,15 @@ def test_the_ensemble_metadata_is_its_own_config(served: ServerProcess) -> None:
     assert [tensor["name"] for tensor in metadata["outputs"]] == ["RESULT", "SUM"]
 
 
+def test_the_served_config_is_tritons(served: ServerProcess) -> None:
+    """As Triton 2.51 serves an ensemble's config: no instance group or optimization filled
+    in, no backend, and its transaction policy written out, false included."""
+    config = httpclient.InferenceServerClient(served.url).get_model_config("sum_times_difference")
+    assert (config["platform"], config["backend"], config["instance_group"]) == ("ensemble", "", [])
+    assert "optimization" not in config
+    assert config["model_transaction_policy"] == {"decoupled": False}
+
+
 def test_a_cyclic_ensemble_is_unavailable_while_the_others_serve(served: ServerProcess) -> None:
     # Models load before the server listens: the index is final here.
     index = httpx.post(f"{served.base}/v2/repository/index", json={}).json()
@@ -129,7 +138,10 @@ def test_a_cyclic_ensemble_is_unavailable_while_the_others_serve(served: ServerP
     for name in ("onnx_add_sub", "multiply", "sum_times_difference"):
         assert states[name]["state"] == "READY", states[name]
     assert states["cyclic"]["state"] == "UNAVAILABLE"
-    assert "has a cycle" in states["cyclic"]["reason"]
+    assert states["cyclic"]["reason"] == (  # Triton's words for a cycle
+        "output 'RESULT' for ensemble 'cyclic' is not written: at least one of its depending "
+        "tensors, 'back', is not connected"
+    )
     x = httpclient.InferInput("X", [4], "FP32")
     x.set_data_from_numpy(np.ones(4, dtype=np.float32))
     with pytest.raises(InferenceServerException, match="cyclic"):

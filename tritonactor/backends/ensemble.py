@@ -48,55 +48,29 @@ class EnsemblePlan:
 
 
 def plan_ensemble(config: ModelConfig) -> EnsemblePlan:
-    """The ensemble's steps, after checking that the DAG makes sense: every step names a model
-    (not the ensemble itself); no tensor is produced twice (an ensemble input counts as
-    produced); every tensor a step reads is an ensemble input or some step's output; every
-    ensemble input is read and every ensemble output produced; and no step depends on itself
-    through others (no cycle).
-    Raises INVALID_ARG with the reason otherwise."""
+    """The ensemble's steps. The config passed config/validate_ensemble.py (every step named
+    and mapped, each tensor written once, every input read, every output written, no tensor
+    left over, so no cycle); one check is left here, stricter than Triton: a step may not
+    write an ensemble input (INVALID_ARG)."""
     name = config.name
     scheduling = config.ensemble_scheduling
-    if scheduling is None or not scheduling.step:
-        raise invalid_arg(f"ensemble '{name}' must have at least one step")
+    assert scheduling is not None
     inputs = tuple(tensor.name for tensor in config.input)
     outputs = tuple(tensor.name for tensor in config.output)
     steps: list[EnsembleStep] = []
-    producer: dict[str, str] = {tensor: "the ensemble's inputs" for tensor in inputs}
     for index, step in enumerate(scheduling.step):
-        if not step.model_name:
-            raise invalid_arg(f"ensemble '{name}': step {index} names no model")
-        if step.model_name == name:
-            raise invalid_arg(f"ensemble '{name}': step {index} names the ensemble itself")
-        version = str(step.model_version) if step.model_version > 0 else ""
-        where = f"step {index} (model '{step.model_name}')"
         for tensor in step.output_map.values():
-            if tensor in producer:
+            if tensor in inputs:
                 raise invalid_arg(
-                    f"ensemble '{name}': tensor '{tensor}' is produced by both "
-                    f"{producer[tensor]} and {where}"
+                    f"ensemble '{name}': tensor '{tensor}' is both an ensemble input and "
+                    f"written by step {index} (model '{step.model_name}')"
                 )
-            producer[tensor] = where
+        version = str(step.model_version) if step.model_version > 0 else ""
         steps.append(
             EnsembleStep(
                 index, step.model_name, version, dict(step.input_map), dict(step.output_map)
             )
         )
-    consumed = {tensor for step in steps for tensor in step.inputs.values()}
-    for step in steps:
-        for tensor in step.inputs.values():
-            if tensor not in producer:
-                raise invalid_arg(
-                    f"ensemble '{name}': tensor '{tensor}' read by step {step.index} "
-                    f"(model '{step.model_name}') is neither an ensemble input nor any step's "
-                    "output"
-                )
-    for tensor in inputs:
-        if tensor not in consumed:
-            raise invalid_arg(f"ensemble '{name}': input '{tensor}' is not read by any step")
-    for tensor in outputs:
-        if tensor not in producer or tensor in inputs:
-            raise invalid_arg(f"ensemble '{name}': output '{tensor}' is not produced by any step")
-    _in_dependency_order(name, steps, set(inputs))
     return EnsemblePlan(name, inputs, outputs, tuple(steps), scheduling.max_inflight_requests)
 
 
@@ -156,76 +130,82 @@ def check_steps(
     ensemble: ModelConfig, plan: EnsemblePlan, steps: Mapping[int, ModelConfig]
 ) -> None:
     """Check the steps against their models' configs (`steps`: by step index; a step left out
-    is not checked): each mapped input and output exists in the model; every input of the model
-    that is not optional is mapped; an ensemble tensor has one data type and compatible shapes
-    everywhere it appears (-1 matches any size; a batching model's shape counts its batch
-    dimension when compared with a non-batching one's); and no step model allows a smaller
-    batch than the ensemble. Raises INVALID_ARG with the reason."""
+    is not checked), in Triton's order and words: no step model allows a smaller batch than
+    the ensemble; each mapped input exists in the model; every input of the model that is not
+    `optional` is mapped; each mapped output exists; an ensemble tensor has one data type and
+    compatible shapes everywhere it appears (-1 matches any size; a batching model's shape
+    counts its batch dimension when compared with a non-batching one's). INVALID_ARG."""
     name = plan.name
     batching = ensemble.max_batch_size > 0
     specs: dict[str, _TensorSpec] = {}
 
     def declare(tensor: str, spec: _TensorSpec) -> None:
         known = specs.setdefault(tensor, spec)
+        where = f"in ensemble {name}, ensemble tensor {tensor}: inconsistent"
         if known.data_type != spec.data_type:
             raise invalid_arg(
-                f"in ensemble '{name}', ensemble tensor '{tensor}' has inconsistent data types: "
-                f"{known.data_type} from {known.origin}, {spec.data_type} from {spec.origin}"
+                f"{where} data type: {known.data_type} is inferred from model {known.origin} "
+                f"while {spec.data_type} is inferred from model {spec.origin}"
             )
         if not _same_shape(known.dims, spec.dims) and not _same_shape(
             known.full_dims, spec.full_dims
         ):
             raise invalid_arg(
-                f"in ensemble '{name}', ensemble tensor '{tensor}' has inconsistent shapes: "
-                f"{list(known.full_dims)} from {known.origin}, {list(spec.full_dims)} from "
+                f"{where} shape: {_dims(known.full_dims)} is inferred from model "
+                f"{known.origin} while {_dims(spec.full_dims)} is inferred from model "
                 f"{spec.origin}"
             )
 
-    origin = f"ensemble '{name}'"
     for tensor in (*ensemble.input, *ensemble.output):
         dims = tensor.reshape.shape if tensor.reshape is not None else tensor.dims
-        declare(tensor.name, _TensorSpec(tensor.data_type.name, tuple(dims), batching, origin))
+        declare(tensor.name, _TensorSpec(tensor.data_type.name, tuple(dims), batching, name))
     for step in plan.steps:
         config = steps.get(step.index)
         if config is None:
             continue
-        model = f"model '{step.model_name}'"
+        model = step.model_name
         if 0 < config.max_batch_size < ensemble.max_batch_size:
             raise invalid_arg(
-                f"ensemble '{name}' allows maximum batch size {ensemble.max_batch_size}, but its "
-                f"step {model} only allows {config.max_batch_size}"
+                f"ensemble {name} allows maximum batch size {ensemble.max_batch_size}, but it "
+                f"contains model {model} which only allows maximum batch size to be "
+                f"{config.max_batch_size}"
             )
         step_batching = config.max_batch_size > 0
         model_inputs = {tensor.name: tensor for tensor in config.input}
         for model_input, tensor in step.inputs.items():
             if model_input not in model_inputs:
                 raise invalid_arg(
-                    f"in ensemble '{name}', step {step.index} maps ensemble tensor '{tensor}' to "
-                    f"input '{model_input}', which {model} does not have"
+                    f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing "
+                    f"input {model_input} in model {model}"
                 )
-            spec = model_inputs[model_input]
-            declare(
-                tensor,
-                _TensorSpec(spec.data_type.name, tuple(spec.dims), step_batching, model),
-            )
-        for model_input in model_inputs.values():
-            if model_input.name not in step.inputs and not model_input.optional:
+        for spec in config.input:
+            tensor = step.inputs.get(spec.name)
+            if tensor is None:
+                if spec.optional:
+                    continue
                 raise invalid_arg(
-                    f"in ensemble '{name}', input '{model_input.name}' of {model} is not mapped "
-                    "to any ensemble tensor"
+                    f"in ensemble {name}, input {spec.name} in model {model} is not mapped to "
+                    "any ensemble tensors"
                 )
+            declare(
+                tensor, _TensorSpec(spec.data_type.name, tuple(spec.dims), step_batching, model)
+            )
         model_outputs = {tensor.name: tensor for tensor in config.output}
         for model_output, tensor in step.outputs.items():
             if model_output not in model_outputs:
                 raise invalid_arg(
-                    f"in ensemble '{name}', step {step.index} maps output '{model_output}', "
-                    f"which {model} does not have, to ensemble tensor '{tensor}'"
+                    f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing "
+                    f"output {model_output} in model {model}"
                 )
             spec = model_outputs[model_output]
             declare(
-                tensor,
-                _TensorSpec(spec.data_type.name, tuple(spec.dims), step_batching, model),
+                tensor, _TensorSpec(spec.data_type.name, tuple(spec.dims), step_batching, model)
             )
+
+
+def _dims(dims: tuple[int, ...]) -> str:
+    """A shape as Triton prints one: [-1,16]."""
+    return "[" + ",".join(str(dim) for dim in dims) + "]"
 
 
 def _same_shape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -266,10 +246,7 @@ def plan_flow(plan: EnsemblePlan, decoupled: Sequence[bool]) -> EnsembleFlow:
     for step in _in_dependency_order(name, plan.steps, set(plan.inputs)):
         read = {stream_of_tensor[tensor] for tensor in step.inputs.values()} or {0}
         if len(read) > 1:
-            raise invalid_arg(
-                f"in ensemble '{name}', step {step.index} (model '{step.model_name}') reads "
-                "tensors that come from different decoupled models"
-            )
+            raise invalid_arg(_mixed_streams(name, step.model_name))
         stream_of[step.index] = read.pop()
         if decoupled[step.index]:
             streams += 1
@@ -280,10 +257,15 @@ def plan_flow(plan: EnsemblePlan, decoupled: Sequence[bool]) -> EnsembleFlow:
             stream_of_tensor[tensor] = opens[step.index]
     outputs = {stream_of_tensor[tensor] for tensor in plan.outputs}
     if len(outputs) > 1:
-        raise invalid_arg(
-            f"in ensemble '{name}', the ensemble's outputs come from different decoupled models"
-        )
+        raise invalid_arg(_mixed_streams(name, name))  # the ensemble's outputs, as Triton says
     return EnsembleFlow(tuple(stream_of), tuple(opens), tuple(decoupled), outputs.pop())
+
+
+def _mixed_streams(name: str, model: str) -> str:
+    return (
+        f"in ensemble {name}, step of model '{model}' receives inputs originated from different "
+        "decoupled models"
+    )
 
 
 # -- the backend --------------------------------------------------------------------------------

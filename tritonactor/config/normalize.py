@@ -27,10 +27,13 @@ class InstanceSpec:
 
 def fill_defaults(config: ModelConfig, gpus: int) -> ModelConfig:
     """A copy of `config` with Triton's defaults: a version policy, the optimization defaults,
-    and instance groups with names, counts, kinds (KIND_AUTO resolved) and GPU lists."""
+    and instance groups with names, counts, kinds (KIND_AUTO resolved) and GPU lists (an
+    ensemble gets only the version policy)."""
     filled = ModelConfig.parse(bytes(config))
     if filled.version_policy is None:
         filled.version_policy = ModelVersionPolicy(latest=ModelVersionPolicyLatest(num_versions=1))
+    if filled.ensemble_scheduling is not None:
+        return filled  # no instances, nothing to optimize: Triton fills neither in
     if filled.optimization is None:
         pinned = ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
         filled.optimization = ModelOptimizationPolicy(

@@ -31,6 +31,7 @@ from tritonactor._proto.inference import (
     ModelSequenceBatchingControlKind,
 )
 from tritonactor.config.model_config import ConfigError
+from tritonactor.config.validate_ensemble import check_ensemble
 
 __all__ = ["validate_config"]
 
@@ -123,6 +124,7 @@ def _check_model(config: ModelConfig) -> None:
                 )
     # The response cache's rules (not with the sequence batcher, nor decoupled) are
     # cache/config.py's, which also knows an ensemble's steps.
+    check_ensemble(config)
     if config.model_metrics is not None:
         for control in config.model_metrics.metric_control:
             if control.metric_identifier is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonactor._proto.inference import ModelConfig
+from tritonactor.backends.base import Backend
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.config.model_config import ConfigError
 from tritonactor.config.normalize import instance_specs
@@ -191,7 +192,7 @@ def _outcome(source: ModelSource, registry: BackendRegistry, strict: bool, gpus:
     if outcome.backend == "python" and not strict:
         outcome.notes.append(PYTHON_NOT_COMPLETED)
     try:
-        _, config = prepare_config(
+        backend, config = prepare_config(
             source,
             source.config,
             registry,
@@ -203,24 +204,24 @@ def _outcome(source: ModelSource, registry: BackendRegistry, strict: bool, gpus:
     except Exception as error:  # whatever the backend raises, as the manager catches it
         outcome.errors.append(failure_reason(error))
         return outcome
-    outcome.backend = config.backend
+    outcome.backend = backend.name
     outcome.instances = len(instance_specs(config))
     for version in versions:
         reason = missing_model_file(source, config, version)
         if reason is None:
-            reason = _model_file_refused(source, config, version, registry)
+            reason = _model_file_refused(source, config, version, backend)
         if reason is not None:
             outcome.version_errors[version] = reason
     return outcome
 
 
 def _model_file_refused(
-    source: ModelSource, config: ModelConfig, version: int, registry: BackendRegistry
+    source: ModelSource, config: ModelConfig, version: int, backend: Backend
 ) -> str | None:
     """What the backend's load would refuse about the version's model file against its config
     (a config input the file lacks...), or None."""
     try:
-        registry.get(config.backend).check_model(model_context(source, config, version))
+        backend.check_model(model_context(source, config, version))
     except Exception as error:  # whatever the backend raises, as the manager catches it
         return failure_reason(error)
     return None

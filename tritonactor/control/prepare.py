@@ -95,7 +95,8 @@ def prepare_config(
     config = fill_defaults(config, gpus)
     # Triton checks the inputs and outputs once the backend has completed them.
     validate_config(config, io=strict or name not in skip_auto_complete)
-    config.backend = config.backend or name
+    if config.ensemble_scheduling is None:  # an ensemble's backend stays "", as in Triton
+        config.backend = config.backend or name
     config.default_model_filename = config.default_model_filename or backend.default_model_filename
     confine_config(model, config, caller_config=caller_config, trusted=trusted)
     return backend, config

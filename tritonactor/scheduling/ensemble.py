@@ -63,9 +63,10 @@ class EnsembleScheduler(Actor[Any]):
     def _check_at_load(self) -> None:
         absent = [model for model in self.plan.models if model not in self._router.known]
         if absent:
-            names = ", ".join(f"'{model}'" for model in absent)
-            which = f"step model {names} is" if len(absent) == 1 else f"step models {names} are"
-            raise invalid_arg(f"ensemble '{self.name}': {which} not in any model repository")
+            raise invalid_arg(
+                f"ensemble {self.name} contains models that are not available or ambiguous: "
+                + ", ".join(absent)
+            )
         ready: dict[int, ModelHandle] = {}
         for step in self.plan.steps:
             with contextlib.suppress(TritonError):  # not loaded yet: checked when it is
@@ -76,9 +77,8 @@ class EnsembleScheduler(Actor[Any]):
             # Triton's rule: an ensemble with a decoupled step is decoupled. Set on the config
             # the ensemble is served with, so that the front ends stream its responses.
             decoupled = routes.flow.streams_responses
-            policy = self._config.model_transaction_policy
-            if (policy is not None and policy.decoupled) != decoupled:
-                self._config.model_transaction_policy = ModelTransactionPolicy(decoupled=decoupled)
+            # Triton writes it whichever it is, false too.
+            self._config.model_transaction_policy = ModelTransactionPolicy(decoupled=decoupled)
 
     async def receive(self, message: Any) -> None:
         if isinstance(message, Infer):
