@@ -346,3 +346,16 @@ def test_io_left_for_the_backend_to_complete() -> None:
     )
     with pytest.raises(ConfigError, match="preferred size must be <= max batch size"):
         validate_config(fill_defaults(parse_pbtxt(bad_batching), gpus=0), io=False)
+
+
+def test_a_platform_of_another_of_tritons_backends_is_refused() -> None:
+    """Triton's pair check: a platform with one of its own backends must be that backend's;
+    any platform goes with one it does not know (python, or a user's)."""
+    mismatched = 'name: "m" platform: "onnxruntime_onnx" backend: "pytorch"'
+    with pytest.raises(ConfigError) as caught:
+        check(mismatched)
+    assert str(caught.value) == (
+        "unexpected 'platform' and 'backend' pair, got:onnxruntime_onnx, pytorch"
+    )
+    check('name: "m" platform: "onnxruntime_onnx" backend: "python"')
+    check('name: "m" platform: "pytorch_libtorch" backend: "pytorch"')

@@ -36,6 +36,15 @@ from tritonactor.config.validate_ensemble import check_ensemble
 __all__ = ["validate_config"]
 
 TENSORRT_PLATFORM = "tensorrt_plan"
+# The platforms of Triton's own backends. A platform with another backend named is refused; any
+# platform goes with a backend Triton does not know (python, or one of the user's).
+_PLATFORM_BACKENDS = {
+    "tensorflow_graphdef": "tensorflow",
+    "tensorflow_savedmodel": "tensorflow",
+    TENSORRT_PLATFORM: "tensorrt",
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+}
 _WILDCARD = -1
 _INT64_MAX = 2**63 - 1
 _CORRID_TYPES = frozenset(
@@ -61,6 +70,11 @@ def _check_model(config: ModelConfig) -> None:
     name = config.name
     if not name:
         raise ConfigError("model configuration must specify 'name'")
+    known = config.backend in _PLATFORM_BACKENDS.values()
+    if known and config.platform and _PLATFORM_BACKENDS.get(config.platform) != config.backend:
+        raise ConfigError(
+            f"unexpected 'platform' and 'backend' pair, got:{config.platform}, {config.backend}"
+        )
     if config.max_batch_size < 0:
         raise ConfigError(f"'max_batch_size' must be non-negative value for {name}")
     dynamic = config.dynamic_batching
