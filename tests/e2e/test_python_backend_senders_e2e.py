@@ -217,7 +217,7 @@ def test_decoupled_execute_returning_responses_is_an_error(stream: Stream) -> No
     _, error = stream.next()
     assert error is not None
     assert (
-        "Python model 'stream_after_0_0' is using the decoupled mode and the execute function "
+        "Python model 'stream_after_0' is using the decoupled mode and the execute function "
         "must return None." in error.message()
     )
 

@@ -25,29 +25,46 @@ class InstanceSpec:
     index: int
 
 
-def fill_defaults(config: ModelConfig, gpus: int) -> ModelConfig:
-    """A copy of `config` with Triton's defaults: a version policy, the optimization defaults,
-    and instance groups with names, counts, kinds (KIND_AUTO resolved) and GPU lists (an
-    ensemble gets only the version policy)."""
+# Backends whose CPU groups get two instances when the config gives no count (Triton's
+# default_cpu_instance_count); the others get one.
+TWO_CPU_INSTANCES = frozenset({"onnxruntime", "tensorflow"})
+SEQUENCE_IDLE_DEFAULT_US = 1_000_000  # Triton's max_sequence_idle_microseconds default
+
+
+def fill_defaults(config: ModelConfig, gpus: int, backend: str = "") -> ModelConfig:
+    """A copy of `config` with Triton's defaults: a version policy, the batchers' preferred
+    sizes (`max_batch_size`) and the sequence batcher's idle time, the pinned-memory
+    optimization defaults, and instance groups with names, counts (by `backend`), kinds
+    (KIND_AUTO resolved) and GPU lists (an ensemble gets only the version policy)."""
     filled = ModelConfig.parse(bytes(config))
     if filled.version_policy is None:
         filled.version_policy = ModelVersionPolicy(latest=ModelVersionPolicyLatest(num_versions=1))
+    batch = [filled.max_batch_size] if filled.max_batch_size > 0 else []
+    if filled.dynamic_batching is not None and not filled.dynamic_batching.preferred_batch_size:
+        filled.dynamic_batching.preferred_batch_size = list(batch)
+    sequence = filled.sequence_batching
+    if sequence is not None:
+        if not sequence.max_sequence_idle_microseconds:
+            sequence.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
+        if sequence.oldest is not None and not sequence.oldest.preferred_batch_size:
+            sequence.oldest.preferred_batch_size = list(batch)
     if filled.ensemble_scheduling is not None:
         return filled  # no instances, nothing to optimize: Triton fills neither in
-    if filled.optimization is None:
-        pinned = ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
-        filled.optimization = ModelOptimizationPolicy(
-            input_pinned_memory=pinned, output_pinned_memory=pinned
-        )
+    optimization = filled.optimization = filled.optimization or ModelOptimizationPolicy()
+    if optimization.input_pinned_memory is None:
+        optimization.input_pinned_memory = ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
+    if optimization.output_pinned_memory is None:
+        optimization.output_pinned_memory = ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
     if not filled.instance_group:
-        filled.instance_group = [ModelInstanceGroup()]
+        filled.instance_group = [ModelInstanceGroup(name=filled.name)]
     for index, group in enumerate(filled.instance_group):
         if not group.name:
             group.name = f"{filled.name}_{index}"
-        if group.count < 1:
-            group.count = 1
         if group.kind == ModelInstanceGroupKind.AUTO:
             group.kind = ModelInstanceGroupKind.GPU if gpus else ModelInstanceGroupKind.CPU
+        if group.count < 1:
+            cpu = group.kind == ModelInstanceGroupKind.CPU
+            group.count = 2 if cpu and backend in TWO_CPU_INSTANCES else 1
         if group.kind == ModelInstanceGroupKind.GPU and not group.gpus:
             group.gpus = list(range(gpus))
         if group.kind == ModelInstanceGroupKind.GPU and not group.gpus:

@@ -92,7 +92,7 @@ def prepare_config(
     backend = registry.get(name)
     if not strict and name not in skip_auto_complete:
         config = backend.auto_complete_config(config, version_path(model, latest))
-    config = fill_defaults(config, gpus)
+    config = fill_defaults(config, gpus, config.backend or name)
     # Triton checks the inputs and outputs once the backend has completed them.
     validate_config(config, io=strict or name not in skip_auto_complete)
     if config.ensemble_scheduling is None:  # an ensemble's backend stays "", as in Triton
