@@ -167,6 +167,17 @@ def test_a_config_triton_refuses_is_refused_in_its_words(server: ServerProcess) 
             {"input": [dict(config["input"][0], reshape={"shape": [3]}), config["input"][1]]},
             "model input 'INPUT0' has different size for dims and reshape for simple",
         ),
+        (
+            {"model_repository_agents": {"agents": [{"name": "checksum"}]}},
+            "unable to find 'libtritonrepoagent_checksum.so' for repo agent 'checksum': "
+            "tritonactor has no repository agents",
+        ),
+        (
+            {"runtime": "libtriton_pytorch.so"},
+            "unable to find backend library 'libtriton_pytorch.so' for model 'simple': "
+            "tritonactor's backends are Python packages; the runtime 'libtriton_onnxruntime.so' "
+            "names backend 'onnxruntime', another cannot be loaded",
+        ),
     ):
         body = {"parameters": {"config": json.dumps(dict(config, **change))}}
         response = httpx.post(f"{server.base}/v2/repository/models/simple/load", json=body)

@@ -9,7 +9,7 @@ import pytest
 
 from tritonactor.config.model_config import ConfigError, parse_pbtxt
 from tritonactor.config.normalize import fill_defaults
-from tritonactor.config.validate import validate_config
+from tritonactor.config.validate import check_runtime, validate_config
 
 FIXED = "data_type: TYPE_FP32 dims: [ 16 ]"
 
@@ -359,3 +359,29 @@ def test_a_platform_of_another_of_tritons_backends_is_refused() -> None:
     )
     check('name: "m" platform: "onnxruntime_onnx" backend: "python"')
     check('name: "m" platform: "pytorch_libtorch" backend: "pytorch"')
+
+
+def test_a_runtime_names_the_models_own_backend_or_is_refused() -> None:
+    config = parse_pbtxt('name: "m" runtime: "libtriton_python.so"')
+    check_runtime(config, "python")
+    with pytest.raises(ConfigError) as caught:
+        check_runtime(parse_pbtxt('name: "m" runtime: "nope.py"'), "python")
+    assert str(caught.value).startswith("unable to find backend library 'nope.py' for model 'm'")
+
+
+def test_repository_agents_are_refused() -> None:
+    agents = IO + 'model_repository_agents { agents [ { name: "checksum" } ] }'
+    with pytest.raises(ConfigError) as caught:
+        check(config("m", agents))
+    assert str(caught.value) == (
+        "unable to find 'libtritonrepoagent_checksum.so' for repo agent 'checksum': "
+        "tritonactor has no repository agents"
+    )
+
+
+def test_an_ensemble_with_a_backend_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        check('name: "e" platform: "ensemble" backend: "python"')
+    assert str(caught.value) == (
+        "Ensemble model 'e' must have platform type 'ensemble' and empty backend type"
+    )

@@ -201,7 +201,7 @@ def test_errors_the_load_would_hit(tmp_path: Path, registry: BackendRegistry) ->
     assert by_name(report, "no_config").loads
     unknown = by_name(report, "unknown")
     assert unknown.backend is None
-    assert unknown.errors[0].startswith("unknown platform 'caffe2_netdef' for model 'unknown'")
+    assert unknown.errors[0].startswith("unexpected platform type 'caffe2_netdef' for unknown")
 
     strict = inspect_repositories([repo], registry, strict=True, gpus=0)
     (reason,) = by_name(strict, "no_config").errors

@@ -38,11 +38,11 @@ def test_backend_name_resolution(tmp_path: Path) -> None:
 
 def test_unknown_platform_and_missing_backend_are_clear(tmp_path: Path) -> None:
     registry = BackendRegistry({})
-    with pytest.raises(TritonError, match="unknown platform 'caffe2'"):
+    with pytest.raises(TritonError, match="unexpected platform type 'caffe2'"):
         registry.backend_name(parse_pbtxt('name: "m" platform: "caffe2"'), tmp_path, [])
     with pytest.raises(TritonError, match="unable to find a backend for model 'm'"):
         registry.backend_name(parse_pbtxt('name: "m"'), tmp_path, [1])
     with pytest.raises(TritonError) as caught:
         registry.get("pytorch")
     assert caught.value.code is ErrorCode.UNAVAILABLE
-    assert "backend 'pytorch' is not installed" in caught.value.message
+    assert "unable to find backend library for backend 'pytorch'" in caught.value.message

@@ -114,7 +114,7 @@ def test_name_mismatch_is_an_error(tmp_path: Path) -> None:
     assert source.error is not None
     assert "'other'" in source.error and "'folder'" in source.error
     assert str(tmp_path / "folder" / "config.pbtxt") in source.error
-    assert "does not match" in source.error
+    assert "directory name must equal model name" in source.error  # Triton's words
 
 
 def test_missing_config_gives_a_named_config(tmp_path: Path) -> None:

@@ -36,14 +36,16 @@ pytestmark = pytest.mark.anyio
 # Bounds a wait for an event that is bound to happen: reached only when something is broken.
 WAIT = 30
 
+# Inputs optional: each sample below gives some of them (one that leaves out a required input
+# is refused: test_a_sample_without_a_required_input_is_refused).
 BATCHING = """
 name: "m"
 max_batch_size: 4
 input [
-  { name: "F" data_type: TYPE_FP32 dims: [ 3 ] },
-  { name: "I" data_type: TYPE_INT64 dims: [ 2, -1 ] },
-  { name: "S" data_type: TYPE_STRING dims: [ 2 ] },
-  { name: "B" data_type: TYPE_BOOL dims: [ 1 ] }
+  { name: "F" data_type: TYPE_FP32 dims: [ 3 ] optional: true },
+  { name: "I" data_type: TYPE_INT64 dims: [ 2, -1 ] optional: true },
+  { name: "S" data_type: TYPE_STRING dims: [ 2 ] optional: true },
+  { name: "B" data_type: TYPE_BOOL dims: [ 1 ] optional: true }
 ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
@@ -52,9 +54,9 @@ NON_BATCHING = """
 name: "m"
 max_batch_size: 0
 input [
-  { name: "H" data_type: TYPE_FP16 dims: [ 2 ] },
-  { name: "U" data_type: TYPE_UINT8 dims: [ 3 ] },
-  { name: "S" data_type: TYPE_STRING dims: [ 2 ] }
+  { name: "H" data_type: TYPE_FP16 dims: [ 2 ] optional: true },
+  { name: "U" data_type: TYPE_UINT8 dims: [ 3 ] optional: true },
+  { name: "S" data_type: TYPE_STRING dims: [ 2 ] optional: true }
 ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
@@ -309,6 +311,20 @@ def test_a_sample_that_cannot_be_built_names_itself_and_the_reason(
     (tmp_path / "warmup" / "three.bin").write_bytes(serialize_bytes(three))
     (tmp_path / "config.pbtxt").write_text("name: 'm'")
     assert message in invalid(tmp_path, BATCHING, inputs)
+
+
+def test_a_sample_without_a_required_input_is_refused(tmp_path: Path) -> None:
+    """Triton runs a warmup sample as a request, which fails without a required input."""
+    required = BATCHING.replace("dims: [ 3 ] optional: true", "dims: [ 3 ]")
+    zero_s = 'inputs { key: "S" value: { data_type: TYPE_STRING dims: [ 2 ] zero_data: true } }'
+    assert invalid(tmp_path, required, zero_s) == (
+        "warmup 'bad' of model 'm': missing required input(s) ['F']; a warmup sample gives "
+        "every input the model requires"
+    )
+    assert warmup_samples(make_context(required + WARMUP_F, tmp_path))
+
+
+WARMUP_F = f'model_warmup [ {{ name: "ok" batch_size: 1 {ZERO_F} }} ]'
 
 
 def test_batch_size_must_fit_the_model(tmp_path: Path) -> None:

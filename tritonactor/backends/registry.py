@@ -65,7 +65,7 @@ class BackendRegistry:
             name = PLATFORM_BACKENDS.get(config.platform)
             if name is None:
                 raise invalid_arg(
-                    f"unknown platform '{config.platform}' for model '{config.name}'; "
+                    f"unexpected platform type '{config.platform}' for {config.name}; "
                     f"known platforms: {', '.join(sorted(PLATFORM_BACKENDS))}"
                 )
             return name
@@ -86,8 +86,8 @@ class BackendRegistry:
             factory = self._factories.get(name)
             if factory is None:
                 raise unavailable(
-                    f"backend '{name}' is not installed; installed backends: "
-                    f"{', '.join(self.names) or 'none'}"
+                    f"unable to find backend library for backend '{name}': it is not "
+                    f"installed; installed backends: {', '.join(self.names) or 'none'}"
                 )
             try:
                 backend = factory()

@@ -33,7 +33,7 @@ from tritonactor._proto.inference import (
 from tritonactor.config.model_config import ConfigError
 from tritonactor.config.validate_ensemble import check_ensemble
 
-__all__ = ["validate_config"]
+__all__ = ["check_runtime", "validate_config"]
 
 TENSORRT_PLATFORM = "tensorrt_plan"
 # The platforms of Triton's own backends. A platform with another backend named is refused; any
@@ -64,6 +64,21 @@ def validate_config(config: ModelConfig, *, io: bool = True) -> None:
     _check_instance_groups(config)
     if io:
         _check_io(config)
+
+
+def check_runtime(config: ModelConfig, backend: str) -> None:
+    """The config's `runtime`, which in Triton names the library (or, for a Python-based
+    backend, the file) a backend is loaded from: tritonactor's backends are Python packages
+    (`tritonactor.backends` entry points), so only the name of the model's own backend's
+    library, `libtriton_<backend>.so`, is taken, and means that backend; any other is refused
+    with Triton's words for a runtime it cannot find."""
+    runtime = config.runtime
+    if runtime and runtime != f"libtriton_{backend}.so":
+        raise ConfigError(
+            f"unable to find backend library '{runtime}' for model '{config.name}': "
+            f"tritonactor's backends are Python packages; the runtime 'libtriton_{backend}.so' "
+            f"names backend '{backend}', another cannot be loaded"
+        )
 
 
 def _check_model(config: ModelConfig) -> None:
@@ -139,6 +154,15 @@ def _check_model(config: ModelConfig) -> None:
     # The response cache's rules (not with the sequence batcher, nor decoupled) are
     # cache/config.py's, which also knows an ensemble's steps.
     check_ensemble(config)
+    agents = config.model_repository_agents
+    if agents is not None and agents.agents:
+        # Triton's words, where its agent library is missing; tritonactor has none (a model
+        # meant to be checked or decrypted by one must not load without it).
+        agent = agents.agents[0]
+        raise ConfigError(
+            f"unable to find 'libtritonrepoagent_{agent.name}.so' for repo agent "
+            f"'{agent.name}': tritonactor has no repository agents"
+        )
     if config.model_metrics is not None:
         for control in config.model_metrics.metric_control:
             if control.metric_identifier is None:

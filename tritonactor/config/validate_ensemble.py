@@ -37,6 +37,11 @@ def check_ensemble(config: ModelConfig) -> None:
     ensemble platform without steps, or steps on another platform)."""
     name = config.name
     scheduling = config.ensemble_scheduling
+    if config.platform == ENSEMBLE_PLATFORM and config.backend:
+        raise ConfigError(
+            f"Ensemble model '{name}' must have platform type '{ENSEMBLE_PLATFORM}' and empty "
+            "backend type"
+        )
     if scheduling is None:
         if config.platform == ENSEMBLE_PLATFORM:
             raise ConfigError(

@@ -21,7 +21,7 @@ from tritonactor.backends.python.backend import EXECUTION_ENV_PATH
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.config.model_config import ConfigError
 from tritonactor.config.normalize import fill_defaults
-from tritonactor.config.validate import validate_config
+from tritonactor.config.validate import check_runtime, validate_config
 from tritonactor.control.repository import ModelSource, VersionSelection, version_path
 from tritonactor.core.errors import TritonError
 from tritonactor.core.paths import inside, outside_error
@@ -95,6 +95,7 @@ def prepare_config(
     config = fill_defaults(config, gpus, config.backend or name)
     # Triton checks the inputs and outputs once the backend has completed them.
     validate_config(config, io=strict or name not in skip_auto_complete)
+    check_runtime(config, name)
     if config.ensemble_scheduling is None:  # an ensemble's backend stays "", as in Triton
         config.backend = config.backend or name
     config.default_model_filename = config.default_model_filename or backend.default_model_filename

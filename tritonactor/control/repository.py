@@ -157,8 +157,8 @@ def _scan_model(repository: Path, model_dir: Path) -> ModelSource:
 
 def _name_mismatch(config_name: str, config_file: Path, folder: str) -> str:
     return (
-        f"model name '{config_name}' in {config_file} does not match its folder '{folder}'; "
-        "the name in config.pbtxt must equal the folder name, or be left out"
+        f"unexpected directory name '{folder}' for model '{config_name}', directory name must "
+        f"equal model name ({config_file}: give the folder's name, or none)"
     )
 
 

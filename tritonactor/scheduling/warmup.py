@@ -78,6 +78,12 @@ def warmup_samples(context: ModelContext) -> list[WarmupSample]:
             _tensor(where, name, warmup.inputs[name], expected, batching, folder, rng)
             for name in _ordered(where, warmup, expected)
         )
+        missing = [t.name for t in config.input if not t.optional and t.name not in warmup.inputs]
+        if missing:  # Triton's warmup request then fails as any request would
+            raise ConfigError(
+                f"{where}: missing required input(s) {missing}; a warmup sample gives every "
+                "input the model requires"
+            )
         samples.append(WarmupSample(warmup.name, inputs, warmup.batch_size, max(warmup.count, 1)))
     return samples
 

@@ -24,7 +24,7 @@ from tritonactor.backends.base import (
 from tritonactor.backends.python.instance import PythonInstance
 from tritonactor.backends.python.process import StubProcess, StubSettings, exit_description
 from tritonactor.config.model_config import ConfigError, config_from_json, config_to_json
-from tritonactor.core.errors import TritonError, invalid_arg
+from tritonactor.core.errors import TritonError, invalid_arg, unsupported
 
 __all__ = ["PythonBackend", "PythonInstance", "PythonModel", "exit_description", "interpreter_for"]
 
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MODEL_FILENAME = "model.py"
 EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
+FORCE_CPU_ONLY_INPUT_TENSORS = "FORCE_CPU_ONLY_INPUT_TENSORS"
 
 
 def interpreter_for(config: ModelConfig, model_dir: Path) -> str:
@@ -116,6 +117,13 @@ class PythonBackend(Backend):
             ) from None
 
     def load_model(self, context: ModelContext) -> PythonModel:
+        force_cpu = context.config.parameters.get(FORCE_CPU_ONLY_INPUT_TENSORS)
+        if force_cpu is not None and force_cpu.string_value not in ("yes", "no"):
+            # Triton's python backend's words, its stray quote mark included. Either value
+            # means the same here: without GPUs a model's inputs are always in CPU memory.
+            raise unsupported(
+                f"Incorrect value for {FORCE_CPU_ONLY_INPUT_TENSORS}: {force_cpu.string_value}'"
+            )
         if not context.model_path.is_file():
             raise invalid_arg(
                 f"model '{context.name}' version {context.version}: no python model file at "
