@@ -61,3 +61,6 @@ def test_parse_errors_name_file_line_and_column(text: str, where: str, what: str
 def test_bad_json_override_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="invalid model config JSON"):
         config_from_json({"max_batch_size": "lots"})
+    with pytest.raises(ConfigError) as caught:
+        config_from_json({"name": "m", "input": [{"name": "a", "data_type": "type_fp32"}]})
+    assert str(caught.value).endswith("at ModelConfig.input[0].data_type")  # not "type.."

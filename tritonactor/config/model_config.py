@@ -65,7 +65,9 @@ def config_from_json(data: dict[str, Any] | str | bytes) -> ModelConfig:
         else:
             json_format.ParseDict(data, message)
     except json_format.ParseError as exc:
-        raise ConfigError(f"invalid model config JSON: {exc}") from None
+        # protobuf ends some of its messages with two full stops ("at ModelConfig.input[0]..")
+        reason = str(exc).rstrip(".")
+        raise ConfigError(f"invalid model config JSON: {reason}") from None
     return ModelConfig.parse(message.SerializeToString())
 
 
