@@ -92,7 +92,7 @@ class RowBuilder:
             outer.fail(error)
             return
         try:
-            response, saved = take_states(self.name, self.states, response, hidden)
+            response, saved = take_states(self.name, self.states, response, hidden, sequence.saved)
         except TritonError as error:
             # Seen by the statistics, which account for the execute after this answer.
             request.context[STATE_ERROR] = error

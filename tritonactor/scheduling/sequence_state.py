@@ -197,17 +197,23 @@ def requested_outputs(
 
 
 def take_states(
-    model: str, specs: Iterable[StateSpec], response: InferenceResponse, hidden: frozenset[str]
+    model: str,
+    specs: Iterable[StateSpec],
+    response: InferenceResponse,
+    hidden: frozenset[str],
+    previous: SavedState | None = None,
 ) -> tuple[InferenceResponse, SavedState]:
     """The sequence's next state from the model's answer, and that answer without the state
-    outputs the client did not ask for. INTERNAL when a state output is missing or of
-    another data type: the model breaks the state contract."""
+    outputs the client did not ask for. A state the model did not return stays as it was
+    (`previous`; its initial value when there is none): Triton serves such a model, whose
+    python backend carries no state at all. INTERNAL for a state output of another data
+    type: the model breaks the state contract."""
     by_name = {tensor.name: tensor for tensor in response.outputs}
-    saved: SavedState = {}
+    saved: SavedState = dict(previous) if previous else {}
     for spec in specs:
         tensor = by_name.get(spec.output_name)
         if tensor is None:
-            raise internal(f"model '{model}' did not return the state output '{spec.output_name}'")
+            continue
         if tensor.datatype != spec.datatype:
             raise internal(
                 f"model '{model}' returned the state output '{spec.output_name}' as "
