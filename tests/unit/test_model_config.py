@@ -64,3 +64,18 @@ def test_bad_json_override_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as caught:
         config_from_json({"name": "m", "input": [{"name": "a", "data_type": "type_fp32"}]})
     assert str(caught.value).endswith("at ModelConfig.input[0].data_type")  # not "type.."
+
+
+def test_the_64_bit_fields_triton_leaves_as_strings() -> None:
+    """Triton's config JSON turns its 64-bit fields into numbers one by one, and not these two
+    (a secondary device's id was "0" on Triton 2.51's /config)."""
+    config = config_to_json(
+        parse_pbtxt(
+            'name: "m" input [ { name: "a" dims: [ 4 ] } ] instance_group [ { kind: KIND_CPU '
+            "secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ] optimization { cuda { "
+            'graph_spec [ { batch_size: 1 input { key: "a" value: { dim: [ 2, 3 ] } } } ] } }'
+        )
+    )
+    assert config["input"][0]["dims"] == [4]
+    assert config["instance_group"][0]["secondary_devices"][0]["device_id"] == "0"
+    assert config["optimization"]["cuda"]["graph_spec"][0]["input"]["a"]["dim"] == ["2", "3"]

@@ -84,6 +84,14 @@ def _bare_parse_message(exc: text_format.ParseError) -> str:
 
 
 _INT64_TYPES = frozenset({3, 4, 6, 16, 18})  # int64, uint64, fixed64, sfixed64, sint64
+# The 64-bit fields Triton's config JSON leaves as proto3 JSON writes them, strings: it turns
+# the others into numbers, field by field (its ModelConfigToJson), and not these.
+_INT64_KEPT_AS_STRINGS = frozenset(
+    {
+        "inference.ModelInstanceGroup.SecondaryDevice.device_id",
+        "inference.ModelOptimizationPolicy.Cuda.GraphSpec.Shape.dim",
+    }
+)
 
 
 def _int64_strings_to_numbers(value: Any, descriptor: Any) -> Any:
@@ -109,6 +117,6 @@ def _int64_strings_to_numbers(value: Any, descriptor: Any) -> Any:
                 value[key] = [_int64_strings_to_numbers(v, field.message_type) for v in item]
             else:
                 value[key] = _int64_strings_to_numbers(item, field.message_type)
-        elif field.type in _INT64_TYPES:
+        elif field.type in _INT64_TYPES and field.full_name not in _INT64_KEPT_AS_STRINGS:
             value[key] = [int(v) for v in item] if isinstance(item, list) else int(item)
     return value
