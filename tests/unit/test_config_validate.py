@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from tritonactor.config.model_config import ConfigError, parse_pbtxt
+from tritonactor.config.model_config import ConfigError, config_from_json, parse_pbtxt
 from tritonactor.config.normalize import fill_defaults
 from tritonactor.config.validate import check_runtime, validate_config
+from tritonactor.control.prepare import _without_old_ensemble_defaults
 
 FIXED = "data_type: TYPE_FP32 dims: [ 16 ]"
 
@@ -385,3 +386,46 @@ def test_an_ensemble_with_a_backend_is_refused() -> None:
     assert str(caught.value) == (
         "Ensemble model 'e' must have platform type 'ensemble' and empty backend type"
     )
+
+
+# An ensemble's /config as tritonactor served it before 2026-12-07, posted back as a load's
+# override (and so kept in journals): what it filled in then is dropped, not refused.
+OLD_SERVED_ENSEMBLE = {
+    "name": "e",
+    "platform": "ensemble",
+    "backend": "ensemble",
+    "max_batch_size": 8,
+    "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [16]}],
+    "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [16]}],
+    "instance_group": [
+        {"name": "e_0", "count": 1, "kind": "KIND_CPU", "gpus": [], "profile": [], "passive": False}
+    ],
+    "optimization": {
+        "input_pinned_memory": {"enable": True},
+        "output_pinned_memory": {"enable": True},
+        "priority": "PRIORITY_DEFAULT",
+        "gather_kernel_buffer_threshold": 0,
+        "eager_batching": False,
+    },
+    "ensemble_scheduling": {
+        "step": [
+            {
+                "model_name": "id",
+                "model_version": -1,
+                "input_map": {"INPUT0": "IN"},
+                "output_map": {"OUTPUT0": "OUT"},
+            }
+        ]
+    },
+}
+
+
+def test_an_ensemble_config_served_before_loads_as_an_override() -> None:
+    old = config_from_json(OLD_SERVED_ENSEMBLE)
+    with pytest.raises(ConfigError, match="must have platform type 'ensemble' and empty backend"):
+        validate_config(fill_defaults(old, gpus=0))
+    cleaned = _without_old_ensemble_defaults(old)
+    validate_config(fill_defaults(cleaned, gpus=0))
+    assert (cleaned.backend, cleaned.instance_group, cleaned.optimization) == ("", [], None)
+    other = dict(OLD_SERVED_ENSEMBLE, instance_group=[{"name": "g", "count": 2}])
+    assert _without_old_ensemble_defaults(config_from_json(other)).instance_group  # kept

@@ -6,6 +6,7 @@ import pytest
 
 from tritonactor.config.model_config import ConfigError, parse_pbtxt
 from tritonactor.config.normalize import fill_defaults, instance_specs
+from tritonactor.config.validate import validate_config
 
 
 def test_defaults_without_gpus() -> None:
@@ -77,3 +78,19 @@ def test_fill_defaults_leaves_its_input_alone() -> None:
     original = parse_pbtxt('name: "m"')
     fill_defaults(original, gpus=0)
     assert original.instance_group == [] and original.version_policy is None
+
+
+def test_the_platform_of_a_named_backend_is_filled_in_as_triton_does() -> None:
+    """So that the checks of TensorRT-only fields see a TensorRT model as one, strict or not."""
+    for backend, platform in (
+        ("tensorrt", "tensorrt_plan"),
+        ("onnxruntime", "onnxruntime_onnx"),
+        ("pytorch", "pytorch_libtorch"),
+        ("python", ""),
+    ):
+        assert fill_defaults(parse_pbtxt('name: "m"'), 0, backend).platform == platform
+    shape = (
+        'name: "s" backend: "tensorrt" input [ { name: "S" data_type: TYPE_INT32 dims: [ 2 ] '
+        'is_shape_tensor: true } ] output [ { name: "O" data_type: TYPE_INT32 dims: [ 2 ] } ]'
+    )
+    validate_config(fill_defaults(parse_pbtxt(shape), 1, "tensorrt"))

@@ -29,6 +29,8 @@ from tritonactor._proto.inference import (
 from tritonactor.backends.base import InstanceContext, ModelContext
 from tritonactor.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeInstance
 from tritonactor.config.model_config import parse_pbtxt, read_pbtxt
+from tritonactor.config.normalize import fill_defaults
+from tritonactor.config.validate import validate_config
 from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import (
@@ -289,6 +291,25 @@ def test_auto_complete_scalar_per_item_uses_reshape(
     data = np.array([[1.5], [2.5], [3.5]], dtype=np.float32)
     out = outputs_by_name(instance.execute([request(tensor("INPUT0", data))])[0])["OUTPUT0"]
     assert out.shape == (3, 1)
+    np.testing.assert_array_equal(out.data, data)
+
+
+def test_a_scalar_of_a_model_that_does_not_batch_is_dims_1(
+    backend: OnnxRuntimeBackend, tmp_path: Path
+) -> None:
+    """As Triton's onnxruntime backend completes and serves it: dims [1], no reshape (Triton
+    refuses an empty reshape where the model does not batch), read against the rank-0 tensor."""
+    vdir = version_dir(tmp_path)
+    identity_model(vdir / "model.onnx", "FP32", [])
+    completed = backend.auto_complete_config(ModelConfig(name="m"), vdir)
+    assert completed.max_batch_size == 0
+    assert (completed.input[0].dims, completed.input[0].reshape) == ([1], None)
+    assert (completed.output[0].dims, completed.output[0].reshape) == ([1], None)
+    validate_config(fill_defaults(completed, gpus=0))
+    instance = load(backend, completed, vdir)
+    data = np.array([2.5], dtype=np.float32)
+    out = outputs_by_name(instance.execute([request(tensor("INPUT0", data))])[0])["OUTPUT0"]
+    assert out.shape == (1,)
     np.testing.assert_array_equal(out.data, data)
 
 

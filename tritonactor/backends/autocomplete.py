@@ -64,6 +64,8 @@ def complete_tensors(
 def _dims(shape: Sequence[int], batching: bool) -> tuple[list[int], ModelTensorReshape | None]:
     dims = list(shape[1:] if batching else shape)
     if not dims:
-        # A config cannot hold empty dims: a scalar (per batch item) is dims [1] reshaped to [].
-        return [1], ModelTensorReshape(shape=[])
+        # A config cannot hold empty dims: a scalar per batch item is dims [1] reshaped to [],
+        # a scalar of a model that does not batch dims [1] (Triton refuses an empty reshape
+        # there; the backends read dims [1] against a rank-0 tensor: base.model_reshape).
+        return [1], ModelTensorReshape(shape=[]) if batching else None
     return dims, None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from tritonactor._proto.inference import ModelConfig
+from tritonactor._proto.inference import ModelConfig, ModelInput, ModelOutput
 from tritonactor.core.errors import TritonError, internal
 from tritonactor.core.paths import inside
 from tritonactor.core.types import InferenceRequest, InferenceResponse
@@ -104,6 +104,19 @@ class InstanceDied(Exception):
     """Raised by `execute` when the instance itself is gone (its process died). The requests of
     that batch fail with the reason; the server marks the model UNAVAILABLE and starts a new
     instance in its place."""
+
+
+def model_reshape(
+    tensor: ModelInput | ModelOutput, model_rank: int, batching: bool
+) -> tuple[int, ...] | None:
+    """The per-item shape a model file wants for a config tensor, None when it is the config's
+    `dims`: the config's `reshape`, or, for a scalar of a model that does not batch (a rank-0
+    tensor, which a config gives as dims [1], as Triton's backends take it), the empty shape."""
+    if tensor.reshape is not None:
+        return tuple(tensor.reshape.shape)
+    if not batching and model_rank == 0 and tuple(tensor.dims) == (1,):
+        return ()
+    return None
 
 
 def reshaped(

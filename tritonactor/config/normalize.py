@@ -29,14 +29,23 @@ class InstanceSpec:
 # default_cpu_instance_count); the others get one.
 TWO_CPU_INSTANCES = frozenset({"onnxruntime", "tensorflow"})
 SEQUENCE_IDLE_DEFAULT_US = 1_000_000  # Triton's max_sequence_idle_microseconds default
+# The platform Triton writes into a config that names one of these backends and no platform.
+BACKEND_PLATFORMS = {
+    "onnxruntime": "onnxruntime_onnx",
+    "tensorrt": "tensorrt_plan",
+    "pytorch": "pytorch_libtorch",
+}
 
 
 def fill_defaults(config: ModelConfig, gpus: int, backend: str = "") -> ModelConfig:
-    """A copy of `config` with Triton's defaults: a version policy, the batchers' preferred
+    """A copy of `config` with Triton's defaults: the platform of `backend` where it has one
+    (ONNX Runtime, TensorRT, PyTorch) and the config none, a version policy, the batchers' preferred
     sizes (`max_batch_size`) and the sequence batcher's idle time, the pinned-memory
     optimization defaults, and instance groups with names, counts (by `backend`), kinds
     (KIND_AUTO resolved) and GPU lists (an ensemble gets only the version policy)."""
     filled = ModelConfig.parse(bytes(config))
+    if not filled.platform and backend in BACKEND_PLATFORMS:
+        filled.platform = BACKEND_PLATFORMS[backend]
     if filled.version_policy is None:
         filled.version_policy = ModelVersionPolicy(latest=ModelVersionPolicyLatest(num_versions=1))
     batch = [filled.max_batch_size] if filled.max_batch_size > 0 else []

@@ -15,7 +15,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonactor._proto.inference import ModelConfig
+from tritonactor._proto.inference import (
+    ModelConfig,
+    ModelInstanceGroup,
+    ModelInstanceGroupKind,
+    ModelOptimizationPolicy,
+    ModelOptimizationPolicyPinnedMemoryBuffer,
+)
 from tritonactor.backends.base import Backend, ModelContext, version_file
 from tritonactor.backends.python.backend import EXECUTION_ENV_PATH
 from tritonactor.backends.registry import BackendRegistry
@@ -83,6 +89,8 @@ def prepare_config(
     if caller_config and repository_config is not None:
         trusted = operator_names(model, repository_config, registry)
     confine_config(model, config, caller_config=caller_config, trusted=trusted)
+    if caller_config:
+        config = _without_old_ensemble_defaults(config)
     if strict and not model.has_config_file:
         raise ConfigError(
             f"model '{model.name}' has no config.pbtxt, and strict model configuration "
@@ -101,6 +109,30 @@ def prepare_config(
     config.default_model_filename = config.default_model_filename or backend.default_model_filename
     confine_config(model, config, caller_config=caller_config, trusted=trusted)
     return backend, config
+
+
+def _without_old_ensemble_defaults(config: ModelConfig) -> ModelConfig:
+    """An ensemble's config as tritonactor served it before 2026-12-07 (its `/config`, posted
+    back as a load's override, and so kept in journals): without the backend name, the
+    instance group and the optimization defaults it then filled in, which Triton, and now
+    tritonactor, refuse in an ensemble's config. Only those exact values are dropped."""
+    if config.ensemble_scheduling is None:
+        return config
+    config = ModelConfig.parse(bytes(config))
+    if config.backend == "ensemble":
+        config.backend = ""
+    old_group = ModelInstanceGroup(
+        name=f"{config.name}_0", count=1, kind=ModelInstanceGroupKind.CPU
+    )
+    if config.instance_group == [old_group]:
+        config.instance_group = []
+    pinned = ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
+    old_optimization = ModelOptimizationPolicy(
+        input_pinned_memory=pinned, output_pinned_memory=pinned
+    )
+    if config.optimization == old_optimization:
+        config.optimization = None
+    return config
 
 
 @dataclass(frozen=True, slots=True)

@@ -317,12 +317,13 @@ def parse_version(version: str) -> int:
     (a string its `stol` cannot read, or past int64: "details: stol"; a negative number).
     Stricter than Triton: a sign and digits only, where `stol` reads "5abc" or " 5" as 5."""
     digits = version[1:] if version[:1] in "+-" else version
-    if not digits.isdigit() or not digits.isascii() or int(digits) > _INT64_MAX:
+    negative = version.startswith("-")
+    if not digits.isdigit() or not digits.isascii() or int(digits) > _INT64_MAX + negative:
         raise invalid_arg(
             f"failed to get model version from specified version string '{version}' "
             "(details: stol), version should be an integral value > 0"
         )
-    if version.startswith("-") and int(digits):
+    if negative and int(digits):
         raise invalid_arg(
             f"invalid model version specified '{version}' , version should be an integral value > 0"
         )

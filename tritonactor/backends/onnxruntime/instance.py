@@ -20,6 +20,7 @@ from tritonactor.backends.base import (
     BackendInstance,
     ModelContext,
     Result,
+    model_reshape,
     reshaped,
     undo_reshape,
 )
@@ -85,13 +86,17 @@ class OnnxRuntimeInstance(BackendInstance):
         self.model_version = str(context.version)
         self._session: ort.InferenceSession | None = session
         self._batching = config.max_batch_size > 0
+
+        def rank(spec: Any) -> int:
+            return len(spec.shape) if spec is not None else -1
+
         self._inputs = [
             _InputPlan(
                 name=t.name,
                 optional=t.optional,
                 is_string=t.data_type == DataType.TYPE_STRING,
                 is_bf16=t.data_type == DataType.TYPE_BF16,
-                reshape=tuple(t.reshape.shape) if t.reshape is not None else None,
+                reshape=model_reshape(t, rank(signature.inputs.get(t.name)), self._batching),
                 dims=tuple(t.dims),
             )
             for t in config.input
@@ -109,15 +114,15 @@ class OnnxRuntimeInstance(BackendInstance):
             for spec in signature.inputs.values()
             if spec.name in fed
         ]
-        self._outputs = {
-            t.name: _OutputPlan(
+        self._outputs = {}
+        for t in config.output:
+            wanted = model_reshape(t, rank(signature.outputs.get(t.name)), self._batching)
+            self._outputs[t.name] = _OutputPlan(
                 name=t.name,
                 datatype=config_to_wire(DataType(t.data_type).name),
-                dims=tuple(t.dims) if t.reshape is not None else None,
-                reshape=tuple(t.reshape.shape) if t.reshape is not None else (),
+                dims=tuple(t.dims) if wanted is not None else None,
+                reshape=wanted if wanted is not None else (),
             )
-            for t in config.output
-        }
         self._all_outputs = list(self._outputs)
         # What the model declares (a dimension: a number, a name shared with other dimensions,
         # or None): an output's shape worked out from its inputs' before it runs, to be written

@@ -16,6 +16,7 @@ from tritonactor.backends.base import (
     InstanceContext,
     ModelContext,
     Result,
+    model_reshape,
     reshaped,
     undo_reshape,
 )
@@ -81,7 +82,7 @@ class TensorRTInstance(BackendInstance):
             _InputPlan(
                 name=t.name,
                 dtype=_numpy_dtype(signature.inputs[t.name]),
-                reshape=tuple(t.reshape.shape) if t.reshape is not None else None,
+                reshape=model_reshape(t, len(signature.inputs[t.name].shape), self._batching),
                 dims=tuple(t.dims),
             )
             for t in config.input
@@ -90,14 +91,17 @@ class TensorRTInstance(BackendInstance):
         self._outputs: dict[str, _OutputPlan] = {}
         for name, tensor in signature.outputs.items():
             entry = listed.get(name)
+            wanted = (
+                model_reshape(entry, len(tensor.shape), self._batching)
+                if entry is not None
+                else None
+            )
             self._outputs[name] = _OutputPlan(
                 name=name,
                 datatype=config_to_wire(DataType(_tensor_type(context.name, tensor)).name),
                 dtype=_numpy_dtype(tensor),
-                dims=tuple(entry.dims) if entry is not None and entry.reshape is not None else None,
-                reshape=tuple(entry.reshape.shape)
-                if entry is not None and entry.reshape is not None
-                else (),
+                dims=tuple(entry.dims) if entry is not None and wanted is not None else None,
+                reshape=wanted if wanted is not None else (),
             )
         self._default_outputs = list(listed) or list(signature.outputs)
 
