@@ -556,7 +556,9 @@ def test_model_config(client: grpcclient.InferenceServerClient) -> None:
         ("INPUT1", model_config_pb2.TYPE_INT32, [16]),
     ]
     assert [o.name for o in config.output] == ["OUTPUT0", "OUTPUT1"]
-    assert config.instance_group[0].count == 1
+    # No count in its config: Triton's two CPU instances for ONNX Runtime, the group named
+    # after the model.
+    assert (config.instance_group[0].name, config.instance_group[0].count) == ("simple", 2)
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     strings = client.get_model_config("strings").config
     assert strings.input[0].data_type == model_config_pb2.TYPE_STRING

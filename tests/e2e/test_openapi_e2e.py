@@ -49,6 +49,16 @@ TRITON_5XX: list[tuple[str, str, int, re.Pattern[str]]] = [
         500,
         re.compile(r"failed to load '.*', failed to poll from model repository", re.S),
     ),
+    # A load or unload through a named repository (seen on a real tritonserver too).
+    *(
+        (
+            "POST",
+            f"/v2/repository/{{repository}}/models/{{model}}/{action}",
+            501,
+            re.compile(r"^'repository_name' specification is not supported$"),
+        )
+        for action in ("load", "unload")
+    ),
     (
         "POST",
         "/v2/systemsharedmemory/region/{region}/register",
