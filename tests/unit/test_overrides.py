@@ -558,3 +558,11 @@ def test_partial_folders_of_an_interrupted_write_are_removed(tmp_path: Path) -> 
     remove_stale_folders(tmp_path / "never-created")
 
     assert [entry.name for entry in root.iterdir()] == [folder.parent.name]
+
+
+def test_a_config_naming_another_model_is_refused_in_tritons_words() -> None:
+    with pytest.raises(TritonError) as caught:
+        parse_load_parameters({"config": '{"name": "other"}'}, "m", base64_files=True)
+    assert caught.value.message.startswith(
+        "unexpected directory name 'm' for model 'other', directory name must equal model name"
+    )

@@ -450,8 +450,13 @@ def test_initialize_failure_fails_create_instance(backend: PythonBackend, tmp_pa
     )
     (model_dir / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\n')
     model = backend.load_model(context("broken", tmp_path))
-    with pytest.raises(TritonError, match="RuntimeError: no weights here"):
-        model.create_instance(InstanceContext("broken_0_0", "KIND_CPU", 0, 0))
+    with pytest.raises(TritonError) as caught:
+        model.create_instance(InstanceContext("broken_0", "KIND_CPU", 0, 0))
+    # Where in the model's code, as Triton's python backend says it ("At:", file(line): name).
+    model_file = model_dir / "1" / "model.py"
+    assert caught.value.message.endswith(
+        f"RuntimeError: no weights here\n\nAt:\n  {model_file}(3): initialize\n"
+    )
 
 
 def test_auto_complete_config(backend: PythonBackend) -> None:

@@ -197,9 +197,11 @@ def _checked_config(config_json: str, model: str, max_depth: int | None = None) 
     except ConfigError as exc:
         raise invalid_arg(f"{where}: {exc}") from None
     if config.name and config.name != model:
-        raise invalid_arg(
-            f"load parameter '{CONFIG_PARAMETER}' names model {_quote(config.name)}, but the "
-            f"request loads {_quote(model)}; leave the name out or make them equal"
+        raise invalid_arg(  # Triton's words, then which name is which
+            f"unexpected directory name {_quote(model)} for model {_quote(config.name)}, "
+            f"directory name must equal model name (load parameter '{CONFIG_PARAMETER}' names "
+            f"model {_quote(config.name)}, the request loads {_quote(model)}: leave the name "
+            "out or make them equal)"
         )
     return config
 

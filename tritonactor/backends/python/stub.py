@@ -158,7 +158,7 @@ class Stub(WireConversions):
                 raise RuntimeError("the model's is_ready() returned False")
         except BaseException as exc:
             traceback.print_exc()
-            self.channel.send({"op": "failed", "error": _describe(exc)})
+            self.channel.send({"op": "failed", "error": _describe_where(exc)})
             return False
         self.channel.send({"op": "ready"})
         return True
@@ -175,7 +175,7 @@ class Stub(WireConversions):
             config = result.as_dict() if result is not None else wrapper.as_dict()
         except BaseException as exc:
             traceback.print_exc()
-            self.channel.send({"op": "failed", "error": _describe(exc)})
+            self.channel.send({"op": "failed", "error": _describe_where(exc)})
             return
         self.channel.send({"op": "auto_completed", "config": config})
 
@@ -349,6 +349,24 @@ async def _awaited(awaitable: Any) -> Any:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+_OWN_FILES = os.path.dirname(os.path.abspath(__file__))  # the stub and its pb_utils
+
+
+def _describe_where(exc: BaseException) -> str:
+    """The error, and where in the model's code it was raised: Triton's python backend's
+    words for a failed `initialize` or `auto_complete_config` ("At:", then each frame from
+    the innermost out, `file(line): function`), the stub's own frames left out."""
+    frames = [
+        frame
+        for frame in reversed(traceback.extract_tb(exc.__traceback__))
+        if not os.path.abspath(frame.filename).startswith(_OWN_FILES + os.sep)
+    ]
+    if not frames:
+        return _describe(exc)
+    where = "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in frames)
+    return f"{_describe(exc)}\n\nAt:\n{where}"
 
 
 def _ignore_signal(number: int, frame: object) -> None:
