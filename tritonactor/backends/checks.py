@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tritonactor._proto.inference import DataType, ModelInput, ModelOutput
+from tritonactor.backends.base import model_reshape
 from tritonactor.core.errors import invalid_arg
 
 
@@ -34,8 +35,8 @@ def check_tensor(
     batching = max_batch_size > 0
     model_shape = list(shape)[1:] if batching else list(shape)
     config_shape = list(entry.reshape.shape) if entry.reshape is not None else list(entry.dims)
-    if not batching and not model_shape and entry.reshape is None and config_shape == [1]:
-        return  # a scalar of a model that does not batch: dims [1] (base.model_reshape)
+    if entry.reshape is None and model_reshape(entry, len(model_shape), batching) == ():
+        return  # a scalar of a model that does not batch: dims [1]
     agrees = len(config_shape) == len(model_shape) and all(
         dim in (None, -1) or wanted in (-1, dim)
         for wanted, dim in zip(config_shape, model_shape, strict=True)

@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.backends.base import Backend
+from tritonactor.config.normalize import BACKEND_PLATFORMS
 from tritonactor.core.errors import TritonError, invalid_arg, unavailable
 
 log = logging.getLogger(__name__)
@@ -20,11 +21,8 @@ ENTRY_POINT_GROUP = "tritonactor.backends"
 
 # Triton's platform names, and the model file each backend looks for by default: used when a
 # config names neither a backend nor a platform.
-PLATFORM_BACKENDS = {
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-    "tensorrt_plan": "tensorrt",
-}
+# The platforms this server's own backends serve (config/normalize.py has Triton's table).
+PLATFORM_BACKENDS = {platform: backend for backend, platform in BACKEND_PLATFORMS.items()}
 DEFAULT_FILES = {
     "model.onnx": "onnxruntime",
     "model.pt": "pytorch",

@@ -29,11 +29,19 @@ class InstanceSpec:
 # default_cpu_instance_count); the others get one.
 TWO_CPU_INSTANCES = frozenset({"onnxruntime", "tensorflow"})
 SEQUENCE_IDLE_DEFAULT_US = 1_000_000  # Triton's max_sequence_idle_microseconds default
-# The platform Triton writes into a config that names one of these backends and no platform.
+# The platforms of Triton's own backends, and their backend (the one table: the registry
+# serves those it has, validate.py refuses a platform named with another of these backends).
+PLATFORM_BACKENDS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+    "tensorflow_graphdef": "tensorflow",
+    "tensorflow_savedmodel": "tensorflow",
+}
+# The platform Triton writes into a config that names one of these backends and no platform
+# (TensorFlow's it reads from the model's files; tritonactor serves no TensorFlow).
 BACKEND_PLATFORMS = {
-    "onnxruntime": "onnxruntime_onnx",
-    "tensorrt": "tensorrt_plan",
-    "pytorch": "pytorch_libtorch",
+    backend: platform for platform, backend in PLATFORM_BACKENDS.items() if backend != "tensorflow"
 }
 
 

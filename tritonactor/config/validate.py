@@ -31,20 +31,12 @@ from tritonactor._proto.inference import (
     ModelSequenceBatchingControlKind,
 )
 from tritonactor.config.model_config import ConfigError
+from tritonactor.config.normalize import BACKEND_PLATFORMS, PLATFORM_BACKENDS
 from tritonactor.config.validate_ensemble import check_ensemble
 
 __all__ = ["check_runtime", "validate_config"]
 
-TENSORRT_PLATFORM = "tensorrt_plan"
-# The platforms of Triton's own backends. A platform with another backend named is refused; any
-# platform goes with a backend Triton does not know (python, or one of the user's).
-_PLATFORM_BACKENDS = {
-    "tensorflow_graphdef": "tensorflow",
-    "tensorflow_savedmodel": "tensorflow",
-    TENSORRT_PLATFORM: "tensorrt",
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-}
+TENSORRT_PLATFORM = BACKEND_PLATFORMS["tensorrt"]
 _WILDCARD = -1
 _INT64_MAX = 2**63 - 1
 _CORRID_TYPES = frozenset(
@@ -85,8 +77,10 @@ def _check_model(config: ModelConfig) -> None:
     name = config.name
     if not name:
         raise ConfigError("model configuration must specify 'name'")
-    known = config.backend in _PLATFORM_BACKENDS.values()
-    if known and config.platform and _PLATFORM_BACKENDS.get(config.platform) != config.backend:
+    # A platform with another of Triton's backends named is refused; any platform goes with a
+    # backend Triton does not know (python, or one of the user's).
+    known = config.backend in PLATFORM_BACKENDS.values()
+    if known and config.platform and PLATFORM_BACKENDS.get(config.platform) != config.backend:
         raise ConfigError(
             f"unexpected 'platform' and 'backend' pair, got:{config.platform}, {config.backend}"
         )
@@ -402,9 +396,8 @@ def _check_source(
 
 def _check_instance_groups(config: ModelConfig) -> None:
     """GPUs listed only where the kind uses them; profiles only for TensorRT (the GPU kinds'
-    own checks, which need the count of GPUs, are normalize.py's)."""
-    if config.ensemble_scheduling is not None:
-        return
+    own checks, which need the count of GPUs, are normalize.py's; an ensemble has none:
+    validate_ensemble.py refuses them)."""
     for group in config.instance_group:
         where = f"instance group {group.name} of model {config.name}"
         if group.kind == ModelInstanceGroupKind.MODEL and group.gpus:
