@@ -6,6 +6,7 @@ slots let go of hold `RELEASE_ALONE` bytes. Both sides: the engine's connection 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -46,6 +47,12 @@ def deliver(connection: Any, pieces: list[bytes | memoryview]) -> None:
 def written(transport: Transport) -> list[list[object]]:
     """What each write carried, decoded."""
     return [FrameReader().feed(data) for data in transport.written]
+
+
+async def turn_ends() -> None:
+    """The loop's turn ends: what the front end's connection wrote in it, gathered by its cork
+    since the engine's answers were read (core/cork.py), is written."""
+    await asyncio.sleep(0)
 
 
 def slots(lane: Lane) -> set[str]:
@@ -153,7 +160,10 @@ async def test_a_front_end_releases_the_engines_slots_with_its_next_request(
     [name] = slots(front_end.other)
     assert front_end.transport.written == []
     # The next request carries the release, in the same write.
+    await turn_ends()
+    assert front_end.transport.written == []
     id, _reply = front_end.connection.submit(InferenceRequest(model_name="m"))
+    await turn_ends()
     [[released, submit]] = written(front_end.transport)
     assert released == m.Released((name,))
     assert isinstance(submit, m.Submit) and submit.id == id
@@ -164,8 +174,10 @@ async def test_a_front_end_releases_alone_once_the_slots_taken_hold_enough(
 ) -> None:
     monkeypatch.setattr(lanes, "RELEASE_ALONE", 2 * 4 * OUT_OF_BAND)
     front_end.receive_large(1)
+    await turn_ends()
     assert front_end.transport.written == []
     front_end.receive_large(2)
+    await turn_ends()
     [[released]] = written(front_end.transport)
     assert isinstance(released, m.Released) and set(released.names) == slots(front_end.other)
     # The engine reuses what was released: a third answer makes no slot.
@@ -184,6 +196,7 @@ async def test_a_tensor_still_viewed_is_released_with_the_first_message_after_it
     [name] = slots(front_end.other)
     kept = reply.result().outputs[0].data
     del reply
+    await turn_ends()
     front_end.transport.written.clear()
     front_end.connection.submit(InferenceRequest(model_name="m"))
     [[submit]] = written(front_end.transport)

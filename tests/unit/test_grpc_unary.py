@@ -56,6 +56,14 @@ async def reversed_echo(stream: Stream[Raw, Raw]) -> None:
     await stream.send_message(Raw(message.data[::-1]))
 
 
+async def later_reversed_echo(stream: Stream[Raw, Raw]) -> None:
+    """`reversed_echo`, answering in a later loop turn than the one its request was read in
+    (as an answer from the engine comes), where no cork gathers a turn's writes."""
+    message = await stream.recv_message()
+    await asyncio.sleep(0)
+    await stream.send_message(Raw(message.data[::-1]))
+
+
 class Service:
     def __init__(self, answer: Answer, one_write: bool) -> None:
         self.answer = answer
@@ -88,6 +96,9 @@ class Transport:
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
+
+    def writelines(self, pieces: list[Any]) -> None:  # (one system call, as uvloop's)
+        self.writes.append(b"".join(memoryview(piece).cast("B") for piece in pieces))
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -201,13 +212,21 @@ def grpc_message(payload: bytes) -> bytes:
 
 
 async def test_a_unary_answer_is_one_write_of_grpclibs_frames() -> None:
-    ours, our_writes, service = await call(reversed_echo, one_write=True)
-    theirs, their_writes, plain = await call(reversed_echo, one_write=False)
+    ours, our_writes, service = await call(later_reversed_echo, one_write=True)
+    theirs, their_writes, plain = await call(later_reversed_echo, one_write=False)
     assert ours == theirs
     assert ours[-1] == ("data", grpc_message(b"cba"))
     assert [kind for kind, _ in ours] == ["headers", "trailers", "data"]
     assert (our_writes, their_writes) == (1, 3)
     assert service.classes == [UnaryStream] and plain.classes == [Stream]
+
+
+async def test_writes_in_the_turn_a_request_was_read_in_go_together() -> None:
+    """grpclib's three frames, written one by one in the loop turn that the connection's read
+    began (its cork holds them, core/cork.py), go in one write."""
+    ours, our_writes, _ = await call(reversed_echo, one_write=True)
+    theirs, their_writes, _ = await call(reversed_echo, one_write=False)
+    assert ours == theirs and (our_writes, their_writes) == (1, 1)
 
 
 async def test_an_error_is_grpclibs_trailers_only_answer() -> None:
@@ -449,8 +468,8 @@ async def test_metadata_listeners_see_each_step_as_grpclib_takes_it() -> None:
         listen(server, SendInitialMetadata, initial)
         listen(server, SendTrailingMetadata, trailing)
 
-    ours, our_writes, service = await call(reversed_echo, one_write=True, on_server=listening)
-    theirs, _, _ = await call(reversed_echo, one_write=False)
+    ours, our_writes, service = await call(later_reversed_echo, one_write=True, on_server=listening)
+    theirs, _, _ = await call(later_reversed_echo, one_write=False)
     assert ours == theirs
     assert seen == ["initial", "trailing"]
     assert service.classes == [Stream] and our_writes == 3

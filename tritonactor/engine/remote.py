@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 
 from tritonactor.actors import Reply
+from tritonactor.core.cork import CorkedTransport
 from tritonactor.core.errors import TritonError, cancelled, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.engine import messages as m
@@ -56,7 +57,8 @@ class EngineConnection(asyncio.BufferedProtocol):
         self._lanes = LaneReader()
         self._regions = regions
         self._reader = FrameReader(self._lanes, regions)
-        self._transport: asyncio.Transport | None = None
+        # Wrapped: a turn's requests go in one write (core/cork.py).
+        self._transport: CorkedTransport | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, Reply[Any]] = {}
         self._parts: dict[int, InferenceRequest] = {}
@@ -67,7 +69,7 @@ class EngineConnection(asyncio.BufferedProtocol):
         self.hello: asyncio.Future[m.Hello] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self._transport = CorkedTransport(transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._reader.get_buffer(sizehint)
@@ -110,6 +112,10 @@ class EngineConnection(asyncio.BufferedProtocol):
             else:
                 self._on_message(message)
         message = None  # (a tensor no one kept is let go of now)
+        if self._transport is not None:
+            # The calls these answers wake write them in the loop's next turn: to a gRPC
+            # connection, together (core/cork.py).
+            self._transport.cork.hold()
         if self._lanes.due:  # otherwise they ride with the next message (engine/lanes.py)
             with contextlib.suppress(TritonError):  # the engine is gone: nothing to release
                 self.send(m.Released(self._lanes.pop_taken()))

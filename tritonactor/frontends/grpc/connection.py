@@ -37,6 +37,7 @@ from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 from hyperframe.frame import DataFrame, Frame
 
+from tritonactor.core.cork import CorkedTransport
 from tritonactor.frontends.grpc.hpack_cache import cache_header_blocks
 from tritonactor.frontends.grpc.lane import DirectCalls, Lane
 
@@ -80,11 +81,15 @@ def _ignored(event: UnknownFrameReceived) -> None:
 
 class _Protocol(H2Protocol):
     lane: Lane | None = None
+    corked: CorkedTransport  # the connection's transport, as its writes go (connection_made)
     lanes = True  # calls read and answered by a lane (False: by h2, as grpclib does)
     direct: DirectCalls | None = None  # ModelInfer calls a lane answers itself (direct.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        # Every write of the connection (grpclib's, h2's, the lane's) through one wrapper, so
+        # that what a loop turn writes goes together and in order (core/cork.py).
+        self.corked = CorkedTransport(transport)
+        super().connection_made(self.corked)  # type: ignore[arg-type]
         handlers = getattr(self.processor, "processors", None)
         if isinstance(handlers, dict):
             handlers.setdefault(UnknownFrameReceived, _ignored)
@@ -127,6 +132,9 @@ class _Protocol(H2Protocol):
             return
         try:
             lane.feed(data)
+            # The calls this read began reach the engine in their tasks' first turn: their
+            # requests go together (core/cork.py).
+            self.corked.cork.hold()
         except ProtocolError as error:
             h2 = lane.h2
             if h2.state_machine.state is not ConnectionState.CLOSED:  # as h2 ends it

@@ -1,0 +1,153 @@
+"""A loop turn's writes gathered (core/cork.py): kept while a hold is on, written once each
+transport at the turn's end, in order; written at once otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from tritonactor.core.cork import CorkedTransport, cork
+
+pytestmark = pytest.mark.anyio
+
+
+class Transport:
+    """Records each system call's bytes, as uvloop's transports make them."""
+
+    def __init__(self) -> None:
+        self.calls: list[bytes] = []
+        self.closing = False
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        if self.closing:
+            raise RuntimeError("written while closing")
+        self.calls.append(bytes(data))
+
+    def writelines(self, pieces: list[Any]) -> None:
+        self.write(b"".join(bytes(piece) for piece in pieces))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = self.aborted = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 1)}.get(name, default)
+
+
+async def turn_ends() -> None:
+    await asyncio.sleep(0)
+
+
+async def test_without_a_hold_each_write_goes_at_once() -> None:
+    transport = Transport()
+    corked = CorkedTransport(transport)
+    corked.write(b"a")
+    corked.writelines([b"b", memoryview(b"c")])
+    assert transport.calls == [b"a", b"bc"]
+
+
+async def test_a_turns_writes_go_once_a_transport_at_its_end_in_order() -> None:
+    first, second = Transport(), Transport()
+    one, other = CorkedTransport(first), CorkedTransport(second)
+    cork().hold()
+    one.write(b"1")
+    other.write(b"x")
+    one.writelines([b"2", b"3"])
+    one.write(b"4")
+    assert first.calls == [] and second.calls == []
+    await turn_ends()
+    assert first.calls == [b"1234"] and second.calls == [b"x"]
+    one.write(b"5")  # the hold is over: at once
+    assert first.calls == [b"1234", b"5"]
+
+
+async def test_a_hold_covers_the_work_queued_before_it() -> None:
+    """Tasks woken before the hold (the calls an engine's answers wake) write in the turn it
+    covers; a second hold moves the end behind work queued since the first."""
+    transport = Transport()
+    corked = CorkedTransport(transport)
+    woken = asyncio.get_running_loop().create_future()
+
+    async def call(data: bytes) -> None:
+        await woken
+        corked.write(data)
+
+    first = asyncio.create_task(call(b"a"))
+    await turn_ends()  # (the task waits on its future)
+    cork().hold()
+    woken.set_result(None)  # wakes the first task after the hold's end...
+    second = asyncio.create_task(call(b"b"))
+    cork().hold()  # ...which a later hold moves behind both
+    await asyncio.gather(first, second)
+    await turn_ends()
+    assert transport.calls == [b"ab"]
+
+
+async def test_close_writes_what_was_kept_and_abort_drops_it() -> None:
+    closed, aborted = Transport(), Transport()
+    one, other = CorkedTransport(closed), CorkedTransport(aborted)
+    cork().hold()
+    one.write(b"kept")
+    other.write(b"dropped")
+    one.close()
+    other.abort()
+    assert closed.calls == [b"kept"] and closed.closing
+    await turn_ends()
+    assert aborted.calls == [] and aborted.aborted
+    assert one.get_extra_info("peername") == ("127.0.0.1", 1)  # the rest is the transport's
+
+
+async def test_a_transport_closing_or_failing_at_the_end_costs_no_other_its_writes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    closing, failing, fine = Transport(), Transport(), Transport()
+    first, second, third = (CorkedTransport(t) for t in (closing, failing, fine))
+    cork().hold()
+    first.write(b"a")
+    second.write(b"b")
+    third.write(b"c")
+    closing.closing = True  # closed under the write: dropped, as uvloop drops it
+    failing.write = failing.writelines = None  # type: ignore[assignment,method-assign]
+    await turn_ends()
+    assert closing.calls == [] and fine.calls == [b"c"]
+    assert "gathered writes failed" in caplog.text
+
+
+def test_each_loop_has_its_own_cork() -> None:
+    """A hold on one loop keeps no write of a transport made on another."""
+    made: list[CorkedTransport] = []
+    other_transport = Transport()
+    ready, done = threading.Event(), threading.Event()
+
+    def other_loop() -> None:
+        async def main() -> None:
+            made.append(CorkedTransport(other_transport))
+            ready.set()
+            await asyncio.get_running_loop().run_in_executor(None, done.wait)
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=other_loop)
+    thread.start()
+    ready.wait()
+
+    async def here() -> None:
+        cork().hold()
+        made[0].write(b"at once")
+        assert other_transport.calls == [b"at once"]
+        assert made[0].cork is not cork()
+
+    try:
+        asyncio.run(here())
+    finally:
+        done.set()
+        thread.join()

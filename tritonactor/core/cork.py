@@ -1,0 +1,130 @@
+"""The one way a loop turn's writes to a connection are gathered: what the work now queued on
+the event loop writes to a `CorkedTransport` goes out in one system call at its end.
+
+Why: a gRPC front end's connection carries many calls at once. The engine's answers to several
+of them arrive in one read, wake their calls' tasks for the loop's next turn, and each task
+writes its answer; written as each comes, that is a `send` each, and the client wakes and
+reads each one on its own. Gathered, a turn's answers to one connection go in one `writev`,
+as Triton's gRPC core sends them, and the client reads them together; the front end's
+requests to the engine, made by the tasks of calls that arrived in one read, go the same way
+(docs/benchmarks.md, "A loop turn's writes in one"). HTTP/1.1 connections carry one request at
+a time, so nothing of theirs is gathered.
+
+`cork().hold()` (the running loop's): from now until the work queued on the loop at this
+moment has run, writes to this loop's `CorkedTransport`s are kept, in order, and written at the
+end (`release`, queued behind that work; a later `hold` moves it behind what was queued since).
+A write made while no hold is on goes at once, as it would without the wrapper. A hold never
+delays a write past the turn that made it: the release is always queued when a hold begins.
+Closing a transport writes what it keeps first; aborting drops it, as an abort drops what the
+transport itself had not yet sent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_CORKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Cork] = weakref.WeakKeyDictionary()
+
+
+class Cork:
+    """One event loop's hold on its `CorkedTransport`s' writes (`cork()` gives it)."""
+
+    __slots__ = ("__weakref__", "_handle", "_loop", "held", "on")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.on = False
+        # The transports keeping writes, each once, in the order of their first write.
+        self.held: list[CorkedTransport] = []
+        self._handle: asyncio.Handle | None = None
+
+    def hold(self) -> None:
+        """Keep writes until the work queued on the loop now has run (on the loop's thread)."""
+        if self._handle is not None:
+            self._handle.cancel()
+        self.on = True
+        self._handle = self._loop.call_soon(self.release)
+
+    def release(self) -> None:
+        """Write what each transport kept, one system call each; writes go at once again."""
+        self.on = False
+        self._handle = None
+        held, self.held = self.held, []
+        for transport in held:
+            try:
+                transport.flush()
+            except Exception:  # (one connection's failure is not another's)
+                log.exception("a connection's gathered writes failed")
+
+
+def cork() -> Cork:
+    """The running loop's `Cork`."""
+    loop = asyncio.get_running_loop()
+    found = _CORKS.get(loop)
+    if found is None:
+        found = _CORKS[loop] = Cork(loop)
+    return found
+
+
+class CorkedTransport:
+    """A transport whose writes its loop's `Cork` may keep to the end of a turn; everything
+    else is the transport's own. Made on the loop that runs the connection."""
+
+    __slots__ = ("_parts", "_transport", "cork")
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._parts: list[Any] = []
+        self.cork = cork()
+
+    @property
+    def transport(self) -> Any:
+        """The transport it wraps."""
+        return self._transport
+
+    def write(self, data: Any) -> None:
+        cork = self.cork
+        if cork.on:
+            if not self._parts:
+                cork.held.append(self)
+            self._parts.append(data)
+        else:
+            self._transport.write(data)
+
+    def writelines(self, pieces: Any) -> None:
+        cork = self.cork
+        if cork.on:
+            if not self._parts:
+                cork.held.append(self)
+            self._parts.extend(pieces)
+        else:
+            self._transport.writelines(pieces)
+
+    def flush(self) -> None:
+        """What it kept, to the transport (dropped where the transport is closing, as the
+        transport itself drops a write then)."""
+        parts, self._parts = self._parts, []
+        if not parts or self._transport.is_closing():
+            return
+        if len(parts) == 1:
+            self._transport.write(parts[0])
+        else:
+            self._transport.writelines(parts)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._parts = []
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+__all__ = ["Cork", "CorkedTransport", "cork"]
