@@ -87,22 +87,21 @@ class CorkedTransport:
         return self._transport
 
     def write(self, data: Any) -> None:
-        cork = self.cork
-        if cork.on:
-            if not self._parts:
-                cork.held.append(self)
-            self._parts.append(data)
+        if self.cork.on:
+            self._keep((data,))
         else:
             self._transport.write(data)
 
     def writelines(self, pieces: Any) -> None:
-        cork = self.cork
-        if cork.on:
-            if not self._parts:
-                cork.held.append(self)
-            self._parts.extend(pieces)
+        if self.cork.on:
+            self._keep(pieces)
         else:
             self._transport.writelines(pieces)
+
+    def _keep(self, pieces: Any) -> None:
+        if not self._parts:
+            self.cork.held.append(self)
+        self._parts.extend(pieces)
 
     def flush(self) -> None:
         """What it kept, to the transport (dropped where the transport is closing, as the
