@@ -4,7 +4,8 @@ transport at the turn's end, in order; written at once otherwise."""
 from __future__ import annotations
 
 import asyncio
-import threading
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -122,32 +123,57 @@ async def test_a_transport_closing_or_failing_at_the_end_costs_no_other_its_writ
     assert "gathered writes failed" in caplog.text
 
 
-def test_each_loop_has_its_own_cork() -> None:
-    """A hold on one loop keeps no write of a transport made on another."""
-    made: list[CorkedTransport] = []
-    other_transport = Transport()
-    ready, done = threading.Event(), threading.Event()
+async def test_an_interrupted_release_leaves_no_others_writes_behind() -> None:
+    """A BaseException out of one transport's write (an interrupt) still writes what the
+    others kept, before any later write of theirs."""
+    interrupted, other = Transport(), Transport()
 
-    def other_loop() -> None:
-        async def main() -> None:
-            made.append(CorkedTransport(other_transport))
-            ready.set()
-            await asyncio.get_running_loop().run_in_executor(None, done.wait)
+    def interrupt(data: bytes) -> None:
+        raise KeyboardInterrupt
 
-        asyncio.run(main())
+    first, second = CorkedTransport(interrupted), CorkedTransport(other)
+    cork().hold()
+    first.write(b"a")
+    second.write(b"1")
+    interrupted.write = interrupt  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        cork().release()  # (what the loop runs at the turn's end)
+    second.write(b"2")
+    assert other.calls == [b"1", b"2"]
 
-    thread = threading.Thread(target=other_loop)
-    thread.start()
-    ready.wait()
+
+def test_each_loop_has_its_own_cork_and_lets_go_of_it() -> None:
+    """A hold on one loop keeps no write of a transport made on another, and a loop that
+    closed is not kept alive by its cork."""
+
+    async def made_here() -> CorkedTransport:
+        return CorkedTransport(Transport())
+
+    loop = asyncio.new_event_loop()
+    elsewhere = loop.run_until_complete(made_here())
+    gone = weakref.ref(loop)
+    loop.close()
+    del loop
 
     async def here() -> None:
         cork().hold()
-        made[0].write(b"at once")
-        assert other_transport.calls == [b"at once"]
-        assert made[0].cork is not cork()
+        assert cork().on and not elsewhere.cork.on and elsewhere.cork is not cork()
+        elsewhere.write(b"at once")
 
-    try:
-        asyncio.run(here())
-    finally:
-        done.set()
-        thread.join()
+    asyncio.run(here())
+    assert elsewhere.transport.calls == [b"at once"]
+    gc.collect()
+    assert gone() is None
+
+
+async def test_the_buffer_size_counts_what_is_kept_and_eof_comes_after_it() -> None:
+    transport = Transport()
+    transport.get_write_buffer_size = lambda: 3  # type: ignore[attr-defined]
+    eof: list[int] = []
+    transport.write_eof = lambda: eof.append(len(transport.calls))  # type: ignore[attr-defined]
+    corked = CorkedTransport(transport)
+    cork().hold()
+    corked.writelines([b"ab", memoryview(b"cde")])
+    assert corked.get_write_buffer_size() == 3 + 5
+    corked.write_eof()
+    assert transport.calls == [b"abcde"] and eof == [1]

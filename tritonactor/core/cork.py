@@ -10,13 +10,18 @@ requests to the engine, made by the tasks of calls that arrived in one read, go 
 (docs/benchmarks.md, "A loop turn's writes in one"). HTTP/1.1 connections carry one request at
 a time, so nothing of theirs is gathered.
 
-`cork().hold()` (the running loop's): from now until the work queued on the loop at this
-moment has run, writes to this loop's `CorkedTransport`s are kept, in order, and written at the
-end (`release`, queued behind that work; a later `hold` moves it behind what was queued since).
-A write made while no hold is on goes at once, as it would without the wrapper. A hold never
-delays a write past the turn that made it: the release is always queued when a hold begins.
-Closing a transport writes what it keeps first; aborting drops it, as an abort drops what the
-transport itself had not yet sent."""
+`cork().hold()` (the running loop's, on its thread): from now until the work queued on the loop
+at this moment has run, writes to this loop's `CorkedTransport`s are kept, in order, and
+written at the end (`release`, queued behind that work; a later `hold` moves it behind what was
+queued since). A write made while no hold is on goes at once, as it would without the wrapper.
+A kept write waits for the rest of that queued work, never past the loop's next poll: the
+release is queued before a hold begins. So a slow callback in the same turn (a large request
+decoded) delays the turn's answers, as it would delay their tasks; and the transport's own
+back-pressure (`pause_writing`) comes at the turn's end, once what was kept is written (a gRPC
+peer's HTTP/2 windows bound what a turn may write). Closing a transport through the wrapper
+writes what it kept first; aborting drops it, as an abort drops what the transport itself had
+not yet sent; a transport already closing when the turn ends (its connection lost) drops it.
+Writes come from the loop's thread only, as a transport's must."""
 
 from __future__ import annotations
 
@@ -33,10 +38,10 @@ _CORKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Cork] = weakref.Wea
 class Cork:
     """One event loop's hold on its `CorkedTransport`s' writes (`cork()` gives it)."""
 
-    __slots__ = ("__weakref__", "_handle", "_loop", "held", "on")
+    __slots__ = ("__weakref__", "_handle", "held", "on")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        # (no reference to its loop: the loop is the key that `_CORKS` holds weakly)
         self.on = False
         # The transports keeping writes, each once, in the order of their first write.
         self.held: list[CorkedTransport] = []
@@ -44,21 +49,31 @@ class Cork:
 
     def hold(self) -> None:
         """Keep writes until the work queued on the loop now has run (on the loop's thread)."""
+        handle = asyncio.get_running_loop().call_soon(self.release)
         if self._handle is not None:
             self._handle.cancel()
-        self.on = True
-        self._handle = self._loop.call_soon(self.release)
+        self._handle = handle
+        self.on = True  # (once the release is queued: a hold that failed keeps nothing)
 
     def release(self) -> None:
         """Write what each transport kept, one system call each; writes go at once again."""
         self.on = False
         self._handle = None
         held, self.held = self.held, []
-        for transport in held:
-            try:
-                transport.flush()
-            except Exception:  # (one connection's failure is not another's)
-                log.exception("a connection's gathered writes failed")
+        _flush(held)
+
+
+def _flush(transports: list[CorkedTransport]) -> None:
+    """Each transport's kept writes: one connection's failure is not another's, and an
+    interruption (a BaseException) leaves none of the others' kept behind a later write."""
+    for index, transport in enumerate(transports):
+        try:
+            transport.flush()
+        except Exception:
+            log.exception("a connection's gathered writes failed")
+        except BaseException:
+            _flush(transports[index + 1 :])
+            raise
 
 
 def cork() -> Cork:
@@ -66,7 +81,7 @@ def cork() -> Cork:
     loop = asyncio.get_running_loop()
     found = _CORKS.get(loop)
     if found is None:
-        found = _CORKS[loop] = Cork(loop)
+        found = _CORKS[loop] = Cork()
     return found
 
 
@@ -104,8 +119,8 @@ class CorkedTransport:
         self._parts.extend(pieces)
 
     def flush(self) -> None:
-        """What it kept, to the transport (dropped where the transport is closing, as the
-        transport itself drops a write then)."""
+        """What it kept, to the transport (dropped where the transport is already closing: its
+        connection lost, or closed under it without the wrapper)."""
         parts, self._parts = self._parts, []
         if not parts or self._transport.is_closing():
             return
@@ -117,6 +132,14 @@ class CorkedTransport:
     def close(self) -> None:
         self.flush()
         self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def get_write_buffer_size(self) -> int:
+        kept = sum(memoryview(piece).nbytes for piece in self._parts)
+        return int(self._transport.get_write_buffer_size()) + kept
 
     def abort(self) -> None:
         self._parts = []
