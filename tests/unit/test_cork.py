@@ -10,7 +10,11 @@ from typing import Any
 
 import pytest
 
+from tritonactor.actors import Reply
 from tritonactor.core.cork import CorkedTransport, cork
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.scheduling.instance import _answer
+from tritonactor.scheduling.messages import Execute, Infer
 
 pytestmark = pytest.mark.anyio
 
@@ -177,3 +181,32 @@ async def test_the_buffer_size_counts_what_is_kept_and_eof_comes_after_it() -> N
     assert corked.get_write_buffer_size() == 3 + 5
     corked.write_eof()
     assert transport.calls == [b"abcde"] and eof == [1]
+
+
+async def test_a_batchs_answers_go_in_one_write_at_once() -> None:
+    """An instance answers a batch (scheduling/instance.py): what the replies' callbacks write
+    (the engine's answers to a front end) goes in one write when the batch is answered, not at
+    the turn's end; a batch of one is written as it always was."""
+    transport = Transport()
+    corked = CorkedTransport(transport)
+
+    def batch(size: int) -> Execute:
+        items = [Infer(InferenceRequest(model_name="m"), Reply()) for _ in range(size)]
+        for index, item in enumerate(items):
+            item.reply.add_done_callback(lambda _, index=index: corked.write(b"%d" % index))
+        return Execute(items)
+
+    def never_deferred(item: Infer, deferred: object) -> None:
+        raise AssertionError("no deferred answer here")
+
+    three = batch(3)
+    _answer(three, [InferenceResponse("m", "1")] * 3, never_deferred)
+    assert transport.calls == [b"012"] and not cork().on
+    _answer(batch(1), [InferenceResponse("m", "1")], never_deferred)
+    assert transport.calls == [b"012", b"0"]
+    # inside a hold, a batch's answers are the hold's to write, at the turn's end
+    cork().hold()
+    _answer(batch(2), [InferenceResponse("m", "1")] * 2, never_deferred)
+    assert transport.calls == [b"012", b"0"] and cork().on
+    await turn_ends()
+    assert transport.calls == [b"012", b"0", b"01"]

@@ -51,6 +51,16 @@ class Raw:
 Answer = Callable[[Stream[Raw, Raw]], Any]
 
 
+REQUEST_HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", METHOD),
+    (":authority", "test"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
 async def reversed_echo(stream: Stream[Raw, Raw]) -> None:
     message = await stream.recv_message()
     await stream.send_message(Raw(message.data[::-1]))
@@ -176,15 +186,7 @@ async def call(
     exchange()
     client.send_headers(
         1,
-        [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", METHOD),
-            (":authority", "test"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            *headers,
-        ],
+        [*REQUEST_HEADERS, *headers],
     )
     client.send_data(1, b"\0" + len(payload).to_bytes(4, "big") + payload, end_stream=True)
     paused = paused_until is not None
@@ -221,12 +223,43 @@ async def test_a_unary_answer_is_one_write_of_grpclibs_frames() -> None:
     assert service.classes == [UnaryStream] and plain.classes == [Stream]
 
 
-async def test_writes_in_the_turn_a_request_was_read_in_go_together() -> None:
-    """grpclib's three frames, written one by one in the loop turn that the connection's read
-    began (its cork holds them, core/cork.py), go in one write."""
-    ours, our_writes, _ = await call(reversed_echo, one_write=True)
-    theirs, their_writes, _ = await call(reversed_echo, one_write=False)
-    assert ours == theirs and (our_writes, their_writes) == (1, 1)
+async def test_the_answers_of_calls_one_read_began_go_together() -> None:
+    """Two calls in one read: grpclib's frames for both, written one by one in the loop turn
+    that the read began, go in one write (the connection's cork holds them, core/cork.py);
+    one call alone in a read is written as it always was."""
+
+    async def writes_for(calls: int) -> tuple[list[bytes], dict[int, bytes]]:
+        protocol = GrpcServer([Service(reversed_echo, one_write=False)])._protocol_factory()
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        client = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        )
+        client.initiate_connection()
+        protocol.data_received(client.data_to_send())
+        client.receive_data(b"".join(transport.writes))
+        transport.writes.clear()
+        for stream_id in range(1, 2 * calls, 2):
+            client.send_headers(stream_id, REQUEST_HEADERS)
+            message = str(stream_id).encode() * 3
+            client.send_data(stream_id, grpc_message(message), end_stream=True)
+        protocol.data_received(client.data_to_send())  # the calls, in one read
+        answers: dict[int, bytes] = {}
+        seen = 0
+        for _ in range(1000):  # loop iterations, not time: the handlers need a few
+            await asyncio.sleep(0)
+            for event in client.receive_data(b"".join(transport.writes[seen:])):
+                if isinstance(event, h2.events.DataReceived):
+                    answers[event.stream_id] = event.data
+            seen = len(transport.writes)
+            if len(answers) == calls:
+                break
+        return list(transport.writes), answers
+
+    together, answers = await writes_for(2)
+    assert len(together) == 1 and answers == {1: grpc_message(b"111"), 3: grpc_message(b"333")}
+    alone, answers = await writes_for(1)
+    assert len(alone) == 3 and answers == {1: grpc_message(b"111")}
 
 
 async def test_an_error_is_grpclibs_trailers_only_answer() -> None:

@@ -55,6 +55,20 @@ class Cork:
         self._handle = handle
         self.on = True  # (once the release is queued: a hold that failed keeps nothing)
 
+    def gather(self) -> bool:
+        """Keep writes from now until `end_gather`, unless they are kept already (a hold, or
+        a gathering this is inside): True where this call began keeping them, and its caller
+        must then end it (in a `finally`). For a section that answers many requests at once
+        (a batch): their answers to one connection go in one write, at once."""
+        if self.on:
+            return False
+        self.on = True
+        return True
+
+    def end_gather(self) -> None:
+        """The end of a `gather` that began keeping writes: what was kept, written now."""
+        self.release()
+
     def release(self) -> None:
         """Write what each transport kept, one system call each; writes go at once again."""
         self.on = False
@@ -145,7 +159,15 @@ class CorkedTransport:
         self._parts = []
         self._transport.abort()
 
+    def is_closing(self) -> bool:
+        return bool(self._transport.is_closing())
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
     def __getattr__(self, name: str) -> Any:
+        # (the rest of a transport's methods; those called on every request are above: a
+        # lookup that reaches here costs a failed one first)
         return getattr(self._transport, name)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from tritonactor.actors import Reply
 from tritonactor.core import offload
+from tritonactor.core.cork import CorkedTransport
 from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import TritonError, cancelled, internal
 from tritonactor.core.tensors import tensor_to_bytes
@@ -89,7 +90,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._regions: SharedMemoryRegistry = host.server.shared_memory
         self._reader = FrameReader(self._lanes, self._regions)
         self._peer = 0  # the front end's pid
-        self._transport: asyncio.Transport | None = None
+        self._transport: CorkedTransport | None = None
         # Requests in flight, by id: what a Cancel reaches.
         self._requests: dict[int, InferenceRequest] = {}
         # Where requests in flight want outputs written (`Submit.targets`), by id.
@@ -102,7 +103,8 @@ class _Connection(asyncio.BufferedProtocol):
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        # Wrapped: a batch's answers go in one write (core/cork.py, scheduling/instance.py).
+        self._transport = CorkedTransport(transport)  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if not same_user(sock):
             log.error("a process of another user connected to the engine: closed")

@@ -75,7 +75,9 @@ class EngineConnection(asyncio.BufferedProtocol):
         return self._reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        for message in self._reader.buffer_updated(nbytes):
+        messages = self._reader.buffer_updated(nbytes)
+        answers = len(messages)  # (an upper bound: enough to tell one from several)
+        for message in messages:
             kind = type(message)
             if kind is m.Answer:
                 # A decoupled model may go on sending after its execute returned: its
@@ -111,10 +113,10 @@ class EngineConnection(asyncio.BufferedProtocol):
                 self.hello.set_result(message)
             else:
                 self._on_message(message)
-        message = None  # (a tensor no one kept is let go of now)
-        if self._transport is not None:
+        message = messages = None  # (a tensor no one kept is let go of now)
+        if answers > 1 and self._transport is not None:
             # The calls these answers wake write them in the loop's next turn: to a gRPC
-            # connection, together (core/cork.py).
+            # connection, together (core/cork.py). (One answer alone has nothing to go with.)
             self._transport.cork.hold()
         if self._lanes.due:  # otherwise they ride with the next message (engine/lanes.py)
             with contextlib.suppress(TritonError):  # the engine is gone: nothing to release

@@ -39,6 +39,7 @@ from tritonactor.backends.base import (
     Result,
 )
 from tritonactor.backends.lifetime import BatchNotRun, WatchedInstance
+from tritonactor.core.cork import cork
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.offload import OFF_LOOP_BYTES
 from tritonactor.core.types import OUTPUTS_IN_PLACE, InferenceRequest, InferenceResponse
@@ -342,6 +343,24 @@ def _answer(
 ) -> None:
     # None: a decoupled model answered (or will answer) through the request's sender; its reply
     # then only says that execute is over.
+    if len(results) == 1:
+        _answer_each(message, results, later)
+        return
+    # A batch's answers to a front end (the engine's connection to it) in one write.
+    writes = cork()
+    gathering = writes.gather()
+    try:
+        _answer_each(message, results, later)
+    finally:
+        if gathering:
+            writes.end_gather()
+
+
+def _answer_each(
+    message: Execute,
+    results: list[Result],
+    later: Callable[[Infer, Deferred], None],
+) -> None:
     for item, result in zip(message.batch, results, strict=True):
         if result is RESCHEDULE:
             continue  # handed back to the scheduler

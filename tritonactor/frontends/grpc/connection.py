@@ -131,10 +131,12 @@ class _Protocol(H2Protocol):
             super().data_received(data)
             return
         try:
+            opened = lane.opened
             lane.feed(data)
-            # The calls this read began reach the engine in their tasks' first turn: their
-            # requests go together (core/cork.py).
-            self.corked.cork.hold()
+            if lane.opened - opened > 1:
+                # The calls this read began reach the engine in their tasks' first turn:
+                # their requests go together (core/cork.py).
+                self.corked.cork.hold()
         except ProtocolError as error:
             h2 = lane.h2
             if h2.state_machine.state is not ConnectionState.CLOSED:  # as h2 ends it

@@ -118,6 +118,7 @@ class Lane:
         self.methods = methods  # the paths of the calls the lane takes
         self.direct = direct  # ModelInfer calls it takes (direct.py); the rest are grpclib's
         self.streams: dict[int, LaneStream] = {}
+        self.opened = 0  # the calls it has opened, in all
         self._buffer = bytearray()  # a frame not yet whole (grown in place as it comes)
         self._preface = PREFACE
         self._h2_block = False  # h2 holds a header block waiting for its CONTINUATION frames
@@ -290,6 +291,7 @@ class Lane:
         refuse_self_dependency(payload, flags, stream_id)  # (h2 has opened it by then)
         stream = LaneStream(self, stream_id)
         self.streams[stream_id] = stream
+        self.opened += 1
         release = self.processor.register(stream)
         handler, direct = self.handler, self.direct
         if direct is None or not direct.accept(handler, stream, headers, release):
