@@ -10,9 +10,15 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_engine_releases import deliver
 from tritonactor.actors import Reply
 from tritonactor.core.cork import CorkedTransport, cork
+from tritonactor.core.errors import unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.engine import messages as m
+from tritonactor.engine.lanes import Lane
+from tritonactor.engine.remote import EngineConnection
+from tritonactor.engine.wire import encode
 from tritonactor.scheduling.instance import _answer
 from tritonactor.scheduling.messages import Execute, Infer
 
@@ -210,3 +216,42 @@ async def test_a_batchs_answers_go_in_one_write_at_once() -> None:
     assert transport.calls == [b"012", b"0"] and cork().on
     await turn_ends()
     assert transport.calls == [b"012", b"0", b"01"]
+
+
+async def test_a_gathering_that_ends_a_hold_leaves_no_later_hold_short() -> None:
+    """A hold made inside a gathered section ends with it; a hold made after it in the same
+    turn keeps the writes of the work queued before it (the first hold's release, queued
+    earlier, does not end it)."""
+    transport = Transport()
+    corked = CorkedTransport(transport)
+    writes, loop = cork(), asyncio.get_running_loop()
+    assert writes.gather()
+    writes.hold()
+    corked.write(b"g")
+    writes.end_gather()
+    loop.call_soon(corked.write, b"1")
+    loop.call_soon(corked.write, b"2")
+    writes.hold()
+    await turn_ends()
+    assert transport.calls == [b"g", b"12"]
+
+
+async def test_the_engine_connection_holds_for_several_answers_not_one() -> None:
+    """What wakes calls (answers, failures, parts) counts; a release riding with one answer
+    does not make it several."""
+    connection = EngineConnection(on_message=lambda message: None)
+    connection.connection_made(Transport())  # type: ignore[arg-type]
+    lane = Lane()
+    try:
+        deliver(connection, [*encode(m.Dropped(()), lane), *encode(m.Answer(1, None), lane)])
+        assert not cork().on
+        deliver(
+            connection,
+            [*encode(m.Answer(2, None), lane), *encode(m.Failed(3, unavailable("gone")), lane)],
+        )
+        assert cork().on
+        await turn_ends()
+    finally:
+        lane.close()
+        connection._lanes.close()
+        connection._lane.close()

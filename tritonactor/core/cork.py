@@ -72,7 +72,9 @@ class Cork:
     def release(self) -> None:
         """Write what each transport kept, one system call each; writes go at once again."""
         self.on = False
-        self._handle = None
+        handle, self._handle = self._handle, None
+        if handle is not None:  # (a hold's, when a gathering ends it first: not to end a later one)
+            handle.cancel()
         held, self.held = self.held, []
         _flush(held)
 

@@ -75,11 +75,11 @@ class EngineConnection(asyncio.BufferedProtocol):
         return self._reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        messages = self._reader.buffer_updated(nbytes)
-        answers = len(messages)  # (an upper bound: enough to tell one from several)
-        for message in messages:
+        answers = 0  # (answers, failures and parts: what wakes a call)
+        for message in self._reader.buffer_updated(nbytes):
             kind = type(message)
             if kind is m.Answer:
+                answers += 1
                 # A decoupled model may go on sending after its execute returned: its
                 # request keeps receiving parts until the final one.
                 reply = self._waiting.pop(message.id, None)
@@ -89,12 +89,14 @@ class EngineConnection(asyncio.BufferedProtocol):
                 if reply is not None:
                     reply.set(message.value)
             elif kind is m.Failed:
+                answers += 1
                 reply = self._waiting.pop(message.id, None)
                 self._parts.pop(message.id, None)
                 self._traced.pop(message.id, None)
                 if reply is not None:
                     reply.fail(message.error)
             elif kind is m.Part:
+                answers += 1
                 request = (
                     self._parts.pop(message.id, None)
                     if message.final
@@ -113,7 +115,7 @@ class EngineConnection(asyncio.BufferedProtocol):
                 self.hello.set_result(message)
             else:
                 self._on_message(message)
-        message = messages = None  # (a tensor no one kept is let go of now)
+        message = None  # (a tensor no one kept is let go of now)
         if answers > 1 and self._transport is not None:
             # The calls these answers wake write them in the loop's next turn: to a gRPC
             # connection, together (core/cork.py). (One answer alone has nothing to go with.)
