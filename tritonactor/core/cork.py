@@ -21,7 +21,11 @@ back-pressure (`pause_writing`) comes at the turn's end, once what was kept is w
 peer's HTTP/2 windows bound what a turn may write). Closing a transport through the wrapper
 writes what it kept first; aborting drops it, as an abort drops what the transport itself had
 not yet sent; a transport already closing when the turn ends (its connection lost) drops it.
-Writes come from the loop's thread only, as a transport's must."""
+Writes come from the loop's thread only, as a transport's must.
+
+`cork().gather()` ... `end_gather()`: the writes of a synchronous section, kept while it runs
+and written as it ends, at once (an instance answering a batch: the engine's answers to one
+front end in one write, scheduling/instance.py); inside a hold, the hold writes them."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Wrapped: a batch's answers go in one write (core/cork.py, scheduling/instance.py).
-        self._transport = CorkedTransport(transport)  # type: ignore[assignment]
+        self._transport = CorkedTransport(transport)
         sock = transport.get_extra_info("socket")
         if not same_user(sock):
             log.error("a process of another user connected to the engine: closed")
