@@ -156,8 +156,10 @@ def test_each_loop_has_its_own_cork_and_lets_go_of_it() -> None:
     """A hold on one loop keeps no write of a transport made on another, and a loop that
     closed is not kept alive by its cork."""
 
+    other_transport = Transport()
+
     async def made_here() -> CorkedTransport:
-        return CorkedTransport(Transport())
+        return CorkedTransport(other_transport)
 
     loop = asyncio.new_event_loop()
     elsewhere = loop.run_until_complete(made_here())
@@ -171,7 +173,7 @@ def test_each_loop_has_its_own_cork_and_lets_go_of_it() -> None:
         elsewhere.write(b"at once")
 
     asyncio.run(here())
-    assert elsewhere.transport.calls == [b"at once"]
+    assert other_transport.calls == [b"at once"]
     gc.collect()
     assert gone() is None
 

@@ -22,7 +22,7 @@ ENTRY_POINT_GROUP = "tritonactor.backends"
 # Triton's platform names, and the model file each backend looks for by default: used when a
 # config names neither a backend nor a platform.
 # The platforms this server's own backends serve (config/normalize.py has Triton's table).
-PLATFORM_BACKENDS = {platform: backend for backend, platform in BACKEND_PLATFORMS.items()}
+SERVED_PLATFORMS = {platform: backend for backend, platform in BACKEND_PLATFORMS.items()}
 DEFAULT_FILES = {
     "model.onnx": "onnxruntime",
     "model.pt": "pytorch",
@@ -60,11 +60,11 @@ class BackendRegistry:
         if config.platform:
             if config.platform == "ensemble":
                 return "ensemble"
-            name = PLATFORM_BACKENDS.get(config.platform)
+            name = SERVED_PLATFORMS.get(config.platform)
             if name is None:
                 raise invalid_arg(
                     f"unexpected platform type '{config.platform}' for {config.name}; "
-                    f"known platforms: {', '.join(sorted(PLATFORM_BACKENDS))}"
+                    f"known platforms: {', '.join(sorted(SERVED_PLATFORMS))}"
                 )
             return name
         for version in sorted(versions, reverse=True):

@@ -116,11 +116,6 @@ class CorkedTransport:
         self._parts: list[Any] = []
         self.cork = cork()
 
-    @property
-    def transport(self) -> Any:
-        """The transport it wraps."""
-        return self._transport
-
     def write(self, data: Any) -> None:
         if self.cork.on:
             self._keep((data,))
