@@ -89,6 +89,38 @@ def test_parameters_of_the_right_types_pass() -> None:
     }
 
 
+RESERVED_WORDS = (
+    "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+    "keys starting with 'triton_' are allowed: triton_enable_empty_final_response"
+)
+
+
+def test_a_reserved_key_is_refused_and_the_empty_final_flag_is_not_a_parameter() -> None:
+    message = _raw(_request())
+    message.parameters["triton_enable_empty_final_response"].bool_param = True
+    message.parameters["custom"].int64_param = 3
+    request = decode_infer_request(InferRequestMessage.FromString(message.SerializeToString()))
+    assert request.parameters == {"custom": 3}
+    assert request.context["triton_enable_empty_final_response"] is True
+    message.parameters["triton_other"].bool_param = True
+    assert _refused(message) == RESERVED_WORDS
+
+
+def test_a_wrong_type_is_told_before_a_reserved_key_wherever_each_comes() -> None:
+    # (a map's order is protobuf's: both orders of the two keys are tried)
+    for keys in (("triton_a", "custom"), ("custom", "triton_a")):
+        message = _raw(_request())
+        for key in keys:
+            if key == "custom":
+                message.parameters[key].uint64_param = 5
+            else:
+                message.parameters[key].bool_param = True
+        assert _refused(message) == (
+            "invalid value type for 'custom' parameter, expected int64_param, bool_param, or "
+            "string_param."
+        )
+
+
 @pytest.mark.parametrize(
     ("datatype", "fields", "words"),
     [
