@@ -126,6 +126,8 @@ def _gated(app: Starlette, server: Server | RemoteServer, drain: Drain) -> Starl
     """`app`, each HTTP request passing `drain` first."""
     assert isinstance(app, HttpApp)
     app.gate = drain.http
+    if app.lane is not None:
+        app.lane.drain = drain
     app.state.server = server
     app.state.drain = drain
     return app

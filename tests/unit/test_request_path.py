@@ -31,7 +31,7 @@ from tritonactor.core.types import (
     InferenceResponse,
     Tensor,
 )
-from tritonactor.frontends.http.direct import infer_path
+from tritonactor.frontends.http.infer_target import infer_path
 from tritonactor.scheduling import instance as instance_module
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router

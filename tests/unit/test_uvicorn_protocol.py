@@ -82,6 +82,14 @@ def running(protocol: type[HttpToolsProtocol]) -> Iterator[tuple[Recorder, int, 
     """A uvicorn with `protocol` (on uvloop, as `tritonactor serve` runs it), serving a
     `Recorder` on a port of its own."""
     app = Recorder()
+    with serving(protocol, app) as (port, server):
+        yield app, port, server
+
+
+@contextlib.contextmanager
+def serving(protocol: type[HttpToolsProtocol], app: Any) -> Iterator[tuple[int, uvicorn.Server]]:
+    """A uvicorn with `protocol` on uvloop serving `app` on a port of its own; at the end,
+    `app.release` is set if it has one (what a held request waits for)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, http=protocol, loop="uvloop", lifespan="off", log_level="warning")
@@ -93,9 +101,11 @@ def running(protocol: type[HttpToolsProtocol]) -> Iterator[tuple[Recorder, int, 
             if not thread.is_alive():
                 raise RuntimeError("uvicorn did not start")
             threading.Event().wait(0.01)
-        yield app, listener.getsockname()[1], server
+        yield listener.getsockname()[1], server
     finally:
-        app.release.set()
+        release = getattr(app, "release", None)
+        if release is not None:
+            release.set()
         server.should_exit = True
         thread.join()
         listener.close()

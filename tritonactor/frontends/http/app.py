@@ -30,6 +30,7 @@ from tritonactor.frontends.http.errors import (
     triton_error,
 )
 from tritonactor.frontends.http.generate import GenerateRoutes
+from tritonactor.frontends.http.infer_lane import InferLane
 from tritonactor.frontends.http.limits import BodyLimits
 from tritonactor.frontends.http.openapi import serve_openapi
 from tritonactor.frontends.http.routes import Routes
@@ -143,6 +144,8 @@ def create_http_app(
             route.methods.discard("HEAD")
     app.infer = functools.partial(_answer, _guarded(restrictions, INFERENCE, routes.infer))
     app.limits = BodyLimits.of(server.settings)
+    if restrictions.missing(INFERENCE, _no_header) is None:  # inference is not restricted
+        app.lane = InferLane(routes, app.limits.max_size)
     return app
 
 
@@ -163,6 +166,10 @@ async def _answer(endpoint: Handler, request: Request, send: Send) -> None:
         await (await internal_error(request, error))(request.scope, request.receive, send)
         raise
     await response(request.scope, request.receive, send)
+
+
+def _no_header(name: str) -> None:
+    return None
 
 
 def _guarded(restrictions: Restrictions, category: str, endpoint: Handler) -> Handler:

@@ -7,15 +7,19 @@ through the routes (the app sets `infer`). Every HTTP request's body is held to 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
+from tritonactor.frontends.http.infer_target import LookupHeaders, infer_path
 from tritonactor.frontends.http.limits import BodyLimits, answer
+
+if TYPE_CHECKING:
+    from tritonactor.frontends.http.infer_lane import InferLane
 
 # Answers one infer request: handles it and sends the response, errors included.
 Answer = Callable[[Request, Send], Awaitable[None]]
@@ -32,6 +36,9 @@ class HttpApp(Starlette):
     infer: Answer | None = None
     limits: BodyLimits | None = None
     gate: Gate | None = None  # set by tritonactor/app.py
+    # Infer requests answered under `tritonactor serve`'s uvicorn protocol (infer_lane.py),
+    # when inference is not restricted; None otherwise.
+    lane: InferLane | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate = self.gate
@@ -68,6 +75,12 @@ class InferRequest(Request):
     it (the same state after: the stream consumed, a disconnect noted), without the async
     generator it reads through, which cost an infer request more than the rest of reading it."""
 
+    @property
+    def headers(self) -> Headers:
+        if not hasattr(self, "_headers"):
+            self._headers = LookupHeaders(scope=self.scope)
+        return self._headers
+
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
             if self._stream_consumed:
@@ -86,19 +99,3 @@ class InferRequest(Request):
             only = chunks[0] if len(chunks) == 1 else None
             self._body = only if type(only) is bytes else b"".join(chunks)
         return self._body
-
-
-def infer_path(path: str) -> dict[str, Any] | None:
-    """The path parameters of `/v2/models/{model}[/versions/{version:int}]/infer`, as starlette's
-    routes would give them; None for another path."""
-    if not path.startswith("/v2/models/") or not path.endswith("/infer"):
-        return None
-    parts = path[11:-6].split("/")
-    if len(parts) == 1 and parts[0]:
-        return {"model": parts[0]}
-    if len(parts) == 3 and parts[0] and parts[1] == "versions" and _DIGITS.fullmatch(parts[2]):
-        return {"model": parts[0], "version": int(parts[2])}
-    return None
-
-
-_DIGITS = re.compile("[0-9]+")

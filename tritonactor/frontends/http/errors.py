@@ -37,6 +37,11 @@ async def client_gone(request: Request, error: Exception) -> None:
 async def triton_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, TritonError)
     await drain_body(request)
+    return error_answer(error)
+
+
+def error_answer(error: TritonError) -> Response:
+    """The response to `error`, its body being read (the infer lane's, infer_lane.py, is)."""
     if isinstance(error, BodyLimitError):  # 408 for a body that did not arrive in time
         return error_response(error.message, error.http_status)
     response = error_response(error.message, error.code.http_status)

@@ -6,8 +6,10 @@ generate.py and shared_memory.py hold the other extensions' handlers."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -238,21 +240,40 @@ class Routes:
         return json_response(await self.server.trace_extension(model, changes))
 
     async def infer(self, request: Request) -> Response:
-        name = request.path_params["model"]
-        version = _version(request)
+        return await self.answer_infer(
+            request.path_params["model"],
+            _version(request),
+            request.scope["path"],
+            request.headers,
+            request.body,
+        )
+
+    async def answer_infer(
+        self,
+        name: str,
+        version: str,
+        path: str,
+        headers: Headers,
+        body: bytes | Callable[[], Awaitable[bytes]],
+    ) -> InferResponse:
+        """The answer to an infer request of model `name` (`version`: "" for the default) at
+        `path`, with `headers`; its `body` as it came whole, or the way to read it (the request's
+        `body`, read once the request is logged and traced, as the direct route reads it). The
+        direct route (direct.py) and the infer lane under `tritonactor serve`'s uvicorn
+        (infer_lane.py) both answer with it."""
         # request.url.path, without building the URL.
-        path = request.scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+        path = path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
         with request_logger("HTTP", "POST", path, model=name) as entry:
             tracing = self.server.tracing
             trace = None
             if tracing is not None:
-                trace = tracing.start_request(name, version, request.headers, "HTTP")
+                trace = tracing.start_request(name, version, headers, "HTTP")
             if trace is None:
-                response = await self._infer(request, name, version, None)
+                response = await self._infer(body, headers, name, version, None)
             else:
                 entry.trace = trace
                 try:
-                    response = await self._infer(request, name, version, trace)
+                    response = await self._infer(body, headers, name, version, trace)
                 except BaseException as error:
                     trace.end(error)
                     raise
@@ -271,9 +292,15 @@ class Routes:
         return json_response(await self.server.log_settings(changes))
 
     async def _infer(
-        self, request: Request, name: str, version: str, trace: RequestTrace | None
-    ) -> Response:
-        body = await request.body()
+        self,
+        body: bytes | Callable[[], Awaitable[bytes]],
+        headers: Headers,
+        name: str,
+        version: str,
+        trace: RequestTrace | None,
+    ) -> InferResponse:
+        if not isinstance(body, bytes):
+            body = await body()
         if self.router.loader is not None:
             await self.router.ensure_loaded(name)
         if self.router.resolve(name, version).decoupled:
@@ -281,7 +308,6 @@ class Routes:
                 "HTTP end point doesn't support models with decoupled transaction policy"
             )
         # The model first, as Triton: an unknown one is 404 whatever the body.
-        headers = request.headers
         coding = headers.get("content-encoding")
         if coding is not None:
             body = await inflated(body, coding, self.max_input_size)

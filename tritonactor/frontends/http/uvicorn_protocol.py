@@ -35,9 +35,13 @@ is not affected.
 
 from __future__ import annotations
 
+import contextvars
+from typing import Any
+
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from tritonactor.frontends.http.infer_lane import InferLane
 from tritonactor.frontends.http.limits import BODY_COMPLETE, DEFAULT_MAX_INPUT_SIZE, declared_body
 
 # The longest body gathered whole: Triton's default input size. (A larger --http-max-input-size
@@ -58,10 +62,41 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         # Earlier requests of the connection still being answered while a later one was parsed
         # (pipelining): told of a disconnect too.
         self._earlier: list[RequestResponseCycle] = []
+        # uvicorn is starting the request whose headers were just parsed (not one that waited
+        # its turn behind another)
+        self._fresh = False
+        # An infer request the lane takes once its body has come in this read (its cycle, the
+        # app, the lane, its path's parameters); otherwise the app's, at the read's end.
+        self._deferred: tuple[RequestResponseCycle, Any, InferLane, dict[str, Any]] | None = None
+        self._lane_app: Any = None  # the app its requests were last started with, and its lane
+        self._lane: InferLane | None = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        deferred = self._deferred
+        if deferred is not None:  # its body is still coming: the app reads it, as before
+            self._deferred = None
+            super()._start_asgi_task(deferred[0], deferred[1])
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if self._fresh:
+            if app is not self._lane_app:  # (the same app every time, but past uvicorn's limit)
+                self._lane_app, self._lane = app, _lane_of(app)
+            lane = self._lane
+            if lane is not None:
+                params = lane.takes(cycle, WHOLE_LIMIT)
+                if params is not None:
+                    self._deferred = (cycle, app, lane, params)
+                    return
+        super()._start_asgi_task(cycle, app)
 
     def on_headers_complete(self) -> None:
         earlier = self.cycle
-        super().on_headers_complete()
+        self._fresh = True
+        try:
+            super().on_headers_complete()
+        finally:
+            self._fresh = False
         if self._earlier:
             self._earlier = [c for c in self._earlier if not c.response_complete]
         if earlier is not None and not earlier.response_complete and earlier is not self.cycle:
@@ -111,6 +146,15 @@ class HttpToolsWholeBody(HttpToolsProtocol):
             scope["extensions"] = {BODY_COMPLETE: {}}
         else:
             extensions[BODY_COMPLETE] = {}
+        deferred = self._deferred
+        if deferred is not None and deferred[0] is self.cycle:
+            self._deferred = None
+            cycle, _, lane, params = deferred
+            # (as uvicorn starts a request's task, with a context of its own if configured so)
+            context = contextvars.Context() if self.config.reset_contextvars else None
+            task = self.loop.create_task(lane.answer(cycle, params), context=context)
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
 
     def _give_up(self) -> None:
         """What was gathered goes to the cycle as uvicorn would have it; the rest comes uvicorn's
@@ -136,3 +180,16 @@ class HttpToolsWholeBody(HttpToolsProtocol):
                 cycle.disconnected = True
                 cycle.message_event.set()
         self._earlier = []
+
+
+def _lane_of(app: Any) -> InferLane | None:
+    """The infer lane of the app uvicorn serves (under its middleware); None where it has none
+    (another app, or uvicorn's answer past its concurrency limit)."""
+    for _ in range(8):  # (uvicorn wraps an app in two middlewares at most)
+        lane = getattr(app, "lane", None)
+        if isinstance(lane, InferLane):
+            return lane
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None

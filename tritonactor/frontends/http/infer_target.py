@@ -1,0 +1,39 @@
+"""What an infer request is addressed to, and its headers as the infer route reads them: shared by
+the direct route (direct.py) and the infer lane (infer_lane.py)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from starlette.datastructures import Headers
+
+
+def infer_path(path: str) -> dict[str, Any] | None:
+    """The path parameters of `/v2/models/{model}[/versions/{version:int}]/infer`, as starlette's
+    routes would give them; None for another path."""
+    if not path.startswith("/v2/models/") or not path.endswith("/infer"):
+        return None
+    parts = path[11:-6].split("/")
+    if len(parts) == 1 and parts[0]:
+        return {"model": parts[0]}
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and _DIGITS.fullmatch(parts[2]):
+        return {"model": parts[0], "version": int(parts[2])}
+    return None
+
+
+_DIGITS = re.compile("[0-9]+")
+
+
+class LookupHeaders(Headers):
+    """A request's headers, as starlette's `Headers`, whose `get` looks a header up in one call
+    (starlette's goes through `Mapping.get` and `__getitem__`, and raises and catches a
+    KeyError for a header the request lacks: three of the infer route's lookups a request
+    usually miss)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        wanted = key.lower().encode("latin-1")
+        for name, value in self._list:
+            if name == wanted:
+                return value.decode("latin-1")
+        return default
