@@ -7,21 +7,25 @@ real `InferLane` over a stand-in for the routes' handler (answering `lane ...`);
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import uvicorn
 
 from tests.unit.test_uvicorn_protocol import serving
 from tritonactor.core.errors import not_found
-from tritonactor.frontends.drain import Drain
+from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
 from tritonactor.frontends.http.infer_lane import InferLane
 from tritonactor.frontends.http.routes import InferResponse
-from tritonactor.frontends.http.uvicorn_protocol import HttpToolsWholeBody
+from tritonactor.frontends.http.uvicorn_protocol import HttpToolsWholeBody, _lane_of
+from tritonactor.settings import Settings
 
 INFER = "/v2/models/m/infer"
 
@@ -56,7 +60,8 @@ class App:
     """The ASGI app: answers `asgi <path> <body digest>`; its `lane` is the infer lane."""
 
     def __init__(self, routes: StandInRoutes) -> None:
-        self.lane = InferLane(routes, max_body=1 << 20)  # type: ignore[arg-type]
+        self.user_middleware: list[Any] = []
+        self.lane = InferLane(self, routes, max_body=1 << 20)  # type: ignore[arg-type]
         self.started = threading.Event()  # the app was called (a request it answers)
         self.release: threading.Event | None = None
 
@@ -78,13 +83,41 @@ class App:
         await send({"type": "http.response.body", "body": answer})
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[App, StandInRoutes, int]]:
+class WithoutAccessLog(HttpToolsWholeBody):
+    """The protocol as `tritonactor serve` runs it, with no access log (`--no-access-log`;
+    uvicorn reads its access log as on wherever its access logger has handlers, as pytest's
+    log capture may give it)."""
+
+    access_log_on = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.access_log = self.access_log_on
+
+
+class WithAccessLog(WithoutAccessLog):
+    access_log_on = True
+
+
+@contextlib.contextmanager
+def lane_served(protocol: type[HttpToolsWholeBody]) -> Iterator[tuple[App, StandInRoutes, int]]:
     routes = StandInRoutes()
     app = App(routes)
     app.release = routes.release  # (set as the server stops: a held request ends)
-    with serving(HttpToolsWholeBody, app) as (port, _):
+    with serving(protocol, app, access_log=False) as (port, _):
         yield app, routes, port
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[App, StandInRoutes, int]]:
+    with lane_served(WithoutAccessLog) as served:
+        yield served
+
+
+def test_with_uvicorns_access_log_on_the_app_answers_every_request() -> None:
+    with lane_served(WithAccessLog) as (_, _, port):
+        [(_, answer)] = exchange(port, request(INFER, b"x"))
+    assert answer == f"asgi {INFER} {digest(b'x')}".encode()
 
 
 def request(path: str, body: bytes, *headers: str) -> bytes:
@@ -184,15 +217,22 @@ def test_expect_100_continue_is_the_apps(served: tuple[App, StandInRoutes, int])
     assert answer == f"asgi {INFER} {digest(body)}".encode()
 
 
-def test_pipelined_requests_are_answered_in_order(served: tuple[App, StandInRoutes, int]) -> None:
-    _, _, port = served
-    bodies = [b"first", b"second one", b"third"]
-    paths = [INFER, "/v2/models/m/ready", INFER]
-    answers = exchange(port, *(request(p, b) for p, b in zip(paths, bodies, strict=True)))
-    for (_, answer), path, body in zip(answers, paths, bodies, strict=True):
-        # (a request that waited its turn behind another is the app's)
-        assert answer.endswith(digest(body).encode())
-        assert answer.startswith(b"asgi" if path != INFER else (b"lane", b"asgi"))
+def test_requests_pipelined_behind_the_lanes_are_the_apps_and_answered_in_order(
+    served: tuple[App, StandInRoutes, int],
+) -> None:
+    _, routes, port = served
+    paths = ["/v2/models/hold/infer", INFER, "/v2/models/m/ready", INFER]
+    bodies = [b"first", b"second one", b"third", b"fourth"]
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"".join(request(p, b) for p, b in zip(paths, bodies, strict=True)))
+        # the first is the lane's, held: whatever read brought the others, they wait their turn
+        assert routes.holding.wait(30)
+        routes.release.set()
+        buffered = bytearray()
+        answers = [read_response(sock, buffered)[1] for _ in paths]
+    assert answers[0] == f"lane hold - - {digest(b'first')}".encode()
+    for answer, path, body in zip(answers[1:], paths[1:], bodies[1:], strict=True):
+        assert answer == f"asgi {path} {digest(body)}".encode()
 
 
 def test_an_error_is_answered_as_the_apps_handlers_answer_it(
@@ -211,8 +251,8 @@ def test_an_error_is_answered_as_the_apps_handlers_answer_it(
         assert answer.startswith(b"lane m ")
 
 
-def test_an_unexpected_error_is_answered_500_and_the_connection_closed(
-    served: tuple[App, StandInRoutes, int],
+def test_an_unexpected_error_is_answered_500_then_the_connection_closed_as_under_uvicorn(
+    served: tuple[App, StandInRoutes, int], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, _, port = served
     with socket.create_connection(("127.0.0.1", port)) as sock:
@@ -220,8 +260,15 @@ def test_an_unexpected_error_is_answered_500_and_the_connection_closed(
         head, answer = read_response(sock, bytearray())
         assert head[0] == b"HTTP/1.1 500 Internal Server Error"
         assert answer == b'{"error":"internal error: RuntimeError: the stand-in broke"}'
-        assert b"connection: close" in head
+        assert not any(line.startswith(b"connection") for line in head)  # (none says so)
         assert closed(sock)
+    # logged by the app's handler and by uvicorn, as when the app raised
+    logged = [(r.name, r.getMessage().strip()) for r in caplog.records]
+    assert (
+        "tritonactor.frontends.http.app",
+        "request POST /v2/models/broken/infer failed",
+    ) in logged
+    assert ("uvicorn.error", "Exception in ASGI application") in logged
 
 
 def test_an_answer_written_while_draining_closes_the_connection(
@@ -242,9 +289,71 @@ def test_an_answer_written_while_draining_closes_the_connection(
     assert drain.in_flight == 0
 
 
-def test_nothing_is_taken_while_draining(served: tuple[App, StandInRoutes, int]) -> None:
+def test_a_request_is_refused_once_the_drain_has_begun_as_the_gate_refuses_it(
+    served: tuple[App, StandInRoutes, int],
+) -> None:
     app, _, port = served
     drain = app.lane.drain = Drain(exit_timeout=60)
     drain.draining = True
-    [(_, answer)] = exchange(port, request(INFER, b"x"))
-    assert answer.startswith(b"asgi ")  # the app's gate answers it
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(request(INFER, b"x"))
+        head, answer = read_response(sock, bytearray())
+        assert head[0] == b"HTTP/1.1 503 Service Unavailable"
+        assert answer == f'{{"error":"{SHUTTING_DOWN}"}}'.encode()
+        assert b"connection: close" in head
+        assert closed(sock)
+    assert not app.started.is_set() and drain.in_flight == 0
+
+
+def test_a_lane_request_the_exit_timeout_cancels_is_answered_503(
+    served: tuple[App, StandInRoutes, int],
+) -> None:
+    app, routes, port = served
+    drain = app.lane.drain = Drain(exit_timeout=60)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(request("/v2/models/hold/infer", b"x"))
+        assert routes.holding.wait(30)
+        [task] = drain._tasks  # the lane's, counted in flight
+        drain.draining = True
+        loop = task.get_loop()
+        loop.call_soon_threadsafe(task.cancel)  # what the drain's exit timeout does
+        head, answer = read_response(sock, bytearray())
+        assert head[0] == b"HTTP/1.1 503 Service Unavailable"
+        assert answer == f'{{"error":"{timed_out(60)}"}}'.encode()
+        assert closed(sock)
+    routes.release.set()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_apps_lane_is_found_under_uvicorn_and_waits_on_the_apps_drain(
+    tmp_path: Path, workers: int
+) -> None:
+    from tritonactor import app as app_module
+
+    settings = Settings.from_env({"TRITONACTOR_MODEL_REPOSITORY": str(tmp_path)})
+    app = app_module.create_app(settings, workers=workers)  # (nothing starts before its lifespan)
+    config = uvicorn.Config(app, http=HttpToolsWholeBody, lifespan="off")
+    config.load()  # the app wrapped as `tritonactor serve`'s uvicorn wraps it
+    assert app.lane is not None
+    assert _lane_of(config.loaded_app) is app.lane
+    assert app.lane.drain is app.state.drain
+
+
+def test_no_lane_where_inference_is_restricted(tmp_path: Path) -> None:
+    from tritonactor import app as app_module
+
+    settings = Settings.from_env(
+        {
+            "TRITONACTOR_MODEL_REPOSITORY": str(tmp_path),
+            "TRITONACTOR_HTTP_RESTRICTED_API": "inference:infer-key=yes",
+        }
+    )
+    app = app_module.create_app(settings, workers=1)
+    assert app.lane is None
+    restricted_elsewhere = Settings.from_env(
+        {
+            "TRITONACTOR_MODEL_REPOSITORY": str(tmp_path),
+            "TRITONACTOR_HTTP_RESTRICTED_API": "model-config:admin-key=yes",
+        }
+    )
+    assert app_module.create_app(restricted_elsewhere, workers=1).lane is not None

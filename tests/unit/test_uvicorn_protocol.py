@@ -87,12 +87,17 @@ def running(protocol: type[HttpToolsProtocol]) -> Iterator[tuple[Recorder, int, 
 
 
 @contextlib.contextmanager
-def serving(protocol: type[HttpToolsProtocol], app: Any) -> Iterator[tuple[int, uvicorn.Server]]:
-    """A uvicorn with `protocol` on uvloop serving `app` on a port of its own; at the end,
-    `app.release` is set if it has one (what a held request waits for)."""
+def serving(
+    protocol: type[HttpToolsProtocol], app: Any, **settings: Any
+) -> Iterator[tuple[int, uvicorn.Server]]:
+    """A uvicorn with `protocol` on uvloop serving `app` on a port of its own, with uvicorn's
+    `settings` beside; at the end, `app.release` is set if it has one (what a held request
+    waits for)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=protocol, loop="uvloop", lifespan="off", log_level="warning")
+    config = uvicorn.Config(
+        app, http=protocol, loop="uvloop", lifespan="off", log_level="warning", **settings
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]})
     thread.start()

@@ -145,7 +145,7 @@ def create_http_app(
     app.infer = functools.partial(_answer, _guarded(restrictions, INFERENCE, routes.infer))
     app.limits = BodyLimits.of(server.settings)
     if restrictions.missing(INFERENCE, _no_header) is None:  # inference is not restricted
-        app.lane = InferLane(routes, app.limits.max_size)
+        app.lane = InferLane(app, routes, app.limits.max_size)
     return app
 
 

@@ -14,16 +14,19 @@ handler, and writes the response on the connection itself: the same status, head
 
 What the lane takes (`InferLane.takes`): `POST /v2/models/<model>[/versions/<v>]/infer` over
 HTTP/1.1 with a body of a declared length within the body limit, no `Expect: 100-continue`,
-no `Upgrade`, a connection kept alive, on an app with no middleware of a user's, no restricted
-inference category, no tracing configured and no drain begun. Anything else goes through ASGI
-as before, and so does a request whose body does not come in the read that brought its
-headers (its limits and timer are the app's), or a request pipelined behind another. What the
-app's layers do for a request the lane takes, the lane does too: the drain counts it in flight
-(a response written while draining says `connection: close`, and a request the drain's exit
-timeout cancels is answered 503 as the gate answers it); an error is answered as the app's
-handlers answer it (an unexpected one logged, answered 500 and the connection closed after it,
-as uvicorn closes it after an app that raised); a response waits for the connection's writes
-to resume where uvicorn's `send` waits; a client gone before the answer gets nothing.
+no `Upgrade`, a connection kept alive, no uvicorn access log, on an app with no middleware of
+a user's and no restricted inference category, served under no wrapper of uvicorn's but its
+proxy-headers middleware. Anything else goes through ASGI as before, and so does a request
+whose body does not come in the read that brought its headers (its limits and timer are the
+app's), or a request pipelined behind another. What the app's layers and uvicorn's task do for
+a request the lane takes, the lane does too: the drain's gate refuses it once the drain has
+begun (503, checked as the gate checks, when its answer starts) and counts it in flight
+otherwise (an answer written while draining says `connection: close`; one the drain's exit
+timeout cancels is answered 503); an error is answered as the app's handlers answer it, and an
+unexpected one is also logged and answered as uvicorn answers an app that raised (the
+connection closed after the answer, or uvicorn's 500 where none had begun); an answer waits for
+the connection's writes to resume where uvicorn's `send` waits; a client gone before the
+answer gets nothing.
 """
 
 from __future__ import annotations
@@ -32,19 +35,21 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from starlette.applications import Starlette
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 from tritonactor.core.errors import TritonError
-from tritonactor.frontends.drain import Drain, timed_out
+from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
 from tritonactor.frontends.http.errors import error_answer, error_response
-from tritonactor.frontends.http.infer_target import LookupHeaders, infer_path
+from tritonactor.frontends.http.infer_target import LookupHeaders, infer_path, url_path
 from tritonactor.frontends.http.limits import declared_body
 
 if TYPE_CHECKING:
     from tritonactor.frontends.http.routes import InferResponse, Routes
 
 log = logging.getLogger("tritonactor.frontends.http.app")  # where the app's handlers log
+uvicorn_log = logging.getLogger("uvicorn.error")  # where uvicorn logs an app's failure
 
 _CLOSE = b"connection: close\r\n"
 # Past this many bytes a response's pieces are handed to the transport as they are, rather
@@ -55,7 +60,8 @@ _JOIN_LIMIT = 64 << 10
 class InferLane:
     """Infer requests answered without the ASGI layers (see above), for one app."""
 
-    def __init__(self, routes: Routes, max_body: int) -> None:
+    def __init__(self, app: Starlette, routes: Routes, max_body: int) -> None:
+        self.app = app
         self.routes = routes
         self.max_body = max_body  # the body limit (limits.BodyLimits.max_size)
         self.drain: Drain | None = None  # set with the app's gate (tritonactor/app.py)
@@ -70,9 +76,9 @@ class InferLane:
             or scope["http_version"] != "1.1"
             or not cycle.keep_alive
             or cycle.waiting_for_100_continue
+            or cycle.access_log  # (uvicorn's access log line is its cycle's: `serve` has none)
             or scope["root_path"]
-            or self.routes.server.tracing is not None
-            or (self.drain is not None and self.drain.draining)
+            or self.app.user_middleware  # (which sees every request)
         ):
             return None
         params = infer_path(scope["path"])
@@ -88,38 +94,68 @@ class InferLane:
         return params
 
     async def answer(self, cycle: RequestResponseCycle, params: dict[str, Any]) -> None:
-        """Answer the request `cycle` carries, its body whole in `cycle.body`."""
+        """Answer the request `cycle` carries, its body whole in `cycle.body`, as the app and
+        uvicorn's task for it would have: what escapes the app is logged and answered as
+        uvicorn answers it (500, or the connection closed where the answer had begun)."""
+        try:
+            await self._answer(cycle, params)
+        except BaseException as error:  # (uvicorn's task catches everything an app raises)
+            uvicorn_log.error("Exception in ASGI application\n", exc_info=error)
+            if not cycle.response_started:
+                await _write(cycle, _INTERNAL_ERROR, True)
+            else:
+                cycle.transport.close()
+        finally:
+            cycle.on_response = _nothing  # (as uvicorn's task leaves its cycle)
+
+    async def _answer(self, cycle: RequestResponseCycle, params: dict[str, Any]) -> None:
         drain = self.drain
+        if drain is not None and drain.draining:  # refused as the gate refuses it
+            await _write(cycle, error_response(SHUTTING_DOWN, 503), True)
+            return
         task = drain.admitted() if drain is not None else None
         scope = cycle.scope
-        close = False
+        body, cycle.body = bytes(cycle.body), b""  # (the cycle outlives its request)
+        begun = False  # the answer is going out (the gate's `started`)
         try:
+            raised: Exception | None = None
             try:
                 response: InferResponse | Response = await self.routes.answer_infer(
                     params["model"],
                     str(params.get("version", "")),
                     scope["path"],
                     LookupHeaders(scope=scope),
-                    bytes(cycle.body),
+                    body,
                 )
             except TritonError as error:
                 response = error_answer(error)
-            except Exception as error:
-                log.error("request POST %s failed", scope["path"], exc_info=error)
+            except Exception as error:  # answered, then raised again, as app.py's `_answer`
+                log.error("request POST %s failed", url_path(scope["path"]), exc_info=error)
                 response = error_response(f"internal error: {type(error).__name__}: {error}", 500)
-                close = True
-            await _write(cycle, response, close or (drain is not None and drain.draining))
+                raised = error
+            begun = True
+            await _write(cycle, response, drain is not None and drain.draining)
+            if raised is not None:
+                raise raised
         except asyncio.CancelledError:
             # Cancelled while draining (the drain's exit timeout, or uvicorn's graceful
-            # timeout): answered as the gate answers it, unless the answer went out.
+            # timeout): answered as the gate answers it, unless the answer had begun.
             current = asyncio.current_task()
-            if drain is None or not drain.draining or cycle.response_started or current is None:
+            if drain is None or not drain.draining or begun or current is None:
                 raise
             current.uncancel()
             await _write(cycle, error_response(timed_out(drain.exit_timeout), 503), True)
         finally:
             if task is not None and drain is not None:
                 drain.answered(task)
+
+
+def _nothing() -> None:
+    pass
+
+
+# What uvicorn answers for an app that raised before its answer began.
+_INTERNAL_ERROR = Response(b"Internal Server Error", 500, media_type="text/plain")
 
 
 async def _write(cycle: RequestResponseCycle, response: Any, close: bool) -> None:

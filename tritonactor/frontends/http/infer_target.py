@@ -37,3 +37,9 @@ class LookupHeaders(Headers):
             if name == wanted:
                 return value.decode("latin-1")
         return default
+
+
+def url_path(path: str) -> str:
+    """A request's `path` as starlette's `request.url.path` gives it, without building the
+    URL (what the infer route logs)."""
+    return path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")

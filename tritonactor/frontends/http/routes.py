@@ -23,6 +23,7 @@ from tritonactor.frontends.headers import HeaderForwarder
 from tritonactor.frontends.http.codec import decode_infer_request
 from tritonactor.frontends.http.compression import IDENTITY, deflated, inflated, response_coding
 from tritonactor.frontends.http.errors import JSON, error_response, json_response
+from tritonactor.frontends.http.infer_target import url_path
 from tritonactor.frontends.http.json_body import decode_json
 from tritonactor.frontends.http.raw import decode_raw_request
 from tritonactor.frontends.http.responses import encode_infer_response
@@ -261,8 +262,7 @@ class Routes:
         `body`, read once the request is logged and traced, as the direct route reads it). The
         direct route (direct.py) and the infer lane under `tritonactor serve`'s uvicorn
         (infer_lane.py) both answer with it."""
-        # request.url.path, without building the URL.
-        path = path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+        path = url_path(path)
         with request_logger("HTTP", "POST", path, model=name) as entry:
             tracing = self.server.tracing
             trace = None

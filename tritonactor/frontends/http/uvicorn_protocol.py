@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -72,11 +73,13 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         self._lane: InferLane | None = None
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        deferred = self._deferred
-        if deferred is not None:  # its body is still coming: the app reads it, as before
-            self._deferred = None
-            super()._start_asgi_task(deferred[0], deferred[1])
+        try:
+            super().data_received(data)
+        finally:
+            deferred = self._deferred
+            if deferred is not None:  # its body is still coming: the app reads it, as before
+                self._deferred = None
+                super()._start_asgi_task(deferred[0], deferred[1])
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         if self._fresh:
@@ -183,13 +186,11 @@ class HttpToolsWholeBody(HttpToolsProtocol):
 
 
 def _lane_of(app: Any) -> InferLane | None:
-    """The infer lane of the app uvicorn serves (under its middleware); None where it has none
-    (another app, or uvicorn's answer past its concurrency limit)."""
-    for _ in range(8):  # (uvicorn wraps an app in two middlewares at most)
-        lane = getattr(app, "lane", None)
-        if isinstance(lane, InferLane):
-            return lane
-        app = getattr(app, "app", None)
-        if app is None:
-            return None
-    return None
+    """The infer lane of the app uvicorn serves, under uvicorn's proxy-headers middleware (which
+    infer requests do not need: it rewrites the client's address and scheme); None under any
+    other wrapper (uvicorn's message logger at its trace level), for another app, or for
+    uvicorn's answer past its concurrency limit."""
+    if isinstance(app, ProxyHeadersMiddleware):
+        app = app.app
+    lane = getattr(app, "lane", None)
+    return lane if isinstance(lane, InferLane) else None
