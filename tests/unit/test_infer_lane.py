@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 import uvicorn
+from uvicorn.middleware.message_logger import MessageLoggerMiddleware
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from tests.unit.test_uvicorn_protocol import serving
 from tritonactor.core.errors import not_found
@@ -32,6 +34,10 @@ INFER = "/v2/models/m/infer"
 
 def digest(body: bytes) -> str:
     return f"{len(body)} {hashlib.sha256(body).hexdigest()[:12]}"
+
+
+class Escape(BaseException):
+    """What gets past the handler's error answers."""
 
 
 class StandInRoutes:
@@ -52,6 +58,8 @@ class StandInRoutes:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         if name == "broken":
             raise RuntimeError("the stand-in broke")
+        if name == "escape":
+            raise Escape  # (not an Exception: past the app's handlers, as a cancellation is)
         tag = headers.get("x-tag", "-")
         return InferResponse(f"lane {name} {version or '-'} {tag} {digest(body)}".encode(), None)
 
@@ -143,13 +151,29 @@ def read_response(sock: socket.socket, buffered: bytearray) -> tuple[list[bytes]
     return lines, rest[:length]
 
 
+DEFAULTS = [b"date", b"server"]  # uvicorn's own headers, first in each answer
+
+
+def names(head: list[bytes]) -> list[bytes]:
+    """The header names of a response's head, in order."""
+    return [line.split(b":")[0] for line in head[1:]]
+
+
+@contextlib.contextmanager
+def connected(port: int) -> Iterator[socket.socket]:
+    """A connection to the server, whose reads fail after a while rather than hang a test
+    whose answer never comes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        yield sock
+
+
 def closed(sock: socket.socket) -> bool:
     """Whether the server closed the connection (it read nothing more, then the end)."""
     return sock.recv(1) == b""
 
 
 def exchange(port: int, *requests: bytes) -> list[tuple[list[bytes], bytes]]:
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(b"".join(requests))
         buffered = bytearray()
         return [read_response(sock, buffered) for _ in requests]
@@ -163,8 +187,7 @@ def test_a_whole_infer_request_is_the_lanes_and_answered_as_uvicorn_writes_an_an
     [(head, answer)] = exchange(port, request(INFER, body, "X-Tag: t1"))
     assert answer == f"lane m - t1 {digest(body)}".encode()
     assert head[0] == b"HTTP/1.1 200 OK"
-    names = [line.split(b":")[0] for line in head[1:]]
-    assert names == [b"date", b"server", b"content-length", b"content-type"]
+    assert names(head) == [*DEFAULTS, b"content-length", b"content-type"]
     assert not app.started.is_set()  # the app never saw it
 
 
@@ -197,7 +220,7 @@ def test_a_body_not_in_the_read_of_its_headers_is_the_apps(
     app, _, port = served
     body = b"0123456789" * 10
     whole = request(INFER, body)
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(whole[:-40])
         assert app.started.wait(30)  # the app was called at the end of that read
         sock.sendall(whole[-40:])
@@ -209,7 +232,7 @@ def test_expect_100_continue_is_the_apps(served: tuple[App, StandInRoutes, int])
     _, _, port = served
     body = b"abc"
     head, _, _ = request(INFER, body, "Expect: 100-continue").partition(b"\r\n\r\n")
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(head + b"\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
         sock.sendall(body)
@@ -223,7 +246,7 @@ def test_requests_pipelined_behind_the_lanes_are_the_apps_and_answered_in_order(
     _, routes, port = served
     paths = ["/v2/models/hold/infer", INFER, "/v2/models/m/ready", INFER]
     bodies = [b"first", b"second one", b"third", b"fourth"]
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(b"".join(request(p, b) for p, b in zip(paths, bodies, strict=True)))
         # the first is the lane's, held: whatever read brought the others, they wait their turn
         assert routes.holding.wait(30)
@@ -239,7 +262,7 @@ def test_an_error_is_answered_as_the_apps_handlers_answer_it(
     served: tuple[App, StandInRoutes, int],
 ) -> None:
     _, _, port = served
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(request("/v2/models/missing/infer", b"x"))
         buffered = bytearray()
         head, answer = read_response(sock, buffered)
@@ -255,7 +278,7 @@ def test_an_unexpected_error_is_answered_500_then_the_connection_closed_as_under
     served: tuple[App, StandInRoutes, int], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, _, port = served
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(request("/v2/models/broken/infer", b"x"))
         head, answer = read_response(sock, bytearray())
         assert head[0] == b"HTTP/1.1 500 Internal Server Error"
@@ -276,7 +299,7 @@ def test_an_answer_written_while_draining_closes_the_connection(
 ) -> None:
     app, routes, port = served
     drain = app.lane.drain = Drain(exit_timeout=60)
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(request("/v2/models/hold/infer", b"x"))
         assert routes.holding.wait(30)
         assert drain.in_flight == 1  # counted in flight by the drain
@@ -295,12 +318,12 @@ def test_a_request_is_refused_once_the_drain_has_begun_as_the_gate_refuses_it(
     app, _, port = served
     drain = app.lane.drain = Drain(exit_timeout=60)
     drain.draining = True
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(request(INFER, b"x"))
         head, answer = read_response(sock, bytearray())
         assert head[0] == b"HTTP/1.1 503 Service Unavailable"
         assert answer == f'{{"error":"{SHUTTING_DOWN}"}}'.encode()
-        assert b"connection: close" in head
+        assert names(head) == [*DEFAULTS, b"content-type", b"content-length", b"connection"]
         assert closed(sock)
     assert not app.started.is_set() and drain.in_flight == 0
 
@@ -310,7 +333,7 @@ def test_a_lane_request_the_exit_timeout_cancels_is_answered_503(
 ) -> None:
     app, routes, port = served
     drain = app.lane.drain = Drain(exit_timeout=60)
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with connected(port) as sock:
         sock.sendall(request("/v2/models/hold/infer", b"x"))
         assert routes.holding.wait(30)
         [task] = drain._tasks  # the lane's, counted in flight
@@ -320,8 +343,43 @@ def test_a_lane_request_the_exit_timeout_cancels_is_answered_503(
         head, answer = read_response(sock, bytearray())
         assert head[0] == b"HTTP/1.1 503 Service Unavailable"
         assert answer == f'{{"error":"{timed_out(60)}"}}'.encode()
+        assert names(head) == [*DEFAULTS, b"content-type", b"content-length", b"connection"]
         assert closed(sock)
+    assert drain.in_flight == 0
     routes.release.set()
+
+
+def test_what_escapes_the_handler_is_answered_as_uvicorn_answers_an_app_that_raised(
+    served: tuple[App, StandInRoutes, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    app, _, port = served
+    drain = app.lane.drain = Drain(exit_timeout=60)
+    with connected(port) as sock:
+        sock.sendall(request("/v2/models/escape/infer", b"x"))
+        head, answer = read_response(sock, bytearray())
+        assert head[0] == b"HTTP/1.1 500 Internal Server Error"
+        assert answer == b"Internal Server Error"
+        assert names(head) == [*DEFAULTS, b"content-type", b"content-length", b"connection"]
+        assert b"content-type: text/plain; charset=utf-8" in head
+        assert closed(sock)
+    assert ("uvicorn.error", "Exception in ASGI application") in [
+        (r.name, r.getMessage().strip()) for r in caplog.records
+    ]
+    assert drain.in_flight == 0
+
+
+def test_a_users_middleware_sees_every_request(served: tuple[App, StandInRoutes, int]) -> None:
+    app, _, port = served
+    app.user_middleware.append(object())  # (what starlette's add_middleware records)
+    [(_, answer)] = exchange(port, request(INFER, b"x"))
+    assert answer == f"asgi {INFER} {digest(b'x')}".encode()
+
+
+def test_no_lane_under_uvicorns_message_logger() -> None:
+    app = App(StandInRoutes())
+    assert _lane_of(ProxyHeadersMiddleware(app)) is app.lane
+    # (uvicorn's `--log-level trace` wraps the app in it, under the proxy-headers middleware)
+    assert _lane_of(ProxyHeadersMiddleware(MessageLoggerMiddleware(app))) is None
 
 
 @pytest.mark.parametrize("workers", [0, 1])

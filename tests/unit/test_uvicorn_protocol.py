@@ -159,6 +159,8 @@ def test_serve_runs_uvicorn_with_this_protocol(tmp_path: Path) -> None:
     settings = Settings(model_repositories=(tmp_path / "models",), journal=tmp_path / "journal")
     command = cli.uvicorn_command(settings)
     assert command[command.index("--http") + 1] == cli.UVICORN_PROTOCOL
+    # (without uvicorn's access log, which the infer lane leaves to the app: infer_lane.py)
+    assert "--no-access-log" in command
 
 
 def test_a_large_body_reaches_the_app_whole_in_one_message(served: tuple[Recorder, int]) -> None:

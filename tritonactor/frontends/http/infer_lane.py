@@ -5,8 +5,8 @@ that checks every header of every response against two regular expressions, the 
 and their message dicts), uvicorn's proxy-headers middleware, then the app's own layers: the
 drain's gate and the `send` it wraps, the body limits, starlette's `Request`, the direct
 route's handler (direct.py) and the response's two `send`s. Each costs a few µs; together
-they were a sixth of the front end's CPU a request, more under dynamic batching, where the
-front end is what paces the clients (docs/benchmarks.md, "Infer requests under the
+they were a seventh of the front end's CPU a request, a sixth under dynamic batching, where
+the front end is what paces the clients (docs/benchmarks.md, "Infer requests under the
 protocol"). The protocol (uvicorn_protocol.py) hands this lane a request it may take, once its
 body has all come, and the lane answers it with `Routes.answer_infer`, the direct route's own
 handler, and writes the response on the connection itself: the same status, headers
@@ -111,7 +111,7 @@ class InferLane:
     async def _answer(self, cycle: RequestResponseCycle, params: dict[str, Any]) -> None:
         drain = self.drain
         if drain is not None and drain.draining:  # refused as the gate refuses it
-            await _write(cycle, error_response(SHUTTING_DOWN, 503), True)
+            await _write(cycle, _refusal(SHUTTING_DOWN), True)
             return
         task = drain.admitted() if drain is not None else None
         scope = cycle.scope
@@ -144,7 +144,7 @@ class InferLane:
             if drain is None or not drain.draining or begun or current is None:
                 raise
             current.uncancel()
-            await _write(cycle, error_response(timed_out(drain.exit_timeout), 503), True)
+            await _write(cycle, _refusal(timed_out(drain.exit_timeout)), True)
         finally:
             if task is not None and drain is not None:
                 drain.answered(task)
@@ -154,8 +154,17 @@ def _nothing() -> None:
     pass
 
 
-# What uvicorn answers for an app that raised before its answer began.
+def _refusal(message: str) -> Response:
+    """The drain's 503, its headers in the order the gate writes them (drain.refuse_http)."""
+    response = error_response(message, 503)
+    response.raw_headers.reverse()  # (content-type first)
+    return response
+
+
+# What uvicorn answers for an app that raised before its answer began, its headers in
+# uvicorn's order (its `connection: close` is the lane's).
 _INTERNAL_ERROR = Response(b"Internal Server Error", 500, media_type="text/plain")
+_INTERNAL_ERROR.raw_headers.reverse()
 
 
 async def _write(cycle: RequestResponseCycle, response: Any, close: bool) -> None:
