@@ -24,6 +24,13 @@ A request whose body has all come says so in its scope (the `tritonactor.body_co
 extension): the app's body limits need not wait for it, nor time it (limits.py); most small
 requests come whole in the read that brought their headers, before the app is called.
 
+An infer request the app's infer lane takes (infer_lane.py: `POST .../infer`, its body of a
+declared length, and what else the lane asks) is not given a task of uvicorn's when its
+headers are parsed: if its body comes in the same read, the lane answers it, below ASGI;
+otherwise, at the end of that read, uvicorn's task starts for it as before, and the app reads
+the rest. Only a request started as its headers are parsed is the lane's: one that waited its
+turn behind another (pipelined) is started by uvicorn and goes to the app.
+
 What stays uvicorn's: a chunked body, a longer one, and any body once the app has started its
 response (a refusal, a route that does not read its body) go uvicorn's way (paused past 64
 KiB, in pieces); `Expect: 100-continue` is answered when the app asks for the body, as before;
