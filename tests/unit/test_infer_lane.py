@@ -294,14 +294,23 @@ def test_an_unexpected_error_is_answered_500_then_the_connection_closed_as_under
     assert ("uvicorn.error", "Exception in ASGI application") in logged
 
 
-def test_an_answer_written_while_draining_closes_the_connection(
-    served: tuple[App, StandInRoutes, int],
-) -> None:
+@contextlib.contextmanager
+def held(served: tuple[App, StandInRoutes, int]) -> Iterator[tuple[socket.socket, Drain]]:
+    """A connection whose infer request the lane holds (model `hold`), under a drain of its
+    own not yet begun."""
     app, routes, port = served
     drain = app.lane.drain = Drain(exit_timeout=60)
     with connected(port) as sock:
         sock.sendall(request("/v2/models/hold/infer", b"x"))
         assert routes.holding.wait(30)
+        yield sock, drain
+
+
+def test_an_answer_written_while_draining_closes_the_connection(
+    served: tuple[App, StandInRoutes, int],
+) -> None:
+    _, routes, _ = served
+    with held(served) as (sock, drain):
         assert drain.in_flight == 1  # counted in flight by the drain
         drain.draining = True  # (what `begin` sets; its other work needs the server's loop)
         routes.release.set()
@@ -331,11 +340,8 @@ def test_a_request_is_refused_once_the_drain_has_begun_as_the_gate_refuses_it(
 def test_a_lane_request_the_exit_timeout_cancels_is_answered_503(
     served: tuple[App, StandInRoutes, int],
 ) -> None:
-    app, routes, port = served
-    drain = app.lane.drain = Drain(exit_timeout=60)
-    with connected(port) as sock:
-        sock.sendall(request("/v2/models/hold/infer", b"x"))
-        assert routes.holding.wait(30)
+    _, routes, _ = served
+    with held(served) as (sock, drain):
         [task] = drain._tasks  # the lane's, counted in flight
         drain.draining = True
         loop = task.get_loop()

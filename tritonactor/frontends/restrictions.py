@@ -56,6 +56,10 @@ class Restrictions:
     def __bool__(self) -> bool:
         return bool(self._needs)
 
+    def restricts(self, category: str) -> bool:
+        """Whether calls of `category` need a header."""
+        return category in self._needs
+
     def missing(self, category: str, get_header: Callable[[str], Any]) -> str | None:
         """None when the call may use `category`; else the header it lacks (or has with another
         value). `get_header(name)` looks a header up by its lower-case name."""

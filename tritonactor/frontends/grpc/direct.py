@@ -98,7 +98,7 @@ class DirectInfer:
         self._infer = infer
         self._max_size = max_size
         self._restrictions = restrictions
-        self._restricted = restrictions.missing(INFERENCE, lambda _: None) is not None
+        self._restricted = restrictions.restricts(INFERENCE)
         self._drain = drain
         # the call's metadata is decoded only where something reads it (the client's
         # traceparent is read from the headers themselves)

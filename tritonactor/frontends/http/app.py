@@ -144,7 +144,7 @@ def create_http_app(
             route.methods.discard("HEAD")
     app.infer = functools.partial(_answer, _guarded(restrictions, INFERENCE, routes.infer))
     app.limits = BodyLimits.of(server.settings)
-    if restrictions.missing(INFERENCE, _no_header) is None:  # inference is not restricted
+    if not restrictions.restricts(INFERENCE):
         app.lane = InferLane(app, routes, app.limits.max_size)
     return app
 
@@ -166,10 +166,6 @@ async def _answer(endpoint: Handler, request: Request, send: Send) -> None:
         await (await internal_error(request, error))(request.scope, request.receive, send)
         raise
     await response(request.scope, request.receive, send)
-
-
-def _no_header(name: str) -> None:
-    return None
 
 
 def _guarded(restrictions: Restrictions, category: str, endpoint: Handler) -> Handler:

@@ -114,6 +114,11 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         self._whole = None
         self._pieces = []
         self._gathered = 0
+        deferred = self._deferred
+        if deferred is not None and deferred[0] is self.cycle:
+            # the lane's: its body, of a declared length within WHOLE_LIMIT (`takes` read it)
+            self._whole = self.cycle
+            return
         if self.parser.should_upgrade():
             return
         length, chunked = declared_body(self.headers)
