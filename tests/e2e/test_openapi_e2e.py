@@ -43,6 +43,16 @@ TRITON_5XX: list[tuple[str, str, int, re.Pattern[str]]] = [
         501,
         re.compile(r"log file location can not be updated through network protocol"),
     ),
+    # The trace file, as the log file: not changed over the network (UNSUPPORTED, 501).
+    *(
+        (
+            "POST",
+            path,
+            501,
+            re.compile(r"trace file location can not be updated through network protocol"),
+        )
+        for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting")
+    ),
     (
         "POST",
         "/v2/repository/models/{model}/load",
