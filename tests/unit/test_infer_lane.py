@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -114,6 +115,18 @@ def lane_served(protocol: type[HttpToolsWholeBody]) -> Iterator[tuple[App, Stand
     app.release = routes.release  # (set as the server stops: a held request ends)
     with serving(protocol, app, access_log=False) as (port, _):
         yield app, routes, port
+
+
+@pytest.fixture
+def uvicorn_errors(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """`caplog`, with what uvicorn logs as errors: its `uvicorn` logger does not propagate
+    once a server configured it, and only some pytest versions capture such loggers."""
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture
@@ -275,7 +288,7 @@ def test_an_error_is_answered_as_the_apps_handlers_answer_it(
 
 
 def test_an_unexpected_error_is_answered_500_then_the_connection_closed_as_under_uvicorn(
-    served: tuple[App, StandInRoutes, int], caplog: pytest.LogCaptureFixture
+    served: tuple[App, StandInRoutes, int], uvicorn_errors: pytest.LogCaptureFixture
 ) -> None:
     _, _, port = served
     with connected(port) as sock:
@@ -286,7 +299,7 @@ def test_an_unexpected_error_is_answered_500_then_the_connection_closed_as_under
         assert not any(line.startswith(b"connection") for line in head)  # (none says so)
         assert closed(sock)
     # logged by the app's handler and by uvicorn, as when the app raised
-    logged = [(r.name, r.getMessage().strip()) for r in caplog.records]
+    logged = [(r.name, r.getMessage().strip()) for r in uvicorn_errors.records]
     assert (
         "tritonactor.frontends.http.app",
         "request POST /v2/models/broken/infer failed",
@@ -356,7 +369,7 @@ def test_a_lane_request_the_exit_timeout_cancels_is_answered_503(
 
 
 def test_what_escapes_the_handler_is_answered_as_uvicorn_answers_an_app_that_raised(
-    served: tuple[App, StandInRoutes, int], caplog: pytest.LogCaptureFixture
+    served: tuple[App, StandInRoutes, int], uvicorn_errors: pytest.LogCaptureFixture
 ) -> None:
     app, _, port = served
     drain = app.lane.drain = Drain(exit_timeout=60)
@@ -369,7 +382,7 @@ def test_what_escapes_the_handler_is_answered_as_uvicorn_answers_an_app_that_rai
         assert b"content-type: text/plain; charset=utf-8" in head
         assert closed(sock)
     assert ("uvicorn.error", "Exception in ASGI application") in [
-        (r.name, r.getMessage().strip()) for r in caplog.records
+        (r.name, r.getMessage().strip()) for r in uvicorn_errors.records
     ]
     assert drain.in_flight == 0
 
