@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from starlette.requests import Request
 from uvicorn.middleware.message_logger import MessageLoggerMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
@@ -26,6 +27,7 @@ from tests.unit.test_uvicorn_protocol import serving
 from tritonactor.core.errors import not_found
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
 from tritonactor.frontends.http.infer_lane import InferLane
+from tritonactor.frontends.http.infer_target import url_path
 from tritonactor.frontends.http.routes import InferResponse
 from tritonactor.frontends.http.uvicorn_protocol import HttpToolsWholeBody, _lane_of
 from tritonactor.settings import Settings
@@ -73,6 +75,7 @@ class App:
         self.lane = InferLane(self, routes, max_body=1 << 20)  # type: ignore[arg-type]
         self.started = threading.Event()  # the app was called (a request it answers)
         self.release: threading.Event | None = None
+        self.uvicorn: uvicorn.Server | None = None  # the server serving it
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -113,7 +116,8 @@ def lane_served(protocol: type[HttpToolsWholeBody]) -> Iterator[tuple[App, Stand
     routes = StandInRoutes()
     app = App(routes)
     app.release = routes.release  # (set as the server stops: a held request ends)
-    with serving(protocol, app, access_log=False) as (port, _):
+    with serving(protocol, app, access_log=False) as (port, server):
+        app.uvicorn = server
         yield app, routes, port
 
 
@@ -269,6 +273,40 @@ def test_requests_pipelined_behind_the_lanes_are_the_apps_and_answered_in_order(
     assert answers[0] == f"lane hold - - {digest(b'first')}".encode()
     for answer, path, body in zip(answers[1:], paths[1:], bodies[1:], strict=True):
         assert answer == f"asgi {path} {digest(body)}".encode()
+
+
+def test_reading_goes_on_under_a_held_request_as_when_the_app_reads_its_body(
+    served: tuple[App, StandInRoutes, int],
+) -> None:
+    """A request pipelined behind one the lane holds pauses the connection's reading; the lane
+    lets it go on, as the app's reading of its body does (uvicorn's `receive`), so a client
+    that goes away meanwhile is seen and its answers go nowhere, as through the app. (Before,
+    the end was read only after the held request's answer had been written, and the request
+    behind it run.)"""
+    app, routes, port = served
+    assert app.uvicorn is not None
+    connections = app.uvicorn.server_state.connections
+    with connected(port) as sock:
+        sock.sendall(request("/v2/models/hold/infer", b"x") + request(INFER, b"y"))
+        assert routes.holding.wait(30)
+        sock.shutdown(socket.SHUT_WR)
+        waited = 0
+        while connections and waited < 3000:  # the server reads the end: the connection goes
+            threading.Event().wait(0.01)
+            waited += 1
+        assert not connections
+        routes.release.set()
+        assert sock.recv(65536) == b""  # neither request answered
+    assert not app.started.is_set()  # the one behind never ran
+
+
+def test_the_path_logged_is_starlettes() -> None:
+    """(The lane logs a failed request's path as the app logs `request.url.path`.)"""
+    paths = ["/v2/models/a b/infer", "/v2/models/a\tb\r\nc/infer", "/v2/models/a?b#c\\d/infer"]
+    for path in paths:
+        scope = {"type": "http", "scheme": "http", "server": ("h", 80), "path": path}
+        scope |= {"query_string": b"", "headers": [], "root_path": ""}
+        assert url_path(path) == Request(scope).url.path
 
 
 def test_an_error_is_answered_as_the_apps_handlers_answer_it(

@@ -25,8 +25,9 @@ otherwise (an answer written while draining says `connection: close`; one the dr
 timeout cancels is answered 503); an error is answered as the app's handlers answer it, and an
 unexpected one is also logged and answered as uvicorn answers an app that raised (the
 connection closed after the answer, or uvicorn's 500 where none had begun); an answer waits for
-the connection's writes to resume where uvicorn's `send` waits; a client gone before the
-answer gets nothing.
+the connection's writes to resume where uvicorn's `send` waits; the connection's reading goes
+on while the request is answered, as the app's reading of its body lets it (a request
+pipelined behind paused it), so a client gone before the answer is seen and gets nothing.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ class InferLane:
             await _write(cycle, _refusal(SHUTTING_DOWN), True)
             return
         task = drain.admitted() if drain is not None else None
+        if not cycle.disconnected and not cycle.response_complete:
+            # Reading goes on, as uvicorn's `receive` lets it when the app reads its body: a
+            # request pipelined behind this one paused it, and a client that goes away
+            # meanwhile is then seen (its answer goes nowhere, as through the app).
+            cycle.flow.resume_reading()
         scope = cycle.scope
         body, cycle.body = bytes(cycle.body), b""  # (the cycle outlives its request)
         begun = False  # the answer is going out (the gate's `started`)

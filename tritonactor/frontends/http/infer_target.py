@@ -41,5 +41,9 @@ class LookupHeaders(Headers):
 
 def url_path(path: str) -> str:
     """A request's `path` as starlette's `request.url.path` gives it, without building the
-    URL (what the infer route logs)."""
-    return path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+    URL (what the infer route logs): `?`, `#` and `\\` escaped, and tabs and line breaks
+    dropped (as `urllib.parse.urlsplit` drops them)."""
+    path = path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+    if "\t" in path or "\r" in path or "\n" in path:
+        path = path.replace("\t", "").replace("\r", "").replace("\n", "")
+    return path
