@@ -3,7 +3,8 @@ infer_lane.py) as it answers it through the app. The lane never takes a request 
 `Expect: 100-continue` (uvicorn answers that when the app asks for the body); it takes the same
 request without it. Each case is sent both ways to one real server, on one keep-alive
 connection, and the two answers compared: status, every header but the date, and the body
-(decompressed where the answer is compressed)."""
+(decompressed where the answer is compressed); and to a server with the lane turned off
+(`--http-lane false`), without `Expect`, its answer compared the same way."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import socket
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,14 +25,25 @@ from tests.server_process import ServerProcess, start_serve
 INPUTS = np.arange(16, dtype=np.int32).reshape(1, 16)
 
 
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("lane")
+def _serve(root: Path, *flags: str) -> ServerProcess:
     repo = root / "models"
     add_sub_model(repo / "simple" / "1" / "model.onnx")
     write_config(repo / "simple", SIMPLE_CONFIG.format(name="simple", max_batch_size=8))
     string_identity_model(repo / "strings" / "1" / "model.onnx")
-    server = start_serve(root, {}, "--workers", "1", "--model-repository", str(repo))
+    return start_serve(root, {}, "--workers", "1", "--model-repository", str(repo), *flags)
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = _serve(tmp_path_factory.mktemp("lane"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def serve_without_lane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The same server with the lane turned off: every request through the app."""
+    server = _serve(tmp_path_factory.mktemp("no-lane"), "--http-lane", "false")
     yield server
     server.stop()
 
@@ -168,6 +181,29 @@ def test_the_lane_answers_as_the_app_does(
     finally:
         connection.close()
     assert through_lane == through_app == again
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "body", "headers"), _cases(), ids=[c[0] for c in _cases()]
+)
+def test_the_lane_answers_as_a_server_without_it(
+    serve: ServerProcess,
+    serve_without_lane: ServerProcess,
+    name: str,
+    path: str,
+    body: bytes,
+    headers: tuple[str, ...],
+) -> None:
+    """The same bytes to a server with the lane and to one with `--http-lane false`: the same
+    answer (uvicorn's `server` header and all)."""
+    answers = []
+    for server in (serve, serve_without_lane):
+        connection = Connection(server.http_port)
+        try:
+            answers.append(connection.ask(path, body, headers, expect_continue=False))
+        finally:
+            connection.close()
+    assert answers[0] == answers[1]
 
 
 def test_the_lane_answers_a_keep_alive_connections_requests_one_after_another(

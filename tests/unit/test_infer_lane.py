@@ -472,3 +472,12 @@ def test_no_lane_where_inference_is_restricted(tmp_path: Path) -> None:
         }
     )
     assert app_module.create_app(restricted_elsewhere, workers=1).lane is not None
+
+
+def test_no_lane_where_the_settings_turn_it_off(tmp_path: Path) -> None:
+    from tritonactor import app as app_module
+
+    settings = Settings.from_env(
+        {"TRITONACTOR_MODEL_REPOSITORY": str(tmp_path), "TRITONACTOR_HTTP_LANE": "false"}
+    )
+    assert app_module.create_app(settings, workers=1).lane is None

@@ -261,6 +261,17 @@ class ServedSettings(BaseSettings):
             default="`100` (Triton's)",
         ),
     ] = 100
+    http_lane: Annotated[
+        bool,
+        honoured(
+            "under `tritonactor serve`'s uvicorn, an infer request whose body came with its "
+            "headers answered below ASGI by the infer route's own handler, as the app answers "
+            "it ([architecture.md](architecture.md)); `false`: every request through uvicorn's "
+            "request cycle and the app's layers",
+            BOOL,
+            HTTP,
+        ),
+    ] = True
     # TLS ([tls.md](tls.md)): Triton has no HTTP TLS; the gRPC family's rules, with HTTP names.
     http_use_ssl: Annotated[
         bool,

@@ -144,7 +144,7 @@ def create_http_app(
             route.methods.discard("HEAD")
     app.infer = functools.partial(_answer, _guarded(restrictions, INFERENCE, routes.infer))
     app.limits = BodyLimits.of(server.settings)
-    if not restrictions.restricts(INFERENCE):
+    if server.settings.http_lane and not restrictions.restricts(INFERENCE):
         app.lane = InferLane(app, routes, app.limits.max_size)
     return app
 
