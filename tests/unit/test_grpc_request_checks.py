@@ -13,6 +13,7 @@ from tritonactor._proto_c import grpc_service_pb2 as upb
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.frontends.grpc.codec import decode_infer_request
 from tritonactor.frontends.grpc.wire import InferRequestMessage
+from tritonactor.scheduling.signature import _class_count
 
 
 def _request(datatype: str = "FP32", count: int = 4) -> upb.ModelInferRequest:
@@ -106,8 +107,45 @@ def test_a_reserved_key_is_refused_and_the_empty_final_flag_is_not_a_parameter()
     assert _refused(message) == RESERVED_WORDS
 
 
+def test_a_reserved_key_without_a_value_is_refused_too() -> None:
+    """(Triton refuses the key whatever it holds; it was dropped here, found by a
+    differential review against Triton 2.51.)"""
+    message = _raw(_request())
+    message.parameters["triton_foo"].SetInParent()  # an entry whose value is unset
+    assert _refused(message) == RESERVED_WORDS
+
+
+def test_the_request_parameters_are_told_before_its_inputs() -> None:
+    """A request wrong in a parameter and in an input is told of the parameter, as Triton
+    reads a request's own settings before its tensors."""
+    message = _request()  # (no raw contents: its input has no data)
+    assert "input byte size mismatch for input 'INPUT0'" in _refused(message)
+    message.parameters["triton_foo"].bool_param = True
+    assert _refused(message) == RESERVED_WORDS
+    message = _raw(_request(count=3))  # its data does not fit its shape
+    message.parameters["sequence_start"].int64_param = 1
+    assert (
+        _refused(message)
+        == "invalid value type for 'sequence_start' parameter, expected bool_param."
+    )
+
+
+def test_a_classification_without_a_value_is_refused() -> None:
+    message = _raw(_request())
+    message.outputs.add(name="OUTPUT0").parameters["classification"].SetInParent()
+    request = decode_infer_request(InferRequestMessage.FromString(message.SerializeToString()))
+    # kept without a value, which the model's signature refuses with Triton's words
+    assert request.outputs[0].parameters == {"classification": None}
+    with pytest.raises(TritonError) as raised:
+        _class_count(request.outputs[0])
+    assert raised.value.message == (
+        "invalid value type for 'classification' parameter, expected int64_param"
+    )
+
+
 def test_a_wrong_type_is_told_before_a_reserved_key_wherever_each_comes() -> None:
-    # (a map's order is protobuf's: both orders of the two keys are tried)
+    """(Triton tells either, as protobuf's map order falls: here always the type.) Both
+    orders of the two keys are tried."""
     for keys in (("triton_a", "custom"), ("custom", "triton_a")):
         message = _raw(_request())
         for key in keys:

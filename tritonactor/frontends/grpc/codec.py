@@ -122,6 +122,13 @@ def decode_infer_request(
     message = wire.message
     context = RequestContext(message.model_name, message.id)
     prefix, model = context.prefix, context.model
+    # The request's parameters first, as Triton reads a request's own settings before its
+    # tensors: a request wrong in both is told of its parameters.
+    request_parameters: Parameters = {}
+    empty_final = False
+    if message.parameters:
+        request_parameters = _request_parameters(message.parameters)
+        empty_final = request_parameters.pop(ENABLE_EMPTY_FINAL, False)
     raw = wire.raw
     raw_count = len(raw)
     tensors = message.inputs
@@ -195,7 +202,9 @@ def decode_infer_request(
     outputs = []
     for output in message.outputs:
         place = shared_memory_place(output.name, output.parameters)
-        parameters = decode_parameters(output.parameters)
+        wanted = decode_parameters(output.parameters)
+        if "classification" in output.parameters and "classification" not in wanted:
+            wanted["classification"] = None  # unset: refused by its type, as Triton refuses it
         if place is not None:
             if "classification" in output.parameters:
                 raise invalid_arg(
@@ -207,20 +216,15 @@ def decode_infer_request(
                 )
             shared_memory_outputs(output.name, *place)
             for key in SHARED_MEMORY_KEYS:
-                parameters.pop(key, None)
-        outputs.append(RequestedOutput(output.name, parameters))
-    parameters: Parameters = {}
-    empty_final = False
-    if message.parameters:
-        parameters = _request_parameters(message.parameters)
-        empty_final = parameters.pop(ENABLE_EMPTY_FINAL, False)
+                wanted.pop(key, None)
+        outputs.append(RequestedOutput(output.name, wanted))
     request = InferenceRequest(
         model_name=model,
         model_version=message.model_version,
         id=message.id,
         inputs=inputs,
         outputs=outputs,
-        parameters=parameters,
+        parameters=request_parameters,
     )
     if empty_final is True:
         request.context[ENABLE_EMPTY_FINAL] = True
@@ -245,9 +249,10 @@ def _request_parameters(parameters: ParameterMap) -> Parameters:
     """A request's parameters, decoded, once they are of the types Triton takes, whatever the
     model (with its words): those the server acts on of their own types, a priority not
     negative, the model's of int64, bool, string or double (not uint64, not unset); then no
-    key of Triton's reserved prefix set but ENABLE_EMPTY_FINAL. One pass over the map (clients
-    such as perf_analyzer send ENABLE_EMPTY_FINAL with every call: two passes, and a third
-    over what they decoded, cost a call ~4 µs of the ~7 its whole decode takes)."""
+    key of Triton's reserved prefix, set or not, but ENABLE_EMPTY_FINAL. One pass over the
+    map (clients such as perf_analyzer send ENABLE_EMPTY_FINAL with every call: two passes,
+    and a third over what they decoded, cost a call ~4 µs of the ~7 its whole decode
+    takes)."""
     decoded: Parameters = {}
     reserved = False  # a reserved key other than ENABLE_EMPTY_FINAL, set
     for key, parameter in parameters.items():
@@ -266,10 +271,11 @@ def _request_parameters(parameters: ParameterMap) -> Parameters:
             )
         if field is not None:  # (one unset has no value: the model never sees it)
             decoded[key] = getattr(parameter, field)
-            if key != ENABLE_EMPTY_FINAL and key.startswith(RESERVED_PARAMETER_PREFIX):
-                reserved = True
-    # Every type checked first, as Triton checks them: a request wrong both ways is told of
-    # the type.
+        if key != ENABLE_EMPTY_FINAL and key.startswith(RESERVED_PARAMETER_PREFIX):
+            reserved = True  # (set or not, as Triton refuses it)
+    # Triton checks a key's type and its prefix in one pass over a map whose order protobuf
+    # varies from call to call, so a request wrong both ways is told of either; here always
+    # of the type (the first wrong one in the map's order), one of Triton's answers.
     if reserved:
         raise invalid_arg(
             "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
