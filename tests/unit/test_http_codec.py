@@ -422,9 +422,10 @@ def test_input_without_any_data_is_rejected() -> None:
             "integers",
         ),
         (b'{"id": 5, "inputs": []}', "'id' must be a string"),
-        (b'{"inputs": [], "parameters": []}', "'parameters' of the inference request"),
-        (b'{"inputs": [], "parameters": {"a": null}}', "parameter 'a'.*not null"),
-        (b'{"inputs": [], "parameters": {"a": {"b": 1}}}', "parameter 'a'.*not an object"),
+        # the request's parameters as Triton 2.51 words them
+        (b'{"inputs": [], "parameters": []}', "attempt to get members for non-object"),
+        (b'{"inputs": [], "parameters": {"a": null}}', "parameter 'a' has invalid type"),
+        (b'{"inputs": [], "parameters": {"a": {"b": 1}}}', "parameter 'a' has invalid type"),
         (b'{"inputs": [], "parameters": {"binary_data_output": 1}}', "'binary_data_output'.*bool"),
         (b'{"inputs": [], "outputs": [{}]}', "requested output 0 has no 'name'"),
         (
@@ -828,6 +829,30 @@ def test_triton_prefixed_parameters_are_refused(key: str) -> None:
         "be specified.",
         body,
     )
+
+
+@pytest.mark.parametrize(
+    ("parameters", "told"),
+    [
+        # a reserved key whatever it holds, before the type of another, in the JSON's order
+        ({"triton_x": None}, "reserved"),
+        ({"triton_x": 1, "custom": [1]}, "reserved"),
+        ({"custom": [1], "triton_x": 1}, "'custom' has invalid type"),
+        ({"priority": None, "custom": None}, "Unable to parse 'priority'"),
+    ],
+)
+def test_the_request_parameters_are_told_in_their_order_before_the_tensors(
+    parameters: dict[str, Any], told: str
+) -> None:
+    """As Triton 2.51 tells them (checked against it): one key after another, and before any
+    fault of the request's tensors (here a datatype no one has)."""
+    body = json_body(
+        {
+            "inputs": [{"name": "X", "datatype": "FP99", "shape": [1], "data": [1]}],
+            "parameters": parameters,
+        }
+    )
+    assert told in assert_invalid(".", body).message
 
 
 def test_a_parameter_merely_containing_triton_is_accepted() -> None:

@@ -94,12 +94,11 @@ def decode_infer_request(
         raise invalid_arg("the inference request must be a JSON object")
     request_id = _decode_id(document.get("id"))
     context = RequestContext(model_name, request_id)
+    # The request's parameters before its tensors, as Triton reads them.
+    parameters = _request_parameters(document.get("parameters"))
+    binary_output = parameters.pop("binary_data_output", False)
     reader = _BinaryReader(binary, model_name, has_header_length=header_length is not None)
     inputs, binary_sizes = _decode_inputs(document, reader, shared_memory, context)
-    parameters = _decode_parameters(document.get("parameters"), "the inference request")
-    if parameters:
-        _check_server_parameters(parameters)
-    binary_output = parameters.pop("binary_data_output", False)
     outputs, reserved = _decode_outputs(document.get("outputs"), shared_memory_outputs)
     request = InferenceRequest(
         model_name=model_name,
@@ -266,25 +265,36 @@ _NOT_BOOLEAN = "attempt to access JSON non-boolean as boolean"
 _NOT_STRING = "attempt to access JSON non-string as string"
 
 
-def _check_server_parameters(parameters: Parameters) -> None:
-    """The request parameters the server acts on, of the types Triton reads them as, whatever
-    the model (a scheduler that acts on one checks it again); keys starting with `triton_`
-    are Triton's."""
-    for key, value in parameters.items():
+def _request_parameters(value: Any) -> Parameters:
+    """The request's parameters, checked key by key in their order as Triton checks them (a
+    request wrong in several is told of the first): those the server acts on of the types
+    Triton reads them as, whatever the model (a scheduler that acts on one checks it again);
+    no key starting with `triton_`, Triton's; any other a bool, number or string."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid_arg("failed to get request params.: attempt to get members for non-object")
+    for key, item in value.items():
         if key in ("priority", "timeout"):
-            if not _unsigned(value):
+            if not _unsigned(item):
                 raise invalid_arg(f"Unable to parse '{key}': {_NOT_UNSIGNED}")
         elif key in ("sequence_start", "sequence_end", "binary_data_output"):
-            if not isinstance(value, bool):
+            if not isinstance(item, bool):
                 raise invalid_arg(f"Unable to parse '{key}': {_NOT_BOOLEAN}")
         elif key == "sequence_id":
-            if not (isinstance(value, str) or _unsigned(value)):
+            if not (isinstance(item, str) or _unsigned(item)):
                 raise invalid_arg(f"Unable to parse '{key}': {_NOT_STRING}")
         elif key.startswith(RESERVED_PARAMETER_PREFIX):
             raise invalid_arg(
                 "parameter keys starting with 'triton_' are reserved for Triton usage and "
                 "should not be specified."
             )
+        elif not isinstance(item, bool | int | float | str):
+            raise invalid_arg(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or "
+                "'string'."
+            )
+    return value
 
 
 def _unsigned(value: Any) -> bool:
