@@ -36,12 +36,12 @@ def test_counter_gauge_and_histogram_are_served_as_triton_does() -> None:
         metrics.observe("sizes", {"k": "v"}, value)
     served = text(metrics)
     assert "# HELP requests requests counted\n# TYPE requests counter\n" in served
-    assert 'requests{a="1",b="2"} 3.0\n' in served
+    assert 'requests{a="1",b="2"} 3\n' in served
     assert "level -2.5\n" in served
     assert "# TYPE sizes histogram\n" in served
     for bound, count in (("0.1", 1), ("1", 1), ("2.5", 2), ("+Inf", 3)):
-        assert f'sizes_bucket{{k="v",le="{bound}"}} {count}.0\n' in served
-    assert 'sizes_count{k="v"} 3.0\n' in served and 'sizes_sum{k="v"} 7.55\n' in served
+        assert f'sizes_bucket{{k="v",le="{bound}"}} {count}\n' in served
+    assert 'sizes_count{k="v"} 3\n' in served and 'sizes_sum{k="v"} 7.55\n' in served
 
 
 def test_each_kind_refuses_what_it_does_not_do() -> None:

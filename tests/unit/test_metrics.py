@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 
@@ -360,10 +361,38 @@ def test_counters_keep_tritons_names_and_labels_are_escaped() -> None:
     text = render(registry).decode()
     assert "# TYPE nv_inference_request_success counter\n" in text
     assert "# TYPE tritonactor_journal_events_total counter\n" in text
-    assert 'nv_inference_request_success{model="we\\"ird\\nname",version="3"} 0.0\n' in text
+    assert 'nv_inference_request_success{model="we\\"ird\\nname",version="3"} 0\n' in text
     found = families(text)
     assert value(found, "nv_inference_request_success", model='we"ird\nname') == 0
     assert value(found, "tritonactor_journal_events", type="ServerStarted") == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "written"),
+    [
+        (4.0, "4"),
+        (3001479.0, "3001479"),
+        (25276182528.0, "25276182528"),
+        (0.25, "0.25"),
+        (0.1, "0.1"),
+        (1e20, "1e+20"),
+        (1e-5, "1e-05"),
+        (float("inf"), "+Inf"),
+        (float("nan"), "NaN"),
+    ],
+)
+def test_values_are_written_as_tritons_prometheus_library_writes_them(
+    value: float, written: str
+) -> None:
+    class One:
+        def collect(self) -> list[Any]:
+            family = GaugeMetricFamily("nv_example", "an example")
+            family.add_metric([], value)
+            return [family]
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())  # type: ignore[arg-type]
+    assert render(registry).decode().splitlines()[-1] == f"nv_example {written}"
 
 
 # -- /proc and NVML --------------------------------------------------------------------------------

@@ -4,9 +4,12 @@ prometheus_client's `generate_latest` names every counter family `<name>_total` 
 line, which Triton's counters (`nv_inference_request_success`, ...) do not have: a scraper
 would see a family with no samples beside samples of an untyped one. Here a family's TYPE line
 takes the name its samples carry, so Triton's counters keep their names and ours (which end in
-`_total`, as Prometheus advises) keep theirs."""
+`_total`, as Prometheus advises) keep theirs. A value is written as Triton's Prometheus library
+writes it (16 significant digits, the shortest form): a count as `4`, not Python's `4.0`."""
 
 from __future__ import annotations
+
+import math
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -34,8 +37,17 @@ def render(registry: Collector) -> bytes:
                 f'{key}="{_escape_label(value)}"' for key, value in sorted(sample.labels.items())
             )
             selector = f"{{{labels}}}" if labels else ""
-            lines.append(f"{sample.name}{selector} {floatToGoString(sample.value)}\n")
+            lines.append(f"{sample.name}{selector} {_value(sample.value)}\n")
     return "".join(lines).encode()
+
+
+def _value(value: float) -> str:
+    """`value` as Triton writes a sample's (prometheus-cpp: C++'s default float format at 16
+    significant digits, as `%.16g`): `120`, `25276182528`, `0.25`; NaN and the infinities as
+    Prometheus spells them."""
+    if math.isfinite(value):
+        return format(value, ".16g")
+    return floatToGoString(value)
 
 
 def _escape_help(text: str) -> str:
