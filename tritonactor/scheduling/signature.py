@@ -168,10 +168,8 @@ class ModelSignature:
         if not len(self._required) <= len(given) <= len(inputs):
             raise invalid_arg(f"{prefix}{self._count_message(given, missing)}")
         for name in given:
-            if name not in inputs:
-                raise invalid_arg(
-                    f"{prefix}unexpected inference input '{name}' for model '{self.name}'"
-                )
+            if name not in inputs:  # (Triton's model answers it: no request id before it)
+                raise invalid_arg(f"unexpected inference input '{name}' for model '{self.name}'")
         if missing:  # an optional input was given in place of a required one
             raise invalid_arg(f"{prefix}{self._count_message(given, missing)}")
         batch_size = self._batch_size(request, prefix)
