@@ -25,35 +25,12 @@ from tritonactor.control.override_folders import override_root
 EXPLICIT = {"TRITONACTOR_MODEL_CONTROL_MODE": "explicit", "TRITONACTOR_LOAD_MODEL": "simple"}
 
 
-# An ensemble of one step, `other`'s add/sub.
-ENSEMBLE_OF_OTHER = """
-name: "ens_other"
-platform: "ensemble"
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
-  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
-]
-ensemble_scheduling { step [ {
-  model_name: "other" model_version: -1
-  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
-  output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" }
-} ] }
-"""
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("explicit") / "models"
     for name, batch in (("simple", 8), ("simple_nobatch", 0), ("other", 8)):
         add_sub_model(root / name / "1" / "model.onnx", batch=batch > 0)
         write_config(root / name, SIMPLE_CONFIG.format(name=name, max_batch_size=batch))
-    (root / "ens_other" / "1").mkdir(parents=True)
-    write_config(root / "ens_other", ENSEMBLE_OF_OTHER)
     (root / "broken" / "1").mkdir(parents=True)
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
     write_config(root / "broken", 'name: "broken"\nplatform: "onnxruntime_onnx"\n')
@@ -115,43 +92,6 @@ def test_http_load_and_unload(server: ServerProcess) -> None:
     client.unload_model("simple_nobatch")
     client.unload_model("nosuch")
     assert client.is_server_ready()  # unloaded on purpose: not awaited by readiness
-
-
-def test_an_ensemble_leaves_with_its_step_model_and_comes_back_with_it(
-    server: ServerProcess,
-) -> None:
-    """As Triton 2.51 does (checked against it): unloading a model an ensemble uses takes the
-    ensemble away too ("unloaded" in the index, not ready), and loading the model again brings
-    the ensemble back; with `unload_dependents` the ensemble is unloaded for good here (Triton
-    brings it back then too: docs/repository-api.md)."""
-    client = httpclient.InferenceServerClient(server.url)
-    client.load_model("ens_other")  # (its step model too)
-    assert client.is_model_ready("other") and client.is_model_ready("ens_other")
-    add_sub(client, "ens_other")
-    client.unload_model("other")
-    # the ensemble left first: not ready by the time the unload is answered
-    assert not client.is_model_ready("ens_other")
-    assert index(server)["ens_other"] == {
-        "name": "ens_other",
-        "version": "1",
-        "state": "UNAVAILABLE",
-        "reason": "unloaded",
-    }
-    with pytest.raises(InferenceServerException, match="has no available versions"):
-        add_sub(client, "ens_other")
-    assert client.is_server_ready()
-    client.load_model("other")  # answered once the ensemble is back
-    assert client.is_model_ready("ens_other")
-    add_sub(client, "ens_other")
-    client.unload_model("other", unload_dependents=True)
-    client.load_model("other")
-    assert client.is_model_ready("other") and not client.is_model_ready("ens_other")
-    # an ensemble unloaded while its step was away stays unloaded
-    client.load_model("ens_other")
-    client.unload_model("other")
-    client.unload_model("ens_other")
-    client.load_model("other")
-    assert not client.is_model_ready("ens_other")
 
 
 def test_load_errors_change_nothing(server: ServerProcess) -> None:

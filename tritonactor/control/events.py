@@ -18,8 +18,6 @@ class Source(StrEnum):
     POLL = "poll"
     API = "api"
     REQUEST = "request"  # lazy loading: an inference request for a model not loaded yet
-    # an ensemble whose step model an unload took away, and brought back when it loads again
-    DEPENDENCY = "dependency"
 
 
 class VersionState(StrEnum):

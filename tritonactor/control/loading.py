@@ -27,7 +27,6 @@ from tritonactor.control.budget import files_size, process_tree_rss
 from tritonactor.control.load_plan import (
     load_failed,
     load_requested,
-    override_of,
     step_cycle,
     versions_to_load,
     with_config,
@@ -74,7 +73,6 @@ class Loading:
     _registry: BackendRegistry
     _router: Router
     _serving: dict[str, dict[int, Serving]]
-    _suspended: dict[str, frozenset[str]]
     _owners: dict[ActorRef[Any], tuple[str, int]]
     _operations: OperationTraces
     _strict: bool
@@ -90,8 +88,6 @@ class Loading:
         source: ev.Source,
         loading: frozenset[str] = frozenset(),
     ) -> None:
-        if source != ev.Source.DEPENDENCY:
-            self._suspended.pop(name, None)  # (this load is what brings it back)
         try:
             async with self._lock(name):
                 with self._operations.traced(
@@ -104,25 +100,6 @@ class Loading:
                             await anyio.to_thread.run_sync(release, override.repository, name)
         finally:
             self._forget_lock(name)
-        if self._suspended and name in self._serving:
-            await self._resume(name)
-
-    async def _resume(self, step: str) -> None:
-        """The ensembles an unload of one of their step models took away (retiring.py's
-        `_suspend`) load again, as they were last asked, once every step model serves: as
-        Triton's come back when the model they use loads again."""
-        for name, steps in sorted(self._suspended.items()):
-            if step not in steps or not all(self._serving.get(s) for s in steps):
-                continue
-            if self._suspended.pop(name, None) is None:
-                continue  # (another load brought it back meanwhile)
-            status = self.state.get(name)
-            requested = status.requested if status is not None else None
-            override = override_of(requested) if requested is not None else None
-            try:
-                await self._load(name, override, ev.Source.DEPENDENCY)
-            except TritonError as error:
-                log.warning("ensemble '%s' did not load again: %s", name, error.message)
 
     async def _sync(
         self, name: str, override: Override | None, source: ev.Source, loading: frozenset[str]

@@ -65,9 +65,6 @@ class ModelManager(Loading, Retiring, Actor[Any]):
         # The record itself is the journal's; only its fold is kept here.
         self.state: ev.State = ev.fold(history)
         self._serving: dict[str, dict[int, Serving]] = {}
-        # Ensembles an unload of a step model took away (retiring.py), and their step models:
-        # loaded again once every step serves (loading.py).
-        self._suspended: dict[str, frozenset[str]] = {}
         self._owners: dict[ActorRef[Any], tuple[str, int]] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._operations = OperationTraces(tracing)

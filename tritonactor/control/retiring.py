@@ -32,7 +32,6 @@ class Retiring:
     """How versions leave; mixed into the model manager, which owns the state named here."""
 
     _serving: dict[str, dict[int, Serving]]
-    _suspended: dict[str, frozenset[str]]
     _router: Router
     _owners: dict[ActorRef[Any], tuple[str, int]]
     _operations: OperationTraces
@@ -45,15 +44,8 @@ class Retiring:
         source: ev.Source,
         left: Callable[[], None] | None = None,
     ) -> None:
-        """Unload `name` and, with `unload_dependents`, the loaded ensembles that use it; without,
-        those ensembles leave too, as Triton's do, until `name` serves again (`_suspend`);
-        `left()` is called once its versions left the router, before they finish their
-        requests and stop."""
-        self._suspended.pop(name, None)  # (an ensemble unloaded stays so)
-        if not unload_dependents:
-            # first, while `name` still serves the requests they hold
-            for dependent in self._dependents(name):
-                await self._suspend(dependent)
+        """Unload `name` (and its dependents); `left()` is called once its versions left the
+        router, before they finish their requests and stop."""
         try:
             async with self._lock(name):
                 with self._operations.traced("unload", name, source):
@@ -63,20 +55,6 @@ class Retiring:
         if unload_dependents:
             for dependent in self._dependents(name):
                 await self._unload(dependent, True, source)
-
-    async def _suspend(self, name: str) -> None:
-        """An ensemble one of whose step models was unloaded leaves the router as an unload
-        takes it (its index entry UNAVAILABLE, "unloaded"), but stays asked for: it loads
-        again, as it was asked, once every step model serves (`Loading._resume`)."""
-        async with self._lock(name):
-            serving = self._serving.get(name, {})
-            if not serving:
-                return
-            scheduling = next(iter(serving.values())).handle.config.ensemble_scheduling
-            assert scheduling is not None
-            self._suspended[name] = frozenset(step.model_name for step in scheduling.step)
-            with self._operations.traced("unload", name, ev.Source.DEPENDENCY):
-                await self._unload_versions(name, ev.Source.DEPENDENCY)
 
     async def _unload_versions(
         self, name: str, source: ev.Source, left: Callable[[], None] | None = None
