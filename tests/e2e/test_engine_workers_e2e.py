@@ -377,7 +377,7 @@ def test_statistics_index_and_metrics_are_the_same_from_every_front_end(served: 
     metrics = http.client.HTTPConnection("127.0.0.1", served.metrics_port, timeout=60)
     metrics.request("GET", "/metrics")
     text = metrics.getresponse().read().decode()
-    assert f'nv_inference_count{{model="add_sub",version="1"}} {float(sent)}' in text
+    assert f'nv_inference_count{{model="add_sub",version="1"}} {sent}\n' in text
 
 
 def test_explicit_load_through_one_front_end_serves_on_every_one(tmp_path: Path) -> None:

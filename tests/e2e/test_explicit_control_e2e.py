@@ -74,6 +74,14 @@ def test_http_load_and_unload(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.url)
     assert index(server)["simple_nobatch"] == {"name": "simple_nobatch"}
     assert not client.is_model_ready("simple_nobatch")
+    # never loaded: not found, as Triton 2.51 answers (it has no available versions once
+    # a load was asked for, below)
+    for call in (
+        lambda: client.get_model_config("simple_nobatch"),
+        lambda: add_sub(client, "simple_nobatch", batch=False),
+    ):
+        with pytest.raises(InferenceServerException, match="'simple_nobatch' is not found"):
+            call()
     client.load_model("simple_nobatch")
     assert client.is_model_ready("simple_nobatch")
     add_sub(client, "simple_nobatch", batch=False)

@@ -188,6 +188,10 @@ async def test_unknown_model_and_version_errors() -> None:
     with pytest.raises(TritonError, match="'nosuch' is not found") as caught:
         router.resolve("nosuch")
     assert caught.value.code is ErrorCode.NOT_FOUND
+    # a model of the repository no load was asked for: not found, as in Triton
+    with pytest.raises(TritonError, match="'known' is not found"):
+        router.resolve("known")
+    router.tried.add("known")  # (a load was asked for: it does not serve)
     with pytest.raises(TritonError, match="'known' has no available versions"):
         router.resolve("known")
 

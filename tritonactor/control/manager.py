@@ -86,6 +86,10 @@ class ModelManager(Loading, Retiring, Actor[Any]):
                 log.error("could not append to the journal: %s (event %r)", error, event)
         self.state = ev.apply(self.state, event)
         self._operations.saw(event)
+        if isinstance(event, ev.LoadRequested | ev.LoadFailed):
+            self._router.tried_load(event.model)
+        elif isinstance(event, ev.ModelRemoved):
+            self._router.tried_load(event.model, False)
         if isinstance(event, ev.LoadFailed):
             kept = " (the loaded version goes on serving)" if event.serving else ""
             log.error("failed to load '%s': %s%s", event.model, event.reason, kept)

@@ -68,6 +68,12 @@ class ObservedRouter(Router):
         super().remove(name, version)
         self.changed()
 
+    def tried_load(self, name: str, tried: bool = True) -> bool:
+        if not super().tried_load(name, tried):
+            return False
+        self.changed()
+        return True
+
 
 def table(router: Router) -> m.Table:
     return m.Table(
@@ -76,6 +82,7 @@ def table(router: Router) -> m.Table:
             for handle in router.handles()
         ),
         frozenset(router.known),
+        frozenset(router.tried),
     )
 
 

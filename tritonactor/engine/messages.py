@@ -109,6 +109,7 @@ class Version:
 class Table:
     versions: tuple[Version, ...]
     known: frozenset[str]
+    tried: frozenset[str] = frozenset()  # (Router.tried)
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,6 +229,7 @@ class RemoteRouter(Router):
             models.setdefault(version.name, {})[version.version] = _handle(version)
         self._models = {name: dict(sorted(v.items())) for name, v in models.items()}
         self.known = set(table.known)
+        self.tried = set(table.tried)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         if self.loader is not None:

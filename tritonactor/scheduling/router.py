@@ -43,10 +43,24 @@ class Router:
         self.cache = cache
         self.caching = ResponseCaching(cache, self.resolve_exact) if cache is not None else None
         self._models: dict[str, dict[int, ModelHandle]] = {}
-        # Names the repository knows (ready or not), so an error can say "not ready" vs "unknown".
+        # Names the repository knows (ready or not), and those of them a load was asked for
+        # (the manager keeps both): an error says "no available versions" for a model a load
+        # was asked for that does not serve, as Triton's, and "not found" for any other.
         self.known: set[str] = set()
+        self.tried: set[str] = set()
         # Lazy loading (set by the server): loads a known model that is not loaded yet.
         self.loader: Callable[[str], Awaitable[None]] | None = None
+
+    def tried_load(self, name: str, tried: bool = True) -> bool:
+        """Note that a load of `name` was asked for (`tried` False: forget it, the model left
+        the repository); whether that changed anything."""
+        if (name in self.tried) == tried:
+            return False
+        if tried:
+            self.tried.add(name)
+        else:
+            self.tried.discard(name)
+        return True
 
     def add(self, handle: ModelHandle) -> None:
         versions = dict(self._models.get(handle.name, {}))
@@ -275,7 +289,7 @@ class Router:
         )
 
     def _not_ready(self, name: str, version: str) -> TritonError:
-        if name not in self.known:
+        if name not in self.known or name not in self.tried:
             return not_found(f"Request for unknown model: '{name}' is not found")
         if version:
             return not_found(f"Request for unknown model: '{name}' version {version} is not found")
