@@ -452,9 +452,10 @@ def test_initialize_failure_fails_create_instance(backend: PythonBackend, tmp_pa
     model = backend.load_model(context("broken", tmp_path))
     with pytest.raises(TritonError) as caught:
         model.create_instance(InstanceContext("broken_0", "KIND_CPU", 0, 0))
-    # Where in the model's code, as Triton's python backend says it ("At:", file(line): name).
+    # The model's words and where in its code, as Triton's python backend says them ("At:",
+    # file(line): name), nothing before them (Triton's status word aside: docs/decisions.md).
     model_file = model_dir / "1" / "model.py"
-    assert caught.value.message.endswith(
+    assert caught.value.message == (
         f"RuntimeError: no weights here\n\nAt:\n  {model_file}(3): initialize\n"
     )
 

@@ -147,11 +147,11 @@ class PythonInstance(BackendInstance):
             self._stub.wait_for("ready", other=self._dispatch)
         except BaseException as exc:
             self._stub.stop(5)
-            if isinstance(exc, TritonError):
-                raise internal(
-                    f"model '{self._model_name}' instance '{self.name}' failed to initialize: "
-                    f"{exc.message}"
-                ) from None
+            if isinstance(exc, TritonError):  # the model's own words, as Triton's backend
+                log.error(
+                    "model '%s' instance '%s' failed to initialize", self._model_name, self.name
+                )
+                raise internal(exc.message) from None
             raise
         self._reader = ChannelReader(
             self._stub.channel,
