@@ -117,6 +117,9 @@ async def test_bytes_round_trip_keeps_empty_and_non_ascii(start_either: Started)
     assert list(echoed) == items
 
 
+FAULTY_MODEL = MODELS / "faulty" / "1" / "model.py"
+
+
 @pytest.mark.anyio
 async def test_execute_that_raises_fails_the_batch_and_the_process_stays(
     start_either: Started,
@@ -129,7 +132,11 @@ async def test_execute_that_raises_fails_the_batch_and_the_process_stays(
     for result in results:
         assert isinstance(result, TritonError)
         assert result.code == ErrorCode.INTERNAL
-        assert "ValueError: the model was asked to fail" in result.message
+        # the model's words and where in its code, as Triton's python backend says them
+        assert result.message == (
+            "Failed to process the request(s) for model 'faulty_0_0', message: ValueError: the "
+            f"model was asked to fail\n\nAt:\n  {FAULTY_MODEL}(12): execute\n"
+        )
     [ok] = await instance.execute([request("faulty", tensor("INPUT0", one + 5))])
     assert outputs(ok)["OUTPUT0"].tolist() == [5]
 

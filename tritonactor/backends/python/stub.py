@@ -202,7 +202,7 @@ class Stub(WireConversions):
                 text = str(exc)
             else:
                 traceback.print_exc()
-                text = _describe(exc)
+                text = _describe_where(exc)
             for request in requests:  # the server ends them all: no more sends
                 request._sender._close()
             reply = {
@@ -256,7 +256,8 @@ class Stub(WireConversions):
             return
         traceback.print_exception(error)
         text = (
-            f"Failed to process the request(s) for model '{self.name}', message: {_describe(error)}"
+            f"Failed to process the request(s) for model '{self.name}', message: "
+            f"{_describe_where(error)}"
         )
         for request in requests:  # those it left unfinished end with its error
             sender = request._sender
@@ -356,8 +357,8 @@ _OWN_FILES = os.path.dirname(os.path.abspath(__file__))  # the stub and its pb_u
 
 def _describe_where(exc: BaseException) -> str:
     """The error, and where in the model's code it was raised: Triton's python backend's
-    words for a failed `initialize` or `auto_complete_config` ("At:", then each frame from
-    the innermost out, `file(line): function`), the stub's own frames left out."""
+    words for a failed `initialize`, `auto_complete_config` or `execute` ("At:", then each
+    frame from the innermost out, `file(line): function`), the stub's own frames left out."""
     frames = [
         frame
         for frame in reversed(traceback.extract_tb(exc.__traceback__))
