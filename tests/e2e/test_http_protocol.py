@@ -692,6 +692,15 @@ def test_model_readiness(client: httpclient.InferenceServerClient, http: httpx.C
     assert (not_ready.status_code, not_ready.json()) == (400, {"error": "Model version not ready"})
 
 
+def test_metadata_of_one_version_lists_that_version_over_grpc_too(server: ServerProcess) -> None:
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+        for version in ("1", "3"):
+            assert grpc.get_model_metadata("versioned", version).versions == [version]
+        assert grpc.get_model_metadata("versioned").versions == ["1", "3"]
+
+
 def test_versions(client: httpclient.InferenceServerClient, http: httpx.Client) -> None:
     # The default is the highest ready version.
     assert (
@@ -701,7 +710,9 @@ def test_versions(client: httpclient.InferenceServerClient, http: httpx.Client) 
         result = client.infer("versioned", simple_inputs(binary=True), model_version=version)
         assert result.get_response()["model_version"] == version
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [SUM])
-        assert client.get_model_metadata("versioned", version)["versions"] == ["1", "3"]
+        # the version asked for alone, as Triton 2.51 lists it (every ready one without)
+        assert client.get_model_metadata("versioned", version)["versions"] == [version]
+    assert client.get_model_metadata("versioned")["versions"] == ["1", "3"]
     for path in ("/v2/models/versioned/versions/2", "/v2/models/versioned/versions/2/config"):
         response = http.get(path)
         assert response.status_code == 404

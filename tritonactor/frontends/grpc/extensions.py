@@ -70,9 +70,11 @@ class ExtensionCalls:
                 for spec in specs
             ]
 
+        # A version asked for is the one listed, as Triton lists it; else every ready one.
+        versions = [handle.version] if message.version else self._router.ready_versions(handle.name)
         return pb.ModelMetadataResponse(
             name=handle.name,
-            versions=[str(v) for v in self._router.ready_versions(handle.name)],
+            versions=[str(v) for v in versions],
             platform=handle.config.platform or handle.config.backend,
             inputs=tensors(signature.inputs),
             outputs=tensors(signature.outputs),

@@ -197,10 +197,13 @@ class Routes:
         handle = self._handle(request)
         signature = handle.signature
         batch = signature.max_batch_size
+        # A version asked for is the one listed, as Triton lists it; else every ready one.
+        asked = "version" in request.path_params
+        versions = [handle.version] if asked else self.router.ready_versions(handle.name)
         return json_response(
             {
                 "name": handle.name,
-                "versions": [str(v) for v in self.router.ready_versions(handle.name)],
+                "versions": [str(v) for v in versions],
                 "platform": handle.config.platform or handle.config.backend,
                 "inputs": [
                     _tensor_metadata(t.name, t.datatype, t.shape(batch)) for t in signature.inputs
