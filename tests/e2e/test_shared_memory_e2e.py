@@ -336,6 +336,18 @@ GOOD_INPUTS = [shm_input("INPUT0", "in", 0), shm_input("INPUT1", "in", 64)]
             400,
             "Invalid offset + byte size for shared memory region: 'out'",
         ),
+        (  # a size that wraps past Triton's unsigned bounds check: held against the tensor
+            infer_body([shm_input("INPUT0", "in", 64, 2**64 - 1), shm_input("INPUT1", "in", 64)]),
+            400,
+            "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got "
+            "18446744073709551615",
+        ),
+        (  # the same for an output: refused (Triton writes past the region)
+            infer_body(GOOD_INPUTS, [shm_output("OUTPUT0", "out", 100, 2**64 - 1)]),
+            500,
+            "shared memory region 'out' holds 28 bytes from offset 100, too few for output "
+            "'OUTPUT0' (64 bytes)",
+        ),
         (
             infer_body(GOOD_INPUTS, [shm_output("OUTPUT0", "out", 0, 8)]),
             500,

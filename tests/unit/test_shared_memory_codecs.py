@@ -274,3 +274,22 @@ def test_grpc_response_of_an_output_in_shared_memory_has_empty_raw_contents() ->
     )
     assert [o.name for o in message.outputs] == ["Y", "Z"]
     assert message.raw_output_contents == [b"", np.array([3], dtype=np.int32).tobytes()]
+
+
+def test_a_byte_size_past_the_region_is_held_against_the_tensor_as_triton_does() -> None:
+    """A byte size that Triton's unsigned bounds check lets through (2^64 - 1, or -1 over gRPC)
+    is not the region's bytes that remain: the tensor's size is held against the size given,
+    as Triton holds it (this ran the model on the remaining bytes before)."""
+    lease = FakeLease()
+    document = {
+        "inputs": [
+            shm_input(
+                shared_memory_region="r", shared_memory_offset=56, shared_memory_byte_size=2**64 - 1
+            )
+        ]
+    }
+    with pytest.raises(TritonError, match=r"Expected 8, got 18446744073709551615$"):
+        http_decode(document, lease)
+    message = ModelInferRequest(model_name="m", inputs=[grpc_input("A", **region("r", 56, -1))])
+    with pytest.raises(TritonError, match=r"Expected 8, got 18446744073709551615$"):
+        grpc_decode(message, lease)

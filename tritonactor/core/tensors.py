@@ -64,10 +64,24 @@ class RequestContext:
 
 
 def array_from_bytes(
-    context: RequestContext, name: str, datatype: str, shape: tuple[int, ...], buffer: memoryview
+    context: RequestContext,
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    buffer: memoryview,
+    declared: int | None = None,
 ) -> np.ndarray:
-    """The tensor held in `buffer`, a read-only zero-copy view for fixed-size types."""
+    """The tensor held in `buffer`, a read-only zero-copy view for fixed-size types.
+    `declared`: the byte size a shared-memory input was given, which Triton holds against the
+    tensor's (a size past the region that its unsigned bounds check let through is not the
+    region's bytes that `buffer` holds)."""
     count = num_elements(shape)
+    if declared is not None and declared != len(buffer):
+        expected = len(buffer) if datatype == "BYTES" else count * to_numpy_dtype(datatype).itemsize
+        raise invalid_arg(
+            f"{context.prefix}input byte size mismatch for input '{name}' for model "
+            f"'{context.model}'. Expected {expected}, got {declared}"
+        )
     if datatype == "BYTES":
         try:
             return deserialize_bytes(buffer, count).reshape(shape)

@@ -47,6 +47,7 @@ from tritonactor.engine.wire import (
     encode,
     write,
 )
+from tritonactor.memory.lease import check_output_size
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.scheduling.router import Router
 
@@ -389,12 +390,7 @@ class _Connection(asyncio.BufferedProtocol):
             ):
                 continue
             chunk = tensor_to_bytes(tensor.datatype, data)
-            if chunk.size > place[4]:
-                raise internal(
-                    f"shared memory size specified with the request for output '{tensor.name}' "
-                    f"({place[4]} bytes) should be at least {chunk.size} bytes to hold the "
-                    "results"
-                )
+            check_output_size(tensor.name, place[4], chunk.size)
             try:
                 written = self._regions.write_at(place, chunk)  # type: ignore[arg-type]
             except TritonError:

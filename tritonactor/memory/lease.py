@@ -22,7 +22,7 @@ from tritonactor.core.datatypes import to_numpy_dtype
 from tritonactor.core.errors import internal
 from tritonactor.core.tensors import tensor_to_bytes
 from tritonactor.core.types import OUTPUT_BUFFERS, InferenceRequest, InferenceResponse, Tensor
-from tritonactor.memory.region import Region
+from tritonactor.memory.region import UINT64, Region
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
 from tritonactor.memory.system import SystemRegion
 
@@ -63,6 +63,17 @@ class OutputTarget:
             and data.flags.c_contiguous
             and data.nbytes <= self.byte_size
             and data.__array_interface__["data"][0] == region.address + self.offset
+        )
+
+
+def check_output_size(output: str, byte_size: int, needed: int) -> None:
+    """Triton's INTERNAL for an output of `needed` bytes whose shared-memory place was given
+    `byte_size` (a negative gRPC size read as unsigned, as Triton reads it)."""
+    byte_size %= UINT64
+    if needed > byte_size:
+        raise internal(
+            f"shared memory size specified with the request for output '{output}' "
+            f"({byte_size} bytes) should be at least {needed} bytes to hold the results"
         )
 
 
@@ -113,11 +124,15 @@ class Lease:
                 continue
             data = tensor_to_bytes(tensor.datatype, np.asarray(tensor.data))
             chunk = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
-            if chunk.size > target.byte_size:
+            check_output_size(tensor.name, target.byte_size, chunk.size)
+            room = target.region.byte_size - target.offset % UINT64
+            if chunk.size > room:
+                # A byte size past the region that the unsigned bounds check let through:
+                # refused, where Triton writes past the region.
                 raise internal(
-                    f"shared memory size specified with the request for output '{tensor.name}' "
-                    f"({target.byte_size} bytes) should be at least {chunk.size} bytes to hold "
-                    "the results"
+                    f"shared memory region '{target.region.name}' holds {room} bytes from "
+                    f"offset {target.offset % UINT64}, too few for output '{tensor.name}' "
+                    f"({chunk.size} bytes)"
                 )
             target.region.write(target.offset, chunk)
             written.append(tensor.name)

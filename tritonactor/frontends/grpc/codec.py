@@ -43,6 +43,7 @@ from tritonactor.core.types import (
 from tritonactor.frontends.classification import classify
 from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.memory.lease import Reader, Reserver
+from tritonactor.memory.region import UINT64
 
 # The typed `contents` field that carries each data type.
 CONTENTS_FIELD = {
@@ -135,7 +136,8 @@ def decode_infer_request(
     seen: set[str] = set()
     # Per input: its name, datatype, shape and bytes (a shared-memory region's, or its
     # raw_input_contents entry; None when it comes in its typed contents).
-    found: list[tuple[str, str, tuple[int, ...], memoryview | None]] = []
+    # (and the byte size a shared-memory input was given, as unsigned)
+    found: list[tuple[str, str, tuple[int, ...], memoryview | None, int | None]] = []
     next_raw = 0
     for tensor in tensors:
         name = tensor.name
@@ -153,6 +155,7 @@ def decode_infer_request(
             )
         place = shared_memory_place(name, tensor.parameters)
         buffer: memoryview | None = None
+        declared: int | None = None
         if place is not None:
             if _has_contents(tensor):
                 raise invalid_arg(
@@ -164,6 +167,7 @@ def decode_infer_request(
                     f"input '{name}' uses shared memory, which this endpoint cannot read"
                 )
             buffer = memoryview(shared_memory(*place))
+            declared = place[2] % UINT64
         elif raw_count:
             if _has_contents(tensor):
                 raise invalid_arg(
@@ -177,7 +181,7 @@ def decode_infer_request(
                 )
             buffer = raw[next_raw]
             next_raw += 1
-        found.append((name, datatype, shape, buffer))
+        found.append((name, datatype, shape, buffer, declared))
     if raw_count > len(found):
         raise invalid_arg(
             f"{prefix}raw_input_contents holds {raw_count} entries for {len(found)} "
@@ -187,10 +191,10 @@ def decode_infer_request(
     # several bad inputs is told about its last.
     inputs: list[Tensor] = []
     for index in reversed(range(len(found))):
-        name, datatype, shape, buffer = found[index]
+        name, datatype, shape, buffer, declared = found[index]
         tensor = tensors[index]
         if buffer is not None:
-            data = array_from_bytes(context, name, datatype, shape, buffer)
+            data = array_from_bytes(context, name, datatype, shape, buffer, declared)
         else:
             data = _array_from_contents(tensor, shape, prefix, model)
         parameters = decode_parameters(tensor.parameters)

@@ -54,6 +54,7 @@ from tritonactor.frontends.http.json_body import decode_json
 from tritonactor.frontends.http.json_tensors import array_from_json
 from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH
 from tritonactor.memory.lease import Reader, Reserver
+from tritonactor.memory.region import UINT64
 
 # request.context key: the request's `binary_data_output` (the default for outputs that do not
 # say), read by `encode_infer_response`.
@@ -440,8 +441,8 @@ def _decode_input(
         if "data" in item:
             data = array_from_json(context, name, datatype, shape, item["data"])
         else:
-            buffer = _read_shared_memory(name, parameters, shared_memory)
-            data = array_from_bytes(context, name, datatype, shape, memoryview(buffer))
+            buffer, declared = _read_shared_memory(name, parameters, shared_memory)
+            data = array_from_bytes(context, name, datatype, shape, memoryview(buffer), declared)
     elif num_elements(shape) == 0:
         data = np.empty(shape, dtype=to_numpy_dtype(datatype))
     else:
@@ -469,11 +470,12 @@ def _non_negative_int(value: Any, what: str) -> int:
 
 def _read_shared_memory(
     name: str, parameters: Parameters, shared_memory: Reader | None
-) -> bytes | memoryview:
+) -> tuple[bytes | memoryview, int]:
+    """The input's bytes in its region, and the byte size it was given (as unsigned)."""
     region, offset, size = _shared_memory_place(parameters)
     if shared_memory is None:
         raise invalid_arg(f"input '{name}' uses shared memory, which this endpoint cannot read")
-    return shared_memory(region, offset, size)
+    return shared_memory(region, offset, size), size % UINT64
 
 
 def _shared_memory_place(parameters: Parameters) -> tuple[str, int, int]:
