@@ -12,6 +12,7 @@ from tritonactor.config.model_config import parse_pbtxt
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceResponse, Tensor
 from tritonactor.frontends.http.generate import decode_generate_request, encode_generate_response
+from tritonactor.frontends.http.json_body import encode_json
 from tritonactor.scheduling.signature import ModelSignature
 
 CONFIG = """
@@ -123,6 +124,23 @@ def test_the_response_object() -> None:
     half = InferenceResponse("m", "1", outputs=[Tensor("h", "FP16", (1,), np.zeros(1, np.float16))])
     with pytest.raises(TritonError, match="sending FP16 data via JSON is not supported"):
         encode_generate_response(half)
+
+
+def test_nan_and_the_infinities_are_written_as_triton_writes_them() -> None:
+    """(They were written `null`; /infer already wrote Triton's literals.)"""
+    values = np.array([np.nan, np.inf, -np.inf, 1.5], np.float32)
+    response = InferenceResponse(
+        "m",
+        "1",
+        outputs=[
+            Tensor("many", "FP32", (4,), values),
+            Tensor("one", "FP64", (1,), np.array([-np.inf])),
+        ],
+    )
+    body = encode_json(encode_generate_response(response))
+    assert b'"many":[NaN,Infinity,-Infinity,1.5]' in body
+    assert b'"one":-Infinity' in body
+    assert json.loads(body)["one"] == -np.inf  # (Python's json reads them back)
 
 
 def test_bytes_that_are_not_utf8_are_written_with_replacement_characters() -> None:

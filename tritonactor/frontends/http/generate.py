@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 import numpy as np
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -50,6 +51,7 @@ from tritonactor.core.types import (
 from tritonactor.frontends.http.errors import JSON
 from tritonactor.frontends.http.json_body import encode_json
 from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH, check_json_depth
+from tritonactor.frontends.http.responses import non_finite_values
 from tritonactor.scheduling.router import Router
 from tritonactor.scheduling.signature import ModelSignature, TensorSpec
 
@@ -262,6 +264,11 @@ def _output_value(tensor: Tensor) -> Any:
             item.decode(errors="replace") if isinstance(item, bytes | bytearray) else str(item)
             for item in flat.tolist()
         ]
+    elif flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        # NaN and the infinities as Triton writes them (orjson would write null)
+        written = non_finite_values(flat)
+        text = written[0] if len(written) == 1 else b"[" + b",".join(written) + b"]"
+        return orjson.Fragment(text)
     else:
         values = flat.tolist()
     return values[0] if len(values) == 1 else values

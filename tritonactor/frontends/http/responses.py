@@ -189,13 +189,18 @@ _NON_FINITE = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
 
 
 def _with_non_finite(flat: np.ndarray) -> orjson.Fragment:
-    """A float array holding NaN or infinities as Triton writes it: those as the literals
-    `NaN`, `Infinity` and `-Infinity` (which Python's json and tritonclient read back), the
-    other values as orjson writes them."""
+    """A float array holding NaN or infinities as Triton writes it (`non_finite_values`)."""
+    return orjson.Fragment(b"[" + b",".join(non_finite_values(flat)) + b"]")
+
+
+def non_finite_values(flat: np.ndarray) -> list[bytes]:
+    """The JSON of each value of a flat float array holding NaN or infinities, as Triton writes
+    them: those as the literals `NaN`, `Infinity` and `-Infinity` (which Python's json and
+    tritonclient read back), the other values as orjson writes them."""
     values = orjson.dumps(flat, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
     for index in np.flatnonzero(~np.isfinite(flat)).tolist():
         values[index] = _NON_FINITE[str(flat[index])]
-    return orjson.Fragment(b"[" + b",".join(values) + b"]")
+    return values
 
 
 def _utf8_strings(array: np.ndarray) -> list[str] | None:
