@@ -252,6 +252,24 @@ def test_a_submitted_request_reaches_its_model_with_the_places_its_outputs_are_d
     lease.release()
 
 
+def test_an_output_place_of_a_negative_grpc_size_is_left_to_the_front_end(
+    front: SharedMemoryRegistry, engine: SharedMemoryRegistry
+) -> None:
+    """A negative gRPC byte size passes the unsigned bounds check as a huge one: the engine
+    does not write there (it raised a ValueError); the front end's lease refuses it."""
+    lease = Lease(front)
+    lease.reserve("OUT", "r", 4096, -4)
+    [(_, place)] = lease.places()
+    with pytest.raises(TritonError):
+        engine.write_at(place, np.zeros(8, np.uint8))
+    answer = InferenceResponse(
+        "m", "1", outputs=[Tensor("OUT", "FP32", (SIZE,), np.zeros(SIZE, np.float32))]
+    )
+    with pytest.raises(TritonError, match="too few for output 'OUT'"):
+        lease.write(answer)
+    lease.release()
+
+
 def test_no_place_is_offered_in_a_region_the_engine_lacks(
     front: SharedMemoryRegistry, engine: SharedMemoryRegistry
 ) -> None:

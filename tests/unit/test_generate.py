@@ -140,6 +140,13 @@ def test_nan_and_the_infinities_are_written_as_triton_writes_them() -> None:
     body = encode_json(encode_generate_response(response))
     assert b'"many":[NaN,Infinity,-Infinity,1.5]' in body
     assert b'"one":-Infinity' in body
+    # the finite values beside them as without them (a float32 written as the double it is)
+    tenth = InferenceResponse(
+        "m", "1", outputs=[Tensor("f", "FP32", (2,), np.array([0.1, np.nan], np.float32))]
+    )
+    assert encode_json(encode_generate_response(tenth)) == (
+        b'{"f":[0.10000000149011612,NaN],"model_name":"m","model_version":"1"}'
+    )
     assert json.loads(body)["one"] == -np.inf  # (Python's json reads them back)
 
 

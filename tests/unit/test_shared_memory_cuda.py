@@ -108,6 +108,21 @@ def test_register_read_write_unregister(
     assert registry.status(Kind.CUDA) == []
 
 
+def test_a_size_past_the_region_reads_nothing_for_the_codec_to_refuse(
+    runtime: FakeRuntime, registry: SharedMemoryRegistry
+) -> None:
+    """A byte size Triton's unsigned bounds check lets through (2^64 - 1, -1) is not copied
+    to the host (a CUDA read would allocate that much): nothing is read, and the codec holds
+    the size given against the tensor's. A system region's read is the same (the lease's)."""
+    handle = runtime.allocate(64)
+    registry.register_cuda("c", handle, 0, 64)
+    lease = Lease(registry)
+    for size in (2**64 - 1, -1):
+        assert len(lease.read("c", 56, size)) == 0
+    assert len(lease.read("c", 56, 8)) == 8
+    lease.release()
+
+
 def test_an_allocation_smaller_than_registered_is_refused_and_closed(
     runtime: FakeRuntime, registry: SharedMemoryRegistry
 ) -> None:

@@ -97,6 +97,11 @@ class Lease:
         """The input bytes at [offset, offset + byte_size) of region `name`: for system shared
         memory a read-only view of the mapping (no copy), for CUDA a host copy."""
         region = self._hold(name, offset, byte_size)
+        if offset % UINT64 + byte_size % UINT64 > region.byte_size:
+            # A size past the region that Triton's unsigned bounds check let through: nothing
+            # is read, and the codec holds the size given against the tensor's (Triton's
+            # "input byte size mismatch").
+            return memoryview(b"")
         return region.read(offset, byte_size)
 
     def reserve(self, output: str, name: str, offset: int, byte_size: int) -> None:

@@ -32,7 +32,7 @@ from tritonactor.core.errors import (
 from tritonactor.core.tensors import owner_of
 from tritonactor.core.types import Tensor
 from tritonactor.memory.cuda import CudaRegion, CudaRuntime, CudaUnavailable, load_runtime
-from tritonactor.memory.region import Kind, Region
+from tritonactor.memory.region import UINT64, Kind, Region
 from tritonactor.memory.system import SystemRegion, address_of
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ class SharedMemoryRegistry:
             not isinstance(region, SystemRegion)
             or region.key != key
             or region.offset != region_offset
-            or offset + byte_size > region.byte_size
+            or offset + byte_size % UINT64 > region.byte_size  # (a negative gRPC size: huge)
         ):
             raise unavailable(
                 f"shared memory region '{name}' was unregistered while a request using it "

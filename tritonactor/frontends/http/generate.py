@@ -266,7 +266,7 @@ def _output_value(tensor: Tensor) -> Any:
         ]
     elif flat.dtype.kind == "f" and not np.isfinite(flat).all():
         # NaN and the infinities as Triton writes them (orjson would write null)
-        written = non_finite_values(flat)
+        written = non_finite_values(flat.astype(np.float64))  # (as tolist() writes them)
         text = written[0] if len(written) == 1 else b"[" + b",".join(written) + b"]"
         return orjson.Fragment(text)
     else:
