@@ -76,28 +76,29 @@ def array_from_bytes(
     tensor's (a size past the region that its unsigned bounds check let through is not the
     region's bytes that `buffer` holds)."""
     count = num_elements(shape)
-    if declared is not None and declared != len(buffer):
-        expected = len(buffer) if datatype == "BYTES" else count * to_numpy_dtype(datatype).itemsize
-        raise invalid_arg(
-            f"{context.prefix}input byte size mismatch for input '{name}' for model "
-            f"'{context.model}'. Expected {expected}, got {declared}"
-        )
+    got = len(buffer) if declared is None else declared
     if datatype == "BYTES":
+        if got != len(buffer):
+            raise _size_mismatch(context, name, len(buffer), got)
         try:
             return deserialize_bytes(buffer, count).reshape(shape)
         except ValueError:
             raise _bytes_error(context, name, count, buffer) from None
     dtype = to_numpy_dtype(datatype)
     expected = count * dtype.itemsize
-    if len(buffer) != expected:
-        raise invalid_arg(
-            f"{context.prefix}input byte size mismatch for input '{name}' for model "
-            f"'{context.model}'. Expected {expected}, got {len(buffer)}"
-        )
+    if got != expected:  # (`declared` is the buffer's length, but where it wrapped)
+        raise _size_mismatch(context, name, expected, got)
     array = np.frombuffer(buffer, dtype=dtype)
     if datatype == "BOOL":
         array = normalize_bools(array)
     return array.reshape(shape)
+
+
+def _size_mismatch(context: RequestContext, name: str, expected: int, got: int) -> TritonError:
+    return invalid_arg(
+        f"{context.prefix}input byte size mismatch for input '{name}' for model "
+        f"'{context.model}'. Expected {expected}, got {got}"
+    )
 
 
 def _bytes_error(context: RequestContext, name: str, count: int, buffer: memoryview) -> TritonError:

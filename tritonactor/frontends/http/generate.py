@@ -51,7 +51,7 @@ from tritonactor.core.types import (
 from tritonactor.frontends.http.errors import JSON
 from tritonactor.frontends.http.json_body import encode_json
 from tritonactor.frontends.http.limits import DEFAULT_JSON_DEPTH, check_json_depth
-from tritonactor.frontends.http.responses import non_finite_values
+from tritonactor.frontends.http.responses import non_finite_values, with_non_finite
 from tritonactor.scheduling.router import Router
 from tritonactor.scheduling.signature import ModelSignature, TensorSpec
 
@@ -266,9 +266,10 @@ def _output_value(tensor: Tensor) -> Any:
         ]
     elif flat.dtype.kind == "f" and not np.isfinite(flat).all():
         # NaN and the infinities as Triton writes them (orjson would write null)
-        written = non_finite_values(flat.astype(np.float64))  # (as tolist() writes them)
-        text = written[0] if len(written) == 1 else b"[" + b",".join(written) + b"]"
-        return orjson.Fragment(text)
+        doubles = flat.astype(np.float64)  # (the finite ones as tolist() writes them)
+        if flat.size == 1:
+            return orjson.Fragment(non_finite_values(doubles)[0])
+        return with_non_finite(doubles)
     else:
         values = flat.tolist()
     return values[0] if len(values) == 1 else values

@@ -180,7 +180,7 @@ def _json_data(datatype: str, array: np.ndarray) -> Any:
     # orjson writes contiguous numeric and bool arrays as JSON lists without Python objects.
     flat = np.ascontiguousarray(array).reshape(-1)
     if flat.dtype.kind == "f" and not np.isfinite(flat).all():
-        return _with_non_finite(flat)
+        return with_non_finite(flat)
     return flat
 
 
@@ -188,7 +188,7 @@ def _json_data(datatype: str, array: np.ndarray) -> Any:
 _NON_FINITE = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
 
 
-def _with_non_finite(flat: np.ndarray) -> orjson.Fragment:
+def with_non_finite(flat: np.ndarray) -> orjson.Fragment:
     """A float array holding NaN or infinities as Triton writes it (`non_finite_values`)."""
     return orjson.Fragment(b"[" + b",".join(non_finite_values(flat)) + b"]")
 
