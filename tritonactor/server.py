@@ -345,7 +345,7 @@ class Server:
             with contextlib.suppress(TritonError):  # logged; the index says what is known
                 await self._refresh_stores(None)
             await self._manager_ref().ask(Discover)
-        entries = index(await self.state())
+        entries = index(await self.state(), self.router.hidden())
         if ready_only:
             entries = [entry for entry in entries if entry.state == ev.VersionState.READY]
         return entries
@@ -369,9 +369,7 @@ class Server:
 
     async def unload(self, name: str, options: UnloadOptions) -> None:
         manager = self._manager_ref()
-        await manager.ask(
-            lambda reply: Unload(reply, name, options.unload_dependents, ev.Source.API)
-        )
+        await manager.ask(lambda reply: Unload(reply, name, ev.Source.API))
 
     async def _refresh_stores(self, name: str | None) -> None:
         """Explicit mode reads the object stores at each load, as Triton does: the model's copy

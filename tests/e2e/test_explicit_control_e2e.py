@@ -102,6 +102,131 @@ def test_http_load_and_unload(server: ServerProcess) -> None:
     assert client.is_server_ready()  # unloaded on purpose: not awaited by readiness
 
 
+def ensemble_config(name: str, step: str, version: int = -1) -> str:
+    """An ensemble of one step: `step`'s add/sub (at `version`; -1 the latest)."""
+    return f"""
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+  {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
+]
+output [
+  {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+  {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
+]
+ensemble_scheduling {{ step [ {{
+  model_name: "{step}" model_version: {version}
+  input_map {{ key: "INPUT0" value: "INPUT0" }} input_map {{ key: "INPUT1" value: "INPUT1" }}
+  output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} output_map {{ key: "OUTPUT1" value: "OUTPUT1" }}
+}} ] }}
+"""
+
+
+@pytest.fixture()
+def ensembles(repo: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """`other`, an ensemble of it (`ens_other`), one of that (`ens_outer`), and ensembles whose
+    step cannot serve: a model that fails to load, a version not there, a model not there."""
+    root = tmp_path / "ensembles"
+    shutil.copytree(repo, root)
+    for name, step, version in (
+        ("ens_other", "other", -1),
+        ("ens_outer", "ens_other", -1),
+        ("ens_broken", "broken", -1),
+        ("ens_pinned", "other", 7),
+        ("ens_missing", "nosuch", -1),
+    ):
+        (root / name / "1").mkdir(parents=True)
+        write_config(root / name, ensemble_config(name, step, version))
+    env = {**EXPLICIT, "TRITONACTOR_LOAD_MODEL": "ens_outer"}
+    process = start_server([root], tmp_path, env)
+    yield process
+    process.stop()
+
+
+def test_an_ensemble_is_away_while_its_step_model_is(ensembles: ServerProcess) -> None:
+    """As Triton 2.51 does (each answer checked against it): unloading a model takes the
+    ensembles that run it away (through ensembles of ensembles), with `unload_dependents` or
+    without, and loading the model brings them back; an ensemble unloaded while away stays
+    unloaded, and loading it loads its steps."""
+    server = ensembles
+    client = httpclient.InferenceServerClient(server.url)
+    grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+    names = ("other", "ens_other", "ens_outer")
+    unloaded = {"version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert all(client.is_model_ready(name) for name in names)  # loaded with its steps
+    add_sub(client, "ens_outer")
+    for dependents in (False, True):
+        client.unload_model("other", unload_dependents=dependents)
+        for name in names:
+            assert not client.is_model_ready(name)
+            assert not grpc_client.is_model_ready(name)
+            assert index(server)[name] == {"name": name, **unloaded}
+        for call, message in (
+            (lambda: add_sub(client, "ens_outer"), "'ens_outer' has no available versions"),
+            (lambda: client.get_model_metadata("ens_other"), "'ens_other' has no available"),
+            (lambda: client.get_model_config("ens_other"), "'ens_other' has no available"),
+            (lambda: client.get_inference_statistics("ens_other"), "'ens_other' is not avail"),
+            (lambda: grpc_client.get_model_metadata("ens_other"), "'ens_other' has no avail"),
+        ):
+            with pytest.raises(InferenceServerException, match=message):
+                call()
+        assert client.is_server_ready()  # away on purpose: strict readiness does not wait
+        ready = httpx.post(f"{server.base}/v2/repository/index", json={"ready": True}).json()
+        assert not [entry for entry in ready if entry["name"] in names]
+        client.load_model("other")
+        assert all(client.is_model_ready(name) for name in names)
+        add_sub(client, "ens_outer")
+    # Away, then unloaded: stays unloaded (and so does the ensemble of it) when its step
+    # comes back; loading it loads what it needs.
+    client.unload_model("other")
+    client.unload_model("ens_other")
+    client.load_model("other")
+    assert client.is_model_ready("other")
+    assert not client.is_model_ready("ens_other") and not client.is_model_ready("ens_outer")
+    assert index(server)["ens_other"] == {"name": "ens_other", **unloaded}
+    client.unload_model("other")
+    client.load_model("ens_other")
+    assert all(client.is_model_ready(name) for name in names)
+    add_sub(client, "ens_outer")
+
+
+def test_an_ensemble_whose_step_cannot_serve_is_refused(ensembles: ServerProcess) -> None:
+    """Triton 2.51's refusals, in its words (checked against it), after its steps' loads;
+    nothing else changes."""
+    server = ensembles
+    client = httpclient.InferenceServerClient(server.url)
+    for name, reason in (
+        (
+            "ens_missing",
+            "ensemble ens_missing contains models that are not available or ambiguous: nosuch",
+        ),
+        (
+            "ens_pinned",
+            "ensemble 'ens_pinned' depends on 'other' whose required version 7 is not loaded.",
+        ),
+        (
+            "ens_broken",
+            "ensemble 'ens_broken' depends on 'broken' which has no loaded version. "
+            "Model 'broken' loading failed with error: version 1 is at UNAVAILABLE state: ",
+        ),
+    ):
+        response = httpx.post(f"{server.base}/v2/repository/models/{name}/load", json={})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"].startswith(f"load failed for model '{name}': {reason}")
+        entry = index(server)[name]
+        assert (entry["state"], entry["reason"][: len(reason)]) == ("UNAVAILABLE", reason)
+        assert not client.is_model_ready(name)
+        with pytest.raises(InferenceServerException, match=f"'{name}' has no available"):
+            add_sub(client, name)
+    assert index(server)["broken"]["state"] == "UNAVAILABLE"  # its step's own load failed
+    assert all(client.is_model_ready(name) for name in ("other", "ens_other", "ens_outer"))
+    for name in ("ens_missing", "ens_pinned", "ens_broken", "broken"):
+        client.unload_model(name)
+    assert client.is_server_ready()
+
+
 def test_load_errors_change_nothing(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.url)
     response = httpx.post(f"{server.base}/v2/repository/models/nosuch/load", json={})

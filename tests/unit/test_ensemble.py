@@ -343,17 +343,19 @@ async def test_a_failing_step_fails_the_request_with_its_model_named(
 async def test_an_ensemble_loads_before_its_step_models_and_serves_once_they_do(
     system: ActorSystem, tmp_path: Path
 ) -> None:
-    # What a startup that loads every model at once may do: the ensemble comes up first.
+    # What the watcher, which loads every model at once, may do: the ensemble comes up first,
+    # and is away until every step model serves.
     router = Router()
     router.known.update({"double", "triple"})
     await serve(system, router, EnsembleBackend(), CHAIN, tmp_path)
     await serve(
         system, router, FunctionBackend(double), model_config("double", ["X"], ["Y"]), tmp_path
     )
+    assert router.hidden() == {("chain", 1)}
     with pytest.raises(TritonError) as caught:
         await router.infer(request("chain", 1))
     assert caught.value.code is ErrorCode.NOT_FOUND
-    assert "step model 'triple'" in caught.value.message
+    assert "'chain' is not found" in caught.value.message
     await serve(
         system, router, FunctionBackend(triple), model_config("triple", ["X"], ["Y"]), tmp_path
     )

@@ -3,7 +3,7 @@ functions of the fold (`events.State`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from tritonactor.control import events as ev
@@ -17,10 +17,11 @@ class IndexEntry:
     reason: str
 
 
-def index(state: ev.State) -> list[IndexEntry]:
+def index(state: ev.State, away: Collection[tuple[str, int]] = ()) -> list[IndexEntry]:
     """The repository index: one entry per model version (or per model, when no version loaded),
     and one named "" when a restart could not vouch for what the API had loaded
-    (`unrestored`)."""
+    (`unrestored`). `away`: (name, version) of the loaded ensemble versions a step model of
+    which does not serve (`Router.hidden`): UNAVAILABLE, "unloaded", as Triton lists them."""
     entries: list[IndexEntry] = []
     for name in sorted(state):
         status = state[name]
@@ -29,9 +30,10 @@ def index(state: ev.State) -> list[IndexEntry]:
         if status.state is not None:
             entries.append(IndexEntry(name, "", status.state.value, status.reason))
         for version, version_status in sorted(status.versions.items()):
-            entries.append(
-                IndexEntry(name, str(version), version_status.state.value, version_status.reason)
-            )
+            state_name, reason = version_status.state.value, version_status.reason
+            if (name, version) in away and version_status.state == ev.VersionState.READY:
+                state_name, reason = ev.VersionState.UNAVAILABLE.value, "unloaded"
+            entries.append(IndexEntry(name, str(version), state_name, reason))
         if status.state is None and not status.versions:
             entries.append(IndexEntry(name, "", "", ""))
     return entries

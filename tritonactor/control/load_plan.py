@@ -5,6 +5,7 @@ records and answers in Triton's words."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +41,46 @@ def step_cycle(name: str, config: ModelConfig, found: dict[str, ModelSource]) ->
                 seen.add(step)
                 stack.append([*path, step])
     return []
+
+
+def unserved_step(
+    name: str,
+    config: ModelConfig,
+    known: Collection[str],
+    serving: dict[str, Collection[int]],
+    failures: dict[str, tuple[str, bool]],
+) -> str | None:
+    """Why the ensemble `name` may not load, in Triton 2.51's words, once the manager loaded its
+    steps: a step model no repository holds (`known`), or one that does not serve the version
+    the step runs (`serving`: the versions that do, by model); None when every step is
+    served. `failures`: the step models whose load failed just now, with the error's detail
+    and whether the model failed as a whole (its config) rather than its versions."""
+    assert config.ensemble_scheduling is not None
+    steps = config.ensemble_scheduling.step
+    absent = sorted({step.model_name for step in steps if step.model_name not in known})
+    if absent:
+        return f"ensemble {name} contains models that are not available or ambiguous: " + ", ".join(
+            absent
+        )
+    for step in steps:
+        model, versions = step.model_name, serving.get(step.model_name, ())
+        if not versions:
+            said = f"ensemble '{name}' depends on '{model}'"
+            if model not in failures:
+                return f"{said} which has no loaded version."
+            detail, whole = failures[model]
+            if whole:
+                return f"{said} which is not valid. Model '{model}' failed with error: {detail}"
+            return (
+                f"{said} which has no loaded version. Model '{model}' loading failed with "
+                f"error: {detail}"
+            )
+        if step.model_version > 0 and step.model_version not in versions:
+            return (
+                f"ensemble '{name}' depends on '{model}' whose required version "
+                f"{step.model_version} is not loaded."
+            )
+    return None
 
 
 def load_requested(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
@@ -28,6 +28,7 @@ from tritonactor.control.load_plan import (
     load_failed,
     load_requested,
     step_cycle,
+    unserved_step,
     versions_to_load,
     with_config,
 )
@@ -176,22 +177,15 @@ class Loading:
             != (digest, files[version], override_digest)
         ]
         leaving = [version for version in current if version not in versions]
+        if config.ensemble_scheduling is not None:
+            # (Before what changed: a load of an ensemble away loads its steps, to bring it back.)
+            await self._ensemble_steps(name, config, found, source, loading, serving)
         if not changed and not leaving:
             if source == ev.Source.API and (override is not None or self._in_doubt(name)):
                 # Same request as the one in force: nothing to do, but keep it on record (it
                 # also settles what an unreadable journal line left in doubt).
                 self._record(load_requested(name, (), source, digest, override))
             return
-        if config.ensemble_scheduling is not None:
-            cycle = step_cycle(name, config, found)
-            if cycle:
-                reason = f"ensemble '{name}' depends on itself: {' -> '.join(cycle)}"
-                self._record(
-                    ev.LoadFailed(model=name, version=None, reason=reason, serving=serving)
-                )
-                raise invalid_arg(f"load failed for model '{name}': {reason}")
-            if source != ev.Source.POLL:
-                await self._load_steps(name, config, source, loading)
         try:  # Triton's rule: no response cache for a decoupled or sequence model
             check_model_config(config, self._router.step_configs(config))
         except ConfigError as error:
@@ -215,20 +209,60 @@ class Loading:
         if failures:
             raise load_failed(name, failures)
 
+    async def _ensemble_steps(
+        self,
+        name: str,
+        config: ModelConfig,
+        found: dict[str, ModelSource],
+        source: ev.Source,
+        loading: frozenset[str],
+        serving: bool,
+    ) -> None:
+        """An ensemble needs its steps. Refused when they lead back to it; but when the watcher
+        loads it (its steps are the watcher's to load), those not serving are loaded first and
+        the ensemble refused, in Triton's words, when one still does not serve the version it
+        runs (Triton does the same)."""
+        cycle = step_cycle(name, config, found)
+        if cycle:
+            self._refuse(
+                name, f"ensemble '{name}' depends on itself: {' -> '.join(cycle)}", serving
+            )
+        if source == ev.Source.POLL:
+            return
+        failures = await self._load_steps(name, config, source, loading)
+        assert config.ensemble_scheduling is not None
+        models = {step.model_name for step in config.ensemble_scheduling.step}
+        versions = {model: self._router.ready_versions(model) for model in models}
+        reason = unserved_step(name, config, self._router.known, versions, failures)
+        if reason is not None:
+            self._refuse(name, reason, serving)
+
+    def _refuse(self, name: str, reason: str, serving: bool) -> NoReturn:
+        """The load of `name` fails as a whole, before any version is tried."""
+        self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
+        raise invalid_arg(f"load failed for model '{name}': {reason}")
+
     async def _load_steps(
         self, name: str, config: ModelConfig, source: ev.Source, loading: frozenset[str]
-    ) -> None:
-        """An ensemble needs its steps: load those not serving (Triton does the same)."""
+    ) -> dict[str, tuple[str, bool]]:
+        """Load the ensemble's step models that do not serve (an ensemble away among them, to
+        bring it back); those whose load failed, with the error's detail and whether the model
+        failed as a whole (`unserved_step`)."""
         assert config.ensemble_scheduling is not None
         steps = {step.model_name for step in config.ensemble_scheduling.step}
+        failures = {}
         for step in sorted(steps - loading):
-            # Not serving yet (an empty entry: its load is under way, so its lock is held and
-            # this waits for it).
-            if not self._serving.get(step):
+            # Not serving (a load under way holds its lock: this waits for it).
+            if not self._router.ready_versions(step):
                 try:
                     await self._load(step, None, source, loading)
                 except TritonError as error:
                     log.warning("ensemble '%s': step model '%s': %s", name, step, error.message)
+                    detail = error.message.removeprefix(f"load failed for model '{step}': ")
+                    status = self.state.get(step)
+                    whole = status is not None and status.state is not None
+                    failures[step] = (detail.removesuffix("\n"), whole)
+        return failures
 
     async def _start_versions(
         self,

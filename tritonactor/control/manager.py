@@ -110,10 +110,10 @@ class ModelManager(Loading, Retiring, Actor[Any]):
                 self.start_soon(self._answer, message.reply, self._startup(message))
             case Load(reply, name, override, source):
                 self.start_soon(self._answer, reply, self._load(name, override, source))
-            case Unload(reply, name, dependents, source, wait=True):
-                self.start_soon(self._answer, reply, self._unload(name, dependents, source))
-            case Unload(reply, name, dependents, source):
-                self.start_soon(self._answer_early, reply, name, dependents, source)
+            case Unload(reply, name, source, wait=True):
+                self.start_soon(self._answer, reply, self._unload(name, source))
+            case Unload(reply, name, source):
+                self.start_soon(self._answer_early, reply, name, source)
             case RepositoryChanged(names):
                 # The watcher's report: each model is loaded, reloaded or unloaded to match.
                 for name in sorted(names):
@@ -143,9 +143,7 @@ class ModelManager(Loading, Retiring, Actor[Any]):
         else:
             reply.set(None)
 
-    async def _answer_early(
-        self, reply: Reply[None], name: str, dependents: bool, source: ev.Source
-    ) -> None:
+    async def _answer_early(self, reply: Reply[None], name: str, source: ev.Source) -> None:
         """An unload answered as soon as the model left the router (`Unload.wait` False)."""
 
         def left() -> None:
@@ -153,7 +151,7 @@ class ModelManager(Loading, Retiring, Actor[Any]):
                 reply.set(None)
 
         try:
-            await self._unload(name, dependents, source, left)
+            await self._unload(name, source, left)
         except TritonError as error:
             if not reply.done:
                 reply.fail(error)

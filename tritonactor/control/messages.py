@@ -43,11 +43,11 @@ class Load:
 class Unload:
     """Unload a model. The reply comes once its versions stopped; with `wait=False` (a model
     unloading another, or itself, as Triton's non-blocking unload) once they left the router,
-    while they finish their requests and stop."""
+    while they finish their requests and stop. (No `unload_dependents`: the ensembles that run
+    the model are away with it either way, `Router._show`.)"""
 
     reply: Reply[None]
     name: str
-    unload_dependents: bool = False
     source: ev.Source = ev.Source.API
     wait: bool = True
 

@@ -49,11 +49,10 @@ class ManagerControl:
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """As Triton's: returns once the model left the router, not once it stopped (a model
-        may unload itself, or one whose requests wait on it)."""
+        may unload itself, or one whose requests wait on it). `unload_dependents` changes
+        nothing: the ensembles that run the model are away with it either way."""
         self._check_explicit()
-        await self._manager.ask(
-            lambda reply: Unload(reply, name, unload_dependents, ev.Source.API, wait=False)
-        )
+        await self._manager.ask(lambda reply: Unload(reply, name, ev.Source.API, wait=False))
 
     async def ready(self, name: str, version: str = "") -> bool:
         versions = self._router.ready_versions(name)

@@ -1,7 +1,7 @@
 """The model manager's retiring part: versions leaving (versions coming are loading.py's). An
-unload (of a model, and of the ensembles that use it), a folder gone from the repository, a
-reload's predecessor: each version is taken out of the router at once, finishes the requests it
-holds, stops, and its leaving is recorded.
+unload, a folder gone from the repository, a reload's predecessor: each version is taken out of
+the router at once, finishes the requests it holds, stops, and its leaving is recorded (the
+ensembles that run a model gone are the router's to take away: `Router._show`).
 
 `Retiring` is mixed into `ModelManager` (tritonactor/control/manager.py), whose state it works
 on: the serving table, the router, the owners of the version actors, the per-model locks, the
@@ -40,21 +40,19 @@ class Retiring:
     async def _unload(
         self,
         name: str,
-        unload_dependents: bool,
         source: ev.Source,
         left: Callable[[], None] | None = None,
     ) -> None:
-        """Unload `name` (and its dependents); `left()` is called once its versions left the
-        router, before they finish their requests and stop."""
+        """Unload `name`; `left()` is called once its versions left the router, before they
+        finish their requests and stop. The loaded ensembles that run it leave the router with
+        it and come back as it serves again (`Router._show`), with `unload_dependents` or
+        without, as Triton 2.51's do."""
         try:
             async with self._lock(name):
                 with self._operations.traced("unload", name, source):
                     await self._unload_versions(name, source, left)
         finally:
             self._forget_lock(name)
-        if unload_dependents:
-            for dependent in self._dependents(name):
-                await self._unload(dependent, True, source)
 
     async def _unload_versions(
         self, name: str, source: ev.Source, left: Callable[[], None] | None = None
@@ -72,17 +70,6 @@ class Retiring:
         if source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
             # Not loaded (a failed load), but asked for: no longer.
             self._record(ev.UnloadRequested(model=name, versions=(), source=source))
-
-    def _dependents(self, name: str) -> list[str]:
-        """Loaded ensembles with a step that runs `name`."""
-        dependents = []
-        for model, versions in self._serving.items():
-            for serving in versions.values():
-                scheduling = serving.handle.config.ensemble_scheduling
-                if scheduling is not None and any(s.model_name == name for s in scheduling.step):
-                    dependents.append(model)
-                    break
-        return sorted(dependents)
 
     async def _vanished(self, name: str, source: ev.Source) -> None:
         """The model's folder is gone: unload what serves and stop listing it."""

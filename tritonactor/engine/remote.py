@@ -227,7 +227,8 @@ class RemoteRouter(Router):
         models: dict[str, dict[int, ModelHandle]] = {}
         for version in table.versions:
             models.setdefault(version.name, {})[version.version] = _handle(version)
-        self._models = {name: dict(sorted(v.items())) for name, v in models.items()}
+        # (The engine's table holds what serves: an ensemble away is not in it.)
+        self._models = self._added = {name: dict(sorted(v.items())) for name, v in models.items()}
         self.known = set(table.known)
         self.tried = set(table.tried)
 

@@ -42,6 +42,9 @@ class Router:
         # The response cache (None without one) and the work of looking up and storing.
         self.cache = cache
         self.caching = ResponseCaching(cache, self.resolve_exact) if cache is not None else None
+        # Every version the control plane added, and of them those that serve (`_models`): all
+        # but an ensemble's whose step does not serve (`_show`).
+        self._added: dict[str, dict[int, ModelHandle]] = {}
         self._models: dict[str, dict[int, ModelHandle]] = {}
         # Names the repository knows (ready or not), and those of them a load was asked for
         # (the manager keeps both): an error says "no available versions" for a model a load
@@ -63,10 +66,11 @@ class Router:
         return True
 
     def add(self, handle: ModelHandle) -> None:
-        versions = dict(self._models.get(handle.name, {}))
+        versions = dict(self._added.get(handle.name, {}))
         replaced = versions.get(handle.version)
         versions[handle.version] = handle
-        self._models[handle.name] = dict(sorted(versions.items()))
+        self._added[handle.name] = dict(sorted(versions.items()))
+        self._show()
         if replaced is not None and replaced is not handle and self.cache is not None:
             # Another copy serves the version now: what the old one answered is not its answer.
             self.cache.drop(handle.name, handle.version)
@@ -74,15 +78,49 @@ class Router:
             self._drop_dependents(handle.name)
 
     def remove(self, name: str, version: int) -> None:
-        versions = dict(self._models.get(name, {}))
+        versions = dict(self._added.get(name, {}))
         removed = versions.pop(version, None)
         if versions:
-            self._models[name] = versions
+            self._added[name] = versions
         else:
-            self._models.pop(name, None)
+            self._added.pop(name, None)
+        self._show()
         if removed is not None and self.cache is not None:
             self.cache.drop(name, version)
             self._drop_dependents(name)
+
+    def _show(self) -> None:
+        """What serves, worked out again from what was added: every version but an ensemble's
+        a step of which finds no version serving (through any number of ensembles). As in
+        Triton, such an ensemble is away (not ready, "unloaded" in the index, its requests
+        those of a model with no available versions) while its step model is, and back as
+        the step model serves again; here it stays loaded meanwhile (`hidden`)."""
+        shown: dict[str, dict[int, ModelHandle]] = {}
+        waiting: list[ModelHandle] = []
+        for name, versions in self._added.items():
+            for version, handle in versions.items():
+                if handle.config.ensemble_scheduling is None:
+                    shown.setdefault(name, {})[version] = handle
+                else:
+                    waiting.append(handle)
+        while waiting:
+            ready = [handle for handle in waiting if _steps_serve(handle.config, shown)]
+            if not ready:
+                break
+            for handle in ready:
+                shown.setdefault(handle.name, {})[handle.version] = handle
+                waiting.remove(handle)
+        self._models = {name: dict(sorted(versions.items())) for name, versions in shown.items()}
+
+    def hidden(self) -> frozenset[tuple[str, int]]:
+        """(name, version) of each ensemble version loaded but away, a step model of it not
+        serving (`_show`)."""
+        return frozenset(
+            (name, version)
+            for name, versions in self._added.items()
+            for version in versions
+            if version not in self._models.get(name, {})
+        )
 
     def _drop_dependents(self, name: str) -> None:
         """A version of `name` came or went: what an ensemble running it (through any number
@@ -92,7 +130,7 @@ class Router:
         changed, frontier = {name}, [name]
         while frontier:
             step = frontier.pop()
-            for model, versions in self._models.items():
+            for model, versions in self._added.items():
                 if model not in changed and any(_runs(h.config, step) for h in versions.values()):
                     changed.add(model)
                     frontier.append(model)
@@ -100,7 +138,8 @@ class Router:
                         self.cache.drop(model, version)
 
     def resolve_exact(self, name: str, version: int) -> ModelHandle | None:
-        return self._models.get(name, {}).get(version)
+        """The handle added for `name` at `version`, serving or not (`_show`)."""
+        return self._added.get(name, {}).get(version)
 
     def step_configs(self, config: ModelConfig) -> list[ModelConfig]:
         """The configs of the loaded versions an ensemble's steps would run now (none for a
@@ -159,7 +198,7 @@ class Router:
     async def ensure_loaded(self, name: str) -> None:
         """With lazy loading, load `name` if the repository has it and it is not loaded yet:
         its first request waits for the load (and fails with the load's error)."""
-        if self.loader is not None and name not in self._models and name in self.known:
+        if self.loader is not None and name not in self._added and name in self.known:
             await self.loader(name)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
@@ -348,6 +387,16 @@ def _runs(config: ModelConfig, model: str) -> bool:
     """Whether `config` is an ensemble with a step that runs `model`."""
     scheduling = config.ensemble_scheduling
     return scheduling is not None and any(step.model_name == model for step in scheduling.step)
+
+
+def _steps_serve(config: ModelConfig, shown: dict[str, dict[int, ModelHandle]]) -> bool:
+    """Whether each step of the ensemble `config` finds the version it runs in `shown`."""
+    assert config.ensemble_scheduling is not None
+    for step in config.ensemble_scheduling.step:
+        versions = shown.get(step.model_name)
+        if not versions or (step.model_version > 0 and step.model_version not in versions):
+            return False
+    return True
 
 
 def _step_version(version: int) -> str:
