@@ -12,10 +12,11 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -222,6 +223,37 @@ def test_decoupled_execute_returning_responses_is_an_error(stream: Stream) -> No
     )
 
 
+def backend_failures(server: ServerProcess, model: str) -> int:
+    """`nv_inference_request_failure{reason="BACKEND"}` of `model` (0 before it has one)."""
+    port = server.env["TRITONACTOR_METRICS_PORT"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=PATIENCE_S).text
+    labels = (f'model="{model}"', 'reason="BACKEND"')
+    for line in text.splitlines():
+        if line.startswith("nv_inference_request_failure{") and all(x in line for x in labels):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+@pytest.mark.parametrize("mode", ["raise", "return"])
+def test_a_decoupled_execute_that_fails_counts_as_a_failure(
+    stream: Stream, http: httpclient.InferenceServerClient, server: ServerProcess, mode: str
+) -> None:
+    """As Triton 2.51 counts it (checked against it): a failed request, a BACKEND failure in
+    the metrics (it counted as a success)."""
+
+    def counts() -> tuple[int, int, int]:
+        stats = http.get_inference_statistics("stream_after")["model_stats"][0]
+        inference = stats["inference_stats"]
+        failures = backend_failures(server, "stream_after")
+        return int(inference["success"]["count"]), int(inference["fail"]["count"]), failures
+
+    success, fail, failures = counts()
+    stream.client.async_stream_infer("stream_after", grpc_inputs(MODE=mode, COUNT=1))
+    _, error = stream.next()
+    assert error is not None
+    assert counts() == (success, fail + 1, failures + 1)
+
+
 def test_decoupled_async_executes_run_concurrently(stream: Stream) -> None:
     for role in ("a", "b"):
         stream.client.async_stream_infer("async_handshake", grpc_inputs(ROLE=role))
@@ -341,7 +373,14 @@ def test_backend_config_malformed_setting_fails_the_load(tmp_path: Path) -> None
 @pytest.fixture(scope="module")
 def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("python_control_repo")
-    for name in ("model_loader", "error_code", "init_loader", "finalize_answers", "introspect"):
+    for name in (
+        "model_loader",
+        "error_code",
+        "init_loader",
+        "finalize_answers",
+        "introspect",
+        "stream_after",
+    ):
         shutil.copytree(MODELS / name, repo / name)
     # A second model loader, to unload itself.
     shutil.copytree(MODELS / "model_loader", repo / "self_unloader")
@@ -435,6 +474,53 @@ def test_answers_a_model_sends_from_finalize_reach_their_clients(
     grpc.stop_stream()
     grpc.close()
     assert sorted(got) == list(range(count))
+
+
+def test_an_unload_waits_for_a_decoupled_requests_last_response(
+    explicit_server: ServerProcess, tmp_path: Path
+) -> None:
+    """As Triton 2.51 does (checked against it): a decoupled model being unloaded finishes
+    the requests it holds, every response and the final flag, after its execute returned;
+    it is out of routing meanwhile. (It was stopped once execute returned, its client told
+    the instance was finalized.)"""
+    http = httpclient.InferenceServerClient(explicit_server.url, network_timeout=PATIENCE_S)
+    http.load_model("stream_after")
+    gate = tmp_path / "gate"
+    grpc = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    answers: queue.Queue[Any] = queue.Queue()
+    grpc.start_stream(lambda result, error: answers.put((result, error)))
+    grpc.async_stream_infer(
+        "stream_after",
+        grpc_inputs(MODE=f"gated:{gate}", COUNT=4),
+        enable_empty_final_response=True,
+    )
+    result, error = answers.get(timeout=PATIENCE_S)
+    assert error is None and int(result.as_numpy("OUT")[0]) == 0
+    with ThreadPoolExecutor(1) as pool:
+        unloading = pool.submit(
+            httpx.post,
+            f"{explicit_server.base}/v2/repository/models/stream_after/unload",
+            timeout=PATIENCE_S,
+        )
+        deadline = time.monotonic() + PATIENCE_S
+        while http.is_model_ready("stream_after"):  # out of routing at once
+            assert time.monotonic() < deadline, "stream_after did not leave"
+            time.sleep(0.01)
+        assert not unloading.done()  # the request holds it
+        gate.touch()
+        got, final = [], False
+        while not final:
+            result, error = answers.get(timeout=PATIENCE_S)
+            assert error is None, error
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            if response.outputs:
+                got.append(int(result.as_numpy("OUT")[0]))
+        assert unloading.result(timeout=PATIENCE_S).status_code == 200
+    grpc.stop_stream()
+    grpc.close()
+    assert got == [1, 2, 3]
+    assert state_of(explicit_server, "stream_after") == "UNAVAILABLE"
 
 
 def test_model_loads_and_unloads_another_model(explicit_server: ServerProcess) -> None:

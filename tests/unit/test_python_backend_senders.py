@@ -184,10 +184,10 @@ async def test_decoupled_execute_returning_responses_fails_with_tritons_words(
 ) -> None:
     instance = start("stream_after")
     req, answers = stream("return", 1)
-    [result] = await instance.execute([req])
-    assert result is None  # the request's answer is the error, through its sender
-    [(response, error, final)] = answers.until_final()
-    assert response is None and final and error is not None
+    [error] = await instance.execute([req])
+    # The request fails (counted so); whoever streams its responses ends it with the error
+    # (`ResponseSender.end_if_failed`).
+    assert isinstance(error, TritonError) and answers.queue.empty()
     assert error.message == (
         "Failed to process the request(s) for model 'stream_after_0_0', message: Python model "
         "'stream_after_0_0' is using the decoupled mode and the execute function must return "
@@ -209,16 +209,15 @@ async def test_decoupled_send_after_final_is_refused_in_the_model(start: Started
 
 
 @pytest.mark.anyio
-async def test_decoupled_execute_raising_ends_each_request_with_the_error(
+async def test_decoupled_execute_raising_fails_each_request_with_the_error(
     start: Started,
 ) -> None:
     instance = start("stream_after")
     first, first_answers = stream("raise")
     second, second_answers = stream("raise")
-    await instance.execute([first, second])
-    for answers in (first_answers, second_answers):
-        [(_, error, final)] = answers.until_final()
-        assert final and error is not None
+    results = await instance.execute([first, second])
+    for error, answers in zip(results, (first_answers, second_answers), strict=True):
+        assert isinstance(error, TritonError) and answers.queue.empty()
         assert "ValueError: stream_after was asked to raise" in error.message
 
 

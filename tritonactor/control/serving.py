@@ -58,17 +58,18 @@ def over_budget(serving: dict[str, dict[int, Serving]], budget: int, name: str, 
 
 
 async def drain(serving: Serving) -> None:
-    """Wait until the version has answered every request it was given (a retiring version
-    finishes its work), at most DRAIN_TIMEOUT_SECONDS."""
+    """Wait until the version has answered every request it was given, a decoupled model's
+    final responses included (a retiring version finishes its work), at most
+    DRAIN_TIMEOUT_SECONDS."""
     statistics = serving.handle.statistics
     with anyio.move_on_after(DRAIN_TIMEOUT_SECONDS) as scope:
-        while statistics.pending > 0:
+        while statistics.busy > 0:
             await anyio.sleep(0.01)
     if scope.cancelled_caught:
         log.warning(
             "model '%s' version %d still had %d requests after %.0fs; stopping it anyway",
             serving.handle.name,
             serving.handle.version,
-            statistics.pending,
+            statistics.busy,
             DRAIN_TIMEOUT_SECONDS,
         )

@@ -154,9 +154,12 @@ class VersionStatistics:
         self.counted_when_answered = counted_when_answered
         self.last_inference_ms = 0
         self.inference_count = 0
-        # Requests routed to this version and not answered yet (queued or running): what an
-        # unload or a reload waits to reach zero before it stops the version.
+        # Requests routed to this version and not answered yet (queued or running), and of a
+        # decoupled model's those whose execute is over but not their responses (their final
+        # one not sent yet): what an unload or a reload waits for (`busy`) before it stops
+        # the version.
         self.pending = 0
+        self.streaming = 0
         self.execution_count = 0
         self.success = Duration()
         self.fail = Duration()
@@ -187,7 +190,14 @@ class VersionStatistics:
         else:
             reply.add_done_callback(self.request_done)
         if request.sender is not None:
-            request.sender = _FirstResponseTimer(request.sender, arrival_ns, self.first_response)
+            timer = _FirstResponseTimer(request.sender, arrival_ns, self.first_response, self)
+            request.sender = timer
+            reply.add_done_callback(timer.answered)
+
+    @property
+    def busy(self) -> int:
+        """Requests the version still owes answers: pending, or streaming their responses."""
+        return self.pending + self.streaming
 
     def request_done(self, reply: Reply[Any]) -> None:
         """A request routed to this version has its answer."""
@@ -392,19 +402,35 @@ def failure_reason(error: BaseException) -> str:
     return "REJECTED" if isinstance(error, ActorStopped) else "OTHER"
 
 
-class _FirstResponseTimer(ResponseSender):
-    """A decoupled request's sender, timing the first response it passes on."""
+# Guards every version's `streaming` count: a decoupled model's sender may end a request from
+# any thread. (One lock for all: the statistics are copied to the front ends, and a lock does not
+# pickle.)
+_STREAMING = threading.Lock()
 
-    __slots__ = ("_arrival_ns", "_histogram", "_inner", "_timed")
+
+class _FirstResponseTimer(ResponseSender):
+    """A decoupled request's sender, timing the first response it passes on, and counted in
+    its version's `streaming` from the request's arrival until its final response is sent,
+    its execute failed, or its client cancelled it (an unload waits for it meanwhile, as
+    Triton's does)."""
+
+    __slots__ = ("_arrival_ns", "_histogram", "_inner", "_statistics", "_timed")
 
     def __init__(
-        self, inner: ResponseSender, arrival_ns: int, histogram: FirstResponseHistogram
+        self,
+        inner: ResponseSender,
+        arrival_ns: int,
+        histogram: FirstResponseHistogram,
+        statistics: VersionStatistics,
     ) -> None:
         super().__init__(self._forward)
         self._inner = inner
         self._arrival_ns = arrival_ns
         self._histogram = histogram
         self._timed = False
+        with _STREAMING:
+            statistics.streaming += 1
+        self._statistics: VersionStatistics | None = statistics
 
     def _forward(
         self, response: InferenceResponse | None, error: TritonError | None, final: bool
@@ -412,11 +438,32 @@ class _FirstResponseTimer(ResponseSender):
         if response is not None and not self._timed:
             self._timed = True
             self._histogram.observe_ns(time.perf_counter_ns() - self._arrival_ns)
-        self._inner.send(response, error=error, final=final)
+        try:
+            self._inner.send(response, error=error, final=final)
+        finally:
+            if final:
+                self._over()
+
+    def answered(self, reply: Reply[Any]) -> None:
+        """The request's execute is over: a failed one sends no more responses (its client
+        has the failure as the last answer)."""
+        if reply.error is not None:
+            self._over()
 
     def cancel(self) -> None:
         super().cancel()
         self._inner.cancel()
+        self._over()
+
+    def _over(self) -> None:
+        # (Once, from any thread: a model's sender may send its final response from its own.)
+        statistics = self._statistics
+        if statistics is None:
+            return
+        with _STREAMING:
+            if self._statistics is not None:
+                self._statistics = None
+                statistics.streaming -= 1
 
     def is_cancelled(self) -> bool:
         return super().is_cancelled() or self._inner.is_cancelled()

@@ -139,17 +139,14 @@ class HeldRequests:
             entry = self._held.pop(key, None)
         return None if entry is None else entry.request
 
-    def failed(self, key: int, error: TritonError) -> InferenceResponse | TritonError | None:
+    def failed(self, key: int, error: TritonError) -> InferenceResponse | TritonError:
         """The request's execute failed: its result. A request the model already answered
-        keeps that answer; a decoupled one ends with the error (unless it already ended)."""
+        keeps that answer; a decoupled one fails, as Triton counts it (whoever streams its
+        responses ends it with the error unless it already ended: `end_if_failed`)."""
         with self._lock:
             entry = self._held.pop(key, None)
-        if entry is None:
+        if entry is None or entry.sender is not None:
             return error
-        if entry.sender is not None:
-            if not entry.sender.finished:
-                entry.sender.send(None, error=error, final=True)
-            return None
         return entry.answer if entry.answer is not None else error
 
     def fail(self, keys: Any, error: TritonError) -> None:

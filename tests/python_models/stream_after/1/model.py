@@ -8,10 +8,14 @@
 - return: returns responses from execute (refused: a decoupled execute must return None);
 - after_final: sends the final flag, then tries one more response (refused inside the model,
   which logs what it was told);
-- raise: execute raises."""
+- raise: execute raises;
+- gated:<path>: one response during execute; the other COUNT - 1 and the final flag come from a
+  thread once the file <path> exists (a test's switch)."""
 
 import json
+import os
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -61,6 +65,10 @@ class TritonPythonModel:
                     pb_utils.Logger.log_info(f"stream_after was told: {exc}")
             elif mode == "raise":
                 raise ValueError("stream_after was asked to raise")
+            elif mode.startswith("gated:"):
+                sender.send(response(0))
+                gate = mode.removeprefix("gated:")
+                threading.Thread(target=self.gated, args=(sender, count, gate)).start()
         return returned if mode == "return" else None
 
     def answer(self, parked):
@@ -68,3 +76,10 @@ class TritonPythonModel:
             for value in range(count):
                 sender.send(response(value))
             sender.send(flags=FINAL)
+
+    def gated(self, sender, count, gate):
+        while not os.path.exists(gate):
+            time.sleep(0.01)
+        for value in range(1, count):
+            sender.send(response(value))
+        sender.send(flags=FINAL)
