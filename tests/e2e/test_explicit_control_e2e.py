@@ -96,6 +96,17 @@ def test_http_load_and_unload(server: ServerProcess) -> None:
     }
     with pytest.raises(InferenceServerException, match="has no available versions"):
         add_sub(client, "simple_nobatch", batch=False)
+    # A version that was loaded is not at ready state; one never loaded is not found (Triton
+    # 2.51's codes and words).
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [16], "data": [0] * 16}]}
+    for version, status, words in (
+        (1, 503, "version 1 is not at ready state"),
+        (2, 404, "version 2 is not found"),
+    ):
+        url = f"{server.base}/v2/models/simple_nobatch/versions/{version}/infer"
+        answer = httpx.post(url, json=body)
+        assert answer.status_code == status
+        assert answer.json() == {"error": f"Request for unknown model: 'simple_nobatch' {words}"}
     # Unloading what is not loaded, or not there at all, is fine (Triton answers 200 too).
     client.unload_model("simple_nobatch")
     client.unload_model("nosuch")

@@ -636,7 +636,9 @@ def test_decoupled_models_are_served_only_by_streaming(
     with pytest.raises(InferenceServerException) as caught:
         client.infer("decoupled", simple_inputs())
     assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "decoupled transaction policy" in caught.value.message()
+    assert caught.value.message() == (
+        "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    )
     response = httpx.post(
         f"http://{grpc_server.url}/v2/models/decoupled/infer",
         json={

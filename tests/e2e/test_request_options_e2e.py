@@ -40,7 +40,7 @@ RESERVED_GRPC = (
 
 def repository(root: Path) -> Path:
     repo = root / "models"
-    for name in ("introspect", "faulty"):
+    for name in ("introspect", "faulty", "sequence_accumulate"):
         shutil.copytree(MODELS / name, repo / name)
     add_sub_model(repo / "simple" / "1" / "model.onnx")
     (repo / "simple" / "config.pbtxt").write_text(
@@ -267,6 +267,16 @@ def test_triton_grpc_error_ends_the_stream_with_the_status(server: ServerProcess
     grpc.async_stream_infer("faulty", faulty_input(7))
     result, error = answers.get(timeout=60)
     assert error is None and result.as_numpy("OUTPUT0").tolist() == [7]
+    # So is one its scheduler refuses as it arrives (here: a sequence's first request
+    # without START; it ended the stream before).
+    accumulated = grpcclient.InferInput("INPUT", [1], "INT32")
+    accumulated.set_data_from_numpy(np.array([3], dtype=np.int32))
+    grpc.async_stream_infer("sequence_accumulate", [accumulated], sequence_id=99)
+    result, error = answers.get(timeout=60)
+    assert result is None and "must specify the START flag" in str(error)
+    grpc.async_stream_infer("faulty", faulty_input(8))
+    result, error = answers.get(timeout=60)
+    assert error is None and result.as_numpy("OUTPUT0").tolist() == [8]
 
     # The model's own error ends the stream with its status.
     grpc.async_stream_infer("faulty", faulty_input(1))

@@ -318,7 +318,9 @@ async def test_a_full_queue_rejects_at_once(system: ActorSystem) -> None:
     with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await rejected.wait()  # while the instance is still held
     assert caught.value.code is ErrorCode.UNAVAILABLE
-    assert caught.value.message == "Exceeds maximum queue size"
+    # Triton's words, a refusal as it arrived (a gRPC stream answers it as one)
+    assert caught.value.message == "[request id: over] Exceeds maximum queue size"
+    assert caught.value.refused
     backend.gate.set()
     await answers([blocker, *queued])
     assert "over" not in backend.executed

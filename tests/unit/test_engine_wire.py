@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tritonactor.core.errors import ErrorCode, TritonError, not_found
+from tritonactor.core.errors import ErrorCode, TritonError, not_found, refused
 from tritonactor.core.types import (
     InferenceRequest,
     InferenceResponse,
@@ -229,6 +229,9 @@ def test_errors_keep_their_code_and_message() -> None:
         "no such model 'm'",
     )
     assert isinstance(received.error, TritonError)
+    assert not received.error.refused
+    refusal = cross(m.Failed(6, refused(not_found("full"))))
+    assert isinstance(refusal, m.Failed) and refusal.error.refused  # a scheduler's refusal
 
 
 def test_statistics_cross_with_their_histogram() -> None:

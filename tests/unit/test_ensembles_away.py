@@ -38,7 +38,7 @@ def serving(router: Router) -> dict[str, list[int]]:
 def test_an_ensemble_serves_only_while_its_steps_do() -> None:
     router = Router()
     router.known |= {"m", "inner", "outer", "pinned"}
-    router.tried |= router.known
+    router.tried.update(dict.fromkeys(router.known, frozenset()))
     inner, outer = handle("inner", step="m"), handle("outer", step="inner")
     router.add(outer)  # before what it runs: away
     router.add(inner)

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from tritonactor.actors.mailbox import Mailbox
-from tritonactor.frontends.grpc.stream import Pending, write_answers
+from tritonactor.frontends.grpc.stream import Pending, metadata_flag, write_answers
 
 pytestmark = pytest.mark.anyio
 
@@ -89,3 +89,12 @@ async def test_a_stream_the_client_reset_ends_the_writer_without_an_error() -> N
         await write_answers(Reset(), answers, False, pending)  # returns
         pending.deliver("late", finished=True)  # type: ignore[arg-type]
     assert len(answers) == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [("true", True), ("TRUE", False), (" true", False), ("1", False)]
+)
+def test_triton_grpc_error_mode_is_exactly_true(value: str, mode: bool) -> None:
+    # Triton 2.51 compares the metadata value with "true" as it is.
+    assert metadata_flag({"triton_grpc_error": value}, "triton_grpc_error") is mode
+    assert metadata_flag(None, "triton_grpc_error") is False

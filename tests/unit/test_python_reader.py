@@ -23,7 +23,11 @@ from tests.python_backend_support import PATIENCE_S, Started, outputs, request, 
 from tritonactor.backends.python import PythonInstance
 from tritonactor.core.errors import TritonError
 from tritonactor.core.types import InferenceResponse, ResponseSender
-from tritonactor.scheduling.statistics import FirstResponseHistogram, _FirstResponseTimer
+from tritonactor.scheduling.statistics import (
+    FirstResponseHistogram,
+    VersionStatistics,
+    _FirstResponseTimer,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -98,8 +102,11 @@ async def test_a_sender_that_holds_up_gets_its_answers_from_a_thread_while_readi
     instance = await made(start, "repeat")
     recorded = Recorded(holds_up=True, hold_first=True)
     sender: ResponseSender = recorded.sender
+    statistics = VersionStatistics(batching=False)
     if wrapped:  # the router times a decoupled request's first response through its sender
-        sender = _FirstResponseTimer(sender, time.perf_counter_ns(), FirstResponseHistogram())
+        sender = _FirstResponseTimer(
+            sender, time.perf_counter_ns(), FirstResponseHistogram(), statistics
+        )
         assert sender.holds_up()
     executed: list[object] = []
 
@@ -123,6 +130,7 @@ async def test_a_sender_that_holds_up_gets_its_answers_from_a_thread_while_readi
     assert executed == [None]
     assert recorded.values() == list(range(10))
     assert threading.get_ident() not in recorded.threads
+    assert statistics.streaming == 0  # (1 until its final response went, from a thread)
     # Reading goes on: the instance still answers.
     again = Recorded()
     await instance.execute([repeat([7], again.sender)])

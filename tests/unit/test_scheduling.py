@@ -191,7 +191,7 @@ async def test_unknown_model_and_version_errors() -> None:
     # a model of the repository no load was asked for: not found, as in Triton
     with pytest.raises(TritonError, match="'known' is not found"):
         router.resolve("known")
-    router.tried.add("known")  # (a load was asked for: it does not serve)
+    router.tried["known"] = frozenset()  # (a load was asked for: it does not serve)
     with pytest.raises(TritonError, match="'known' has no available versions"):
         router.resolve("known")
 

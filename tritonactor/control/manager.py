@@ -87,9 +87,9 @@ class ModelManager(Loading, Retiring, Actor[Any]):
         self.state = ev.apply(self.state, event)
         self._operations.saw(event)
         if isinstance(event, ev.LoadRequested | ev.LoadFailed):
-            self._router.tried_load(event.model)
+            self._router.tried_load(event.model, frozenset(self.state[event.model].versions))
         elif isinstance(event, ev.ModelRemoved):
-            self._router.tried_load(event.model, False)
+            self._router.tried_load(event.model, None)
         if isinstance(event, ev.LoadFailed):
             kept = " (the loaded version goes on serving)" if event.serving else ""
             log.error("failed to load '%s': %s%s", event.model, event.reason, kept)

@@ -45,7 +45,11 @@ _HTTP_STATUS = {
 
 
 class TritonError(Exception):
-    """An error a client sees, with its code. Raised anywhere below the front ends."""
+    """An error a client sees, with its code. Raised anywhere below the front ends.
+    `refused`: a scheduler refused the request as it arrived, before any model had it
+    (`refused`)."""
+
+    refused = False
 
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
@@ -54,6 +58,15 @@ class TritonError(Exception):
 
     def __repr__(self) -> str:
         return f"TritonError({self.code.name}, {self.message!r})"
+
+
+def refused(error: TritonError) -> TritonError:
+    """`error`, marked as a scheduler's refusal of a request as it arrived (a full queue, a
+    sequence's control it cannot take): Triton gives such a request back to its front end
+    unrun, and a gRPC stream answers it as a request refused before its model (its id only,
+    and the stream goes on in "triton_grpc_error" mode too)."""
+    error.refused = True
+    return error
 
 
 def invalid_arg(message: str) -> TritonError:

@@ -69,8 +69,8 @@ class ObservedRouter(Router):
         super().remove(name, version)
         self.changed()
 
-    def tried_load(self, name: str, tried: bool = True) -> bool:
-        if not super().tried_load(name, tried):
+    def tried_load(self, name: str, versions: frozenset[int] | None = frozenset()) -> bool:
+        if not super().tried_load(name, versions):
             return False
         self.changed()
         return True
@@ -83,7 +83,7 @@ def table(router: Router) -> m.Table:
             for handle in router.handles()
         ),
         frozenset(router.known),
-        frozenset(router.tried),
+        dict(router.tried),
     )
 
 

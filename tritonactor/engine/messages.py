@@ -109,7 +109,7 @@ class Version:
 class Table:
     versions: tuple[Version, ...]
     known: frozenset[str]
-    tried: frozenset[str] = frozenset()  # (Router.tried)
+    tried: dict[str, frozenset[int]]  # (Router.tried)
 
 
 @dataclass(frozen=True, slots=True)

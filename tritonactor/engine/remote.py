@@ -230,7 +230,7 @@ class RemoteRouter(Router):
         # (The engine's table holds what serves: an ensemble away is not in it.)
         self._models = self._added = {name: dict(sorted(v.items())) for name, v in models.items()}
         self.known = set(table.known)
-        self.tried = set(table.tried)
+        self.tried = dict(table.tried)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         if self.loader is not None:

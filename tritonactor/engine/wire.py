@@ -41,7 +41,7 @@ import numpy as np
 
 from tritonactor import __version__
 from tritonactor.core.datatypes import to_numpy_dtype
-from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.errors import ErrorCode, TritonError, refused
 from tritonactor.core.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tritonactor.engine import messages
 from tritonactor.engine.lanes import Lane, LaneReader
@@ -74,11 +74,14 @@ IN_REGION = struct.Struct("<QQQHH")
 _REGION_FLAG = 1 << 62
 
 
-def _rebuild_error(code: int, message: str) -> TritonError:
-    return TritonError(ErrorCode(code), message)
+def _rebuild_error(code: int, message: str, was_refused: bool = False) -> TritonError:
+    error = TritonError(ErrorCode(code), message)
+    return refused(error) if was_refused else error
 
 
 def _reduce_error(error: TritonError) -> tuple[Callable[..., TritonError], tuple[Any, ...]]:
+    if error.refused:
+        return _rebuild_error, (error.code.value, error.message, True)
     return _rebuild_error, (error.code.value, error.message)
 
 

@@ -19,7 +19,7 @@ from tritonactor._proto.inference import (
 )
 from tritonactor.actors import ActorRef, ActorStopped, Reply
 from tritonactor.backends.batching import batch_size, shape_key
-from tritonactor.core.errors import TritonError, cancelled, invalid_arg, unavailable
+from tritonactor.core.errors import TritonError, cancelled, invalid_arg, refused, unavailable
 from tritonactor.core.types import InferenceRequest, InferenceResponse
 from tritonactor.scheduling.default import Scheduler, refuse_rescheduled
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
@@ -132,11 +132,12 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
             level = self._level_of(request)
             timeout = self._timeout_of(request, self._levels[level - 1])
         except TritonError as error:
-            item.reply.fail(error)
+            item.reply.fail(refused(error))
             return
         queue = self._levels[level - 1]
         if queue.size and queue.count >= queue.size:
-            item.reply.fail(unavailable("Exceeds maximum queue size"))
+            prefix = f"[request id: {request.id or '<id_unknown>'}] "
+            item.reply.fail(refused(unavailable(f"{prefix}Exceeds maximum queue size")))
             return
         now = self.now()
         deadline = now + timeout if timeout else math.inf

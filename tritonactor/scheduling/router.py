@@ -46,23 +46,23 @@ class Router:
         # but an ensemble's whose step does not serve (`_show`).
         self._added: dict[str, dict[int, ModelHandle]] = {}
         self._models: dict[str, dict[int, ModelHandle]] = {}
-        # Names the repository knows (ready or not), and those of them a load was asked for
-        # (the manager keeps both): an error says "no available versions" for a model a load
-        # was asked for that does not serve, as Triton's, and "not found" for any other.
+        # Names the repository knows (ready or not), and those of them a load was asked for,
+        # with the versions that have a state (the manager keeps both): an error says "no
+        # available versions" for a model a load was asked for that does not serve, and "is
+        # not at ready state" for such a version, as Triton's, and "not found" for any other.
         self.known: set[str] = set()
-        self.tried: set[str] = set()
+        self.tried: dict[str, frozenset[int]] = {}
         # Lazy loading (set by the server): loads a known model that is not loaded yet.
         self.loader: Callable[[str], Awaitable[None]] | None = None
 
-    def tried_load(self, name: str, tried: bool = True) -> bool:
-        """Note that a load of `name` was asked for (`tried` False: forget it, the model left
-        the repository); whether that changed anything."""
-        if (name in self.tried) == tried:
+    def tried_load(self, name: str, versions: frozenset[int] | None = frozenset()) -> bool:
+        """Note that a load of `name` was asked for, and which of its versions have a state
+        now (None: forget it, the model left the repository); whether that changed anything."""
+        if versions is None:
+            return self.tried.pop(name, None) is not None
+        if self.tried.get(name) == versions:
             return False
-        if tried:
-            self.tried.add(name)
-        else:
-            self.tried.discard(name)
+        self.tried[name] = versions
         return True
 
     def add(self, handle: ModelHandle) -> None:
@@ -331,6 +331,10 @@ class Router:
         if name not in self.known or name not in self.tried:
             return not_found(f"Request for unknown model: '{name}' is not found")
         if version:
+            if int(version) in self.tried[name]:  # (a version loaded once, or tried)
+                return unavailable(
+                    f"Request for unknown model: '{name}' version {version} is not at ready state"
+                )
             return not_found(f"Request for unknown model: '{name}' version {version} is not found")
         return not_found(f"Request for unknown model: '{name}' has no available versions")
 

@@ -26,6 +26,7 @@ from tritonactor.core.errors import (
     cancelled,
     internal,
     invalid_arg,
+    refused,
     unavailable,
     unsupported,
 )
@@ -163,17 +164,19 @@ class SequenceBatcher(Scheduler[SequenceMessage]):
         try:
             correlation_id, start, end = self._flags(request)
         except TritonError as error:
-            item.reply.fail(error)
+            item.reply.fail(refused(error))
             return
         now = self.now()
         sequence = self._sequences.get(correlation_id)
         if sequence is None:
             if not start:
                 item.reply.fail(
-                    invalid_arg(
-                        f"inference request for sequence {correlation_id} to model "
-                        f"'{self.name}' must specify the START flag on the first request of "
-                        "the sequence"
+                    refused(
+                        invalid_arg(
+                            f"inference request for sequence {correlation_id} to model "
+                            f"'{self.name}' must specify the START flag on the first request "
+                            "of the sequence"
+                        )
                     )
                 )
                 return

@@ -171,8 +171,7 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
             if handle.decoupled:
                 raise grpclib.GRPCError(
                     grpclib.const.Status.UNIMPLEMENTED,
-                    f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
-                    f"use ModelStreamInfer for model '{handle.name}'",
+                    "ModelInfer RPC doesn't support models with decoupled transaction policy",
                 )
             response = await shared_memory.answer_holding(
                 lease, request, self._router.infer(request)

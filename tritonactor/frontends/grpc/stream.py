@@ -147,7 +147,7 @@ def decoupled_answer(
     failure: BaseException | None = error
     try:
         if error is not None:
-            answer = model_error(request, error, final)
+            answer = _failure(request, error, final)
         elif response is not None:
             written = shared_memory.write_outputs(request, response)
             encoded = encode_infer_response(response, in_shared_memory=written, request=request)
@@ -216,17 +216,24 @@ def model_error(request: InferenceRequest, error: TritonError, final: bool) -> S
     return StreamError(error, answer, from_model=True)
 
 
+def _failure(request: InferenceRequest, error: TritonError, final: bool) -> StreamError:
+    """A request's failure as its stream answers it: a scheduler's refusal as it arrived as
+    one before its model (Triton's scheduler gives it back unrun), anything else as the
+    model's."""
+    return refusal(request.id, error) if error.refused else model_error(request, error, final)
+
+
 def text_metadata(metadata: Any) -> list[tuple[str, str]]:
     """The call's metadata entries with text values (binary "-bin" ones are left out)."""
     return [(key, value) for key, value in metadata.items() if isinstance(value, str)]
 
 
 def metadata_flag(metadata: Any, key: str) -> bool:
-    """Whether the call's metadata sets `key` to true (grpclib gives a multidict of str)."""
+    """Whether the call's metadata sets `key` to exactly "true", as Triton reads it (grpclib
+    gives a multidict of str)."""
     if metadata is None:
         return False
-    value = metadata.get(key)
-    return isinstance(value, str) and value.strip().lower() == "true"
+    return metadata.get(key) == "true"
 
 
 # Tasks writing large outputs into shared memory (kept referenced until they are done).
@@ -297,7 +304,7 @@ def _answer(
         answer: Answer = StreamInferResponse(infer_response=encoded).freeze()
     except TritonError as error:
         failure = error
-        answer = model_error(request, error, True)
+        answer = _failure(request, error, True)
     except ActorStopped as error:
         failure = error
         message = f"model '{request.model_name}' stopped before answering"
