@@ -663,3 +663,24 @@ def test_decoupled_models_are_served_only_by_streaming(
     assert error is None
     assert result.get_response().id == "d1"
     check_simple(result)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_are_read_as_triton_reads_them(
+    client: grpcclient.InferenceServerClient, algorithm: str
+) -> None:
+    # tritonclient's compression_algorithm, unary (the lane's direct path) and on a stream
+    # (grpclib's handler); Triton 2.51 answers both (it was UNIMPLEMENTED here).
+    check_simple(client.infer("simple", simple_inputs(4), compression_algorithm=algorithm), 4)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(
+        callback=lambda result, error: answers.put((result, error)),
+        compression_algorithm=algorithm,
+    )
+    try:
+        client.async_stream_infer("simple", simple_inputs(4))
+        result, error = answers.get(timeout=10)
+    finally:
+        client.stop_stream()
+    assert error is None, error
+    check_simple(result, 4)

@@ -4,6 +4,9 @@ message is read, and bytes that do not parse are INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
+import gzip
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 import grpclib.const
@@ -16,7 +19,7 @@ from grpclib.testing import ChannelFor
 
 from tritonactor._proto import inference as pb
 from tritonactor._proto_c.grpc_service_pb2 import ModelInferResponse
-from tritonactor.frontends.grpc.limits import _strict_parser, bounded
+from tritonactor.frontends.grpc.limits import _inflate, _strict_parser, bounded
 from tritonactor.frontends.grpc.wire import InferRequestMessage
 from tritonactor.observability.logging import settings_from_grpc
 
@@ -231,3 +234,42 @@ def test_a_map_entry_without_a_value_is_received(request_type: Any, answer: str)
 def test_settings_from_grpc_takes_an_entry_without_a_value_as_null() -> None:
     request = pb.LogSettingsRequest().parse(b"\x0a\x0a\x0a\x08log_info")
     assert settings_from_grpc(request) == {"log_info": None}
+
+
+class Headers:
+    """A call's stream as the server keeps it: its request headers (connection.py)."""
+
+    def __init__(self, encoding: str | None) -> None:
+        self.headers = [(":path", "/t.Echo/Unary")]
+        if encoding is not None:
+            self.headers.append(("grpc-encoding", encoding))
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress"),
+    [("gzip", lambda b: gzip.compress(b)), ("deflate", lambda b: zlib.compress(b))],
+)
+def test_a_compressed_message_is_inflated_as_its_call_says(
+    encoding: str, compress: Callable[[bytes], bytes]
+) -> None:
+    message = name("m") * 100
+    assert _inflate(compress(message), Headers(encoding), LIMIT) == message  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "data", "status", "words"),
+    [
+        (None, gzip.compress(b"x"), Status.UNIMPLEMENTED, "grpc-encoding 'identity'"),
+        ("br", b"\x00", Status.UNIMPLEMENTED, "grpc-encoding 'br'"),
+        ("gzip", b"not gzip", Status.INTERNAL, "Unable to decompress the message"),
+        ("gzip", gzip.compress(b"x" * 100)[:-9], Status.INTERNAL, "it ends early"),
+        ("gzip", gzip.compress(b"x" * (LIMIT + 1)), Status.RESOURCE_EXHAUSTED, "once inflated"),
+    ],
+)
+def test_a_compressed_message_that_cannot_be_read_is_refused(
+    encoding: str | None, data: bytes, status: Status, words: str
+) -> None:
+    with pytest.raises(GRPCError) as raised:
+        _inflate(data, Headers(encoding), LIMIT)  # type: ignore[arg-type]
+    assert raised.value.status is status
+    assert words in (raised.value.message or "")

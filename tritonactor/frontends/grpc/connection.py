@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import is_dataclass, replace
 from typing import Any
 
@@ -174,6 +175,16 @@ class _LaneConnection(Connection):
         return super()._is_need_send_ping()
 
 
+class _Handler(Handler):
+    """grpclib's handler, keeping a call's request headers on its stream (`Stream.headers`,
+    which only a client's streams use otherwise): a compressed message is read by the
+    `grpc-encoding` they name (limits.py)."""
+
+    def accept(self, stream: Any, headers: Any, release_stream: Callable[[], Any]) -> None:
+        stream.headers = headers
+        super().accept(stream, headers, release_stream)
+
+
 class GrpcServer(Server):
     """grpclib's server, its connections made as above (with a lane each, unless not `lanes`)."""
 
@@ -186,6 +197,8 @@ class GrpcServer(Server):
 
     def _protocol_factory(self) -> H2Protocol:
         made = super()._protocol_factory()
+        if type(made.handler) is Handler:
+            made.handler.__class__ = _Handler
         protocol = _Protocol(made.handler, made.config, made.h2_config)
         protocol.lanes = self.lanes
         protocol.direct = self.direct

@@ -133,6 +133,7 @@ class DirectInfer:
             except ValueError:  # grpclib answers it
                 return False
         handler.__gc_step__()
+        stream.headers = headers  # (a compressed message is read by them: limits.py)
         handler._tasks[stream] = handler.loop.create_task(
             self._call(handler, stream, headers, fields, deadline, release)
         )

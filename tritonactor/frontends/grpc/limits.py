@@ -14,12 +14,16 @@ here: the same steps as grpclib's, with the check in between.
   (Triton answers INTERNAL with those words). betterproto2's parser takes a field cut short at
   the message's end for the message's end, so the methods it serves have their bytes parsed by
   protobuf's own parser (upb, from the same descriptor) too, as strictly as Triton's.
-- A compressed message (no compression is offered): UNIMPLEMENTED.
+- A compressed message (its prefix's flag set) is inflated as the call's `grpc-encoding`
+  header says, gzip or deflate (gRPC's zlib stream), as Triton's gRPC core does: the limit
+  holds for its length as sent and as inflated (RESOURCE_EXHAUSTED); another encoding is
+  UNIMPLEMENTED, and bytes that do not inflate INTERNAL, as gRPC answers them.
 """
 
 from __future__ import annotations
 
 import functools
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -98,8 +102,6 @@ async def read_message(
         return None
     if len(prefix) < 5:
         raise _truncated()
-    if prefix[0]:
-        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
     length = int.from_bytes(prefix[1:5], "big")
     if length > max_size:
         raise GRPCError(
@@ -113,7 +115,39 @@ async def read_message(
         raise _truncated() from None
     if len(data) != length:
         raise _truncated()
+    if prefix[0]:
+        return _inflate(data, raw, max_size)
     return data
+
+
+# zlib's window bits for each `grpc-encoding` gRPC defines but identity.
+_WINDOW_BITS = {"gzip": 31, "deflate": 15}
+
+
+def _inflate(data: bytes | memoryview, raw: grpclib.protocol.Stream, max_size: int) -> bytes:
+    """A compressed message's bytes, inflated as its call's `grpc-encoding` says."""
+    headers = getattr(raw, "headers", None) or ()
+    encoding = next((value for name, value in headers if name == "grpc-encoding"), "identity")
+    bits = _WINDOW_BITS.get(encoding)
+    if bits is None:
+        raise GRPCError(
+            Status.UNIMPLEMENTED,
+            f"Compressed message with grpc-encoding '{encoding}': not supported (gzip, deflate)",
+        )
+    inflating = zlib.decompressobj(bits)
+    try:
+        inflated = inflating.decompress(data, max_size + 1)
+    except zlib.error as error:
+        raise GRPCError(Status.INTERNAL, f"Unable to decompress the message: {error}") from None
+    if len(inflated) > max_size:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"Received message larger than max (more than {max_size} bytes once inflated). "
+            "Use --grpc-max-message-size to increase the limit.",
+        )
+    if not inflating.eof:
+        raise GRPCError(Status.INTERNAL, "Unable to decompress the message: it ends early")
+    return inflated
 
 
 def parse_message(
