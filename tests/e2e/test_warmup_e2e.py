@@ -208,9 +208,11 @@ def test_a_failing_warmup_fails_the_load_with_its_reason_in_the_index(
     for name in BROKEN:
         assert entries[name]["state"] == "UNAVAILABLE", entries[name]
         assert not http.is_model_ready(name)
+    # An input the model does not have is sent as given, as Triton's warmup sends it; the one
+    # the model requires is then missing.
     assert entries["warmup_unknown_input"]["reason"] == (
-        "warmup 'typo' of model 'warmup_unknown_input': input 'INPUT_0' is not an input of "
-        "the model (its inputs: 'INPUT0')"
+        "warmup 'typo' of model 'warmup_unknown_input': missing required input(s) ['INPUT0']; "
+        "a warmup sample gives every input the model requires"
     )
     raised = entries["warmup_raises"]["reason"]
     assert raised.startswith("warmup 'zeros' of model 'warmup_raises' failed: ")
@@ -230,3 +232,12 @@ def test_an_onnx_model_is_warmed_up_too(
         assert f"model 'onnx_warmed' instance '{instance}' ran warmup 'random' 2 time(s)" in (
             server.log()
         )
+    # Its executes count, as Triton 2.51 counts its warmup's: 2 instances x 2 times, batches
+    # of 4 requests.
+    [stats] = http.get_inference_statistics("onnx_warmed")["model_stats"]
+    assert (stats["inference_count"], stats["execution_count"]) == (16, 4)
+    assert stats["inference_stats"]["success"]["count"] == 16
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (4, 4)
+    ]
+    assert stats["last_inference"] > 0

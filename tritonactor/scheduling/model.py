@@ -141,7 +141,7 @@ class ModelVersionActor(Actor[Any]):
         )
         instance = await anyio.to_thread.run_sync(self._model.create_instance, context)
         try:  # warmed up before it serves, also when it replaces one that died
-            await warm_up(instance, self.context, spec.name)
+            await warm_up(instance, self.context, spec.name, self.statistics)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(instance.finalize)

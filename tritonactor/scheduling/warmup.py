@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import betterproto2
 import numpy as np
 
 from tritonactor._proto.inference import ModelConfig, ModelWarmup, ModelWarmupInput
+from tritonactor.actors import Reply
 from tritonactor.backends.base import BackendInstance, ModelContext, Result
 from tritonactor.config.model_config import ConfigError
 from tritonactor.core.datatypes import (
@@ -27,6 +29,8 @@ from tritonactor.core.datatypes import (
 from tritonactor.core.errors import TritonError, invalid_arg
 from tritonactor.core.paths import inside
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender, Tensor
+from tritonactor.scheduling.messages import Infer
+from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +92,21 @@ def warmup_samples(context: ModelContext) -> list[WarmupSample]:
     return samples
 
 
-async def warm_up(instance: BackendInstance, context: ModelContext, instance_name: str) -> None:
+async def warm_up(
+    instance: BackendInstance,
+    context: ModelContext,
+    instance_name: str,
+    statistics: VersionStatistics | None = None,
+) -> None:
     """Run every warmup sample of the model on `instance` (its count times, one after another);
     raise INVALID_ARG `warmup '<name>' of model '<model>' failed: <reason>` at the first failure,
-    or ConfigError for a sample that cannot be built."""
+    or ConfigError for a sample that cannot be built. Each execute counts in `statistics`, as
+    Triton 2.51 counts its warmup's."""
     if not context.config.model_warmup:
         return
     samples = await anyio.to_thread.run_sync(warmup_samples, context)
     for sample in samples:
-        await run_sample(instance, sample, context)
+        await run_sample(instance, sample, context, statistics)
         log.info(
             "model '%s' instance '%s' ran warmup '%s' %d time(s)",
             context.name,
@@ -107,9 +117,13 @@ async def warm_up(instance: BackendInstance, context: ModelContext, instance_nam
 
 
 async def run_sample(
-    instance: BackendInstance, sample: WarmupSample, context: ModelContext
+    instance: BackendInstance,
+    sample: WarmupSample,
+    context: ModelContext,
+    statistics: VersionStatistics | None = None,
 ) -> None:
-    """Execute `sample` on `instance` `sample.count` times; any error fails it."""
+    """Execute `sample` on `instance` `sample.count` times, each counted in `statistics`;
+    any error fails it."""
     policy = context.config.model_transaction_policy
     decoupled = policy is not None and policy.decoupled
     for _ in range(sample.count):
@@ -119,10 +133,12 @@ async def run_sample(
             answers = [_Answers() for _ in requests]
             for request, answer in zip(requests, answers, strict=True):
                 request.sender = ResponseSender(answer.deliver)
+        started = time.perf_counter_ns()
         try:
             results = await _execute(instance, requests)
         except Exception as error:
             raise _failed(sample, context, _describe(error)) from error
+        finished = time.perf_counter_ns()
         reasons = _reasons(results, len(requests))
         for result, answer in zip(results, answers, strict=False):
             if result is None:  # the request answers through its sender
@@ -130,6 +146,10 @@ async def run_sample(
                 reasons.extend(answer.errors)
         if reasons:
             raise _failed(sample, context, "; ".join(dict.fromkeys(reasons)))
+        if statistics is not None:
+            batch = [Infer(request, Reply(), started) for request in requests]
+            times = ExecutionTimes(started, started, finished, time.perf_counter_ns())
+            statistics.record_execution(batch, results, times)
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -159,12 +179,17 @@ def _expected_inputs(config: ModelConfig) -> dict[str, _Expected]:
 
 def _ordered(where: str, warmup: ModelWarmup, expected: dict[str, _Expected]) -> list[str]:
     # The config's order, not the map's: backends and logs see the same order on every load.
-    unknown = [name for name in warmup.inputs if name not in expected]
-    if unknown:
-        raise ConfigError(
-            f"{where}: input '{unknown[0]}' is not an input of the model "
-            f"(its inputs: {', '.join(repr(name) for name in expected) or 'none'})"
+    # An input the model does not have goes to it as given, after the others, as Triton's
+    # warmup sends it (a backend that knows its inputs refuses it then, failing the warmup).
+    unknown = sorted(name for name in warmup.inputs if name not in expected)
+    for name in unknown:
+        log.warning(
+            "%s: input '%s' is not an input of the model (its inputs: %s); it is sent as given",
+            where,
+            name,
+            ", ".join(repr(known) for known in expected) or "none",
         )
+        expected[name] = _Expected(None, None)
     return [name for name in expected if name in warmup.inputs]
 
 
