@@ -70,7 +70,7 @@ class StartupFailed(RuntimeError):
 
     def __init__(self, failures: list[tuple[str, str]]) -> None:
         self.failures = failures
-        listed = "; ".join(f"'{name}': {reason}" for name, reason in failures)
+        listed = "; ".join(f"'{name}': {reason}" for name, reason in failures).rstrip(".")
         super().__init__(
             f"failed to load {len(failures)} model(s) at startup: {listed}. Stopping, as "
             "--exit-on-error is true (TRITONACTOR_EXIT_ON_ERROR=false serves the other models)"

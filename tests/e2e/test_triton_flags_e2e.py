@@ -216,6 +216,9 @@ def test_a_model_that_fails_to_load_stops_the_server_by_default(
     assert error.startswith("E")
     assert "'broken'" in error and "TRITONACTOR_EXIT_ON_ERROR=false" in error
     assert "'simple'" not in error
+    if workers:  # `tritonactor serve` ends with the engine's reason (it told a task group's)
+        last = log.splitlines()[-1]
+        assert last.startswith("tritonactor serve: error: failed to load 1 model(s) at startup")
 
 
 def test_without_exit_on_error_the_other_models_are_served(

@@ -154,11 +154,19 @@ def main() -> int:
     try:
         anyio.run(serve, server, path, starter, backend_options=_backend_options())
     except* (StartupFailed, ListenFailed, StoreError) as group:
-        failed.extend(group.exceptions)
+        failed.extend(_leaves(group))
     if failed:
         tell_ready(f"failed: {failed[0]}")
         return 1
     return 0
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions an exception group holds, through the groups nested in it (a task
+    group's failure inside another's), each told as itself."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 def _backend_options() -> dict[str, object]:
