@@ -364,13 +364,14 @@ def test_bad_json_and_content_encoding(http: httpx.Client) -> None:
     response = post(http, "generator", "{not json")
     assert response.status_code == 500
     assert response.json()["error"].startswith("failed to parse the request JSON buffer: ")
-    response = http.post(
-        "/v2/models/generator/generate",
-        content=b"{}",
-        headers={"Content-Encoding": "gzip"},
-    )
-    assert response.status_code == 400
-    assert response.json() == {
-        "error": "Unsupported content-encoding, only 'identity' is supported."
-    }
+    for coding in ("gzip", "IDENTITY"):  # (Triton reads `identity` as it is written)
+        response = http.post(
+            "/v2/models/generator/generate",
+            content=b"{}",
+            headers={"Content-Encoding": coding},
+        )
+        assert response.status_code == 400
+        assert response.json() == {
+            "error": "Unsupported content-encoding, only 'identity' is supported."
+        }
     assert http.get("/v2/models/generator/generate").status_code == 405

@@ -81,7 +81,6 @@ def test_other_codings_are_unsupported(coding: str) -> None:
         (b"\x1f\x8b not gzip at all", "unknown compression method"),
         (b"plain text", "incorrect header check"),
         (gzip.compress(BODY)[:30], "it ends before its data"),
-        (b"", "it ends before its data"),
     ],
 )
 def test_data_that_does_not_inflate_is_refused(body: bytes, words: str) -> None:
@@ -90,6 +89,15 @@ def test_data_that_does_not_inflate_is_refused(body: bytes, words: str) -> None:
     assert raised.value.code is ErrorCode.INVALID_ARG
     assert raised.value.message.startswith("failed to decompress the request body: ")
     assert words in raised.value.message
+
+
+def test_an_empty_compressed_body_is_refused_in_tritons_words() -> None:
+    with pytest.raises(TritonError) as raised:
+        _inflated(b"", "gzip")
+    assert (raised.value.code, raised.value.message) == (
+        ErrorCode.INVALID_ARG,
+        "nothing to be decompressed",
+    )
 
 
 def test_a_body_inflates_up_to_the_limit_and_not_past_it() -> None:

@@ -59,6 +59,8 @@ async def inflated(body: bytes, coding: str, max_size: int) -> bytes:
 
 
 def _inflate(body: bytes, max_size: int) -> bytes:
+    if not body:
+        raise invalid_arg("nothing to be decompressed")  # (Triton's words)
     inflater = zlib.decompressobj(_EITHER_FORMAT)
     pieces: list[bytes] = []
     size = 0

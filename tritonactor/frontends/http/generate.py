@@ -128,7 +128,8 @@ class GenerateRoutes:
         if self.router.loader is not None:
             await self.router.ensure_loaded(name)
         handle = self.router.resolve(name, version)
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        # As Triton reads it: `identity` exactly (uvicorn has trimmed the spaces around it).
+        encoding = request.headers.get("content-encoding", "identity")
         if encoding not in ("", "identity"):
             raise invalid_arg("Unsupported content-encoding, only 'identity' is supported.")
         body = await request.body()
