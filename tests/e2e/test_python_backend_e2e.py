@@ -266,6 +266,13 @@ def test_model_errors_fail_the_request_and_the_server_stays_ready(
         ask(1)
     assert "one is not allowed" in str(raised.value)
     assert raised.value.status() == "400"
+    with pytest.raises(InferenceServerException) as raised:
+        ask(2)  # responses in a tuple: Triton 2.51's stub wants a list
+    assert raised.value.status() == "500"
+    assert raised.value.message() == (
+        "Failed to process the request(s) for model 'faulty_0', message: Expected a list in "
+        "the execute return, found type '<class 'tuple'>'."
+    )
     assert ask(5).as_numpy("OUTPUT0").tolist() == [5]
     assert http.is_server_ready()
     assert http.is_model_ready("faulty")

@@ -40,7 +40,7 @@ RESERVED_GRPC = (
 
 def repository(root: Path) -> Path:
     repo = root / "models"
-    for name in ("introspect", "faulty", "sequence_accumulate"):
+    for name in ("introspect", "bls_introspect", "faulty", "sequence_accumulate"):
         shutil.copytree(MODELS / name, repo / name)
     add_sub_model(repo / "simple" / "1" / "model.onnx")
     (repo / "simple" / "config.pbtxt").write_text(
@@ -102,12 +102,39 @@ def test_model_parameters_leave_out_what_the_server_acts_on(server: ServerProces
     # The text the model reads is compact JSON, as Triton's server writes it.
     assert seen["parameters_text"] == json.dumps(parameters, separators=(",", ":"))
 
+    assert seen["timeout"] == 0
+
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     over_grpc = grpc.infer(
         "introspect", introspect_inputs(grpcclient), parameters=parameters, timeout=10_000_000
     )
     grpc.close()
     assert seen_by_model(over_grpc)["parameters"] == parameters
+    # The request's timeout is the model's `request.timeout()` (microseconds), as Triton's.
+    assert seen_by_model(over_grpc)["timeout"] == 10_000_000
+
+
+def test_a_bls_calls_parameters_are_the_called_models_alone(server: ServerProcess) -> None:
+    """As Triton 2.51 (checked against it): names the server acts on in a BLS call's
+    `parameters` are plain parameters of the called model; the call's own `correlation_id`,
+    `flags` and `timeout` are what it sees of those (the parameters acted as controls, and the
+    timeout was dropped)."""
+    call = {
+        "parameters": {"sequence_id": 5, "sequence_start": True, "priority": 1, "x": "y"},
+        "timeout": 1_000_000,
+        "correlation_id": 7,
+    }
+    body = {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+        "outputs": [{"name": "REQUEST", "parameters": {"binary_data": False}}],
+        "parameters": {"call": json.dumps(call)},
+    }
+    with httpx.Client(base_url=server.base) as http:
+        response = http.post("/v2/models/bls_introspect/infer", json=body)
+    assert response.status_code == 200, response.text
+    seen = json.loads(response.json()["outputs"][0]["data"][0])
+    assert seen["parameters"] == call["parameters"]
+    assert (seen["correlation_id"], seen["flags"], seen["timeout"]) == (7, 0, 1_000_000)
 
 
 def test_binary_data_output_is_a_wire_option_the_model_never_sees(server: ServerProcess) -> None:

@@ -79,7 +79,7 @@ async def test_initialize_args_and_request_accessors(start: Started) -> None:
         "introspect",
         tensor("INPUT0", data),
         id="abc",
-        parameters={"sequence_id": 7, "flavour": "mint"},
+        parameters={"sequence_id": 7, "sequence_start": True, "timeout": 500, "flavour": "mint"},
         outputs=[RequestedOutput("ARGS"), RequestedOutput("REQUEST"), RequestedOutput("DLPACK")],
     )
     [result] = await instance.execute([req])
@@ -98,6 +98,8 @@ async def test_initialize_args_and_request_accessors(start: Started) -> None:
     assert seen == {
         "request_id": "abc",
         "correlation_id": 7,
+        "flags": 1,  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        "timeout": 500,
         "parameters": {"flavour": "mint"},
         "parameters_text": '{"flavour":"mint"}',
         "requested_output_names": ["ARGS", "DLPACK", "REQUEST"],
@@ -135,7 +137,7 @@ async def test_execute_that_raises_fails_the_batch_and_the_process_stays(
         # the model's words and where in its code, as Triton's python backend says them
         assert result.message == (
             "Failed to process the request(s) for model 'faulty_0_0', message: ValueError: the "
-            f"model was asked to fail\n\nAt:\n  {FAULTY_MODEL}(12): execute\n"
+            f"model was asked to fail\n\nAt:\n  {FAULTY_MODEL}(15): execute\n"
         )
     [ok] = await instance.execute([request("faulty", tensor("INPUT0", one + 5))])
     assert outputs(ok)["OUTPUT0"].tolist() == [5]

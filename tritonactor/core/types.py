@@ -171,10 +171,10 @@ class InferenceRequest:
     # Set by the front end when the client gave up on the request (a closed stream, a cancelled
     # call): schedulers drop it if it has not run yet; a backend may stop early.
     cancelled: bool = False
-    # Headers the front end forwards (--http/--grpc-header-forward-pattern): string parameters
-    # for the model, kept apart so that the server never acts on them (a `priority` header is
-    # not the request's priority).
-    headers: dict[str, str] = field(default_factory=dict)
+    # Parameters for the model alone, kept apart so that the server never acts on them (a
+    # `priority` among them is not the request's priority): the headers a front end forwards
+    # (--http/--grpc-header-forward-pattern), a BLS call's own parameters.
+    headers: dict[str, Any] = field(default_factory=dict)
     # Set by the front end when the request is traced; crosses every mailbox with the request
     # (a child request, an ensemble step or a BLS call, gets its parent's `trace.child()`).
     trace: Trace | None = None

@@ -249,7 +249,7 @@ class InferenceRequest:
         self._request_id = entry["id"]
         self._correlation_id = entry["correlation_id"]
         self._flags = entry["flags"]
-        self._timeout = 0
+        self._timeout = entry.get("timeout", 0)
         self._preferred_memory = None
         parameters = entry["parameters"]
         # A client's parameters as Triton's server writes them: compact JSON.

@@ -25,7 +25,11 @@ import anyio.from_thread
 from tritonactor.backends.base import InstanceContext
 from tritonactor.backends.python import ipc
 from tritonactor.backends.python.held import HeldRequests
-from tritonactor.backends.python.wire import bls_parameters, response_to_wire
+from tritonactor.backends.python.wire import (
+    bls_model_parameters,
+    bls_parameters,
+    response_to_wire,
+)
 from tritonactor.core import offload
 from tritonactor.core.errors import TritonError, internal, unavailable
 from tritonactor.core.types import (
@@ -190,6 +194,7 @@ class ServedCalls:
             inputs=inputs,
             outputs=[RequestedOutput(name) for name in message["outputs"]],
             parameters=bls_parameters(message),
+            headers=bls_model_parameters(message),
         )
         # A BLS request made with trace=request.trace() nests in that request's trace.
         parent = self._held.request(message.get("trace_key"))

@@ -208,6 +208,7 @@ class ServerCalls:
             "parameters": {} if parameters == "{}" else json.loads(parameters),
             "correlation_id": request.correlation_id(),
             "flags": request.flags(),
+            "timeout": request.timeout(),
             # The request whose trace the BLS call continues (trace=request.trace()).
             "trace_key": request.trace()._key,
         }

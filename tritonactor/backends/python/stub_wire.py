@@ -69,7 +69,7 @@ class WireConversions:
             return {**reply, "responses": None}
         if returned is None:
             return {**reply, "responses": [None] * len(requests)}
-        if not isinstance(returned, list | tuple):
+        if not isinstance(returned, list):  # (a tuple too is refused, as Triton's stub does)
             raise ExecuteError(
                 f"Expected a list in the execute return, found type '{type(returned)}'."
             )

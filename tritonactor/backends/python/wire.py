@@ -35,6 +35,8 @@ def request_entry(
         "id": request.id,
         "correlation_id": parameters.get("sequence_id", 0),
         "flags": flags,
+        # What the model's request.timeout() answers: the request's own, in microseconds.
+        "timeout": _timeout(parameters.get("timeout")),
         # As in Triton, the parameters the server acts on (sequence controls...) are not the
         # model's.
         "parameters": dict(request.model_parameters),
@@ -46,10 +48,18 @@ def request_entry(
     }
 
 
+def _timeout(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def bls_parameters(message: dict[str, Any]) -> dict[str, Any]:
-    """A BLS request's parameters, with its correlation id and sequence flags in the form the
-    server's schedulers read them."""
-    parameters = dict(message.get("parameters") or {})
+    """What the server acts on of a BLS request (its correlation id, sequence flags and
+    timeout) in the form its schedulers read them. The call's own parameters are the model's
+    alone, whatever their names (`bls_model_parameters`), as in Triton."""
+    parameters: dict[str, Any] = {}
+    timeout = _timeout(message.get("timeout"))
+    if timeout:
+        parameters["timeout"] = timeout
     correlation_id = message.get("correlation_id") or 0
     if correlation_id:
         parameters["sequence_id"] = correlation_id
@@ -59,6 +69,12 @@ def bls_parameters(message: dict[str, Any]) -> dict[str, Any]:
     if flags & _SEQUENCE_END:
         parameters["sequence_end"] = True
     return parameters
+
+
+def bls_model_parameters(message: dict[str, Any]) -> dict[str, Any]:
+    """A BLS request's own parameters: the called model sees them as given (a `priority` or a
+    `sequence_id` among them is no control of the server's, as in Triton)."""
+    return dict(message.get("parameters") or {})
 
 
 def error_from_wire(error: tuple[str, str]) -> TritonError:

@@ -1,4 +1,5 @@
-"""INPUT0 = 0: execute raises; 1: the response carries an INVALID_ARG error; else an echo."""
+"""INPUT0 = 0: execute raises; 1: the response carries an INVALID_ARG error; 2: execute returns
+its responses in a tuple (refused); else an echo."""
 
 import triton_python_backend_utils as pb_utils
 
@@ -6,8 +7,10 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         responses = []
+        in_a_tuple = False
         for request in requests:
             value = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            in_a_tuple = in_a_tuple or value[0] == 2
             if value[0] == 0:
                 raise ValueError("the model was asked to fail")
             if value[0] == 1:
@@ -17,4 +20,4 @@ class TritonPythonModel:
                 responses.append(
                     pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", value)])
                 )
-        return responses
+        return tuple(responses) if in_a_tuple else responses

@@ -17,6 +17,8 @@ class TritonPythonModel:
             seen = {
                 "request_id": request.request_id(),
                 "correlation_id": request.correlation_id(),
+                "flags": request.flags(),
+                "timeout": request.timeout(),
                 "parameters": json.loads(request.parameters()),
                 "parameters_text": request.parameters(),
                 "requested_output_names": sorted(request.requested_output_names()),
