@@ -243,12 +243,22 @@ def test_bls_calls_an_onnx_model(
     result = http.infer("bls", [http_input("INPUT0", A, "FP32"), http_input("INPUT1", B, "FP32")])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
-    with pytest.raises(InferenceServerException, match="nowhere"):
-        grpc.infer(
-            "bls",
-            [grpc_input("INPUT0", A, "FP32"), grpc_input("INPUT1", B, "FP32")],
-            parameters={"model": "nowhere"},
-        )
+    # A BLS call's errors as Triton 2.51's python backend gives them to the caller (which
+    # passes them on here): INTERNAL, and prefixed where the server refused the call.
+    prefix = "Model {model} - Error when running inference: "
+    for model, words in (
+        ("nowhere", "Failed for execute the inference request. Model 'nowhere' is not ready."),
+        ("faulty", "expected 1 inputs but got 2 inputs"),  # (not valid for it)
+    ):
+        with pytest.raises(InferenceServerException) as raised:
+            grpc.infer(
+                "bls",
+                [grpc_input("INPUT0", A, "FP32"), grpc_input("INPUT1", B, "FP32")],
+                parameters={"model": model},
+            )
+        assert raised.value.status() == "StatusCode.INTERNAL"
+        message = raised.value.message()
+        assert message.startswith(prefix.format(model=model)) and words in message
 
 
 def test_model_errors_fail_the_request_and_the_server_stays_ready(

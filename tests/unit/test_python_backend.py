@@ -379,7 +379,7 @@ async def test_bls_calls_the_servers_infer(start_either: Started, made_on: str) 
     missing.parameters = {"model": "nowhere"}
     [error] = await instance.execute([missing])
     assert isinstance(error, TritonError)
-    assert error.code == ErrorCode.NOT_FOUND
+    assert error.code == ErrorCode.INTERNAL  # (a BLS caller sees every error so, as in Triton)
     assert error.message == "no model 'nowhere'"
 
     unwritable = add_sub_request(a, b, model="bls")

@@ -19,6 +19,7 @@ from tritonactor.core.errors import (
     cancelled,
     invalid_arg,
     not_found,
+    refused,
     unavailable,
     unsupported,
 )
@@ -298,7 +299,7 @@ class Router:
         except TritonError as error:
             if trace is not None:
                 trace.routed(request, started, error)
-            raise
+            raise refused(error) from None
         request.resolved_version = handle.version
         if trace is not None:
             trace.routed(request, started)

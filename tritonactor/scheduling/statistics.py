@@ -438,11 +438,9 @@ class _FirstResponseTimer(ResponseSender):
         if response is not None and not self._timed:
             self._timed = True
             self._histogram.observe_ns(time.perf_counter_ns() - self._arrival_ns)
-        try:
-            self._inner.send(response, error=error, final=final)
-        finally:
-            if final:
-                self._over()
+        if final:  # (before it is passed on: whoever hears of it finds the request over)
+            self._over()
+        self._inner.send(response, error=error, final=final)
 
     def answered(self, reply: Reply[Any]) -> None:
         """The request's execute is over: a failed one sends no more responses (its client

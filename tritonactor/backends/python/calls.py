@@ -31,7 +31,7 @@ from tritonactor.backends.python.wire import (
     response_to_wire,
 )
 from tritonactor.core import offload
-from tritonactor.core.errors import TritonError, internal, unavailable
+from tritonactor.core.errors import ErrorCode, TritonError, internal, refused, unavailable
 from tritonactor.core.types import (
     InferenceRequest,
     InferenceResponse,
@@ -144,12 +144,12 @@ class ServedCalls:
         try:
             try:
                 request = self._bls_request(message)
-                self._decoupled_refused(request)
+                self._refused_before_model(request, streamed=False)
                 infer = self._context.infer
                 assert infer is not None
                 response = await infer(request)
             except TritonError as exc:
-                answer(None, exc)
+                answer(None, bls_error(exc, message["model_name"]))
             except Exception as exc:
                 answer(None, internal(f"{type(exc).__name__}: {exc}"))
             else:
@@ -166,16 +166,17 @@ class ServedCalls:
             token = self._token()
             if token is None:
                 raise unavailable("BLS is only supported during the 'execute' function.")
+            self._refused_before_model(request, streamed=bool(message.get("decoupled")))
             if message.get("decoupled"):
                 self._stream(message["call"], request, token)
                 return
-            self._decoupled_refused(request)
             infer = self._context.infer
             assert infer is not None
             response = anyio.from_thread.run(infer, request, token=token)
             self._answer(message["call"], response, None)
         except TritonError as exc:
-            self._answer(message["call"], None, exc, message.get("decoupled", False))
+            failure = bls_error(exc, message["model_name"])
+            self._answer(message["call"], None, failure, message.get("decoupled", False))
         except Exception as exc:
             error = internal(f"{type(exc).__name__}: {exc}")
             self._answer(message["call"], None, error, message.get("decoupled", False))
@@ -202,21 +203,28 @@ class ServedCalls:
             request.trace = parent.trace.child()
         return request
 
-    def _decoupled_refused(self, request: InferenceRequest) -> None:
-        """exec() without decoupled=True on a decoupled model: Triton's error."""
+    def _refused_before_model(self, request: InferenceRequest, streamed: bool) -> None:
+        """What Triton's python backend checks of a BLS call before it submits it, in its
+        words: the model is ready (at the version asked), and a decoupled one is called with
+        decoupled=True."""
         router = _router(self._context)
         if router is None:
             return
+        name = request.model_name
         try:
-            handle = router.resolve(request.model_name, request.model_version)
+            handle = router.resolve(name, request.model_version)
         except TritonError:
-            return  # the router's own error comes with the call itself
-        if handle.decoupled:
-            raise internal(
-                f"Model {request.model_name} is using the decoupled. The current BLS request "
-                "call doesn't support models using the decoupled transaction policy. Please "
-                "use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
-                "decoupled models."
+            raise refused(
+                internal(f"Failed for execute the inference request. Model '{name}' is not ready.")
+            ) from None
+        if handle.decoupled and not streamed:
+            raise refused(
+                internal(  # (the stray quote at the end is Triton's)
+                    f"Model {name} is using the decoupled. The current BLS request call doesn't "
+                    "support models using the decoupled transaction policy. Please use "
+                    "'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                    "decoupled models.'"
+                )
             )
 
     def _answer(
@@ -254,7 +262,8 @@ class ServedCalls:
             if response is None and error is None:
                 sent = self._send({**message, "response": None})
             else:
-                wire, tensors = response_to_wire(response, error)
+                failure = None if error is None else bls_error(error, request.model_name)
+                wire, tensors = response_to_wire(response, failure)
                 sent = self._send({**message, "response": wire}, tensors)
             if not sent and not final:
                 request.cancel()  # the caller is gone: the model may stop early
@@ -303,6 +312,16 @@ class ServedCalls:
         except Exception as exc:
             answer["error"] = f"{type(exc).__name__}: {exc}"
         self._send(answer)
+
+
+def bls_error(error: TritonError, model: str) -> TritonError:
+    """An error as Triton 2.51's python backend gives it to a BLS caller: INTERNAL, whatever
+    its code; one the server gave before a model had the call (the model is not ready, the
+    call is not valid for it, a scheduler refused it) prefixed with the model's name."""
+    if error.refused:
+        # (`refused` marks the server's refusals: the router's, the schedulers', the checks above)
+        return internal(f"Model {model} - Error when running inference: {error.message}")
+    return error if error.code is ErrorCode.INTERNAL else internal(error.message)
 
 
 def _router(context: InstanceContext) -> Any:
