@@ -5,6 +5,7 @@ the /proc readings, the HTTP route and the metrics listener."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,8 +69,7 @@ TIMES = ExecutionTimes(started=1_000, backend_started=1_100, backend_finished=1_
 def answered(stats: VersionStatistics, error: BaseException | None = None) -> None:
     """A request routed to `stats` and answered (with `error`: failed)."""
     reply: Reply[Any] = Reply()
-    stats.pending += 1
-    reply.add_done_callback(stats.request_done)
+    stats.admit(request(1), reply, time.perf_counter_ns())
     if error is None:
         reply.set(OK)
     else:
@@ -81,9 +81,9 @@ def executed(stats: VersionStatistics, results: list[Any], arrival_ns: int = 900
     batch = []
     for result in results:
         reply: Reply[Any] = Reply()
-        stats.pending += 1
-        reply.add_done_callback(stats.request_done)
-        batch.append(Infer(request(1), reply, arrival_ns))
+        item = Infer(request(1), reply, arrival_ns)
+        stats.admit(item.request, reply, arrival_ns)
+        batch.append(item)
         if isinstance(result, BaseException):
             reply.fail(result)
         else:
@@ -104,6 +104,8 @@ def test_failures_are_counted_by_triton_reason() -> None:
     answered(stats)
     assert stats.failures() == {"REJECTED": 3, "CANCELED": 1, "BACKEND": 0, "OTHER": 1}
     assert stats.pending == 0
+    # The statistics extension counts each one too, as Triton's (one count for both).
+    assert (stats.fail.count, stats.success.count) == (5, 0)
 
 
 def test_a_failed_execute_is_backend_whatever_its_error_says() -> None:

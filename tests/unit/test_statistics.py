@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -50,14 +51,29 @@ def durations(stats: VersionStatistics) -> dict[str, tuple[int, int]]:
 # -- the accumulator ----------------------------------------------------------------------------
 
 
+def admitted(stats: VersionStatistics, item: Infer, result: object) -> None:
+    """`item` routed to `stats` and answered with `result`, as an instance answers it before
+    it accounts for the execute (a failure counts as its reply fails)."""
+    stats.admit(item.request, item.reply, time.perf_counter_ns())
+    if isinstance(result, TritonError):
+        item.reply.fail(result)
+    else:
+        item.reply.set(result)  # type: ignore[arg-type]
+
+
 def test_a_batch_with_a_failure_counts_each_request_and_the_execution_once() -> None:
     stats = VersionStatistics(batching=True)
     batch = [infer(batched(2), 900), infer(batched(3), 950), infer(batched(1), 800)]
-    stats.record_execution(batch, [OK, internal("no"), OK], TIMES)
+    results = [OK, internal("no"), OK]
+    for item, result in zip(batch, results, strict=True):
+        admitted(stats, item, result)
+    stats.record_execution(batch, results, TIMES)
 
-    assert durations(stats) == {
+    fail = durations(stats).pop("fail")
+    assert fail[0] == 1  # (timed by its reply)
+    assert durations(stats) | {"fail": fail} == {
         "success": (2, (1_650 - 900) + (1_650 - 800)),
-        "fail": (1, 1_650 - 950),
+        "fail": fail,
         "queue": (2, (1_000 - 900) + (1_000 - 800)),
         "compute_input": (2, 2 * 100),
         "compute_infer": (2, 2 * 500),
@@ -79,8 +95,11 @@ def test_a_batch_with_a_failure_counts_each_request_and_the_execution_once() -> 
 def test_a_batch_that_failed_entirely_is_no_execution() -> None:
     stats = VersionStatistics(batching=True)
     error = TritonError(ErrorCode.INTERNAL, "broken")
-    stats.record_execution([infer(batched(2), 900), infer(batched(1), 1_000)], [error] * 2, TIMES)
-    assert durations(stats)["fail"] == (2, 750 + 650)
+    batch = [infer(batched(2), 900), infer(batched(1), 1_000)]
+    for item in batch:
+        admitted(stats, item, error)
+    stats.record_execution(batch, [error] * 2, TIMES)
+    assert durations(stats)["fail"][0] == 2
     assert durations(stats)["success"] == (0, 0)
     assert durations(stats)["queue"] == (0, 0)
     assert stats.execution_count == stats.inference_count == stats.last_inference_ms == 0
@@ -241,6 +260,8 @@ async def test_one_execute_of_many_requests_is_one_execution(
     )
     batch = [Infer(batched(1, value), Reply()) for value in (1, -1, 2)]
     batch.append(Infer(batched(2, 3), Reply()))
+    for item in batch:  # (as the router admits each)
+        stats.admit(item.request, item.reply, item.arrival_ns)
     await instance.tell(Execute(batch))
     for item in batch:
         if item is batch[1]:
@@ -263,6 +284,8 @@ async def test_a_backend_that_raises_fails_its_whole_batch(system: ActorSystem) 
         InstanceActor("echo_0", Exploding(EchoBackend(), "echo_0"), scheduler, stats)
     )
     batch = [Infer(batched(1), Reply()), Infer(batched(1), Reply())]
+    for item in batch:  # (as the router admits each)
+        stats.admit(item.request, item.reply, item.arrival_ns)
     await instance.tell(Execute(batch))
     for item in batch:
         with pytest.raises(TritonError, match="boom"):

@@ -188,7 +188,7 @@ class VersionStatistics:
         if self.counted_when_answered:
             reply.add_done_callback(functools.partial(self._answered, request, arrival_ns))
         else:
-            reply.add_done_callback(self.request_done)
+            reply.add_done_callback(functools.partial(self.request_done, arrival_ns=arrival_ns))
         if request.sender is not None:
             timer = _FirstResponseTimer(request.sender, arrival_ns, self.first_response, self)
             request.sender = timer
@@ -199,22 +199,25 @@ class VersionStatistics:
         """Requests the version still owes answers: pending, or streaming their responses."""
         return self.pending + self.streaming
 
-    def request_done(self, reply: Reply[Any]) -> None:
-        """A request routed to this version has its answer."""
+    def request_done(self, reply: Reply[Any], arrival_ns: int | None = None) -> None:
+        """A request routed to this version (at `arrival_ns`) has its answer. A failure counts
+        here, whether an execute or a scheduler failed it (`fail`, and by its reason, which
+        the metrics read): one count for both, as Triton's statistics and metrics have."""
         self.pending -= 1
         try:
             reply.result()
         except BaseException as error:  # the stored answer, not an exception raised here
             self._failed[failure_reason(error)] += 1
+            if arrival_ns is not None:
+                self.fail.add(time.perf_counter_ns() - arrival_ns, 1)
 
     def _answered(
         self, request: InferenceRequest, arrival_ns: int, reply: Reply[InferenceResponse]
     ) -> None:
-        self.request_done(reply)
-        took = time.perf_counter_ns() - arrival_ns
+        self.request_done(reply, arrival_ns)
         if reply.error is not None:
-            self.fail.add(took, 1)
             return
+        took = time.perf_counter_ns() - arrival_ns
         answered = arrival_ns + took
         self.success.add(took, 1)
         if request.sender is None:  # a decoupled request's first response is timed as sent
@@ -271,9 +274,10 @@ class VersionStatistics:
     def record_execution(
         self, batch: Sequence[Infer], results: Sequence[object], times: ExecutionTimes
     ) -> None:
-        """Account for one execute: `results[i]` answered `batch[i]` (a TritonError: failed)."""
+        """Account for one execute: `results[i]` answered `batch[i]` (a TritonError: failed,
+        counted as its reply fails, `request_done`; here its reason is the execute's)."""
         answered = times.answered
-        batch_size = succeeded = success_ns = queue_ns = failed = fail_ns = later = 0
+        batch_size = succeeded = success_ns = queue_ns = later = 0
         batching = self.batching
         first_response = self.first_response
         # The instance checked that there is one result per request.
@@ -288,8 +292,6 @@ class VersionStatistics:
             if not isinstance(result, TritonError):
                 result = request.context.get(STATE_ERROR, result)
             if isinstance(result, TritonError):
-                failed += 1
-                fail_ns += answered - item.arrival_ns
                 self._failed_in_execute[failure_reason(result)] += 1
             else:
                 succeeded += 1
@@ -297,8 +299,6 @@ class VersionStatistics:
                 queue_ns += max(0, times.started - item.arrival_ns)
                 if request.sender is None:  # else its sender times its first response
                     first_response.observe_ns(answered - item.arrival_ns)
-        if failed:
-            self.fail.add(fail_ns, failed)
         if not succeeded and not later:
             return
         # Every successful request of the batch took the batch's whole compute time.
@@ -319,8 +319,7 @@ class VersionStatistics:
         if not isinstance(result, TritonError):
             result = request.context.get(STATE_ERROR, result)
         if isinstance(result, TritonError):
-            self.fail.add(took, 1)
-            self._failed_in_execute[failure_reason(result)] += 1
+            self._failed_in_execute[failure_reason(result)] += 1  # (its reply counts it)
             return
         compute_input, compute_infer, compute_output = times.compute()
         self.success.add(took, 1)
