@@ -188,7 +188,7 @@ class VersionStatistics:
         if self.counted_when_answered:
             reply.add_done_callback(functools.partial(self._answered, request, arrival_ns))
         else:
-            reply.add_done_callback(functools.partial(self.request_done, arrival_ns=arrival_ns))
+            reply.add_done_callback(functools.partial(self.request_done, arrival_ns))
         if request.sender is not None:
             timer = _FirstResponseTimer(request.sender, arrival_ns, self.first_response, self)
             request.sender = timer
@@ -199,7 +199,7 @@ class VersionStatistics:
         """Requests the version still owes answers: pending, or streaming their responses."""
         return self.pending + self.streaming
 
-    def request_done(self, reply: Reply[Any], arrival_ns: int | None = None) -> None:
+    def request_done(self, arrival_ns: int, reply: Reply[Any]) -> None:
         """A request routed to this version (at `arrival_ns`) has its answer. A failure counts
         here, whether an execute or a scheduler failed it (`fail`, and by its reason, which
         the metrics read): one count for both, as Triton's statistics and metrics have."""
@@ -208,13 +208,12 @@ class VersionStatistics:
             reply.result()
         except BaseException as error:  # the stored answer, not an exception raised here
             self._failed[failure_reason(error)] += 1
-            if arrival_ns is not None:
-                self.fail.add(time.perf_counter_ns() - arrival_ns, 1)
+            self.fail.add(time.perf_counter_ns() - arrival_ns, 1)
 
     def _answered(
         self, request: InferenceRequest, arrival_ns: int, reply: Reply[InferenceResponse]
     ) -> None:
-        self.request_done(reply, arrival_ns)
+        self.request_done(arrival_ns, reply)
         if reply.error is not None:
             return
         took = time.perf_counter_ns() - arrival_ns
