@@ -75,6 +75,25 @@ def test_lazy_loading_loads_on_the_first_request(repo: Path, tmp_path: Path) -> 
         server.stop()
 
 
+def test_lazy_loading_loads_a_model_a_bls_call_asks_for(repo: Path, tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    shutil.copytree(repo / "pyadd", root / "pyadd")
+    shutil.copytree(PYTHON_MODELS / "bls", root / "bls")
+    server = start_server([root], tmp_path, {"TRITONACTOR_LAZY_LOAD": "true"})
+    try:
+        client = httpclient.InferenceServerClient(server.url)
+        a = np.arange(4, dtype=np.float32)
+        inputs = [httpclient.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(a)
+        # bls loads on this request, and its BLS call loads pyadd (it was refused "not ready")
+        result = client.infer("bls", inputs, parameters={"model": "pyadd"})
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+        assert client.is_model_ready("pyadd")
+    finally:
+        server.stop()
+
+
 def test_the_memory_budget_refuses_a_load_that_exceeds_it(repo: Path, tmp_path: Path) -> None:
     heavy = sum(f.stat().st_size for f in (repo / "heavy").rglob("*") if f.is_file())
     env = {

@@ -127,3 +127,19 @@ def test_an_ensemble_is_refused_in_tritons_words_when_a_step_cannot_serve(
     reason: str | None,
 ) -> None:
     assert unserved_step("e", config, {"m"}, serving, failures) == reason
+
+
+@pytest.mark.anyio
+async def test_lazy_loading_loads_an_ensemble_away_again() -> None:
+    # Its load loads the step models it needs (Loading._ensemble_steps), which brings it back.
+    router = Router()
+    router.known |= {"m", "e"}
+    router.add(handle("e", step="m"))
+    asked: list[str] = []
+
+    async def loader(name: str) -> None:
+        asked.append(name)
+
+    router.loader = loader
+    await router.ensure_loaded("e")
+    assert asked == ["e"]

@@ -199,7 +199,8 @@ class Router:
     async def ensure_loaded(self, name: str) -> None:
         """With lazy loading, load `name` if the repository has it and it is not loaded yet:
         its first request waits for the load (and fails with the load's error)."""
-        if self.loader is not None and name not in self._added and name in self.known:
+        # (An ensemble away is loaded again: its load loads the step models it needs.)
+        if self.loader is not None and name not in self._models and name in self.known:
             await self.loader(name)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:

@@ -214,6 +214,8 @@ class ServedCalls:
         try:
             handle = router.resolve(name, request.model_version)
         except TritonError:
+            if router.loader is not None and name in router.known:
+                return  # lazy loading: the call itself loads it (or fails with the load's error)
             raise refused(
                 internal(f"Failed for execute the inference request. Model '{name}' is not ready.")
             ) from None
