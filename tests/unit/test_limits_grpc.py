@@ -249,11 +249,11 @@ class Headers:
     ("encoding", "compress"),
     [("gzip", lambda b: gzip.compress(b)), ("deflate", lambda b: zlib.compress(b))],
 )
-def test_a_compressed_message_is_inflated_as_its_call_says(
+async def test_a_compressed_message_is_inflated_as_its_call_says(
     encoding: str, compress: Callable[[bytes], bytes]
 ) -> None:
     message = name("m") * 100
-    assert _inflate(compress(message), Headers(encoding), LIMIT) == message  # type: ignore[arg-type]
+    assert await _inflate(compress(message), Headers(encoding), LIMIT) == message  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -266,10 +266,10 @@ def test_a_compressed_message_is_inflated_as_its_call_says(
         ("gzip", gzip.compress(b"x" * (LIMIT + 1)), Status.RESOURCE_EXHAUSTED, "once inflated"),
     ],
 )
-def test_a_compressed_message_that_cannot_be_read_is_refused(
+async def test_a_compressed_message_that_cannot_be_read_is_refused(
     encoding: str | None, data: bytes, status: Status, words: str
 ) -> None:
     with pytest.raises(GRPCError) as raised:
-        _inflate(data, Headers(encoding), LIMIT)  # type: ignore[arg-type]
+        await _inflate(data, Headers(encoding), LIMIT)  # type: ignore[arg-type]
     assert raised.value.status is status
     assert words in (raised.value.message or "")

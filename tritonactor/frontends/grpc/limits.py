@@ -23,7 +23,6 @@ here: the same steps as grpclib's, with the check in between.
 from __future__ import annotations
 
 import functools
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +33,8 @@ import grpclib.server
 from google.protobuf import message_factory
 from grpclib import GRPCError
 from grpclib.const import Status
+
+from tritonactor.core.inflate import GZIP, ZLIB, Inflated, TooLarge, Truncated, inflate
 
 Handler = Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]
 
@@ -116,16 +117,17 @@ async def read_message(
     if len(data) != length:
         raise _truncated()
     if prefix[0]:
-        return _inflate(data, raw, max_size)
+        return await _inflate(data, raw, max_size)
     return data
 
 
 # zlib's window bits for each `grpc-encoding` gRPC defines but identity.
-_WINDOW_BITS = {"gzip": 31, "deflate": 15}
+_WINDOW_BITS = {"gzip": GZIP, "deflate": ZLIB}
 
 
-def _inflate(data: bytes | memoryview, raw: grpclib.protocol.Stream, max_size: int) -> bytes:
-    """A compressed message's bytes, inflated as its call's `grpc-encoding` says."""
+async def _inflate(data: bytes | memoryview, raw: grpclib.protocol.Stream, max_size: int) -> bytes:
+    """A compressed message's bytes, inflated as its call's `grpc-encoding` says (off the
+    event loop when large, core/inflate.py)."""
     headers = getattr(raw, "headers", None) or ()
     encoding = next((value for name, value in headers if name == "grpc-encoding"), "identity")
     bits = _WINDOW_BITS.get(encoding)
@@ -134,20 +136,20 @@ def _inflate(data: bytes | memoryview, raw: grpclib.protocol.Stream, max_size: i
             Status.UNIMPLEMENTED,
             f"Compressed message with grpc-encoding '{encoding}': not supported (gzip, deflate)",
         )
-    inflating = zlib.decompressobj(bits)
     try:
-        inflated = inflating.decompress(data, max_size + 1)
-    except zlib.error as error:
-        raise GRPCError(Status.INTERNAL, f"Unable to decompress the message: {error}") from None
-    if len(inflated) > max_size:
+        return await inflate(data, bits, max_size)
+    except TooLarge:
         raise GRPCError(
             Status.RESOURCE_EXHAUSTED,
             f"Received message larger than max (more than {max_size} bytes once inflated). "
             "Use --grpc-max-message-size to increase the limit.",
-        )
-    if not inflating.eof:
-        raise GRPCError(Status.INTERNAL, "Unable to decompress the message: it ends early")
-    return inflated
+        ) from None
+    except Truncated:
+        raise GRPCError(
+            Status.INTERNAL, "Unable to decompress the message: it ends early"
+        ) from None
+    except Inflated as error:
+        raise GRPCError(Status.INTERNAL, f"Unable to decompress the message: {error}") from None
 
 
 def parse_message(

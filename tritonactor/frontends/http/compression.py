@@ -21,19 +21,15 @@ import re
 import zlib
 
 from tritonactor.core.errors import ErrorCode, TritonError, invalid_arg
+from tritonactor.core.inflate import EITHER_FORMAT, Inflated, TooLarge, Truncated, inflate
 from tritonactor.core.offload import off_loop
 
 IDENTITY = "identity"
 GZIP = "gzip"
 DEFLATE = "deflate"
 
-# What inflating or deflating a byte costs, in offload.py's bytes copied: zlib works a byte in
-# about the time a copy takes ten, and a body inflates to a few times its size.
-_INFLATE_WORK = 32
+# What deflating a byte costs, in offload.py's bytes copied (core/inflate.py, the other way).
 _DEFLATE_WORK = 16
-# zlib's window, with 32 added: the gzip or zlib header, whichever the data has.
-_EITHER_FORMAT = zlib.MAX_WBITS | 32
-_CHUNK = 1 << 20
 _WEIGHT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)")
 
 
@@ -55,29 +51,22 @@ async def inflated(body: bytes, coding: str, max_size: int) -> bytes:
         return body
     if coding != GZIP and coding != DEFLATE:
         raise UnsupportedEncoding()
-    return await off_loop(lambda: _inflate(body, max_size), len(body) * _INFLATE_WORK)
+    return await _inflate(body, max_size)
 
 
-def _inflate(body: bytes, max_size: int) -> bytes:
+async def _inflate(body: bytes, max_size: int) -> bytes:
     if not body:
         raise invalid_arg("nothing to be decompressed")  # (Triton's words)
-    inflater = zlib.decompressobj(_EITHER_FORMAT)
-    pieces: list[bytes] = []
-    size = 0
-    data = body
     try:
-        while data and not inflater.eof:
-            piece = inflater.decompress(data, _CHUNK)
-            size += len(piece)
-            if size > max_size:
-                raise _too_large(max_size)
-            pieces.append(piece)
-            data = inflater.unconsumed_tail
-        if not inflater.eof:
-            raise invalid_arg("failed to decompress the request body: it ends before its data")
-    except zlib.error as error:
+        return await inflate(body, EITHER_FORMAT, max_size)
+    except TooLarge:
+        raise _too_large(max_size) from None
+    except Truncated:
+        raise invalid_arg(
+            "failed to decompress the request body: it ends before its data"
+        ) from None
+    except Inflated as error:
         raise invalid_arg(f"failed to decompress the request body: {error}") from None
-    return b"".join(pieces)
 
 
 def _too_large(limit: int) -> TritonError:
