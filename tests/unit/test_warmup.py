@@ -17,6 +17,7 @@ from tritonactor.backends.base import (
     Backend,
     BackendInstance,
     BackendModel,
+    Deferred,
     InstanceContext,
     InstanceDied,
     ModelContext,
@@ -30,6 +31,7 @@ from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
+from tritonactor.scheduling.statistics import VersionStatistics
 from tritonactor.scheduling.warmup import WarmupSample, run_sample, warm_up, warmup_samples
 
 pytestmark = pytest.mark.anyio
@@ -237,18 +239,20 @@ def test_an_input_the_model_does_not_have_is_sent_as_given(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # As Triton 2.51's warmup does (it loads such a model): the backend may refuse it.
+    extra = 'inputs { key: "NOPE" value: { data_type: TYPE_INT8 dims: [ 2 ] zero_data: true } }'
     config = BATCHING + (
-        'model_warmup [ { name: "extra" batch_size: 1 '
-        f"{ZERO_F} "
-        'inputs { key: "NOPE" value: { data_type: TYPE_INT8 dims: [ 2 ] zero_data: true } } } ]'
+        f'model_warmup [ {{ name: "extra" batch_size: 1 {ZERO_F} {extra} }}, '
+        f'{{ name: "again" batch_size: 1 {ZERO_F} {extra} }} ]'
     )
     with caplog.at_level(logging.WARNING):
-        [sample] = warmup_samples(make_context(config, tmp_path))
-    assert [(t.name, t.datatype, t.shape) for t in sample.inputs] == [
-        ("F", "FP32", (1, 3)),
-        ("NOPE", "INT8", (1, 2)),
-    ]
-    assert "input 'NOPE' is not an input of the model" in caplog.text
+        samples = warmup_samples(make_context(config, tmp_path))
+    for sample in samples:
+        assert [(t.name, t.datatype, t.shape) for t in sample.inputs] == [
+            ("F", "FP32", (1, 3)),
+            ("NOPE", "INT8", (1, 2)),
+        ]
+    # Each sample says so (the model's inputs stay the model's for the next one).
+    assert caplog.text.count("input 'NOPE' is not an input of the model (its inputs: 'F',") == 2
 
 
 def invalid(tmp_path: Path, config: str, inputs: str, batch_size: int = 1) -> str:
@@ -492,6 +496,28 @@ async def test_a_decoupled_warmup_fails_on_an_error_answer(tmp_path: Path) -> No
     with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
         await warm_up(LateSender(fail_on=0.0), make_context(DECOUPLED, tmp_path), "m_0_0")
     assert caught.value.message == "warmup 'twice' of model 'm' failed: decoupled trouble"
+
+
+class Deferring(Recorder):
+    """Answers each request later (a python model's response sender after execute)."""
+
+    def execute(self, requests: list[InferenceRequest]) -> list[Result]:
+        self.batches.append(requests)
+        return [Deferred() for _ in requests]
+
+
+@pytest.mark.parametrize("instance_class", [Recorder, Deferring])
+async def test_warmup_executes_count_in_the_statistics(
+    tmp_path: Path, instance_class: type[Recorder]
+) -> None:
+    # As Triton 2.51 counts its warmup's: each execute an execution, each request an
+    # inference and a success, by batch size (a deferred answer counts as answered).
+    stats = VersionStatistics(batching=True)
+    context = make_context(BATCHING + WARMUPS, tmp_path)
+    await warm_up(instance_class(), context, "m_0_0", stats)
+    assert (stats.execution_count, stats.inference_count) == (3, 5)
+    assert (stats.success.count, stats.fail.count) == (5, 0)
+    assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(1, 1), (2, 2)]
 
 
 async def test_run_sample_takes_a_built_sample(tmp_path: Path) -> None:

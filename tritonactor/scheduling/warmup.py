@@ -17,7 +17,7 @@ import numpy as np
 
 from tritonactor._proto.inference import ModelConfig, ModelWarmup, ModelWarmupInput
 from tritonactor.actors import Reply
-from tritonactor.backends.base import BackendInstance, ModelContext, Result
+from tritonactor.backends.base import BackendInstance, Deferred, ModelContext, Result
 from tritonactor.config.model_config import ConfigError
 from tritonactor.core.datatypes import (
     config_to_wire,
@@ -78,9 +78,10 @@ def warmup_samples(context: ModelContext) -> list[WarmupSample]:
             log.warning("%s has batch_size 0: it is skipped", where)
             continue
         _check_batch_size(where, warmup.batch_size, config.max_batch_size)
+        known = dict(expected)  # (a sample's names the model lacks are its own)
         inputs = tuple(
-            _tensor(where, name, warmup.inputs[name], expected, batching, folder, rng)
-            for name in _ordered(where, warmup, expected)
+            _tensor(where, name, warmup.inputs[name], known, batching, folder, rng)
+            for name in _ordered(where, warmup, known)
         )
         missing = [t.name for t in config.input if not t.optional and t.name not in warmup.inputs]
         if missing:  # Triton's warmup request then fails as any request would
@@ -149,7 +150,9 @@ async def run_sample(
         if statistics is not None:
             batch = [Infer(request, Reply(), started) for request in requests]
             times = ExecutionTimes(started, started, finished, time.perf_counter_ns())
-            statistics.record_execution(batch, results, times)
+            # (A deferred answer, which the warmup does not wait for, counts as answered.)
+            answered = [None if isinstance(r, Deferred) else r for r in results]
+            statistics.record_execution(batch, answered, times)
 
 
 # -- building ---------------------------------------------------------------------------------
