@@ -218,10 +218,10 @@ class Loading:
         loading: frozenset[str],
         serving: bool,
     ) -> None:
-        """An ensemble needs its steps. Refused when they lead back to it; but when the watcher
-        loads it (its steps are the watcher's to load), those not serving are loaded first and
-        the ensemble refused, in Triton's words, when one still does not serve the version it
-        runs (Triton does the same)."""
+        """An ensemble needs its steps. Refused when they lead back to it. Unless the watcher
+        loads it (the watcher loads the steps too, each on its own), the steps that do not
+        serve are loaded first, and the ensemble is refused, in Triton's words, when one still
+        does not serve the version it runs (Triton does the same)."""
         cycle = step_cycle(name, config, found)
         if cycle:
             self._refuse(
