@@ -425,6 +425,35 @@ def test_events_are_served_in_pages(server: ServerProcess) -> None:
     assert "model_repository" in metadata["extensions"]
 
 
+def test_a_new_version_that_fails_leaves_the_one_before_serving(tmp_path: Path) -> None:
+    """As Triton 2.51 (checked against it, in poll mode): under `latest 1`, a version 2 that
+    fails to load leaves version 1 serving (it was retired, and the model served nothing)."""
+    root = tmp_path / "models"
+    add_sub_model(root / "simple" / "1" / "model.onnx")
+    write_config(root / "simple", SIMPLE_CONFIG.format(name="simple", max_batch_size=8))
+    server = start_server([root], tmp_path, EXPLICIT)
+    try:
+        client = httpclient.InferenceServerClient(server.url)
+        (root / "simple" / "2").mkdir()
+        (root / "simple" / "2" / "model.onnx").write_bytes(b"not an onnx model")
+        with pytest.raises(InferenceServerException, match="version 2 is at UNAVAILABLE"):
+            client.load_model("simple")
+        add_sub(client, "simple")  # version 1's answer
+        assert client.is_model_ready("simple", "1")
+        versions = {
+            entry["version"]: entry["state"]
+            for entry in httpx.post(f"{server.base}/v2/repository/index", json={}).json()
+            if entry["name"] == "simple"
+        }
+        assert versions == {"1": "READY", "2": "UNAVAILABLE"}
+        add_sub_model(root / "simple" / "2" / "model.onnx")  # mended: version 2 takes over
+        client.load_model("simple")
+        assert client.is_model_ready("simple", "2") and not client.is_model_ready("simple", "1")
+        add_sub(client, "simple")
+    finally:
+        server.stop()
+
+
 def test_restart_restores_what_the_api_loaded(repo: Path, tmp_path: Path) -> None:
     env = {**EXPLICIT, "TRITONACTOR_JOURNAL": str(tmp_path / "state" / "journal.jsonl")}
     first = start_server([repo], tmp_path, env)

@@ -449,19 +449,23 @@ def test_a_step_writing_an_ensemble_input_is_refused() -> None:
     )
 
 
-async def test_a_step_naming_a_model_no_repository_holds_fails_the_load(
+async def test_a_step_naming_a_model_no_repository_holds_leaves_the_ensemble_away(
     system: ActorSystem, tmp_path: Path
 ) -> None:
+    # The watcher's load (the manager refuses another one first, in Triton's words,
+    # `unserved_step`): the ensemble waits, away, for its step model to come, as Triton's does.
     router = Router()
     await serve(
         system, router, FunctionBackend(double), model_config("double", ["X"], ["Y"]), tmp_path
     )
-    with pytest.raises(TritonError) as caught:
-        await serve(system, router, EnsembleBackend(), CHAIN, tmp_path)
-    assert caught.value.code is ErrorCode.INVALID_ARG
-    assert caught.value.message == (
-        "ensemble chain contains models that are not available or ambiguous: triple"
+    await serve(system, router, EnsembleBackend(), CHAIN, tmp_path)
+    assert router.hidden() == {("chain", 1)}
+    router.known.add("triple")
+    await serve(
+        system, router, FunctionBackend(triple), model_config("triple", ["X"], ["Y"]), tmp_path
     )
+    response = await router.infer(request("chain", 1))
+    np.testing.assert_array_equal(response.outputs[0].data, [6, 12])
 
 
 def test_an_ensemble_has_no_instances() -> None:

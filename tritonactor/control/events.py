@@ -237,6 +237,13 @@ def apply(state: State, event: Event) -> State:
             versions[version] = VersionStatus(VersionState.READY)
             requested = status.requested if status.pending is None else status.pending
             status = replace(status, versions=versions, requested=requested, pending=None)
+        case LoadFailed(serving=True, version=version, reason=reason) if (
+            version is not None and versions.get(version, _NONE).state != VersionState.READY
+        ):
+            # A version that did not serve failed; those that serve go on (the index lists
+            # both, as Triton's: a broken version 2 beside version 1 serving).
+            versions[version] = VersionStatus(VersionState.UNAVAILABLE, reason)
+            status = replace(status, versions=versions, pending=None)
         case LoadFailed(serving=True):
             status = replace(status, pending=None)
         case LoadFailed(version=None, reason=reason):

@@ -196,6 +196,11 @@ class Loading:
         failures = await self._start_versions(
             model, backend, config, changed, digest, files, override_digest
         )
+        if failures and not any(version in self._serving.get(name, {}) for version in versions):
+            # None of the versions the policy selects now serves: the ones it dropped go on
+            # serving until one does, as Triton's do (a broken version 2 under `latest 1` left
+            # the model with no version at all).
+            leaving = []
         for version in leaving:
             self._record(
                 ev.UnloadRequested(

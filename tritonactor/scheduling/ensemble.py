@@ -22,7 +22,7 @@ from tritonactor.backends.ensemble import (
     needed_steps,
     plan_ensemble,
 )
-from tritonactor.core.errors import TritonError, internal, invalid_arg, unavailable, unsupported
+from tritonactor.core.errors import TritonError, internal, unavailable, unsupported
 from tritonactor.scheduling.ensemble_run import EnsembleRun, Routes, in_step, routes_for
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.router import ModelHandle, Router
@@ -39,10 +39,9 @@ class EnsembleScheduler(Actor[Any]):
     models), so requests run concurrently with each other. The actor stopping cancels those
     still running: they fail UNAVAILABLE.
 
-    At load it fails when a step names a model that no repository holds, and checks the steps
-    against those of their models that are already loaded (all of them when the manager loads
-    an ensemble after its steps). The rest is checked by the first request that finds them
-    loaded, and again whenever a step model is replaced."""
+    At load it checks the steps against those of their models that are already loaded (all of
+    them when the manager loads an ensemble after its steps). The rest is checked by the first
+    request that finds them loaded, and again whenever a step model is replaced."""
 
     mailbox_size = 1024
 
@@ -61,12 +60,8 @@ class EnsembleScheduler(Actor[Any]):
         self._check_at_load()
 
     def _check_at_load(self) -> None:
-        absent = [model for model in self.plan.models if model not in self._router.known]
-        if absent:
-            raise invalid_arg(
-                f"ensemble {self.name} contains models that are not available or ambiguous: "
-                + ", ".join(absent)
-            )
+        # (A step model no repository holds is the manager's to refuse, `unserved_step`; the
+        # watcher's ensemble waits for it, away, as Triton's does.)
         ready: dict[int, ModelHandle] = {}
         for step in self.plan.steps:
             with contextlib.suppress(TritonError):  # not loaded yet: checked when it is
