@@ -80,6 +80,29 @@ def write_config(model_dir: Path, text: str) -> None:
     (model_dir / "config.pbtxt").write_text(text)
 
 
+def ensemble_config(name: str, step: str, version: int = -1) -> str:
+    """An ensemble of one step: `step`'s add/sub (SIMPLE_CONFIG's tensors; `version` -1: the
+    latest)."""
+    return f"""
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+  {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
+]
+output [
+  {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+  {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
+]
+ensemble_scheduling {{ step [ {{
+  model_name: "{step}" model_version: {version}
+  input_map {{ key: "INPUT0" value: "INPUT0" }} input_map {{ key: "INPUT1" value: "INPUT1" }}
+  output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} output_map {{ key: "OUTPUT1" value: "OUTPUT1" }}
+}} ] }}
+"""
+
+
 def slow_model(path: Path, size: int = 512) -> Path:
     """Y = sum(A @ W @ ... @ W) with STEPS [size, size] matrix products (an INT64 [1] input):
     a few milliseconds a step on one CPU thread, so a request's STEPS sets how long it runs."""

@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import SIMPLE_CONFIG, write_config
+from tests.e2e.conftest import SIMPLE_CONFIG, ensemble_config, write_config
 from tests.onnx_models import add_sub_model
 from tests.server_process import ServerProcess, start_server
 from tritonactor.control.override_folders import override_root
@@ -111,28 +111,6 @@ def test_http_load_and_unload(server: ServerProcess) -> None:
     client.unload_model("simple_nobatch")
     client.unload_model("nosuch")
     assert client.is_server_ready()  # unloaded on purpose: not awaited by readiness
-
-
-def ensemble_config(name: str, step: str, version: int = -1) -> str:
-    """An ensemble of one step: `step`'s add/sub (at `version`; -1 the latest)."""
-    return f"""
-name: "{name}"
-platform: "ensemble"
-max_batch_size: 8
-input [
-  {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
-  {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
-]
-output [
-  {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
-  {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
-]
-ensemble_scheduling {{ step [ {{
-  model_name: "{step}" model_version: {version}
-  input_map {{ key: "INPUT0" value: "INPUT0" }} input_map {{ key: "INPUT1" value: "INPUT1" }}
-  output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} output_map {{ key: "OUTPUT1" value: "OUTPUT1" }}
-}} ] }}
-"""
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.e2e.conftest import SIMPLE_CONFIG, write_config
+from tests.e2e.conftest import SIMPLE_CONFIG, ensemble_config, write_config
 from tests.onnx_models import add_sub_model
 from tests.server_process import ServerProcess, start_server, wait_for
 
@@ -79,33 +79,13 @@ def test_a_dropped_model_serves(
     assert requested[0]["fields"]["source"] == "poll"
 
 
-ENSEMBLE = """
-name: "{name}"
-platform: "ensemble"
-max_batch_size: 8
-input [
-  {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
-  {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
-]
-output [
-  {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
-  {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
-]
-ensemble_scheduling {{ step [ {{
-  model_name: "{step}" model_version: -1
-  input_map {{ key: "INPUT0" value: "INPUT0" }} input_map {{ key: "INPUT1" value: "INPUT1" }}
-  output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} output_map {{ key: "OUTPUT1" value: "OUTPUT1" }}
-}} ] }}
-"""
-
-
 def test_an_ensemble_dropped_in_before_its_step_model_serves_once_it_comes(
     server: ServerProcess, repo: Path, tmp_path: Path, client: httpclient.InferenceServerClient
 ) -> None:
     # As Triton 2.51 (checked against it): it waits for its step model, then serves.
     staged = tmp_path / "early_ensemble"
     (staged / "1").mkdir(parents=True)
-    write_config(staged, ENSEMBLE.format(name="early_ensemble", step="late_step"))
+    write_config(staged, ensemble_config("early_ensemble", "late_step"))
     shutil.move(str(staged), str(repo / "early_ensemble"))
     settled = ("ModelLoaded", "LoadFailed")  # (the watcher loaded it, alone)
     wait_for(lambda: any(e["type"] in settled for e in events(server, "early_ensemble")))
