@@ -60,11 +60,8 @@ output [
 ]
 """
 
-SIMPLE_CONFIG = """
-name: "{name}"
-platform: "onnxruntime_onnx"
-max_batch_size: {max_batch_size}
-input [
+# `simple`'s tensors (a format string, as SIMPLE_CONFIG is).
+SIMPLE_TENSORS = """input [
   {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
   {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
 ]
@@ -73,6 +70,15 @@ output [
   {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
 ]
 """
+
+SIMPLE_CONFIG = (
+    """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: {max_batch_size}
+"""
+    + SIMPLE_TENSORS
+)
 
 
 def write_config(model_dir: Path, text: str) -> None:
@@ -83,24 +89,17 @@ def write_config(model_dir: Path, text: str) -> None:
 def ensemble_config(name: str, step: str, version: int = -1) -> str:
     """An ensemble of one step: `step`'s add/sub (SIMPLE_CONFIG's tensors; `version` -1: the
     latest)."""
-    return f"""
-name: "{name}"
-platform: "ensemble"
-max_batch_size: 8
-input [
-  {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
-  {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
-]
-output [
-  {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
-  {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }}
-]
-ensemble_scheduling {{ step [ {{
+    head = f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+    return (
+        head
+        + SIMPLE_TENSORS.format()
+        + f"""ensemble_scheduling {{ step [ {{
   model_name: "{step}" model_version: {version}
   input_map {{ key: "INPUT0" value: "INPUT0" }} input_map {{ key: "INPUT1" value: "INPUT1" }}
   output_map {{ key: "OUTPUT0" value: "OUTPUT0" }} output_map {{ key: "OUTPUT1" value: "OUTPUT1" }}
 }} ] }}
 """
+    )
 
 
 def slow_model(path: Path, size: int = 512) -> Path:

@@ -67,9 +67,8 @@ async def drain(serving: Serving) -> None:
             await anyio.sleep(0.01)
     if scope.cancelled_caught:
         log.warning(
-            "model '%s' version %d still had %d requests after %.0fs; stopping it anyway",
+            "model '%s' version %d still owed answers after %.0fs; stopping it anyway",
             serving.handle.name,
             serving.handle.version,
-            statistics.busy,
             DRAIN_TIMEOUT_SECONDS,
         )

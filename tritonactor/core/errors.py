@@ -46,8 +46,7 @@ _HTTP_STATUS = {
 
 class TritonError(Exception):
     """An error a client sees, with its code. Raised anywhere below the front ends.
-    `refused`: a scheduler refused the request as it arrived, before any model had it
-    (`refused`)."""
+    `refused`: the server refused the request before any model had it (`refused`)."""
 
     refused = False
 
@@ -61,10 +60,11 @@ class TritonError(Exception):
 
 
 def refused(error: TritonError) -> TritonError:
-    """`error`, marked as a scheduler's refusal of a request as it arrived (a full queue, a
-    sequence's control it cannot take): Triton gives such a request back to its front end
-    unrun, and a gRPC stream answers it as a request refused before its model (its id only,
-    and the stream goes on in "triton_grpc_error" mode too)."""
+    """`error`, marked as the server's refusal of a request before any model had it: the
+    router's (a model not ready, a request not valid for it) or a scheduler's as it arrived (a
+    full queue, a sequence's control it cannot take). Triton gives such a request back unrun: a
+    gRPC stream answers it with its id only (and goes on in "triton_grpc_error" mode too), a
+    BLS caller sees it prefixed with the model's name."""
     error.refused = True
     return error
 

@@ -154,10 +154,10 @@ class VersionStatistics:
         self.counted_when_answered = counted_when_answered
         self.last_inference_ms = 0
         self.inference_count = 0
-        # Requests routed to this version and not answered yet (queued or running), and of a
-        # decoupled model's those whose execute is over but not their responses (their final
-        # one not sent yet): what an unload or a reload waits for (`busy`) before it stops
-        # the version.
+        # Requests routed to this version and not answered yet (queued or running), and a
+        # decoupled model's requests whose final response is not sent yet (from their arrival:
+        # among `pending` too until their execute is over): what an unload or a reload waits
+        # for (`busy`) before it stops the version.
         self.pending = 0
         self.streaming = 0
         self.execution_count = 0
@@ -196,7 +196,8 @@ class VersionStatistics:
 
     @property
     def busy(self) -> int:
-        """Requests the version still owes answers: pending, or streaming their responses."""
+        """Whether the version still owes answers (a count: a decoupled request still executing
+        counts twice, pending and streaming)."""
         return self.pending + self.streaming
 
     def request_done(self, arrival_ns: int, reply: Reply[Any]) -> None:

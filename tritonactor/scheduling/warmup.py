@@ -78,10 +78,9 @@ def warmup_samples(context: ModelContext) -> list[WarmupSample]:
             log.warning("%s has batch_size 0: it is skipped", where)
             continue
         _check_batch_size(where, warmup.batch_size, config.max_batch_size)
-        known = dict(expected)  # (a sample's names the model lacks are its own)
         inputs = tuple(
-            _tensor(where, name, warmup.inputs[name], known, batching, folder, rng)
-            for name in _ordered(where, warmup, known)
+            _tensor(where, name, warmup.inputs[name], expected, batching, folder, rng)
+            for name in _ordered(where, warmup, expected)
         )
         missing = [t.name for t in config.input if not t.optional and t.name not in warmup.inputs]
         if missing:  # Triton's warmup request then fails as any request would
@@ -167,6 +166,9 @@ class _Expected:
     dims: tuple[int, ...] | None
 
 
+_UNCHECKED = _Expected(None, None)
+
+
 def _expected_inputs(config: ModelConfig) -> dict[str, _Expected]:
     expected = {
         tensor.name: _Expected(config_to_wire(tensor.data_type.name), tuple(tensor.dims))
@@ -192,8 +194,7 @@ def _ordered(where: str, warmup: ModelWarmup, expected: dict[str, _Expected]) ->
             name,
             ", ".join(repr(known) for known in expected) or "none",
         )
-        expected[name] = _Expected(None, None)
-    return [name for name in expected if name in warmup.inputs]
+    return [name for name in expected if name in warmup.inputs] + unknown
 
 
 def _check_batch_size(where: str, batch_size: int, max_batch_size: int) -> None:
@@ -224,7 +225,7 @@ def _tensor(
         raise ConfigError(
             f"{where}: dims {list(dims)} must all be >= 0 (a warmup input has a fixed shape)"
         )
-    want = expected[name]
+    want = expected.get(name, _UNCHECKED)  # (an input the model lacks: as the sample gives it)
     if want.datatype is not None and datatype != want.datatype:
         raise ConfigError(
             f"{where}: data_type is {datatype}, but the model expects {want.datatype}"
