@@ -357,6 +357,98 @@ def test_raw_contents_that_do_not_fit(
     assert error.details() == details
 
 
+def strings_request(count: int, shape: list[int]) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="strings")
+    request.inputs.add(name="INPUT0", datatype="BYTES", shape=shape)
+    request.inputs[0].contents.bytes_contents.extend([b"x"] * count)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("count", "shape", "details"),
+    [
+        # Triton 2.51's words: too few are counted, too many are told as one past the count.
+        (
+            2,
+            [1, 3],
+            "expected 3 string elements for inference input 'INPUT0' for model 'strings', got 2",
+        ),
+        (
+            5,
+            [1, 2],
+            "unexpected number of string elements 3 for inference input 'INPUT0' for "
+            "model 'strings', expecting 2",
+        ),
+    ],
+    ids=["too-few", "too-many"],
+)
+def test_bytes_contents_of_the_wrong_count(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub, count: int, shape: list[int], details: str
+) -> None:
+    error = rpc_error(lambda: stub.ModelInfer(strings_request(count, shape)))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == f"{UNKNOWN_ID}{details}"
+
+
+@pytest.mark.parametrize("datatype", ["INT32", "BYTES"])
+def test_an_input_with_no_data_at_all(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub, datatype: str
+) -> None:
+    # No contents and no raw_input_contents: what a client that forgot the data sends.
+    request = service_pb2.ModelInferRequest(
+        model_name="strings" if datatype == "BYTES" else "simple"
+    )
+    request.inputs.add(name="INPUT0", datatype=datatype, shape=[1, 16])
+    error = rpc_error(lambda: stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    model = request.model_name
+    assert error.details() == (
+        f"unable to find data for input tensor 'INPUT0' for model '{model}' in request."
+    )
+
+
+def test_an_unspecified_dimension_is_refused(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+) -> None:
+    request = raw_simple_request()
+    request.inputs[0].shape[:] = [1, -1]
+    request.raw_input_contents.extend([bytes(64), bytes(64)])
+    error = rpc_error(lambda: stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
+        f"{UNKNOWN_ID}All input dimensions should be specified for input 'INPUT0' for model "
+        "'simple', got [1,-1]"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "details"),
+    [
+        (
+            "INPUT0",
+            f"{UNKNOWN_ID}inference input 'INPUT0' data-type is '<invalid>', but model "
+            "'simple' expects 'INT32'",
+        ),
+        ("NOPE", "unexpected inference input 'NOPE' for model 'simple'"),
+    ],
+)
+def test_a_datatype_that_names_no_type(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub, name: str, details: str
+) -> None:
+    # As Triton's core: the model's signature refuses the type, or first the name it lacks.
+    request = raw_simple_request()
+    request.inputs[0].name = name
+    request.inputs[0].datatype = "int32"
+    request.raw_input_contents.extend([bytes(64), bytes(64)])
+    error = rpc_error(lambda: stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == details
+    # ... and the server serves on.
+    request = raw_simple_request()
+    request.raw_input_contents.extend([bytes(64), bytes(64)])
+    assert len(stub.ModelInfer(request).raw_output_contents) == 2
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 

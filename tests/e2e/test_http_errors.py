@@ -608,6 +608,31 @@ CASES: list[Case] = [
         exact=True,
     ),
     Case(
+        "bytes-count-far-over",
+        "POST",
+        "/v2/models/strings/infer",
+        400,
+        # Triton 2.51 stops counting one past the count.
+        f"{NO_ID}unexpected number of string elements 3 for inference input 'INPUT0' for model "
+        "'strings', expecting 2",
+        body={
+            "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "BYTES", "data": ["a"] * 5}]
+        },
+        exact=True,
+    ),
+    Case(
+        "bytes-count-under",
+        "POST",
+        "/v2/models/strings/infer",
+        400,
+        f"{NO_ID}expected 3 string elements for inference input 'INPUT0' for model 'strings', "
+        "got 2",
+        body={
+            "inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "BYTES", "data": ["a", "b"]}]
+        },
+        exact=True,
+    ),
+    Case(
         "bytes-not-strings",
         "POST",
         "/v2/models/strings/infer",
@@ -646,6 +671,33 @@ CASES: list[Case] = [
         "unexpected number of string elements 2 for inference input 'INPUT0' for model "
         "'strings', expecting 1",
         *binary_request([binary_entry("INPUT0", 10, "BYTES", (1, 1))], [strings([b"a", b"b"])]),
+    ),
+    Case(
+        "bytes-runs-out-before-the-count",
+        "POST",
+        "/v2/models/strings/infer",
+        400,
+        # Triton 2.51 counts an element that runs past the end, then the count is short.
+        f"{NO_ID}expected 3 string elements for inference input 'INPUT0' for model 'strings', "
+        "got 2",
+        *binary_request(
+            [binary_entry("INPUT0", 16, "BYTES", (1, 3))],
+            [b"\x02\x00\x00\x00ab\x64\x00\x00\x00abcdef"],
+        ),
+        exact=True,
+    ),
+    Case(
+        "bytes-length-prefix-cut-short",
+        "POST",
+        "/v2/models/strings/infer",
+        400,
+        f"{NO_ID}incomplete string length indicator for inference input 'INPUT0' for model "
+        "'strings', expecting 4 bytes but only 2 bytes available. Please make sure the string "
+        "length indicator is in one buffer.",
+        *binary_request(
+            [binary_entry("INPUT0", 8, "BYTES", (1, 2))], [strings([b"ab"]) + b"\x00\x00"]
+        ),
+        exact=True,
     ),
     Case(
         "bytes-not-utf8-for-onnx",

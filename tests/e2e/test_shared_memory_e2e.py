@@ -395,7 +395,7 @@ def test_http_an_input_in_shared_memory_and_binary_is_refused(
         timeout=30,
     )
     assert answer.status_code == 400
-    assert answer.json()["error"].startswith(
+    assert answer.json()["error"] == (
         "Input must set only one of the following fields: 'data', 'binary_data_size' in "
         "'parameters', 'shared_memory_region' in 'parameters'. But set 'binary_data_size' "
         "'shared_memory_region'"

@@ -265,7 +265,7 @@ def test_data_and_binary_data_together_are_rejected() -> None:
         }
     )
     assert_invalid(
-        "Input must set only one of .* But set 'data' 'binary_data_size' for input 'X'",
+        "Input must set only one of .* But set 'data' 'binary_data_size'$",
         header + b"\1",
         len(header),
     )
@@ -391,7 +391,7 @@ def test_empty_json_data_for_an_empty_tensor() -> None:
 
 def test_input_without_any_data_is_rejected() -> None:
     body = json_body({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1]}]})
-    assert_invalid("Input must set only one of .* But no field is set for input 'X'", body)
+    assert_invalid("Input must set only one of .* But no field is set$", body)
 
 
 @pytest.mark.parametrize(
@@ -404,7 +404,10 @@ def test_input_without_any_data_is_rejected() -> None:
         (b'{"inputs": [3]}', "input 0 must be a JSON object"),
         (b'{"inputs": [{"datatype": "FP32", "shape": [1], "data": [1]}]}', "input 0 has no 'name'"),
         (b'{"inputs": [{"name": "X", "shape": [1], "data": [1]}]}', "input 'X' has no 'datatype'"),
-        (b'{"inputs": [{"name": "X", "datatype": "FP8", "shape": [1]}]}', "unknown datatype 'FP8'"),
+        (
+            b'{"inputs": [{"name": "X", "datatype": "FP8", "shape": [1]}]}',
+            "^invalid datatype for input X$",
+        ),
         (
             b'{"inputs": [{"name": "X", "datatype": "FP32", "data": [1]}]}',
             "input 'X' has no 'shape'",
@@ -1232,3 +1235,11 @@ def test_tritonclient_reads_our_responses(datatype: str, binary: bool) -> None:
         assert received.dtype == np.dtype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(result.as_numpy("O2"), sample("FP32"))
     assert result.get_response()["id"] == "q"
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_json_value_past_fp32s_range_is_its_infinity_without_a_warning() -> None:
+    # As Triton: 1e39 read as FP32 is infinity; numpy's overflow warning is no one's business.
+    (tensor,) = decode(json_input("X", "FP32", [3], [1e39, -1e39, 0.5])).inputs
+    assert tensor.data.tolist() == [math.inf, -math.inf, 0.5]
+    assert tensor.data.dtype == np.float32

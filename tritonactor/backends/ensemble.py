@@ -17,6 +17,7 @@ from tritonactor.backends.base import (
     InstanceContext,
     ModelContext,
 )
+from tritonactor.core.datatypes import dims_text
 from tritonactor.core.errors import internal, invalid_arg
 
 
@@ -151,8 +152,8 @@ def check_steps(
             known.full_dims, spec.full_dims
         ):
             raise invalid_arg(
-                f"{where} shape: {_dims(known.full_dims)} is inferred from model "
-                f"{known.origin} while {_dims(spec.full_dims)} is inferred from model "
+                f"{where} shape: {dims_text(known.full_dims)} is inferred from model "
+                f"{known.origin} while {dims_text(spec.full_dims)} is inferred from model "
                 f"{spec.origin}"
             )
 
@@ -201,11 +202,6 @@ def check_steps(
             declare(
                 tensor, _TensorSpec(spec.data_type.name, tuple(spec.dims), step_batching, model)
             )
-
-
-def _dims(dims: tuple[int, ...]) -> str:
-    """A shape as Triton prints one: [-1,16]."""
-    return "[" + ",".join(str(dim) for dim in dims) + "]"
 
 
 def _same_shape(a: tuple[int, ...], b: tuple[int, ...]) -> bool:

@@ -36,6 +36,9 @@ BINARY_ONLY: frozenset[str] = frozenset({"FP16", "BF16"})
 
 _BY_NUMPY: dict[np.dtype, str] = {dt: name for name, dt in _NUMPY.items()}
 
+# What a tensor whose datatype names no type is called, as Triton's messages call it.
+INVALID_DATATYPE = "<invalid>"
+
 
 def is_datatype(name: str) -> bool:
     return name in _NUMPY
@@ -80,6 +83,11 @@ def num_elements(shape: tuple[int, ...] | list[int]) -> int:
     for dim in shape:
         count *= dim
     return count
+
+
+def dims_text(dims: tuple[int, ...] | list[int]) -> str:
+    """A shape as Triton prints one: [-1,16]."""
+    return "[" + ",".join(str(dim) for dim in dims) + "]"
 
 
 _LENGTH = struct.Struct("<I")

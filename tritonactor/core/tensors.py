@@ -102,36 +102,48 @@ def _size_mismatch(context: RequestContext, name: str, expected: int, got: int) 
 
 
 def _bytes_error(context: RequestContext, name: str, count: int, buffer: memoryview) -> TritonError:
-    """What is wrong with BYTES data that does not hold `count` length-prefixed elements."""
-    offset, found = 0, 0
-    while offset + 4 <= len(buffer):
-        if found == count:
-            return string_count_error(context, name, found + 1, count)
+    """What is wrong with BYTES data that does not hold `count` length-prefixed elements, told
+    as Triton's walk over them tells it: a length prefix cut short first, then an element past
+    the count, then the count; a last element longer than its bytes only where the count is
+    right."""
+    offset, found, short = 0, 0, 0
+    while offset < len(buffer):
+        if len(buffer) - offset < 4:
+            return invalid_arg(
+                f"{context.prefix}incomplete string length indicator for inference input "
+                f"'{name}' for model '{context.model}', expecting 4 bytes but only "
+                f"{len(buffer) - offset} bytes available. Please make sure the string length "
+                "indicator is in one buffer."
+            )
         (length,) = struct.unpack_from("<I", buffer, offset)
         offset += 4
+        found += 1
+        if found > count:
+            return string_count_error(context, name, found, count)
         available = len(buffer) - offset
         if length > available:
-            return invalid_arg(
-                f"incomplete string data for inference input '{name}', expecting string of "
-                f"length {length} but only {available} bytes available"
-            )
+            short = length
+            break
         offset += length
-        found += 1
-    if offset < len(buffer):
-        return invalid_arg(
-            f"incomplete string data for inference input '{name}': {len(buffer) - offset} "
-            "bytes after the last string are too few for a 4-byte length"
-        )
+    if found != count:
+        return string_count_error(context, name, found, count)
     return invalid_arg(
-        f"{context.prefix}expected {count} string elements for inference input '{name}' for "
-        f"model '{context.model}', got {found}"
+        f"incomplete string data for inference input '{name}', expecting string of "
+        f"length {short} but only {len(buffer) - offset} bytes available"
     )
 
 
 def string_count_error(context: RequestContext, name: str, found: int, count: int) -> TritonError:
+    """`found` elements where the shape holds `count`, in Triton's words: it stops counting at
+    one past the count, so too many are told as `count + 1`."""
+    if found < count:
+        return invalid_arg(
+            f"{context.prefix}expected {count} string elements for inference input '{name}' "
+            f"for model '{context.model}', got {found}"
+        )
     return invalid_arg(
-        f"{context.prefix}unexpected number of string elements {found} for inference input "
-        f"'{name}' for model '{context.model}', expecting {count}"
+        f"{context.prefix}unexpected number of string elements {min(found, count + 1)} for "
+        f"inference input '{name}' for model '{context.model}', expecting {count}"
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonactor._proto.inference import ModelConfig, ModelInput, ModelOutput
-from tritonactor.core.datatypes import config_to_wire
+from tritonactor.core.datatypes import config_to_wire, dims_text
 from tritonactor.core.errors import TritonError, internal, invalid_arg
 from tritonactor.core.paths import inside
 from tritonactor.core.types import InferenceRequest, RequestedOutput
@@ -182,10 +182,11 @@ class ModelSignature:
                 )
             shape = tensor.shape[1:] if batch_size is not None else tensor.shape
             if not _matches(shape, spec.dims):
+                note = _BATCH_NOTE if batch_size is not None else ""
                 raise invalid_arg(
                     f"{prefix}unexpected shape for input '{tensor.name}' for model "
-                    f"'{self.name}'. Expected {_dims(spec.shape(self.max_batch_size))}, "
-                    f"got {_dims(tensor.shape)}. {_BATCH_NOTE if batch_size is not None else ''}"
+                    f"'{self.name}'. Expected {dims_text(spec.shape(self.max_batch_size))}, "
+                    f"got {dims_text(tensor.shape)}. {note}"
                 )
         outputs = self._outputs
         for output in request.outputs:
@@ -346,10 +347,6 @@ def _matches(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     if len(shape) != len(dims):
         return False
     return all(want == -1 or want == got for got, want in zip(shape, dims, strict=True))
-
-
-def _dims(dims: list[int] | tuple[int, ...]) -> str:
-    return "[" + ",".join(str(d) for d in dims) + "]"
 
 
 def _names(names: list[str]) -> str:

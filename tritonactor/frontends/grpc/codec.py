@@ -26,13 +26,20 @@ from tritonactor._proto_c.grpc_service_pb2 import (
     ModelInferResponse,
 )
 from tritonactor.core.datatypes import (
+    INVALID_DATATYPE,
+    dims_text,
     is_datatype,
     num_elements,
     to_numpy_dtype,
 )
 from tritonactor.core.errors import invalid_arg
 from tritonactor.core.protocol import RESERVED_PARAMETER_PREFIX
-from tritonactor.core.tensors import RequestContext, array_from_bytes, tensor_to_bytes
+from tritonactor.core.tensors import (
+    RequestContext,
+    array_from_bytes,
+    string_count_error,
+    tensor_to_bytes,
+)
 from tritonactor.core.types import (
     InferenceRequest,
     InferenceResponse,
@@ -147,8 +154,15 @@ def decode_infer_request(
             raise invalid_arg(f"{prefix}input '{name}' already exists in request")
         seen.add(name)
         if not is_datatype(datatype):
-            raise invalid_arg(f"invalid datatype for input {name}")
-        if shape and min(shape) < 0:
+            # As Triton's front end, the data are looked for as for any input, and the model's
+            # signature refuses the type in the core's words (or the name, if it has none).
+            datatype = INVALID_DATATYPE
+        elif shape and min(shape) < 0:
+            if -1 in shape:
+                raise invalid_arg(
+                    f"{prefix}All input dimensions should be specified for input '{name}' for "
+                    f"model '{model}', got {dims_text(shape)}"
+                )
             raise invalid_arg(
                 f"{prefix}input '{name}' for model '{model}' has a negative dimension "
                 f"in shape {list(shape)}"
@@ -181,6 +195,11 @@ def decode_infer_request(
                 )
             buffer = raw[next_raw]
             next_raw += 1
+        elif not tensor.HasField("contents") and num_elements(shape) > 0:
+            # (A tensor with no elements needs no data: docs/grpc.md.)
+            raise invalid_arg(
+                f"unable to find data for input tensor '{name}' for model '{model}' in request."
+            )
         found.append((name, datatype, shape, buffer, declared))
     if raw_count > len(found):
         raise invalid_arg(
@@ -193,10 +212,12 @@ def decode_infer_request(
     for index in reversed(range(len(found))):
         name, datatype, shape, buffer, declared = found[index]
         tensor = tensors[index]
-        if buffer is not None:
+        if datatype == INVALID_DATATYPE:
+            data = np.empty(0, dtype=np.uint8)  # never read: the signature refuses the type
+        elif buffer is not None:
             data = array_from_bytes(context, name, datatype, shape, buffer, declared)
         else:
-            data = _array_from_contents(tensor, shape, prefix, model)
+            data = _array_from_contents(tensor, shape, context)
         parameters = decode_parameters(tensor.parameters)
         if parameters:
             for key in SHARED_MEMORY_KEYS:
@@ -380,8 +401,9 @@ def _check_one_contents_field(
 
 
 def _array_from_contents(
-    tensor: ModelInferRequest.InferInputTensor, shape: tuple[int, ...], prefix: str, model: str
+    tensor: ModelInferRequest.InferInputTensor, shape: tuple[int, ...], context: RequestContext
 ) -> np.ndarray:
+    prefix, model = context.prefix, context.model
     _check_one_contents_field(tensor, model, tensor.datatype)
     field = CONTENTS_FIELD.get(tensor.datatype)
     if field is None:
@@ -393,10 +415,7 @@ def _array_from_contents(
     count = num_elements(shape)
     if len(values) != count:
         if tensor.datatype == "BYTES":
-            raise invalid_arg(
-                f"{prefix}unexpected number of string elements {len(values)} for inference "
-                f"input '{tensor.name}' for model '{model}', expecting {count}"
-            )
+            raise string_count_error(context, tensor.name, len(values), count)
         itemsize = to_numpy_dtype(tensor.datatype).itemsize
         raise invalid_arg(
             f"{prefix}input byte size mismatch for input '{tensor.name}' for model '{model}'. "

@@ -419,7 +419,7 @@ def _decode_input(
     if not isinstance(datatype, str):
         raise invalid_arg(f"input '{name}' has no 'datatype' string")
     if not is_datatype(datatype):
-        raise invalid_arg(f"invalid datatype for input {name}: unknown datatype '{datatype}'")
+        raise invalid_arg(f"invalid datatype for input {name}")
     shape = _decode_shape(name, item.get("shape"))
     parameters = _decode_parameters(item.get("parameters"), f"input '{name}'")
     binary_size = parameters.pop("binary_data_size", None)
@@ -433,7 +433,7 @@ def _decode_input(
         if present
     ]
     if len(sources) > 1:
-        raise invalid_arg(f"{_ONE_SOURCE} But set {' '.join(sources)} for input '{name}'")
+        raise invalid_arg(f"{_ONE_SOURCE} But set {' '.join(sources)}")
     if binary_size is not None:
         size = _non_negative_int(binary_size, f"'binary_data_size' of input '{name}'")
         return _BinaryInput(name, datatype, shape, parameters, reader.take(name, size))
@@ -446,7 +446,7 @@ def _decode_input(
     elif num_elements(shape) == 0:
         data = np.empty(shape, dtype=to_numpy_dtype(datatype))
     else:
-        raise invalid_arg(f"{_ONE_SOURCE} But no field is set for input '{name}'")
+        raise invalid_arg(f"{_ONE_SOURCE} But no field is set")
     return Tensor(name, datatype, shape, data, parameters)
 
 

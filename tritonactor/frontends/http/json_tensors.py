@@ -66,6 +66,9 @@ def _json_numbers(name: str, datatype: str, data: list[Any]) -> np.ndarray:
     allowed = "b" if datatype == "BOOL" else _FLOAT_KINDS
     if parsed.dtype.kind not in allowed:
         raise invalid_arg(f"'data' of input '{name}' must hold {datatype} values")
+    if dtype.itemsize < parsed.dtype.itemsize:
+        with np.errstate(over="ignore"):  # a value past FP32's range is its infinity, as in Triton
+            return parsed.astype(dtype, copy=False)
     return parsed.astype(dtype, copy=False)
 
 
