@@ -83,6 +83,34 @@ ensemble_scheduling {{
 }}
 """
 
+# A batching ensemble over steps that do not batch, and the other way round: as Triton's, the
+# ensemble drops a batch of 1 where a step does not batch and adds one where it does.
+BATCHED_OVER_UNBATCHED = PIPELINE.replace('"far_pipeline"', '"batched_pipeline"').replace(
+    "max_batch_size: 0", "max_batch_size: 8"
+)
+UNBATCHED_OVER_BATCHED = """
+name: "unbatched_add_sub"
+platform: "ensemble"
+max_batch_size: 0
+input [
+  { name: "X" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [
+  { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "PRODUCT" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+ensemble_scheduling { step [
+  { model_name: "onnx_add_sub_batched"
+    input_map [ { key: "INPUT0" value: "X" }, { key: "INPUT1" value: "Y" } ]
+    output_map [ { key: "OUTPUT0" value: "SUM" }, { key: "OUTPUT1" value: "difference" } ] },
+  { model_name: "multiply"
+    input_map [ { key: "A" value: "SUM" }, { key: "B" value: "difference" } ]
+    output_map { key: "PRODUCT" value: "PRODUCT" } }
+] }
+"""
+ENSEMBLES = ("far_pipeline", "batched_pipeline", "unbatched_add_sub")
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
@@ -96,12 +124,23 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         steps / "onnx_int_add_sub" / "1" / "model.onnx", "INT32", (1,), batch=False
     )
     write_config(steps / "onnx_int_add_sub", ADD_SUB_INT32)
+    onnx_models.add_sub_model(
+        steps / "onnx_add_sub_batched" / "1" / "model.onnx", "FP32", (4,), batch=True
+    )
+    write_config(
+        steps / "onnx_add_sub_batched",
+        ADD_SUB_FP32.replace('"onnx_add_sub"', '"onnx_add_sub_batched"').replace(
+            "max_batch_size: 0", "max_batch_size: 8"
+        ),
+    )
     for model in ("multiply", "repeat"):
         shutil.copytree(PYTHON_MODELS / model, steps / model)
     write_config(ensembles / "far_pipeline", PIPELINE)
+    write_config(ensembles / "batched_pipeline", BATCHED_OVER_UNBATCHED)
+    write_config(ensembles / "unbatched_add_sub", UNBATCHED_OVER_BATCHED)
     for name, limit in (("doubled_stream", 0), ("doubled_stream_limited", 2)):
         write_config(ensembles / name, STREAM.format(name=name, limit=limit))
-    for name in ("far_pipeline", "doubled_stream", "doubled_stream_limited"):
+    for name in (*ENSEMBLES, "doubled_stream", "doubled_stream_limited"):
         (ensembles / name / "1").mkdir()
     # The ensembles' repository first: nothing about the order may matter.
     server = start_server(
@@ -115,7 +154,8 @@ def test_every_model_of_both_repositories_is_ready(served: ServerProcess) -> Non
     index = httpx.post(f"{served.base}/v2/repository/index", json={}).json()
     states = {entry["name"]: (entry["state"], entry.get("reason", "")) for entry in index}
     assert set(states) == {
-        "far_pipeline",
+        *ENSEMBLES,
+        "onnx_add_sub_batched",
         "doubled_stream",
         "doubled_stream_limited",
         "onnx_add_sub",
@@ -136,6 +176,41 @@ def test_an_ensemble_runs_steps_of_another_repository(served: ServerProcess, mod
     tensors[1].set_data_from_numpy(y)
     result = client.infer("far_pipeline", tensors)
     np.testing.assert_allclose(result.as_numpy("RESULT"), (x + y) * (x - y))
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_batching_ensemble_over_steps_that_do_not_batch(
+    served: ServerProcess, module: type
+) -> None:
+    # The request's batch of 1 is dropped for the steps and given back to the answer.
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    y = np.full((1, 4), 2, dtype=np.float32)
+    client = module.InferenceServerClient(served.grpc_url if module is grpcclient else served.url)
+    result = client.infer("batched_pipeline", fp32_inputs(module, x, y))
+    np.testing.assert_array_equal(result.as_numpy("RESULT"), (x + y) * (x - y))
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_ensemble_that_does_not_batch_over_a_step_that_does(
+    served: ServerProcess, module: type
+) -> None:
+    # A batch of 1 is added for the batching step, and taken off again for the step that does
+    # not batch and for the ensemble's answer.
+    x = np.arange(4, dtype=np.float32)
+    y = np.full(4, 2, dtype=np.float32)
+    client = module.InferenceServerClient(served.grpc_url if module is grpcclient else served.url)
+    result = client.infer("unbatched_add_sub", fp32_inputs(module, x, y))
+    np.testing.assert_array_equal(result.as_numpy("SUM"), x + y)
+    np.testing.assert_array_equal(result.as_numpy("PRODUCT"), (x + y) * (x - y))
+
+
+def fp32_inputs(module: type, x: np.ndarray, y: np.ndarray) -> list:
+    tensors = []
+    for name, data in (("X", x), ("Y", y)):
+        tensor = module.InferInput(name, list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        tensors.append(tensor)
+    return tensors
 
 
 def stream(served: ServerProcess, model: str, values: list[int]) -> list[tuple[int, int]]:

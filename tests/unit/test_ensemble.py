@@ -26,7 +26,13 @@ from tritonactor.backends.base import (
     ModelContext,
     Result,
 )
-from tritonactor.backends.ensemble import EnsembleBackend, check_steps, plan_ensemble, plan_flow
+from tritonactor.backends.ensemble import (
+    EnsembleBackend,
+    batch_reshaped,
+    check_steps,
+    plan_ensemble,
+    plan_flow,
+)
 from tritonactor.backends.python import PythonBackend
 from tritonactor.config.model_config import ConfigError, parse_pbtxt
 from tritonactor.config.normalize import fill_defaults, instance_specs
@@ -1189,3 +1195,26 @@ async def test_once_a_step_fails_no_further_step_is_routed(
         collected = await stream(router, "streamed", list(range(300)))
         assert failed and len(collected.errors) == 1, collected.errors
         assert routed_after == []
+
+
+@pytest.mark.parametrize(
+    ("dims", "batching", "batch", "shape", "expected"),
+    [
+        ((4,), True, 0, (4,), (1, 4)),  # unbatched, fits: gains a batch of 1
+        ((-1,), True, 0, (3,), (1, 3)),
+        ((4,), True, 0, (2, 4), (2, 4)),  # does not fit: taken as batched already
+        ((4,), False, 1, (1, 4), (4,)),  # a batch of 1 that does not fit: loses it
+        ((-1, 4), False, 1, (1, 4), (1, 4)),  # fits as it is: kept
+        ((4,), False, 2, (2, 4), (2, 4)),  # a batch of 2 cannot be dropped
+        ((4,), True, 3, (3, 4), (3, 4)),  # both sides batch: nothing to convert
+        ((4,), False, 0, (4,), (4,)),  # neither does
+    ],
+)
+def test_a_tensor_is_reshaped_between_batching_and_not_as_triton_does(
+    dims: tuple[int, ...],
+    batching: bool,
+    batch: int,
+    shape: tuple[int, ...],
+    expected: tuple[int, ...],
+) -> None:
+    assert batch_reshaped(dims, batching, batch, shape) == expected

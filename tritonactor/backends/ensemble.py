@@ -42,6 +42,10 @@ class EnsemblePlan:
     # At most this many requests in flight at each step, over all the ensemble's requests
     # (0: no limit).
     max_inflight_requests: int = 0
+    # The ensemble's own batching, and its outputs' dims (without the batch dimension): what
+    # its answer's tensors are reshaped against (`batch_reshaped`).
+    max_batch_size: int = 0
+    output_dims: tuple[tuple[int, ...], ...] = ()
 
     @property
     def models(self) -> list[str]:
@@ -72,7 +76,33 @@ def plan_ensemble(config: ModelConfig) -> EnsemblePlan:
                 index, step.model_name, version, dict(step.input_map), dict(step.output_map)
             )
         )
-    return EnsemblePlan(name, inputs, outputs, tuple(steps), scheduling.max_inflight_requests)
+    return EnsemblePlan(
+        name,
+        inputs,
+        outputs,
+        tuple(steps),
+        scheduling.max_inflight_requests,
+        config.max_batch_size,
+        tuple(tuple(tensor.dims) for tensor in config.output),
+    )
+
+
+def batch_reshaped(
+    dims: tuple[int, ...], batching: bool, batch_size: int, shape: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The shape a tensor takes where it goes, as Triton's ensembles convert it between a side
+    that batches and one that does not: `dims` and `batching` are the receiving side's (a step
+    model's input, or the ensemble's output), `batch_size` the batch the tensor was made in (0:
+    by a side that does not batch). An unbatched tensor that fits `dims` gains a batch of 1; a
+    batch of 1 that does not fit `dims` loses its batch dimension; any other tensor is left as
+    it is (the model's validation says what is wrong with it)."""
+    if batching == (batch_size != 0):
+        return shape
+    if batching:
+        return (1, *shape) if _same_shape(dims, shape) else shape
+    if batch_size == 1 and not _same_shape(dims, shape):
+        return shape[1:]
+    return shape
 
 
 def needed_steps(plan: EnsemblePlan, outputs: Iterable[str]) -> frozenset[int]:

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from tritonactor.backends.ensemble import EnsembleFlow, EnsemblePlan, EnsembleStep, plan_flow
+from tritonactor.backends.ensemble import (
+    EnsembleFlow,
+    EnsemblePlan,
+    EnsembleStep,
+    batch_reshaped,
+    plan_flow,
+)
 from tritonactor.core.errors import TritonError, cancelled
 from tritonactor.core.types import (
     InferenceRequest,
@@ -47,6 +53,9 @@ class Routes:
     steps_of_stream: dict[int, tuple[EnsembleStep, ...]]
     # By step: the inputs its model declares optional.
     optional: tuple[frozenset[str], ...]
+    # By step: whether its model batches, and its inputs' dims (`batch_reshaped`).
+    batching: tuple[bool, ...]
+    input_dims: tuple[dict[str, tuple[int, ...]], ...]
 
 
 def routes_for(plan: EnsemblePlan, handles: tuple[ModelHandle, ...]) -> Routes:
@@ -58,7 +67,17 @@ def routes_for(plan: EnsemblePlan, handles: tuple[ModelHandle, ...]) -> Routes:
         frozenset(tensor.name for tensor in handle.config.input if tensor.optional)
         for handle in handles
     )
-    return Routes(handles, flow, {k: tuple(v) for k, v in steps_of_stream.items()}, optional)
+    return Routes(
+        handles,
+        flow,
+        {k: tuple(v) for k, v in steps_of_stream.items()},
+        optional,
+        tuple(handle.config.max_batch_size > 0 for handle in handles),
+        tuple(
+            {tensor.name: tuple(tensor.dims) for tensor in handle.config.input}
+            for handle in handles
+        ),
+    )
 
 
 def in_step(ensemble: str, step: EnsembleStep, error: TritonError) -> TritonError:
@@ -85,6 +104,9 @@ class Branch:
 
     stream: int
     tensors: dict[str, Resolved]
+    # The batch each tensor was made in (0: by a side that does not batch), as Triton keeps it
+    # to reshape the tensor where it goes (`batch_reshaped`).
+    batch: dict[str, int]
     started: set[int] = field(default_factory=set)
     answered: bool = False
 
@@ -112,7 +134,14 @@ class EnsembleRun:
         # How many responses of a decoupled step may wait before its model is held up.
         self.backlog = plan.max_inflight_requests
         given: dict[str, Resolved] = {tensor.name: tensor for tensor in request.inputs}
-        self.root = Branch(0, {name: given.get(name) for name in plan.inputs})
+        # The request's batch (0 where the ensemble does not batch): its signature checked
+        # that every input has it.
+        batch = request.inputs[0].shape[0] if plan.max_batch_size and request.inputs else 0
+        self.batching = plan.max_batch_size > 0
+        self.output_dims = dict(zip(plan.outputs, plan.output_dims, strict=True))
+        self.root = Branch(
+            0, {name: given.get(name) for name in plan.inputs}, dict.fromkeys(plan.inputs, batch)
+        )
         self.response: InferenceResponse | None = None  # when the outputs are in stream 0
         # perf_counter_ns: when the first steps started, and when the last answer was ready.
         self.began_ns = 0
@@ -203,7 +232,11 @@ class EnsembleRun:
         branch.answered = True
         request = self.request
         # A requested output that no step produced is left out, as Triton does.
-        outputs = [tensor for name in self.output_names if (tensor := tensors[name]) is not None]
+        outputs = [
+            self._reshaped(tensor, self.output_dims[name], self.batching, branch.batch[name])
+            for name in self.output_names
+            if (tensor := tensors[name]) is not None
+        ]
         response = InferenceResponse(
             self.name,
             str(request.resolved_version),
@@ -234,13 +267,15 @@ class EnsembleRun:
                 async with _holding(slot, task_status):
                     await self._stream_step(step, branch)
                 return
+            request, batch = self._step_request(step, branch)
             if slot is None:  # (no slot to hold: spares the context manager, a step's most)
                 task_status.started()
-                response = await self.router.infer(self._step_request(step, branch))
+                response = await self.router.infer(request)
             else:
                 async with _holding(slot, task_status):
-                    response = await self.router.infer(self._step_request(step, branch))
+                    response = await self.router.infer(request)
             branch.tensors.update(_mapped(step, response))
+            branch.batch.update(dict.fromkeys(step.outputs.values(), batch))
             await self._start_ready(branch, depth=depth)
         except TritonError as error:
             self._fail(in_step(self.name, step, error))
@@ -248,7 +283,8 @@ class EnsembleRun:
     async def _stream_step(self, step: EnsembleStep, branch: Branch) -> None:
         """A decoupled step: each of its responses is a new branch of the stream it opens."""
         stream = ResponseStream(self.backlog, self.request)
-        request = self._step_request(step, branch)
+        request, batch = self._step_request(step, branch)
+        batches = dict.fromkeys(step.outputs.values(), batch)
         request.sender = stream.sender
         try:
             reply = self.router.submit(request)
@@ -260,20 +296,31 @@ class EnsembleRun:
                     if self.request.cancelled:
                         self._fail(cancelled(f"request for ensemble '{self.name}' was cancelled"))
                         return
-                    opened = Branch(self.routes.flow.opens[step.index], _mapped(step, response))
+                    opened = Branch(
+                        self.routes.flow.opens[step.index], _mapped(step, response), dict(batches)
+                    )
                     await self._start_ready(opened, run_here=False)
         finally:
             stream.close()
             if not stream.sender.finished:
                 request.cancel()  # the ensemble gave up on it: the model may stop early
 
-    def _step_request(self, step: EnsembleStep, branch: Branch) -> InferenceRequest:
+    def _step_request(self, step: EnsembleStep, branch: Branch) -> tuple[InferenceRequest, int]:
+        """The step's request, and the batch its outputs will be made in (0: its model does
+        not batch)."""
         inputs = []
+        batching = self.routes.batching[step.index]
+        dims = self.routes.input_dims[step.index]
         for model_input, tensor_name in step.inputs.items():
             tensor = branch.tensors[tensor_name]
             if tensor is not None:
-                inputs.append(Tensor(model_input, tensor.datatype, tensor.shape, tensor.data))
-        return InferenceRequest(
+                inputs.append(
+                    self._reshaped(
+                        tensor, dims[model_input], batching, branch.batch[tensor_name], model_input
+                    )
+                )
+        batch = inputs[0].shape[0] if batching and inputs and inputs[0].shape else 0
+        request = InferenceRequest(
             step.model_name,
             step.model_version,
             self.request.id,
@@ -286,6 +333,22 @@ class EnsembleRun:
             # steps running side by side keep their own queue times.
             trace=None if self.request.trace is None else self.request.trace.child(),
         )
+        return request, batch
+
+    @staticmethod
+    def _reshaped(
+        tensor: Tensor, dims: tuple[int, ...], batching: bool, batch: int, name: str | None = None
+    ) -> Tensor:
+        """`tensor` as it goes to a side with `dims` and `batching` (`batch_reshaped`),
+        renamed `name` if given."""
+        shape = tensor.shape
+        if batching != (batch != 0):  # (else nothing to convert: the common case)
+            shape = batch_reshaped(dims, batching, batch, shape)
+        if shape == tensor.shape:
+            if name is None:
+                return tensor
+            return Tensor(name, tensor.datatype, shape, tensor.data)
+        return Tensor(name or tensor.name, tensor.datatype, shape, tensor.data.reshape(shape))
 
 
 def _mapped(step: EnsembleStep, response: InferenceResponse) -> dict[str, Resolved]:
