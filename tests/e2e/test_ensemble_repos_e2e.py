@@ -110,6 +110,7 @@ ensemble_scheduling { step [
 ] }
 """
 ENSEMBLES = ("far_pipeline", "batched_pipeline", "unbatched_add_sub")
+STREAMS = ("doubled_stream", "doubled_stream_limited", "doubled_stream_last")
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +136,25 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     )
     for model in ("multiply", "repeat"):
         shutil.copytree(PYTHON_MODELS / model, steps / model)
+    # `repeat` that sends its final flag with its last response.
+    shutil.copytree(PYTHON_MODELS / "repeat", steps / "repeat_last")
+    write_config(
+        steps / "repeat_last",
+        (PYTHON_MODELS / "repeat" / "config.pbtxt").read_text().replace('"repeat"', '"repeat_last"')
+        + 'parameters { key: "final_with_last" value { string_value: "true" } }\n',
+    )
     write_config(ensembles / "far_pipeline", PIPELINE)
     write_config(ensembles / "batched_pipeline", BATCHED_OVER_UNBATCHED)
     write_config(ensembles / "unbatched_add_sub", UNBATCHED_OVER_BATCHED)
     for name, limit in (("doubled_stream", 0), ("doubled_stream_limited", 2)):
         write_config(ensembles / name, STREAM.format(name=name, limit=limit))
-    for name in (*ENSEMBLES, "doubled_stream", "doubled_stream_limited"):
+    write_config(
+        ensembles / "doubled_stream_last",
+        STREAM.format(name="doubled_stream_last", limit=0).replace(
+            'model_name: "repeat"', 'model_name: "repeat_last"'
+        ),
+    )
+    for name in (*ENSEMBLES, *STREAMS):
         (ensembles / name / "1").mkdir()
     # The ensembles' repository first: nothing about the order may matter.
     server = start_server(
@@ -155,9 +169,9 @@ def test_every_model_of_both_repositories_is_ready(served: ServerProcess) -> Non
     states = {entry["name"]: (entry["state"], entry.get("reason", "")) for entry in index}
     assert set(states) == {
         *ENSEMBLES,
+        *STREAMS,
         "onnx_add_sub_batched",
-        "doubled_stream",
-        "doubled_stream_limited",
+        "repeat_last",
         "onnx_add_sub",
         "onnx_int_add_sub",
         "multiply",
@@ -239,6 +253,43 @@ def stream(served: ServerProcess, model: str, values: list[int]) -> list[tuple[i
                 )
             if response.parameters["triton_final_response"].bool_param:
                 return seen
+    finally:
+        client.stop_stream()
+
+
+@pytest.mark.parametrize("empty_final", [False, True], ids=["plain", "empty-final-asked"])
+def test_the_last_response_is_final_when_the_step_ended_with_it(
+    served: ServerProcess, empty_final: bool
+) -> None:
+    # As Triton's: the decoupled step sent its final flag with its last response, so the
+    # ensemble's answer made from it is the last, and says so; no empty final follows it.
+    client = grpcclient.InferenceServerClient(served.grpc_url)
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+
+    def ask(request_id: str, values: list[int]) -> list[tuple[str, int, bool]]:
+        tensor = grpcclient.InferInput("IN", [len(values)], "INT32")
+        tensor.set_data_from_numpy(np.array(values, dtype=np.int32))
+        client.async_stream_infer(
+            "doubled_stream_last",
+            [tensor],
+            request_id=request_id,
+            enable_empty_final_response=empty_final,
+        )
+        seen = []
+        while True:
+            result, error = answers.get(timeout=30)
+            assert error is None, str(error)
+            response = result.get_response()  # type: ignore[attr-defined]
+            final = response.parameters["triton_final_response"].bool_param
+            seen.append((response.id, len(response.outputs), final))
+            if final:
+                return seen
+
+    try:
+        assert ask("s1", [7, 8, 9]) == [("s1", 2, False), ("s1", 2, False), ("s1", 2, True)]
+        # The next message on the stream is the next request's: no empty final came for s1.
+        assert ask("s2", [1]) == [("s2", 2, True)]
     finally:
         client.stop_stream()
 

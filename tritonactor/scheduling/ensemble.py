@@ -177,7 +177,8 @@ def _answer(name: str, item: Infer, run: EnsembleRun) -> None:
     sender = request.sender
     if run.routes.flow.output_stream:
         assert sender is not None
-        sender.send(final=True)  # its responses went out as they came
+        if not sender.finished:  # its last response was not made with nothing left to run
+            sender.send(final=True)  # (its responses went out as they came)
         item.reply.set(None)  # type: ignore[arg-type]
         return
     if run.response is None:  # every needed step ran or was skipped: not expected

@@ -148,6 +148,10 @@ class EnsembleRun:
         self.finished_ns = 0
         self._failure: TritonError | None = None
         self._group: TaskGroup | None = None
+        # Steps started and not yet done (a decoupled one is done with its final response): a
+        # streamed answer made when none is left is the last, and carries the final flag, as
+        # Triton's does.
+        self._running = 0
 
     async def execute(self) -> None:
         self.began_ns = time.perf_counter_ns()
@@ -199,6 +203,7 @@ class EnsembleRun:
                     continue
                 slot = self.slots[step.index]
                 starting += 1
+                self._running += 1
                 if slot is None and run_here and starting == 1:
                     here = step  # run here, unless another step starts too
                     continue
@@ -248,7 +253,7 @@ class EnsembleRun:
             self.response = response
         else:
             assert request.sender is not None
-            request.sender.send(response)
+            request.sender.send(response, final=self._running == 0)
 
     async def _run_step(
         self,
@@ -276,6 +281,7 @@ class EnsembleRun:
                     response = await self.router.infer(request)
             branch.tensors.update(_mapped(step, response))
             branch.batch.update(dict.fromkeys(step.outputs.values(), batch))
+            self._running -= 1
             await self._start_ready(branch, depth=depth)
         except TritonError as error:
             self._fail(in_step(self.name, step, error))
@@ -286,6 +292,7 @@ class EnsembleRun:
         request, batch = self._step_request(step, branch)
         batches = dict.fromkeys(step.outputs.values(), batch)
         request.sender = stream.sender
+        running = True
         try:
             reply = self.router.submit(request)
             reply.add_done_callback(stream.execute_over)
@@ -296,11 +303,16 @@ class EnsembleRun:
                     if self.request.cancelled:
                         self._fail(cancelled(f"request for ensemble '{self.name}' was cancelled"))
                         return
+                    if stream.ended:  # its final response: the step is done
+                        running = False
+                        self._running -= 1
                     opened = Branch(
                         self.routes.flow.opens[step.index], _mapped(step, response), dict(batches)
                     )
                     await self._start_ready(opened, run_here=False)
         finally:
+            if running:
+                self._running -= 1
             stream.close()
             if not stream.sender.finished:
                 request.cancel()  # the ensemble gave up on it: the model may stop early

@@ -32,6 +32,8 @@ class ResponseStream:
         self._waiting = 0
         self._closed = False
         self._loop_thread = threading.get_ident()
+        # Whether the response `responses` gave last came with the final flag.
+        self.ended = False
         self._put_from_thread = on_loop(self._put)
         self.sender = StepSender(self._deliver, ensemble_request, holds_up=capacity > 0)
 
@@ -74,6 +76,7 @@ class ResponseStream:
                 self._room.notify()
             if error is not None:
                 raise error
+            self.ended = final
             if response is not None:
                 yield response
             if final:

@@ -1,6 +1,8 @@
-"""A decoupled model: one response per element of IN, then a bare final flag. The responses are
-sent from a thread after execute() has returned, as decoupled models may."""
+"""A decoupled model: one response per element of IN, then a bare final flag (with the config
+parameter `final_with_last` "true": the final flag comes with the last response). The responses
+are sent from a thread after execute() has returned, as decoupled models may."""
 
+import json
 import threading
 
 import numpy as np
@@ -10,6 +12,9 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         self.threads = []
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        setting = parameters.get("final_with_last", {}).get("string_value", "")
+        self.final_with_last = setting == "true"
 
     def execute(self, requests):
         for request in requests:
@@ -21,11 +26,16 @@ class TritonPythonModel:
         return None
 
     def answer(self, values, sender):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for index, value in enumerate(values):
             out = pb_utils.Tensor("OUT", np.array([value], dtype=np.int32))
             idx = pb_utils.Tensor("IDX", np.array([index], dtype=np.uint32))
-            sender.send(pb_utils.InferenceResponse(output_tensors=[out, idx]))
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            last = self.final_with_last and index == len(values) - 1
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=[out, idx]), flags=final if last else 0
+            )
+        if not (self.final_with_last and len(values)):
+            sender.send(flags=final)
 
     def finalize(self):
         for thread in self.threads:
