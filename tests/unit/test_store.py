@@ -86,8 +86,9 @@ def test_settings_read_urls_beside_folders(tmp_path: Path) -> None:
     assert settings.local_repositories() == (tmp_path,)
     kind = OPTIONS["model_repositories"].kind
     assert kind.parse(kind.format(settings.model_repositories)) == settings.model_repositories
-    with pytest.raises(SettingsError, match="lists a repository twice"):
-        Settings(model_repositories="s3://bucket/repo,s3://bucket/repo/")
+    twice = Settings(model_repositories=f"s3://bucket/repo,{tmp_path},s3://bucket/repo/")
+    assert twice.store_repositories() == (StoreLocation("s3", "bucket", "repo"),)
+    assert twice.local_repositories() == (tmp_path,)
     with pytest.raises(SettingsError, match="TRITONACTOR_MODEL_REPOSITORY='gcs://b/x'"):
         Settings(model_repositories="gcs://b/x")
 

@@ -40,12 +40,15 @@ def index(state: ev.State, away: Collection[tuple[str, int]] = ()) -> list[Index
 
 
 def ready(state: ev.State) -> bool:
-    """Strict readiness, Triton's default: every model that should be loaded is, and every
-    version it should serve is READY (versions unloaded on purpose do not count)."""
+    """Strict readiness, Triton's default: every version a model that should be loaded should
+    serve is READY (versions unloaded on purpose do not count). A model that failed before any
+    version was tried (a config that does not parse, a name in two repositories, a name no
+    repository holds) has no version to wait for: as in Triton, it does not hold readiness
+    back; one a restart could not restore does, until the API settles it (`unrestored`)."""
     for status in state.values():
         if not status.wanted:
             continue
-        if status.state is not None:
+        if status.state is not None and status.unsure:
             return False
         for version in status.versions.values():
             if not version.unloaded and version.state != ev.VersionState.READY:

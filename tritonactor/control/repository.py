@@ -93,7 +93,7 @@ def scan_repositories(repositories: Sequence[Path]) -> dict[str, ModelSource]:
     for repository in _unique_repositories(repositories):
         for model_dir in model_folders(repository):
             found.setdefault(model_dir.name, []).append(_scan_model(repository, model_dir))
-    return {name: _resolve_duplicates(name, found[name]) for name in sorted(found)}
+    return {name: _resolve_duplicates(found[name]) for name in sorted(found)}
 
 
 def _unique_repositories(repositories: Sequence[Path]) -> list[Path]:
@@ -175,15 +175,14 @@ def _version_number(folder_name: str) -> int | None:
     return number if number <= _MAX_VERSION else None
 
 
-def _resolve_duplicates(name: str, sources: list[ModelSource]) -> ModelSource:
+def _resolve_duplicates(sources: list[ModelSource]) -> ModelSource:
     # Triton serves none of the copies: the name is ambiguous, so the model is unavailable until
     # all but one copy is removed. The first copy stands in so callers know where to point.
     first = sources[0]
     if len(sources) == 1:
         return first
-    places = ", ".join(str(source.repository) for source in sources)
-    message = f"model '{name}' appears in more than one model repository: {places}"
-    return replace(first, config=None, error=message)
+    # Triton's words (the copies are where `TRITONACTOR_MODEL_REPOSITORY` points).
+    return replace(first, config=None, error="model appears in two or more repositories")
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

@@ -222,16 +222,17 @@ class Settings(ServedSettings, TritonOnlySettings):
                 raise _error("model_repositories", str(path), "does not exist")
             if not path.is_dir():
                 raise _error("model_repositories", str(path), "is not a directory")
-        resolved = [
-            path if isinstance(path, StoreLocation) else path.resolve()
-            for path in self.model_repositories
-        ]
-        if len(set(resolved)) != len(resolved):
-            raise _error(
-                "model_repositories",
-                self._text("model_repositories"),
-                "lists a repository twice: every model would be found twice",
-            )
+        # A repository listed twice (the same folder or store however spelled) counts once:
+        # Triton serves a path given twice once too.
+        seen: set[Path | StoreLocation] = set()
+        unique = []
+        for path in self.model_repositories:
+            key = path if isinstance(path, StoreLocation) else path.resolve()
+            if key not in seen:
+                seen.add(key)
+                unique.append(path)
+        if len(unique) != len(self.model_repositories):
+            self.__dict__["model_repositories"] = tuple(unique)
 
     def _check_response_cache(self) -> None:
         if self.response_cache_byte_size is not None and self.cache_config:
