@@ -6,6 +6,7 @@ asserted is the order and shape of batches, not how long anything took."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -137,6 +138,8 @@ async def serve(
     count: int = 1,
 ) -> tuple[Router, ModelVersionActor]:
     text = CONFIG.format(max_batch_size=max_batch_size, count=count, batching=batching_config)
+    if not max_batch_size:  # no batch dimension: the requests' two dims are the model's
+        text = text.replace("dims: [ -1 ]", "dims: [ -1, -1 ]")
     config = fill_defaults(parse_pbtxt(text), gpus=0)
     ctx = ModelContext("batched", 1, config, Path("."), Path("1"), Path("1/model"))
     actor = ModelVersionActor(backend, ctx)
@@ -174,11 +177,12 @@ async def answers(replies: list[Reply[InferenceResponse]]) -> list[InferenceResp
         return [await reply.wait() for reply in replies]
 
 
-async def test_the_factory_picks_the_batcher_only_for_a_batching_model() -> None:
+async def test_the_factory_picks_the_batcher_for_a_model_that_asks_for_it() -> None:
     text = CONFIG.format(max_batch_size=4, count=1, batching="")
     assert isinstance(scheduler_for(parse_pbtxt(text)), DynamicBatcher)
+    # Without batching too, as in Triton: its queue policies and priorities apply.
     no_batch = CONFIG.format(max_batch_size=0, count=1, batching="")
-    assert not isinstance(scheduler_for(parse_pbtxt(no_batch)), DynamicBatcher)
+    assert isinstance(scheduler_for(parse_pbtxt(no_batch)), DynamicBatcher)
     plain = text.replace("dynamic_batching {  }", "")
     assert "dynamic_batching" not in plain
     assert not isinstance(scheduler_for(parse_pbtxt(plain)), DynamicBatcher)
@@ -227,18 +231,43 @@ async def test_no_batch_exceeds_max_batch_size_and_zero_delay_sends_what_is_ther
     assert sum(backend.sizes) == 1 + sum(1 + i % 3 for i in range(10))
 
 
-async def test_preferred_sizes_cap_and_cut_batches(system: ActorSystem) -> None:
+async def test_a_preferred_size_goes_while_the_delay_runs(system: ActorSystem) -> None:
     backend = RecordingBackend()
-    config = "preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 20000"
+    # (1 is preferred too, so that the blocker goes at once.)
+    config = "preferred_batch_size: [ 1, 2, 4 ] max_queue_delay_microseconds: 60000000"
     router, _ = await serve(system, backend, config, max_batch_size=8)
     blocker = await occupy(router, backend)
-    replies = [router.submit(request(i)) for i in range(7)]
+    replies = [router.submit(request(i)) for i in range(6)]
     backend.gate.set()
     await answers([blocker, *replies])
-    # 4 is the largest preferred size (never 7 or 8); of the 3 left once the delay ran out,
-    # the longest preferred prefix (2) goes first, then the last one.
-    assert backend.sizes == [1, 4, 2, 1]
-    assert backend.executed == ["blocker", *[str(i) for i in range(7)]]
+    # Triton's rule: the longest prefix of a preferred size goes at once (4, then the 2 left),
+    # the minute-long delay notwithstanding.
+    assert backend.sizes == [1, 4, 2]
+    assert backend.executed == ["blocker", *[str(i) for i in range(6)]]
+
+
+async def test_an_idle_model_runs_a_preferred_batch_at_once(system: ActorSystem) -> None:
+    backend = RecordingBackend()
+    config = "preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 60000000"
+    router, _ = await serve(system, backend, config, max_batch_size=8)
+    backend.gate.set()
+    # The first waits (no preferred size yet); the second makes 2, and both go.
+    await answers([router.submit(request(i)) for i in range(2)])
+    assert backend.sizes == [2]
+
+
+async def test_past_the_delay_a_batch_grows_to_max_batch_size(system: ActorSystem) -> None:
+    backend = RecordingBackend()
+    config = "preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 1"
+    router, _ = await serve(system, backend, config, max_batch_size=8)
+    blocker = await occupy(router, backend)
+    replies = [router.submit(request(i)) for i in range(10)]
+    backend.gate.set()
+    await answers([blocker, *replies])
+    # Triton's rule: once the delay ran out, what is queued goes up to max_batch_size, past
+    # the largest preferred size (it was held to 4).
+    assert backend.sizes[:2] == [1, 8]
+    assert sum(backend.sizes) == 11
 
 
 async def test_a_batch_ends_where_the_next_request_has_another_shape(
@@ -287,10 +316,12 @@ async def test_a_waiting_batch_is_sent_at_once_when_a_request_that_cannot_join_c
     }
 
 
-async def test_priorities_reorder_a_backlog(system: ActorSystem) -> None:
+@pytest.mark.parametrize("max_batch_size", [1, 0])
+async def test_priorities_reorder_a_backlog(system: ActorSystem, max_batch_size: int) -> None:
+    # (A model that does not batch has the batcher's priorities too, as in Triton.)
     backend = RecordingBackend()
     config = "priority_levels: 3 default_priority_level: 2"
-    router, _ = await serve(system, backend, config, max_batch_size=1)
+    router, _ = await serve(system, backend, config, max_batch_size=max_batch_size)
     blocker = await occupy(router, backend)
     priorities = {"a": 3, "b": 0, "c": 1, "d": 2, "e": 1, "f": 7, "g": 3}
     replies = [router.submit(request(1, name, priority=p)) for name, p in priorities.items()]
@@ -308,10 +339,11 @@ async def test_a_bad_priority_is_an_invalid_argument(system: ActorSystem) -> Non
     assert caught.value.code is ErrorCode.INVALID_ARG
 
 
-async def test_a_full_queue_rejects_at_once(system: ActorSystem) -> None:
+@pytest.mark.parametrize("max_batch_size", [1, 0])
+async def test_a_full_queue_rejects_at_once(system: ActorSystem, max_batch_size: int) -> None:
     backend = RecordingBackend()
     config = "default_queue_policy { max_queue_size: 2 }"
-    router, _ = await serve(system, backend, config, max_batch_size=1)
+    router, _ = await serve(system, backend, config, max_batch_size=max_batch_size)
     blocker = await occupy(router, backend)
     queued = [router.submit(request(i)) for i in range(2)]
     rejected = router.submit(request(9, "over"))
@@ -323,6 +355,10 @@ async def test_a_full_queue_rejects_at_once(system: ActorSystem) -> None:
     assert caught.value.refused
     backend.gate.set()
     await answers([blocker, *queued])
+    # Given back unrun: as in Triton, no failure counts it (statistics nor metrics).
+    statistics = router.resolve("batched", "").statistics
+    assert statistics.fail.count == 0
+    assert sum(statistics.failures().values()) == 0
     assert "over" not in backend.executed
 
 
@@ -343,6 +379,22 @@ async def test_a_request_past_its_timeout_is_rejected(system: ActorSystem) -> No
     backend.gate.set()
     await answers([blocker, patient])
     assert backend.executed == ["blocker", "patient"]
+
+
+async def test_without_a_default_timeout_a_requests_own_is_ignored(system: ActorSystem) -> None:
+    # Triton 2.51: an override may only shorten the default, and 0 is no timeout to shorten.
+    backend = RecordingBackend()
+    config = "default_queue_policy { timeout_action: REJECT allow_timeout_override: true }"
+    router, actor = await serve(system, backend, config, max_batch_size=1)
+    blocker = await occupy(router, backend)
+    asked = router.submit(request(1, "asked", timeout=1000))
+    batcher = batcher_of(actor)
+    await until(lambda: batcher.queue_depth == 1)
+    (entry,) = (entry for level in batcher._levels for entry in level.waiting())
+    assert entry.deadline == math.inf
+    backend.gate.set()
+    await answers([blocker, asked])
+    assert backend.executed == ["blocker", "asked"]
 
 
 async def test_a_delayed_request_yields_to_those_in_time(system: ActorSystem) -> None:

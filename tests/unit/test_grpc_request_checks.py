@@ -119,7 +119,7 @@ def test_the_request_parameters_are_told_before_its_inputs() -> None:
     """A request wrong in a parameter and in an input is told of the parameter, as Triton
     reads a request's own settings before its tensors."""
     message = _request()  # (no raw contents: its input has no data)
-    assert "input byte size mismatch for input 'INPUT0'" in _refused(message)
+    assert "unable to find data for input tensor 'INPUT0'" in _refused(message)
     message.parameters["triton_foo"].bool_param = True
     assert _refused(message) == RESERVED_WORDS
     message = _raw(_request(count=3))  # its data does not fit its shape

@@ -80,11 +80,14 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
     def __init__(self, name: str, config: ModelConfig) -> None:
         super().__init__(name)
         batching = config.dynamic_batching
-        assert batching is not None and config.max_batch_size > 0
-        self._max_batch_size = config.max_batch_size
+        assert batching is not None
+        # A model that does not batch (max_batch_size 0) still has the batcher's queues, its
+        # priorities and policies, as in Triton: each request is a batch of its own.
+        self._batching = config.max_batch_size > 0
+        self._max_batch_size = max(1, config.max_batch_size)
         self._preferred = {s for s in batching.preferred_batch_size if s <= config.max_batch_size}
-        # Triton never grows a batch past the largest preferred size.
-        self._cap = max(self._preferred) if self._preferred else self._max_batch_size
+        # (0 without preferred sizes: each request is a batch of its own, as in Triton.)
+        self._max_preferred = max(self._preferred, default=0)
         self._delay = batching.max_queue_delay_microseconds / 1e6
         self._levels_count = batching.priority_levels
         if self._levels_count:
@@ -141,7 +144,8 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
             return
         now = self.now()
         deadline = now + timeout if timeout else math.inf
-        entry = _Waiting(item, level - 1, batch_size(request), shape_key(request), now, deadline)
+        size = batch_size(request) if self._batching else 1
+        entry = _Waiting(item, level - 1, size, shape_key(request), now, deadline)
         queue.queue.append(entry)
         queue.count += 1
         if timeout:
@@ -164,7 +168,7 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
     def _timeout_of(request: InferenceRequest, level: _Level) -> float:
         """Seconds the request may wait before its timeout action (0: no timeout). A request's
         own `timeout` (microseconds) counts only where the policy allows it, and may only
-        shorten the default."""
+        shorten the default: with no default timeout there is none to shorten (Triton 2.51)."""
         timeout = level.default_timeout
         value = request.parameters.get("timeout")
         if value is not None and level.override:
@@ -173,7 +177,7 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
                     f"[request id: {request.id or '<id_unknown>'}] parameter 'timeout' must be "
                     f"an unsigned integer of microseconds, not {value!r}"
                 )
-            if value and (not timeout or value < timeout):
+            if value and value < timeout:
                 timeout = value
         return timeout / 1e6
 
@@ -203,45 +207,45 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
 
     def _next_batch(self, now: float) -> tuple[list[_Waiting] | None, float | None]:
         """The batch to send now, or None and when to look again (None: when something
-        arrives). Requests are taken in service order while they fit; the batch is complete
-        (sent now) when the next one cannot join it: too big, or of another shape (Triton's
-        rule: a request that cannot join is never overtaken by later ones that could)."""
+        arrives), by Triton's rules. Requests are taken in service order while they fit
+        `max_batch_size` and share the first one's shape (a request that cannot join is never
+        overtaken by later ones that could). While the queue delay runs, the longest prefix
+        whose size is a preferred size goes at once (or, when the requests outgrow the largest
+        preferred size before one was reached, those before that); once the delay has run
+        out, or when the batch can grow no more, all of it goes."""
         batch: list[_Waiting] = []
         total = 0
-        preferred = 0  # the length of the longest prefix whose size is a preferred size
+        best = 0  # the length of the prefix to send while the delay runs (0: none yet)
         full = False
         dropped: list[_Waiting] = []
+        limit, largest, preferred = self._max_batch_size, self._max_preferred, self._preferred
         for entry in self._in_order():
             if entry.item.request.cancelled:
                 dropped.append(entry)
                 continue
-            if batch and entry.shape != batch[0].shape:
-                full = True
-                break
-            if total + entry.size > self._cap:
-                if not batch:  # bigger than the largest preferred size: it goes alone
-                    batch.append(entry)
-                full = True
-                break
+            if batch:
+                grown = total + entry.size
+                if grown > largest and not best:
+                    best = len(batch)
+                if grown > limit or entry.shape != batch[0].shape:
+                    full = True
+                    break
             batch.append(entry)
             total += entry.size
-            if total in self._preferred:
-                preferred = len(batch)
-            if total >= self._cap:
-                full = True
-                break
+            if total in preferred:
+                best = len(batch)
         for entry in dropped:
             # The client gave up while the request waited: run nothing for nobody.
             self._leave(entry)
             entry.item.reply.fail(cancelled(f"request for model '{self.name}' was cancelled"))
         if not batch:
             return None, None
-        if full:
+        due = min(entry.arrived for entry in batch) + self._delay
+        if best and not (self._delay and now >= due):
+            return batch[:best], None
+        if full or total >= largest or now >= due:
             return batch, None
-        oldest = min(entry.arrived for entry in batch)
-        if now >= oldest + self._delay:
-            return (batch[:preferred] if preferred else batch), None
-        return None, oldest + self._delay
+        return None, due
 
     def _in_order(self) -> Iterator[_Waiting]:
         # (Iterated in C: a generator's frame resumed per waiting request cost two calls a

@@ -20,15 +20,15 @@ def scheduler_for(
 ) -> Actor[Any]:
     """The ensemble scheduler for an ensemble (its steps go through `infer`, the router's);
     the sequence batcher for a stateful model (`sequence_batching`; it reads implicit state's
-    `initial_state/` files from `model_dir`); the dynamic batcher for a batching model that
-    asks for it; else the default scheduler: one request per execute, on whichever instance
-    is idle."""
+    `initial_state/` files from `model_dir`); the dynamic batcher for a model that asks for it
+    (one that does not batch too, for its queues' priorities and policies, as in Triton); else
+    the default scheduler: one request per execute, on whichever instance is idle."""
     if config.ensemble_scheduling is not None:
         if infer is None:
             raise unavailable(f"ensemble '{config.name}' needs the router to run its steps")
         return EnsembleScheduler(config.name, config, infer)
     if config.sequence_batching is not None:
         return SequenceBatcher(config.name, config, model_dir)
-    if config.dynamic_batching is not None and config.max_batch_size > 0:
+    if config.dynamic_batching is not None:  # (max_batch_size 0 too: its queue policies)
         return DynamicBatcher(config.name, config)
     return DefaultScheduler(config.name)

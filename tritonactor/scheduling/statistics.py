@@ -203,11 +203,15 @@ class VersionStatistics:
     def request_done(self, arrival_ns: int, reply: Reply[Any]) -> None:
         """A request routed to this version (at `arrival_ns`) has its answer. A failure counts
         here, whether an execute or a scheduler failed it (`fail`, and by its reason, which
-        the metrics read): one count for both, as Triton's statistics and metrics have."""
+        the metrics read): one count for both, as Triton's statistics and metrics have. One its
+        scheduler refused as it arrived (a full queue, a sequence control it cannot take)
+        counts in neither, as in Triton, which gives such a request back unrun."""
         self.pending -= 1
         try:
             reply.result()
         except BaseException as error:  # the stored answer, not an exception raised here
+            if getattr(error, "refused", False):
+                return
             self._failed[failure_reason(error)] += 1
             self.fail.add(time.perf_counter_ns() - arrival_ns, 1)
 
