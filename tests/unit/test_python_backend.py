@@ -484,9 +484,36 @@ def test_auto_complete_config(backend: PythonBackend) -> None:
 
 
 def test_auto_complete_conflict_fails(backend: PythonBackend) -> None:
+    # Triton's rule: the model may raise the config's max_batch_size (2 becomes 4), not lower
+    # it (8 stays, and the load fails in Triton's words).
     config = parse_pbtxt('name: "autocomplete"\nbackend: "python"\nmax_batch_size: 2\n')
-    with pytest.raises(TritonError, match="max_batch_size"):
+    raised = backend.auto_complete_config(config, MODELS / "autocomplete" / "1")
+    assert raised.max_batch_size == 4
+    config = parse_pbtxt('name: "autocomplete"\nbackend: "python"\nmax_batch_size: 8\n')
+    with pytest.raises(TritonError) as caught:
         backend.auto_complete_config(config, MODELS / "autocomplete" / "1")
+    assert (
+        "configuration specified max_batch_size 8, but in auto-complete-config function for "
+        "model 'autocomplete' specified max_batch_size 4" in caught.value.message
+    )
+
+
+def test_auto_complete_must_return_the_config(backend: PythonBackend, tmp_path: Path) -> None:
+    model = tmp_path / "returns_none"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    @staticmethod\n"
+        "    def auto_complete_config(config):\n"
+        "        config.set_max_batch_size(2)\n"
+    )
+    config = parse_pbtxt('name: "returns_none"\nbackend: "python"\n')
+    with pytest.raises(TritonError) as caught:
+        backend.auto_complete_config(config, model / "1")
+    assert (
+        "auto_complete_config function in model 'returns_none' must return a valid "
+        "pb.ModelConfig object." in caught.value.message
+    )
 
 
 def test_execution_env_path(tmp_path: Path) -> None:

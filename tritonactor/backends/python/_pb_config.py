@@ -65,31 +65,53 @@ class ModelConfig:
     def as_dict(self) -> dict[str, Any]:
         return self._config
 
+    @property
+    def _name(self) -> str:
+        return str(self._config.get("name", ""))
+
     def set_max_batch_size(self, max_batch_size: int) -> None:
-        if max_batch_size < 0:
-            raise ValueError("max_batch_size must be >= 0")
+        """Raise the config's max_batch_size to `max_batch_size`; a config that gives a larger
+        one refuses it (Triton's rule and words)."""
         current = int(self._config.get("max_batch_size", 0) or 0)
-        if current not in (0, max_batch_size):
+        if current > max_batch_size:
             raise ValueError(
                 f"configuration specified max_batch_size {current}, but in auto-complete-config "
-                f"function for model '{self._config.get('name', '')}' specified "
-                f"max_batch_size {max_batch_size}"
+                f"function for model '{self._name}' specified max_batch_size {max_batch_size}"
             )
         self._config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self) -> None:
-        if not self._config.get("dynamic_batching"):
-            self._config["dynamic_batching"] = {}
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{scheduler}', but "
+                    f"auto-complete-config function for model '{self._name}' tries to set "
+                    "scheduling_choice as 'dynamic_batching'"
+                )
+        self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        if any(key != "decoupled" for key in transaction_policy_dict):
+            raise ValueError(
+                "model transaction property in auto-complete-config function for model "
+                f"'{self._name}' contains property other than 'decoupled'."
+            )
         policy = self._config.setdefault("model_transaction_policy", {})
-        policy.update(transaction_policy_dict)
+        if "decoupled" not in transaction_policy_dict:
+            return
+        wanted = transaction_policy_dict["decoupled"]
+        if "decoupled" in policy and policy["decoupled"] != wanted:
+            raise ValueError(
+                "trying to change decoupled property in auto-complete-config for model "
+                f"'{self._name}', which is already set to '{policy['decoupled']}'."
+            )
+        policy["decoupled"] = wanted
 
     def add_input(self, input: dict[str, Any]) -> None:
-        self._add("input", input)
+        self._add("input", input, ("name", "data_type", "dims", "optional"))
 
     def add_output(self, output: dict[str, Any]) -> None:
-        self._add("output", output)
+        self._add("output", output, ("name", "data_type", "dims"))
 
     def get_input(self, name: str) -> dict[str, Any] | None:
         return get_input_config_by_name(self._config, name)
@@ -97,29 +119,49 @@ class ModelConfig:
     def get_output(self, name: str) -> dict[str, Any] | None:
         return get_output_config_by_name(self._config, name)
 
-    def _add(self, kind: str, tensor: dict[str, Any]) -> None:
+    def _add(self, kind: str, tensor: dict[str, Any], properties: tuple[str, ...]) -> None:
+        """Add `tensor` to the config's inputs or outputs, or complete the one of its name,
+        with Triton's checks and words: only `properties`, all of them but `optional`, and
+        nothing that contradicts what the config says."""
+        where = f"in auto-complete-config function for model '{self._name}'"
+        if any(key not in properties for key in tensor):
+            allowed = ", ".join(f"'{key}'" for key in properties[:-1])
+            raise ValueError(
+                f"{kind} '{tensor.get('name')}' {where} contains property other than "
+                f"{allowed} and '{properties[-1]}'."
+            )
         if "name" not in tensor:
-            raise ValueError(f"{kind} {tensor} has no 'name'")
-        for key in tensor:
-            if key not in ("name", "data_type", "dims", "optional", "is_shape_tensor"):
-                raise ValueError(f"{kind} '{tensor['name']}' has an unknown property '{key}'")
+            raise ValueError(f"{kind} {where} is missing 'name' property.")
+        name = tensor["name"]
+        for required in ("data_type", "dims"):
+            if required not in tensor:
+                raise ValueError(f"{kind} '{name}' {where} is missing '{required}' property.")
         listed = self._config.setdefault(kind, [])
-        for existing in listed:
-            if existing.get("name") != tensor["name"]:
-                continue
-            for key, value in tensor.items():
-                have = existing.get(key)
-                if have in (None, "", [], "TYPE_INVALID"):
-                    existing[key] = value
-                elif key == "dims" and [int(d) for d in have] != [int(d) for d in value]:
-                    raise ValueError(
-                        f"model {kind} '{tensor['name']}' has dims {list(have)} in the config, "
-                        f"but auto-complete gives {list(value)}"
-                    )
-                elif key == "data_type" and have != value:
-                    raise ValueError(
-                        f"model {kind} '{tensor['name']}' has data_type {have} in the config, "
-                        f"but auto-complete gives {value}"
-                    )
+        existing = next((entry for entry in listed if entry.get("name") == name), None)
+        if existing is None:
+            listed.append(tensor)
             return
-        listed.append(dict(tensor))
+        have_type = existing.get("data_type", "TYPE_INVALID")
+        if have_type not in ("TYPE_INVALID", "", None) and have_type != tensor["data_type"]:
+            raise ValueError(
+                f"unable to load model '{self._name}', configuration expects datatype "
+                f"{have_type} for {kind} '{name}', model provides {tensor['data_type']}"
+            )
+        have_dims = [int(dim) for dim in existing.get("dims") or ()]
+        dims = [int(dim) for dim in tensor["dims"]]
+        if have_dims and have_dims != dims:
+            raise ValueError(
+                f"model '{self._name}', tensor '{name}': the model expects dims {dims} but the "
+                f"model configuration specifies dims {have_dims}"
+            )
+        optional = tensor.get("optional")
+        if "optional" in tensor and "optional" in existing and existing["optional"] != optional:
+            raise ValueError(
+                f"model '{self._name}', tensor '{name}': the model expects optional "
+                f"{optional} but the model configuration specifies optional "
+                f"{existing['optional']}"
+            )
+        existing["data_type"] = tensor["data_type"]
+        existing["dims"] = tensor["dims"]
+        if "optional" in tensor:
+            existing["optional"] = tensor["optional"]

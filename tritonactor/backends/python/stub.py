@@ -172,7 +172,13 @@ class Stub(WireConversions):
                 return
             wrapper = self.pb.ModelConfig(message["config"])
             result = complete(wrapper)
-            config = result.as_dict() if result is not None else wrapper.as_dict()
+            if not isinstance(result, self.pb.ModelConfig):
+                name = message["config"].get("name", "")
+                raise ValueError(
+                    f"auto_complete_config function in model '{name}' must return a valid "
+                    "pb.ModelConfig object."
+                )
+            config = result.as_dict()
         except BaseException as exc:
             traceback.print_exc()
             self.channel.send({"op": "failed", "error": _describe_where(exc)})
