@@ -137,7 +137,7 @@ class EnsembleScheduler(Actor[Any]):
             try:
                 handles.append(await self._resolve(step))
             except TritonError as error:
-                raise in_step(self.name, step, error) from None
+                raise in_step(self.name, error) from None
         routes = self._routes
         if routes is not None and all(a is b for a, b in zip(routes.handles, handles, strict=True)):
             return routes

@@ -80,10 +80,9 @@ def routes_for(plan: EnsemblePlan, handles: tuple[ModelHandle, ...]) -> Routes:
     )
 
 
-def in_step(ensemble: str, step: EnsembleStep, error: TritonError) -> TritonError:
-    return TritonError(
-        error.code, f"in ensemble '{ensemble}', step model '{step.model_name}': {error.message}"
-    )
+def in_step(ensemble: str, error: TritonError) -> TritonError:
+    # Triton's words: the step's message names its model where it says which one.
+    return TritonError(error.code, f"in ensemble '{ensemble}', {error.message}")
 
 
 def sequence_parameters(request: InferenceRequest) -> Parameters:
@@ -284,7 +283,7 @@ class EnsembleRun:
             self._running -= 1
             await self._start_ready(branch, depth=depth)
         except TritonError as error:
-            self._fail(in_step(self.name, step, error))
+            self._fail(in_step(self.name, error))
 
     async def _stream_step(self, step: EnsembleStep, branch: Branch) -> None:
         """A decoupled step: each of its responses is a new branch of the stream it opens."""
