@@ -530,6 +530,36 @@ async def test_oldest_waits_for_a_preferred_batch_up_to_the_delay(system: ActorS
     assert [[entry["id"] for entry in batch] for batch in backend.batches] == [["a", "b"]]
 
 
+@pytest.mark.parametrize(
+    ("delay", "expected"),
+    [
+        # While the delay runs, the largest preferred size reached goes at once (2, then 1).
+        (60000000, [["a0"], ["b0", "c0"], ["d0"]]),
+        # Past it, what waits goes up to max_batch_size, beyond the largest preferred size.
+        (1, [["a0"], ["b0", "c0", "d0"]]),
+    ],
+    ids=["delay-running", "delay-over"],
+)
+async def test_oldest_cuts_batches_by_the_dynamic_batchers_rules(
+    system: ActorSystem, delay: int, expected: list[list[str]]
+) -> None:
+    backend = AccumulatingBackend()
+    strategy = (
+        "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 1, 2 ] "
+        f"max_queue_delay_microseconds: {delay} }}"
+    )
+    router, actor = await serve(system, backend, config_text(max_batch_size=4, strategy=strategy))
+    backend.gate.clear()
+    replies = [router.submit(seq(1, "a0", 1, start=True, max_batch_size=4))]
+    await until(lambda: backend.entered == 1)
+    for corrid, rid in ((2, "b0"), (3, "c0"), (4, "d0")):
+        replies.append(router.submit(seq(corrid, rid, corrid, start=True, max_batch_size=4)))
+    await until(lambda: batcher(actor).queue_depth == 3)  # all queued behind a0
+    backend.gate.set()
+    await answers(replies)
+    assert [[entry["id"] for entry in batch] for batch in backend.batches] == expected
+
+
 async def test_oldest_holds_at_most_max_candidate_sequences(system: ActorSystem) -> None:
     backend = AccumulatingBackend()
     strategy = "oldest { max_candidate_sequences: 2 }"

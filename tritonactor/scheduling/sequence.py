@@ -97,22 +97,19 @@ class SequenceBatcher(Scheduler[SequenceMessage]):
             tuple(tensor.name for tensor in config.output),
             (1, 1) if self._batching else (1,),
         )
-        model_batch = max(1, config.max_batch_size)
+        model_batch = self._model_batch = max(1, config.max_batch_size)
         oldest = batching.oldest
         self._oldest = oldest is not None
         if oldest is not None:
             self._slot_count = oldest.max_candidate_sequences or model_batch
             preferred = {size for size in oldest.preferred_batch_size if 0 < size <= model_batch}
             self._preferred = preferred
-            # As the dynamic batcher: never past the largest preferred size.
-            self._cap = max(preferred) if preferred else model_batch
             self._delay = oldest.max_queue_delay_microseconds / 1e6
             self._min_utilization = 0.0
         else:
             direct = batching.direct
             self._slot_count = model_batch
             self._preferred = set()
-            self._cap = model_batch
             self._delay = direct.max_queue_delay_microseconds / 1e6 if direct else 0.0
             self._min_utilization = direct.minimum_slot_utilization if direct else 0.0
         # Running sequences (not ended nor released), by correlation ID.
@@ -289,7 +286,9 @@ class SequenceBatcher(Scheduler[SequenceMessage]):
                 if not heads:
                     continue
                 if self._oldest:
-                    rows, due = oldest_rows(heads, now, self._cap, self._delay, self._preferred)
+                    rows, due = oldest_rows(
+                        heads, now, self._model_batch, self._delay, self._preferred
+                    )
                 else:
                     slots = len(lane.slots)
                     rows, due = direct_rows(slots, heads, now, self._delay, self._min_utilization)

@@ -103,19 +103,23 @@ def direct_rows(
 
 
 def oldest_rows(
-    heads: dict[int, Waiting], now: float, cap: int, delay: float, preferred: set[int]
+    heads: dict[int, Waiting], now: float, limit: int, delay: float, preferred: set[int]
 ) -> tuple[list[Waiting | None] | None, float | None]:
-    """One request per sequence, oldest first, up to the cap; sent when full, else once the
-    oldest has waited `delay` (cut to the largest preferred size that fits): else None and
-    when it is due."""
-    batch: list[Waiting | None] = list(sorted(heads.values(), key=lambda entry: entry.order)[:cap])
-    if len(batch) >= cap:
-        return batch, None
+    """One request per sequence, oldest first, by the dynamic batcher's rules (Triton's Oldest
+    strategy batches with one): up to `limit` of them; while the oldest's `delay` runs (or when
+    it is 0), the largest preferred size they reach goes at once; else all of them go when no
+    more could join, when they reach the largest preferred size, or once the delay has run
+    out: else None and when it is due."""
+    ordered = sorted(heads.values(), key=lambda entry: entry.order)
+    batch: list[Waiting | None] = list(ordered[:limit])
+    count = len(batch)
     due = min(entry.arrived for entry in heads.values()) + delay
-    if now < due:
-        return None, due
-    largest = max((size for size in preferred if size <= len(batch)), default=0)
-    return (batch[:largest] if largest else batch), None
+    best = max((size for size in preferred if size <= count), default=0)
+    if best and not (delay and now >= due):
+        return batch[:best], None
+    if len(ordered) > limit or count >= max(preferred, default=0) or now >= due:
+        return batch, None
+    return None, due
 
 
 def zeros_like(tensor: Tensor) -> Tensor:
