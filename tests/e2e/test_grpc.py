@@ -421,6 +421,22 @@ def test_an_unspecified_dimension_is_refused(
     )
 
 
+def test_typed_data_for_a_datatype_that_names_no_type(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+) -> None:
+    # Triton's front end holds typed contents against the type first.
+    request = raw_simple_request()
+    request.inputs[0].datatype = "FOO"
+    request.inputs[0].contents.fp32_contents.extend([1.0] * 16)
+    request.raw_input_contents.extend([])
+    error = rpc_error(lambda: stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == (
+        "unexpected explicit tensor data for input tensor 'INPUT0' for model 'simple' of type "
+        "'FP32', expected datatype '<invalid>'"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "details"),
     [

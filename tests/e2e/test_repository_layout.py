@@ -107,8 +107,30 @@ def test_several_repositories_serve_together(tmp_path: Path, serve: Any) -> None
     assert httpx.get(f"{server.base}/v2/health/ready").status_code == 200
 
 
+def test_strict_readiness_waits_only_for_a_model_triton_would_have(
+    tmp_path: Path, serve: Any
+) -> None:
+    # A config that does not parse: refused before any version, nothing to wait for (200).
+    # A config whose policy selects no version (no version folder): Triton has the model with
+    # no version, and is not ready (400). Both: 400.
+    repo = tmp_path / "models"
+    add_model(repo, "alpha")
+    (repo / "garbled").mkdir()
+    (repo / "garbled" / "config.pbtxt").write_text("max_batch_size: [")
+    server = serve([repo], TRITONACTOR_EXIT_ON_ERROR="false")
+    assert unavailable_reason(server, "garbled")
+    assert httpx.get(f"{server.base}/v2/health/ready").status_code == 200
+    write_config(repo / "empty", IDENTITY_CONFIG.format(name="empty", max_batch_size=4))
+    server = serve([repo], TRITONACTOR_EXIT_ON_ERROR="false")
+    assert unavailable_reason(server, "empty") == (
+        "at least one version must be available under the version policy of model 'empty'"
+    )
+    assert httpx.get(f"{server.base}/v2/health/ready").status_code == 400
+
+
 def test_a_repository_given_twice_serves_each_model_once(tmp_path: Path, serve: Any) -> None:
-    # As Triton's: the same folder twice (here spelled two ways) is one repository.
+    # The same folder twice is one repository (Triton's when it is the same text; here every
+    # spelling of the folder, `a` and `a/.`, counts once).
     add_model(tmp_path / "a", "alpha")
     server = serve([tmp_path / "a", tmp_path / "a" / "."])
     assert index(server) == {"alpha": [{"name": "alpha", "version": "1", "state": "READY"}]}

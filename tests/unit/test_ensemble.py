@@ -1216,3 +1216,15 @@ def test_a_tensor_is_reshaped_between_batching_and_not_as_triton_does(
     expected: tuple[int, ...],
 ) -> None:
     assert batch_reshaped(dims, batching, batch, shape) == expected
+
+
+def test_the_plan_keeps_the_ensembles_batching_and_its_outputs_dims_as_reshaped() -> None:
+    # As Triton's ensemble reshapes its answer against an output's `reshape` where it has one.
+    text = CHAIN.replace(
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 2 ] } ]',
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1, 2 ] reshape { shape: [ 2 ] } } ]',
+    ).replace('platform: "ensemble"', 'platform: "ensemble"\nmax_batch_size: 4')
+    plan = plan_ensemble(parse_pbtxt(text))
+    assert plan.max_batch_size == 4
+    assert plan.output_dims == {"OUT": (2,)}
+    assert plan_ensemble(parse_pbtxt(CHAIN)).output_dims == {"OUT": (2,)}

@@ -102,6 +102,26 @@ def test_a_failed_reload_keeps_the_serving_version_ready() -> None:
     assert not ready(broken)
 
 
+def test_strict_readiness_waits_for_a_model_only_where_triton_has_one() -> None:
+    # Refused before any version (its config, its name): no version to wait for. Its policy
+    # selecting no version: Triton has the model, with no version, and is not ready.
+    refused = ev.fold([ev.LoadFailed(model="m", version=None, reason="bad config")])
+    assert refused["m"].state == ev.VersionState.UNAVAILABLE and ready(refused)
+    versionless = ev.fold(
+        [ev.LoadFailed(model="m", version=None, reason="no version", versionless=True)]
+    )
+    assert not ready(versionless)
+    # A later load starts afresh.
+    loaded = ev.fold(
+        [
+            ev.LoadFailed(model="m", version=None, reason="no version", versionless=True),
+            ev.LoadRequested(model="m", versions=(1,), source=ev.Source.POLL),
+            ev.ModelLoaded(model="m", version=1),
+        ]
+    )
+    assert ready(loaded)
+
+
 def test_a_removed_model_is_no_longer_listed_and_a_replaced_version_changes_nothing() -> None:
     state = ev.fold(
         [

@@ -7,7 +7,7 @@ has no instances: `scheduling.ensemble.EnsembleScheduler` runs its requests thro
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tritonactor._proto.inference import ModelConfig
 from tritonactor.backends.base import (
@@ -42,10 +42,11 @@ class EnsemblePlan:
     # At most this many requests in flight at each step, over all the ensemble's requests
     # (0: no limit).
     max_inflight_requests: int = 0
-    # The ensemble's own batching, and its outputs' dims (without the batch dimension): what
-    # its answer's tensors are reshaped against (`batch_reshaped`).
+    # The ensemble's own batching, and its outputs' dims by name (without the batch dimension,
+    # as `reshape` gives them if it does): what its answer's tensors are reshaped against
+    # (`batch_reshaped`).
     max_batch_size: int = 0
-    output_dims: tuple[tuple[int, ...], ...] = ()
+    output_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def models(self) -> list[str]:
@@ -83,7 +84,10 @@ def plan_ensemble(config: ModelConfig) -> EnsemblePlan:
         tuple(steps),
         scheduling.max_inflight_requests,
         config.max_batch_size,
-        tuple(tuple(tensor.dims) for tensor in config.output),
+        {
+            tensor.name: tuple(tensor.reshape.shape if tensor.reshape else tensor.dims)
+            for tensor in config.output
+        },
     )
 
 

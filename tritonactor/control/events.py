@@ -73,11 +73,14 @@ class ModelLoaded(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadFailed(Event):
     """`version` is None when the model failed before any version was tried (bad config).
-    `serving`: a reload failed, and what was loaded before goes on serving."""
+    `serving`: a reload failed, and what was loaded before goes on serving. `versionless`: its
+    config was read and its version policy selects no version (Triton then has the model, with
+    no version to serve: strict readiness waits for it)."""
 
     version: int | None
     reason: str
     serving: bool = False
+    versionless: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +192,8 @@ class ModelStatus:
     # not be read (`JournalLineSkipped`). Kept across restarts until an API load or unload of
     # the model settles it.
     unsure: str = ""
+    # Its failure (`state`) is that its version policy selects no version (`versionless`).
+    versionless: bool = False
 
 
 State = dict[str, ModelStatus]
@@ -246,13 +251,14 @@ def apply(state: State, event: Event) -> State:
             status = replace(status, versions=versions, pending=None)
         case LoadFailed(serving=True):
             status = replace(status, pending=None)
-        case LoadFailed(version=None, reason=reason):
+        case LoadFailed(version=None, reason=reason, versionless=versionless):
             status = replace(
                 status,
                 versions=versions,
                 reason=reason,
                 state=VersionState.UNAVAILABLE,
                 wanted=True,
+                versionless=versionless,
             )
         case LoadFailed(version=version, reason=reason) if version is not None:
             versions[version] = VersionStatus(VersionState.UNAVAILABLE, reason)

@@ -44,11 +44,12 @@ def ready(state: ev.State) -> bool:
     serve is READY (versions unloaded on purpose do not count). A model that failed before any
     version was tried (a config that does not parse, a name in two repositories, a name no
     repository holds) has no version to wait for: as in Triton, it does not hold readiness
-    back; one a restart could not restore does, until the API settles it (`unrestored`)."""
+    back; one whose version policy selects no version does (Triton has it, with no version),
+    and so does one a restart could not restore, until the API settles it (`unrestored`)."""
     for status in state.values():
         if not status.wanted:
             continue
-        if status.state is not None and status.unsure:
+        if status.state is not None and (status.unsure or status.versionless):
             return False
         for version in status.versions.values():
             if not version.unloaded and version.state != ev.VersionState.READY:

@@ -130,13 +130,23 @@ class Loading:
         repository_config = model.config if override is None or not override.repository else None
         if override is not None and override.config_json:
             model = with_config(model, override.config_json)
+        versionless = False
         try:
             if model.error is not None or model.config is None:
                 raise ConfigError(str(model.error))
+            versionless = True  # (what fails from here: the policy selects no version)
             versions = versions_to_load(model)
         except ConfigError as error:
             reason = failure_reason(error)
-            self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
+            self._record(
+                ev.LoadFailed(
+                    model=name,
+                    version=None,
+                    reason=reason,
+                    serving=serving,
+                    versionless=versionless,
+                )
+            )
             raise invalid_arg(f"load failed for model '{name}': {reason}") from None
         try:
             backend, config = await anyio.to_thread.run_sync(

@@ -240,12 +240,15 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
             entry.item.reply.fail(cancelled(f"request for model '{self.name}' was cancelled"))
         if not batch:
             return None, None
-        due = min(entry.arrived for entry in batch) + self._delay
-        if best and not (self._delay and now >= due):
-            return batch[:best], None
-        if full or total >= largest or now >= due:
+        delay = self._delay
+        if not delay:  # no delay to wait: a preferred prefix, else all of it
+            return (batch[:best] if best else batch), None
+        if not best and (full or total >= largest):
             return batch, None
-        return None, due
+        due = min(entry.arrived for entry in batch) + delay
+        if now < due:  # the delay runs: a preferred prefix goes, else the batch waits
+            return (batch[:best], None) if best else (None, due)
+        return batch, None
 
     def _in_order(self) -> Iterator[_Waiting]:
         # (Iterated in C: a generator's frame resumed per waiting request cost two calls a

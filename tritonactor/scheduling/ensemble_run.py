@@ -137,7 +137,7 @@ class EnsembleRun:
         # that every input has it.
         batch = request.inputs[0].shape[0] if plan.max_batch_size and request.inputs else 0
         self.batching = plan.max_batch_size > 0
-        self.output_dims = dict(zip(plan.outputs, plan.output_dims, strict=True))
+        self.output_dims = plan.output_dims
         self.root = Branch(
             0, {name: given.get(name) for name in plan.inputs}, dict.fromkeys(plan.inputs, batch)
         )

@@ -195,11 +195,13 @@ def decode_infer_request(
                 )
             buffer = raw[next_raw]
             next_raw += 1
-        elif not tensor.HasField("contents") and num_elements(shape) > 0:
+        elif not tensor.HasField("contents") and num_elements(shape) != 0:
             # (A tensor with no elements needs no data: docs/grpc.md.)
             raise invalid_arg(
                 f"unable to find data for input tensor '{name}' for model '{model}' in request."
             )
+        else:  # typed contents, held against the type input by input, as Triton's front end
+            _check_one_contents_field(tensor, model, datatype)
         found.append((name, datatype, shape, buffer, declared))
     if raw_count > len(found):
         raise invalid_arg(
@@ -404,7 +406,6 @@ def _array_from_contents(
     tensor: ModelInferRequest.InferInputTensor, shape: tuple[int, ...], context: RequestContext
 ) -> np.ndarray:
     prefix, model = context.prefix, context.model
-    _check_one_contents_field(tensor, model, tensor.datatype)
     field = CONTENTS_FIELD.get(tensor.datatype)
     if field is None:
         raise invalid_arg(
