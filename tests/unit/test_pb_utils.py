@@ -263,3 +263,19 @@ def test_a_bf16_tensor_goes_to_dlpack_and_back_through_torch() -> None:
         back = pb_utils.Tensor.from_dlpack("OUT", source).as_numpy()
         assert back.dtype == data.dtype
         assert back.tobytes() == data.tobytes()
+
+
+def test_a_tensor_is_refused_as_triton_refuses_it_where_the_model_can_catch_it() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match=r"^NumPy dtype is not supported\.$"):
+        pb_utils.Tensor("OUT", np.array([1 + 2j], dtype=np.complex64))
+    with pytest.raises(pb_utils.TritonModelException, match=r"^Tensor name cannot be an empty"):
+        pb_utils.Tensor("", np.zeros(2, dtype=np.float32))
+    # Accepted, where Triton's are stricter (docs/python-backend.md): str arrays become BYTES.
+    assert pb_utils.Tensor("S", np.array(["u"])).as_numpy().dtype == np.object_
+
+
+def test_an_error_message_may_be_bytes_and_a_response_refuses_a_none_tensor() -> None:
+    assert pb_utils.TritonError(b"as bytes").message() == "as bytes"
+    with pytest.raises(pb_utils.TritonModelException) as caught:
+        pb_utils.InferenceResponse([None])
+    assert str(caught.value) == "Output tensor for inference response should not be empty."

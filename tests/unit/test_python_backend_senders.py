@@ -113,6 +113,21 @@ async def test_second_response_is_refused_but_the_first_stands(start: Started) -
 
 
 @pytest.mark.anyio
+async def test_a_response_sent_and_returned_too_fails_the_rest_in_tritons_words(
+    start: Started,
+) -> None:
+    instance = start("late_answer")
+    results = await instance.execute([late("send_and_return", 5), late("return", 6)])
+    assert outputs(results[0])["OUT"].tolist() == [5]  # the one it sent stands
+    assert isinstance(results[1], TritonError)
+    # Triton's words alone: no exception's name before them, no traceback after.
+    assert results[1].message.endswith(
+        ", message: Unable to send response. Non-decoupled model cannot send more than one "
+        "response."
+    )
+
+
+@pytest.mark.anyio
 async def test_final_flag_before_a_response_is_refused(start: Started) -> None:
     instance = start("late_answer")
     [result] = await instance.execute([late("final_first")])

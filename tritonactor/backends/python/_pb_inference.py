@@ -54,7 +54,11 @@ class InferenceResponse:
         error: TritonError | str | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._outputs = check_tensors(output_tensors, "InferenceResponse output_tensors")
+        self._outputs = check_tensors(
+            output_tensors,
+            "InferenceResponse output_tensors",
+            "Output tensor for inference response should not be empty.",
+        )
         if error is not None and not isinstance(error, TritonError):
             error = TritonError(str(error))
         self._error = error

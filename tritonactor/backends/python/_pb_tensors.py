@@ -11,7 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from tritonactor.core.datatypes import deserialize_bytes, serialize_bytes, to_numpy_dtype
+from tritonactor.core.datatypes import (
+    deserialize_bytes,
+    from_numpy_dtype,
+    serialize_bytes,
+    to_numpy_dtype,
+)
 from tritonactor.core.errors import ErrorCode
 
 # TRITONSERVER_DataType values, in Triton's order.
@@ -97,6 +102,8 @@ class TritonError(Exception):
     CANCELLED = ErrorCode.CANCELLED
 
     def __init__(self, message: str, code: int = ErrorCode.INTERNAL) -> None:
+        if isinstance(message, bytes):  # Triton's bindings take bytes as the text they hold
+            message = message.decode("utf-8", errors="replace")
         if not isinstance(message, str):
             raise TypeError(f"TritonError message must be a str, not {type(message).__name__}")
         if code is None or isinstance(code, bool) or not isinstance(code, int):
@@ -150,6 +157,8 @@ class Tensor:
     def __init__(self, name: str, data: Any, dtype: Any = None) -> None:
         if not isinstance(name, str):
             raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
         if data is None:
             raise TypeError(f"tensor '{name}': the data must be a numpy array, not None")
         if not isinstance(data, np.ndarray):
@@ -161,6 +170,11 @@ class Tensor:
                 ) from None
         if data.dtype.kind in ("S", "U"):
             data = data.astype(np.object_)
+        elif data.dtype.kind != "O":
+            try:
+                from_numpy_dtype(data.dtype)
+            except ValueError:  # raised here, where the model can catch it (Triton's words)
+                raise TritonModelException("NumPy dtype is not supported.") from None
         self._name = name
         self._array = data
 
@@ -249,15 +263,17 @@ def _host_array(torch: Any, tensor: Any) -> np.ndarray:
     return tensor.numpy()
 
 
-def check_tensors(tensors: Any, what: str) -> list[Tensor]:
+def check_tensors(tensors: Any, what: str, none_inside: str = "") -> list[Tensor]:
     """A list of Tensors as Triton's bindings take it: None itself is a TypeError, a None
-    inside a TritonModelException."""
+    inside a TritonModelException (`none_inside`: its words, where Triton's are known)."""
     if tensors is None or isinstance(tensors, str | bytes) or not hasattr(tensors, "__iter__"):
         raise TypeError(f"{what} must be a list of pb_utils.Tensor, not {type(tensors).__name__}")
     checked = list(tensors)
     for tensor in checked:
         if tensor is None:
-            raise TritonModelException(f"{what} holds None where a pb_utils.Tensor is expected")
+            raise TritonModelException(
+                none_inside or f"{what} holds None where a pb_utils.Tensor is expected"
+            )
         if not isinstance(tensor, Tensor):
             raise TypeError(
                 f"{what} must hold pb_utils.Tensor objects, not {type(tensor).__name__}"

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from tritonactor.backends.python import ipc
-from tritonactor.backends.python._pb_tensors import error_code_name
+from tritonactor.backends.python._pb_tensors import TritonModelException, error_code_name
 
 _FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
@@ -93,8 +93,11 @@ class WireConversions:
                     f"list, found type '{type(response)}'."
                 )
             # A returned response is the request's final one: a sender that already answered
-            # refuses it, as Triton's does.
-            request._sender._account(True, _FINAL)
+            # refuses it, as Triton's does (in its words alone: no exception's name before them).
+            try:
+                request._sender._account(True, _FINAL)
+            except TritonModelException as exc:
+                raise ExecuteError(str(exc)) from None
         tensors: list[tuple[str, Any]] = []
         wire: list[dict[str, Any] | None] = []
         for request, response in zip(requests, returned, strict=True):

@@ -6,6 +6,7 @@
   arrives (so, from a thread of the model, after this execute returned);
 - release: answers every parked request (from a thread), and itself the usual way;
 - twice: sends a response, then a second one (refused: execute fails after the first went);
+- send_and_return: sends a response, and returns one too (refused: the same);
 - final_first: sends the final flag before any response (refused);
 - drop: returns None and keeps nothing (the request can never be answered)."""
 
@@ -43,6 +44,9 @@ class TritonPythonModel:
             elif mode == "twice":
                 sender.send(answer)
                 sender.send(answer)
+            elif mode == "send_and_return":
+                sender.send(answer)
+                responses[-1] = answer
             elif mode == "final_first":
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return responses
