@@ -372,6 +372,13 @@ def test_grpc_load_with_config_and_file_overrides(server: ServerProcess, tmp_pat
     # Without the override, the repository's config comes back: a reload.
     client.load_model("other")
     assert http.get_model_config("other")["max_batch_size"] == 8
+    # A plain load of it finds no folder: refused in Triton's words, and, as in Triton, what
+    # serves goes on serving (it was unloaded).
+    with pytest.raises(InferenceServerException) as caught:
+        client.load_model("fresh")
+    assert caught.value.message() == "failed to load 'fresh', failed to poll from model repository"
+    assert client.is_model_ready("fresh")
+    add_sub(http, "fresh")
     client.unload_model("fresh")
     assert not client.is_model_ready("fresh")
 

@@ -114,11 +114,12 @@ def parse_load_parameters(
     if not file_names:
         return LoadOptions(config_json)
     _check_model_name(model)
-    paths = [_file_path(name, model) for name in file_names]
-    _check_layout(paths, model)
+    # (A config.pbtxt among the files gives way to the 'config' parameter, as in Triton.)
+    named = [(path, name) for name in file_names if (path := _file_path(name, model))]
+    _check_layout([path for path, _ in named], model)
     files = [
         (path, _file_content(name, _unwrap(parameters[name]), model, base64_files))
-        for path, name in zip(paths, file_names, strict=True)
+        for path, name in named
     ]
     return LoadOptions(config_json, tuple(sorted(files)))
 
@@ -220,11 +221,14 @@ def _missing_config(model: str) -> TritonError:
 
 
 def _file_path(name: str, model: str) -> str:
+    """The file's path in the model folder, as Triton joins it there (a leading '/', './' and
+    empty components fall away); "" for the config.pbtxt the 'config' parameter writes."""
     path = name.removeprefix(FILE_PREFIX)
     problem = _path_problem(path)
     if problem is not None:
         raise _parameter_error(name, model, problem)
-    return path
+    path = "/".join(part for part in path.split("/") if part not in ("", "."))
+    return "" if path == CONFIG_FILENAME else path
 
 
 def _parameter_error(name: str, model: str, problem: str) -> TritonError:
@@ -242,18 +246,22 @@ def _file_content(name: str, value: object, model: str, base64_files: bool) -> b
         raise _parameter_error(
             name, model, f"the content must be a base64 string, not {_kind(value)}"
         )
-    # Line breaks are tolerated: `base64` tools wrap their output.
+    # Line breaks are tolerated: `base64` tools wrap their output; and, as by Triton, missing
+    # '=' padding at the end.
+    value = value.translate(_BASE64_WHITESPACE)
     try:
-        return base64.b64decode(value.translate(_BASE64_WHITESPACE), validate=True)
+        return base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise _parameter_error(name, model, f"the content is not valid base64: {exc}") from None
 
 
 def _path_problem(path: str) -> str | None:
-    if not path:
+    if ".." in path.split("/"):
+        return "'..' is not allowed: files must stay inside the model folder"
+    if not path.strip("/."):
         return "the file path is empty"
-    if path.startswith("/"):
-        return "the file path must be relative to the model folder"
+    if path.endswith("/"):
+        return "the file path names a folder, not a file"
     if "\\" in path:
         return "backslashes are not allowed in file paths; separate folders with '/'"
     if any(ord(char) < 0x20 or char == "\x7f" for char in path):
@@ -262,14 +270,10 @@ def _path_problem(path: str) -> str | None:
         path.encode("utf-8")
     except UnicodeEncodeError:
         return "the file path is not valid UTF-8"
-    parts = path.split("/")
-    if ".." in parts:
-        return "'..' is not allowed: files must stay inside the model folder"
-    if any(part in ("", ".") for part in parts):
-        return "empty and '.' path components are not allowed"
+    parts = [part for part in path.split("/") if part not in ("", ".")]
     if any(len(part.encode("utf-8")) > _MAX_NAME_BYTES for part in parts):
         return f"a path component is longer than {_MAX_NAME_BYTES} bytes"
-    if parts[0] == CONFIG_FILENAME:
+    if parts[0] == CONFIG_FILENAME and len(parts) > 1:
         return f"{CONFIG_FILENAME} is written from the '{CONFIG_PARAMETER}' parameter"
     return None
 

@@ -113,13 +113,15 @@ class Loading:
             )
         current = self._serving.get(name, {})
         if model is None:
+            if source in (ev.Source.API, ev.Source.REQUEST):
+                # Triton's words for a model no repository holds; what serves of it (loaded
+                # through overrides, or from a folder removed since) goes on serving, as in
+                # Triton: a failed load takes nothing down.
+                raise internal(f"failed to load '{name}', failed to poll from model repository")
             await self._vanished(name, source)
             if source == ev.Source.STARTUP:
                 reason = f"model '{name}' is not in any model repository"
                 self._record(ev.LoadFailed(model=name, version=None, reason=reason))
-            if source in (ev.Source.API, ev.Source.REQUEST):
-                # Triton's words for a model no repository holds.
-                raise internal(f"failed to load '{name}', failed to poll from model repository")
             return
         self._discovered(model)
         if source == ev.Source.POLL and self._lazy and not current:
