@@ -216,13 +216,14 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
                         except grpclib.GRPCError as error:
                             unreadable = error
                             break
-                        await pending.start()
+                        ticket = await pending.start()
                         if pending.draining:  # shutting down: the stream takes no new requests
-                            pending.deliver(refusal(message.id, unavailable(SHUTTING_DOWN)), True)
+                            shutting = refusal(message.id, unavailable(SHUTTING_DOWN))
+                            pending.deliver(shutting, True, ticket=ticket)
                         elif self._router.loader is None or await self._load_lazily(
-                            message, pending
+                            message, pending, ticket
                         ):
-                            await self._submit_streamed(message, pending, stream.metadata)
+                            await self._submit_streamed(message, pending, ticket, stream.metadata)
                     pending.input_done()
         except BaseExceptionGroup as failed:
             # The writer ended the stream with a status ("triton_grpc_error" mode), or a message
@@ -242,17 +243,20 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
             # Every request it had admitted is answered; the client learns why the stream ends.
             raise grpclib.GRPCError(grpclib.const.Status.UNAVAILABLE, SHUTTING_DOWN)
 
-    async def _load_lazily(self, message: InferRequestMessage, pending: Pending) -> bool:
+    async def _load_lazily(
+        self, message: InferRequestMessage, pending: Pending, ticket: int
+    ) -> bool:
         try:
             await self._router.ensure_loaded(message.model_name)
         except TritonError as error:
-            pending.deliver(refusal(message.id, error), finished=True)
+            pending.deliver(refusal(message.id, error), finished=True, ticket=ticket)
             return False
         return True
 
     async def _submit_streamed(
-        self, message: InferRequestMessage, pending: Pending, metadata: Any = None
+        self, message: InferRequestMessage, pending: Pending, ticket: int, metadata: Any = None
     ) -> None:
+        """Submit the stream's request of place `ticket` (`Pending`)."""
         tracing = self._server.tracing
         trace = None
         if tracing is not None:
@@ -276,6 +280,7 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
                 )
                 reply = self._router.submit(request)
                 pending.requests[id(request)] = request
+                pending.skip(ticket)  # its responses go out as they come
                 reply.add_done_callback(functools.partial(decoupled_done, request, pending))
                 return
             reply = self._router.submit(request)
@@ -284,7 +289,7 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
             lease.release()
             if trace is not None:
                 trace.end(error)
-            pending.deliver(refusal(message.id, error), finished=True)
+            pending.deliver(refusal(message.id, error), finished=True, ticket=ticket)
             return
         except Exception as error:  # as in ModelInfer: INTERNAL, and the stream stays open
             lease.release()
@@ -292,14 +297,14 @@ class InferenceService(ExtensionCalls, pb.GrpcInferenceServiceBase):
                 trace.end(error)
             log.exception("streamed request for model '%s' failed", message.model_name)
             text = f"internal error: {type(error).__name__}: {error}"
-            pending.deliver(refusal(message.id, internal(text)), finished=True)
+            pending.deliver(refusal(message.id, internal(text)), finished=True, ticket=ticket)
             return
         except BaseException:  # the stream ended while its key was worked out
             lease.release()
             if trace is not None:
                 trace.end(cancelled("the stream ended before the request was submitted"))
             raise
-        reply.add_done_callback(functools.partial(streamed_answer, request, pending))
+        reply.add_done_callback(functools.partial(streamed_answer, request, pending, ticket))
 
 
 def _first_status(statuses: BaseExceptionGroup[grpclib.GRPCError]) -> grpclib.GRPCError:

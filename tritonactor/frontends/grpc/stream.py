@@ -69,7 +69,12 @@ class Pending:
     """A stream's requests in the server. At most `window` run at once: beyond that the stream
     stops reading, and HTTP/2 flow control slows the client down, rather than the requests
     overflowing the scheduler's mailbox. Closes the response stream after the last answer once
-    the client has finished sending."""
+    the client has finished sending.
+
+    As Triton's, the one answer of a request (to a model that is not decoupled, or a refusal)
+    goes out in the order the requests came (each has a ticket, its place): one that is ready
+    waits for those before it, and keeps its room in the window meanwhile. A decoupled model's
+    responses go out as they come, and its request holds no place (`skip`)."""
 
     def __init__(self, answers: Mailbox[Answer], window: int):
         self._answers = answers
@@ -79,25 +84,37 @@ class Pending:
         self.draining = False
         # The stream's requests submitted and not yet finished, by id().
         self.requests: dict[int, InferenceRequest] = {}
+        self._tickets = 0  # the next request's place
+        self._written = 0  # the place whose answer goes out next
+        self._held: dict[int, Answer | None] = {}  # answers waiting for those before them
 
-    async def start(self) -> None:
-        """Wait for room for one more request; it then counts as running until its answer is
-        delivered with `finished=True`."""
+    async def start(self) -> int:
+        """Wait for room for one more request, and give it its place in the stream; it then
+        counts as running until its answer is delivered with `finished=True`."""
         try:
             self._slots.acquire_nowait()  # the common case skips the checkpoint acquire makes
         except anyio.WouldBlock:
             await self._slots.acquire()
         self._running += 1
+        ticket = self._tickets
+        self._tickets += 1
+        return ticket
 
     def deliver(
         self,
         response: Answer | None,
         finished: bool = False,
         request: InferenceRequest | None = None,
+        ticket: int | None = None,
     ) -> None:
-        """Send `response` (None: nothing to send); `finished` ends its request."""
+        """Send `response` (None: nothing to send); `finished` ends its request. With its
+        `ticket`, the request's one answer, sent in the stream's order."""
         if finished and request is not None:
             self.requests.pop(id(request), None)
+        if ticket is not None:
+            self._held[ticket] = response
+            self._flush()
+            return
         # Called from the actor that answered: it must never raise there.
         # A closed stream means the client went away: nobody is left to read the answer.
         if response is not None:
@@ -107,6 +124,25 @@ class Pending:
             self._running -= 1
             self._slots.release()
             self._maybe_close()
+
+    def skip(self, ticket: int) -> None:
+        """The request of `ticket` is a decoupled model's: its answers take no place."""
+        self._held[ticket] = _NO_PLACE
+        self._flush()
+
+    def _flush(self) -> None:
+        held = self._held
+        while self._written in held:
+            answer = held.pop(self._written)
+            self._written += 1
+            if answer is _NO_PLACE:
+                continue  # (its request runs on: its final answer ends it)
+            if answer is not None:
+                with contextlib.suppress(MailboxClosed):
+                    self._answers.put_nowait(answer)
+            self._running -= 1
+            self._slots.release()
+        self._maybe_close()
 
     def cancel_all(self) -> None:
         for request in list(self.requests.values()):
@@ -194,6 +230,8 @@ class StreamError:
 
 # What a stream's writer sends: a response, or a failure it turns into one (or into the end).
 Answer = StreamInferResponse | StreamError
+# A place in a stream's order that a decoupled request leaves to the others (`Pending.skip`).
+_NO_PLACE: Any = object()
 
 
 def refusal(request_id: str, error: TritonError) -> StreamError:
@@ -241,7 +279,7 @@ _writing: set[asyncio.Task[None]] = set()
 
 
 def streamed_answer(
-    request: InferenceRequest, pending: Pending, reply: Reply[InferenceResponse]
+    request: InferenceRequest, pending: Pending, ticket: int, reply: Reply[InferenceResponse]
 ) -> None:
     """Runs as a done callback inside the actor that answered: whatever happens here becomes
     an answer on the stream, never an exception in that actor. Large shared-memory outputs are
@@ -250,19 +288,21 @@ def streamed_answer(
     if storing is not None and not storing.done():
         # A large answer on its way into the response cache goes out once it is in, so that a
         # twin sent when it arrives hits (as `Router.infer` waits for it).
-        storing.add_done_callback(lambda _: streamed_answer(request, pending, reply))
+        storing.add_done_callback(lambda _: streamed_answer(request, pending, ticket, reply))
         return
     lease = request.context.get(shared_memory.LEASE)
     if reply.error is None and lease is not None and lease.large(reply.result()):
-        task = asyncio.get_running_loop().create_task(_answer_off_loop(request, pending, reply))
+        task = asyncio.get_running_loop().create_task(
+            _answer_off_loop(request, pending, ticket, reply)
+        )
         _writing.add(task)
         task.add_done_callback(_writing.discard)
         return
-    _answer(request, pending, reply, shared_memory.write_outputs)
+    _answer(request, pending, ticket, reply, shared_memory.write_outputs)
 
 
 async def _answer_off_loop(
-    request: InferenceRequest, pending: Pending, reply: Reply[InferenceResponse]
+    request: InferenceRequest, pending: Pending, ticket: int, reply: Reply[InferenceResponse]
 ) -> None:
     try:
         written = await anyio.to_thread.run_sync(
@@ -279,7 +319,7 @@ async def _answer_off_loop(
         def write(request: InferenceRequest, response: InferenceResponse) -> frozenset[str]:
             return written
 
-    _answer(request, pending, reply, write)
+    _answer(request, pending, ticket, reply, write)
 
 
 def _mark(message: ModelInferResponse, final: bool) -> None:
@@ -292,6 +332,7 @@ def _mark(message: ModelInferResponse, final: bool) -> None:
 def _answer(
     request: InferenceRequest,
     pending: Pending,
+    ticket: int,
     reply: Reply[InferenceResponse],
     write: Callable[[InferenceRequest, InferenceResponse], frozenset[str]],
 ) -> None:
@@ -318,4 +359,4 @@ def _answer(
         shared_memory.release(request)
     if request.trace is not None:
         request.trace.end(failure)
-    pending.deliver(answer, finished=True, request=request)
+    pending.deliver(answer, finished=True, request=request, ticket=ticket)
