@@ -353,10 +353,10 @@ def test_sigterm_lets_every_admitted_request_finish(
         assert SHUTTING_DOWN in json.loads(answer.read())["error"]
         assert answer.getheader("connection") == "close"
     kept.close()
-    # A request sent on the open stream is refused the same way; the stream stays open.
+    # A request sent on the open stream is refused the same way (its refusal comes after the
+    # answers of the stream's requests before it: a stream answers in order, as Triton's);
+    # the stream stays open.
     flight.stream_client.async_stream_infer("gate", grpc_inputs(11), request_id="11")
-    result, error = flight.stream.get(timeout=PATIENCE)
-    assert result is None and SHUTTING_DOWN in error.message(), (result, error)
     # Nothing new was admitted.
     assert pending(served) == IN_FLIGHT
 
@@ -373,6 +373,8 @@ def test_sigterm_lets_every_admitted_request_finish(
         result, error = flight.stream.get(timeout=PATIENCE)
         assert error is None, error
         assert result.as_numpy("Y").tolist() == [int(result.get_response().id)]
+    result, error = flight.stream.get(timeout=PATIENCE)  # the refusal of "11"
+    assert result is None and SHUTTING_DOWN in error.message(), (result, error)
     # Its requests answered, the server ends the stream (the client need not) and exits.
     result, error = flight.stream.get(timeout=PATIENCE)
     assert result is None, result

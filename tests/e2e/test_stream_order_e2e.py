@@ -47,7 +47,11 @@ def test_an_answer_ready_first_waits_for_the_requests_before_it(
     served: tuple[ServerProcess, Path],
 ) -> None:
     process, gate = served
+    gate.unlink(missing_ok=True)
+    Path(f"{gate}.entered").unlink(missing_ok=True)
     client = grpcclient.InferenceServerClient(process.grpc_url)
+    before = client.get_inference_statistics("gated_order").model_stats[0]
+    done_before = before.inference_stats.success.count
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
@@ -59,7 +63,7 @@ def test_an_answer_ready_first_waits_for_the_requests_before_it(
 
         def quick_ran() -> bool:
             stats = client.get_inference_statistics("gated_order").model_stats[0]
-            return stats.inference_stats.success.count >= 1
+            return stats.inference_stats.success.count >= done_before + 1
 
         # The quick one ran on the second instance and is answered while the slow one holds
         # the first: its answer waits.
@@ -72,4 +76,42 @@ def test_an_answer_ready_first_waits_for_the_requests_before_it(
             order.append(result.get_response().id)
         assert order == ["slow", "quick"]
     finally:
+        gate.touch()  # (a failed test must not leave the stream held by the slow request)
+        client.stop_stream()
+
+
+def test_answers_held_behind_a_slow_request_do_not_stop_the_stream_reading(
+    served: tuple[ServerProcess, Path],
+) -> None:
+    # More requests behind the slow one than the stream's window (128) holds: each leaves the
+    # window once answered, so all of them run while the slow one waits; their answers wait.
+    process, gate = served
+    gate.unlink(missing_ok=True)
+    Path(f"{gate}.entered").unlink(missing_ok=True)
+    client = grpcclient.InferenceServerClient(process.grpc_url)
+    before = client.get_inference_statistics("gated_order").model_stats[0]
+    done_before = before.inference_stats.success.count
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    behind = 150
+    try:
+        for index, value in enumerate([b"block"] + [b"go"] * behind):
+            tensor = grpcclient.InferInput("TAG", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.object_))
+            client.async_stream_infer("gated_order", [tensor], request_id=str(index))
+
+        def all_behind_ran() -> bool:
+            stats = client.get_inference_statistics("gated_order").model_stats[0]
+            return stats.inference_stats.success.count >= done_before + behind
+
+        wait_for(all_behind_ran, "the requests behind the slow one did not all run")
+        gate.touch()
+        ids = []
+        for _ in range(behind + 1):
+            result, error = answers.get(timeout=PATIENCE_S)
+            assert error is None, error
+            ids.append(result.get_response().id)
+        assert ids == [str(index) for index in range(behind + 1)]
+    finally:
+        gate.touch()  # (a failed test must not leave the stream held by the slow request)
         client.stop_stream()

@@ -576,3 +576,16 @@ def test_a_config_naming_another_model_is_refused_in_tritons_words() -> None:
     assert caught.value.message.startswith(
         "unexpected directory name 'm' for model 'other', directory name must equal model name"
     )
+
+
+def test_a_config_file_alone_among_the_files_is_refused(tmp_path: Path) -> None:
+    # Files make a folder of their own; with only the config.pbtxt that 'config' writes, it
+    # would hold no model (Triton's fails the load for want of a version).
+    parameters = {"config": CONFIG, "file:config.pbtxt": b64(b"ignored")}
+    assert_rejected(parameters, "dense", tmp_path / "state", "'file:config.pbtxt'", "no other")
+
+
+def test_a_name_of_dots_alone_is_a_file_name() -> None:
+    parameters = {"config": CONFIG, "file:1/model.onnx": b64(MODEL_BYTES), "file:...": b64(b"x")}
+    options = parse_load_parameters(parameters, "dense", base64_files=True)
+    assert [path for path, _ in options.files] == ["...", "1/model.onnx"]

@@ -116,6 +116,13 @@ def parse_load_parameters(
     _check_model_name(model)
     # (A config.pbtxt among the files gives way to the 'config' parameter, as in Triton.)
     named = [(path, name) for name in file_names if (path := _file_path(name, model))]
+    if not named:  # files meant a folder of its own: one with a config alone serves nothing
+        raise _parameter_error(
+            file_names[0],
+            model,
+            f"{CONFIG_FILENAME} is written from the '{CONFIG_PARAMETER}' "
+            "parameter, and no other file is given",
+        )
     _check_layout([path for path, _ in named], model)
     files = [
         (path, _file_content(name, _unwrap(parameters[name]), model, base64_files))
@@ -227,8 +234,14 @@ def _file_path(name: str, model: str) -> str:
     problem = _path_problem(path)
     if problem is not None:
         raise _parameter_error(name, model, problem)
-    path = "/".join(part for part in path.split("/") if part not in ("", "."))
+    path = _joined(path)
     return "" if path == CONFIG_FILENAME else path
+
+
+def _joined(path: str) -> str:
+    """`path` as Triton joins it inside the model folder: without a leading '/', './' or
+    empty components."""
+    return "/".join(part for part in path.split("/") if part not in ("", "."))
 
 
 def _parameter_error(name: str, model: str, problem: str) -> TritonError:
@@ -258,7 +271,7 @@ def _file_content(name: str, value: object, model: str, base64_files: bool) -> b
 def _path_problem(path: str) -> str | None:
     if ".." in path.split("/"):
         return "'..' is not allowed: files must stay inside the model folder"
-    if not path.strip("/."):
+    if not _joined(path):
         return "the file path is empty"
     if path.endswith("/"):
         return "the file path names a folder, not a file"
@@ -329,6 +342,8 @@ def check_file_override(options: LoadOptions, model: str) -> ModelConfig:
     _check_model_name(model)
     for path, _ in options.files:
         problem = _path_problem(path)
+        if problem is None and (path != _joined(path) or path == CONFIG_FILENAME):
+            problem = "the path is not one `parse_load_parameters` gives"
         if problem is not None:
             raise _parameter_error(FILE_PREFIX + path, model, problem)
     _check_layout((path for path, _ in options.files), model)

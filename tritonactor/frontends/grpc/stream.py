@@ -73,8 +73,9 @@ class Pending:
 
     As Triton's, the one answer of a request (to a model that is not decoupled, or a refusal)
     goes out in the order the requests came (each has a ticket, its place): one that is ready
-    waits for those before it, and keeps its room in the window meanwhile. A decoupled model's
-    responses go out as they come, and its request holds no place (`skip`)."""
+    waits for those before it. Its request leaves the window once answered, so the stream goes
+    on reading behind a slow one (a sequence's later requests may be what lets it run). A
+    decoupled model's responses go out as they come, and its request holds no place (`skip`)."""
 
     def __init__(self, answers: Mailbox[Answer], window: int):
         self._answers = answers
@@ -113,6 +114,8 @@ class Pending:
             self.requests.pop(id(request), None)
         if ticket is not None:
             self._held[ticket] = response
+            self._running -= 1  # (its answer, held, keeps `_maybe_close` off: see `_flush`)
+            self._slots.release()
             self._flush()
             return
         # Called from the actor that answered: it must never raise there.
@@ -131,17 +134,15 @@ class Pending:
         self._flush()
 
     def _flush(self) -> None:
+        """Write the answers whose turn has come. Once no request runs, every place has its
+        answer (or is skipped), so none is left held when `_maybe_close` closes."""
         held = self._held
         while self._written in held:
             answer = held.pop(self._written)
             self._written += 1
-            if answer is _NO_PLACE:
-                continue  # (its request runs on: its final answer ends it)
-            if answer is not None:
+            if answer is not None and answer is not _NO_PLACE:
                 with contextlib.suppress(MailboxClosed):
                     self._answers.put_nowait(answer)
-            self._running -= 1
-            self._slots.release()
         self._maybe_close()
 
     def cancel_all(self) -> None:
@@ -337,12 +338,13 @@ def _answer(
     write: Callable[[InferenceRequest, InferenceResponse], frozenset[str]],
 ) -> None:
     failure: BaseException | None = None
+    answer: Answer | None = None
     try:
         response = reply.result()
         written = write(request, response)
         encoded = encode_infer_response(response, in_shared_memory=written, request=request)
         _mark(encoded.message, True)  # the one response is the last
-        answer: Answer = StreamInferResponse(infer_response=encoded).freeze()
+        answer = StreamInferResponse(infer_response=encoded).freeze()
     except TritonError as error:
         failure = error
         answer = _failure(request, error, True)
@@ -356,7 +358,11 @@ def _answer(
         text = f"internal error: {type(error).__name__}: {error}"
         answer = model_error(request, internal(text), True)
     finally:
-        shared_memory.release(request)
-    if request.trace is not None:
-        request.trace.end(failure)
-    pending.deliver(answer, finished=True, request=request, ticket=ticket)
+        try:
+            shared_memory.release(request)
+            if request.trace is not None:
+                request.trace.end(failure)
+        finally:  # whatever happens, its place in the stream's order is filled
+            if answer is None:  # (something above failed unexpectedly)
+                answer = model_error(request, internal("the answer could not be made"), True)
+            pending.deliver(answer, finished=True, request=request, ticket=ticket)
