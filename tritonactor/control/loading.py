@@ -132,24 +132,12 @@ class Loading:
         repository_config = model.config if override is None or not override.repository else None
         if override is not None and override.config_json:
             model = with_config(model, override.config_json)
-        versionless = False
+        if model.error is not None or model.config is None:
+            self._refuse(name, str(model.error), serving)
         try:
-            if model.error is not None or model.config is None:
-                raise ConfigError(str(model.error))
-            versionless = True  # (what fails from here: the policy selects no version)
             versions = versions_to_load(model)
-        except ConfigError as error:
-            reason = failure_reason(error)
-            self._record(
-                ev.LoadFailed(
-                    model=name,
-                    version=None,
-                    reason=reason,
-                    serving=serving,
-                    versionless=versionless,
-                )
-            )
-            raise invalid_arg(f"load failed for model '{name}': {reason}") from None
+        except ConfigError as error:  # the policy selects no version
+            self._refuse(name, failure_reason(error), serving, versionless=True)
         try:
             backend, config = await anyio.to_thread.run_sync(
                 functools.partial(
@@ -201,9 +189,7 @@ class Loading:
         try:  # Triton's rule: no response cache for a decoupled or sequence model
             check_model_config(config, self._router.step_configs(config))
         except ConfigError as error:
-            reason = str(error)
-            self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
-            raise invalid_arg(f"load failed for model '{name}': {reason}") from None
+            self._refuse(name, str(error), serving)
         self._record(load_requested(name, tuple(changed), source, digest, override))
         failures = await self._start_versions(
             model, backend, config, changed, digest, files, override_digest
@@ -254,9 +240,15 @@ class Loading:
         if reason is not None:
             self._refuse(name, reason, serving)
 
-    def _refuse(self, name: str, reason: str, serving: bool) -> NoReturn:
-        """The load of `name` fails as a whole, before any version is tried."""
-        self._record(ev.LoadFailed(model=name, version=None, reason=reason, serving=serving))
+    def _refuse(
+        self, name: str, reason: str, serving: bool, *, versionless: bool = False
+    ) -> NoReturn:
+        """The load of `name` fails as a whole, before any version is tried (`versionless`:
+        because its version policy selects none, `events.LoadFailed`)."""
+        failed = ev.LoadFailed(
+            model=name, version=None, reason=reason, serving=serving, versionless=versionless
+        )
+        self._record(failed)
         raise invalid_arg(f"load failed for model '{name}': {reason}")
 
     async def _load_steps(

@@ -8,7 +8,7 @@ import itertools
 import math
 import operator
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -74,6 +74,30 @@ class _Level:
         for waiting in (self.queue, self.delayed):
             while waiting and waiting[0].gone:
                 waiting.popleft()
+
+
+def batch_cut(
+    scanned: int,
+    best: int,
+    grown: bool,
+    delay: float,
+    waiting: Iterable[Any],
+    now: float,
+) -> tuple[int, float | None]:
+    """Triton's rule (its `GetDynamicBatch`) once the queue is scanned: how many of the
+    `scanned` requests go now, or 0 and when to look again. `best`: the prefix to send while the
+    queue delay runs (0: none); `grown`: the scanned requests can grow no more, or reached the
+    largest preferred size; `waiting`: the scanned requests (their `arrived`, for the delay).
+    With no delay to wait the best prefix goes, else all of them; while the delay of the oldest
+    runs, the best prefix goes (or all, grown), else none; once it has run out, all."""
+    if not delay:
+        return best or scanned, None
+    if not best and grown:
+        return scanned, None
+    due = min(entry.arrived for entry in waiting) + delay
+    if now < due:
+        return best, (None if best else due)
+    return scanned, None
 
 
 class DynamicBatcher(Scheduler[BatcherMessage]):
@@ -240,15 +264,10 @@ class DynamicBatcher(Scheduler[BatcherMessage]):
             entry.item.reply.fail(cancelled(f"request for model '{self.name}' was cancelled"))
         if not batch:
             return None, None
-        delay = self._delay
-        if not delay:  # no delay to wait: a preferred prefix, else all of it
-            return (batch[:best] if best else batch), None
-        if not best and (full or total >= largest):
-            return batch, None
-        due = min(entry.arrived for entry in batch) + delay
-        if now < due:  # the delay runs: a preferred prefix goes, else the batch waits
-            return (batch[:best], None) if best else (None, due)
-        return batch, None
+        taken, due = batch_cut(len(batch), best, full or total >= largest, self._delay, batch, now)
+        if not taken:
+            return None, due
+        return (batch if taken == len(batch) else batch[:taken]), None
 
     def _in_order(self) -> Iterator[_Waiting]:
         # (Iterated in C: a generator's frame resumed per waiting request cost two calls a

@@ -14,6 +14,7 @@ import numpy as np
 
 from tritonactor.actors import ActorRef
 from tritonactor.core.types import RequestedOutput, Tensor
+from tritonactor.scheduling.dynamic import batch_cut
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.sequence_controls import CorrelationId
 from tritonactor.scheduling.sequence_state import SavedState
@@ -105,21 +106,16 @@ def direct_rows(
 def oldest_rows(
     heads: dict[int, Waiting], now: float, limit: int, delay: float, preferred: set[int]
 ) -> tuple[list[Waiting | None] | None, float | None]:
-    """One request per sequence, oldest first, by the dynamic batcher's rules (Triton's Oldest
-    strategy batches with one): up to `limit` of them; while the oldest's `delay` runs (or when
-    it is 0), the largest preferred size they reach goes at once; else all of them go when no
-    more could join, when they reach the largest preferred size, or once the delay has run
-    out: else None and when it is due."""
+    """One request per sequence, oldest first, up to `limit` of them, cut by the dynamic
+    batcher's rule (`batch_cut`: Triton's Oldest strategy batches with a dynamic batcher): else
+    None and when it is due."""
     ordered = sorted(heads.values(), key=lambda entry: entry.order)
     batch: list[Waiting | None] = list(ordered[:limit])
     count = len(batch)
-    due = min(entry.arrived for entry in heads.values()) + delay
     best = max((size for size in preferred if size <= count), default=0)
-    if best and not (delay and now >= due):
-        return batch[:best], None
-    if len(ordered) > limit or count >= max(preferred, default=0) or now >= due:
-        return batch, None
-    return None, due
+    grown = len(ordered) > limit or count >= max(preferred, default=0)
+    taken, due = batch_cut(count, best, grown, delay, heads.values(), now)
+    return (batch[:taken] if taken else None), due
 
 
 def zeros_like(tensor: Tensor) -> Tensor:
