@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -212,3 +213,17 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     yield process
     process.stop()
+
+
+def gated_order_repository(root: Path, instances: int = 1) -> tuple[Path, Path]:
+    """A repository with the python model `gated_order` (tests/python_models) and `instances`
+    instances; returns it and the gate file whose existence lets a "block" request go on."""
+    repo, gate = root / "repo", root / "gate"
+    shutil.copytree(
+        Path(__file__).resolve().parent.parent / "python_models" / "gated_order",
+        repo / "gated_order",
+    )
+    config = repo / "gated_order" / "config.pbtxt"
+    text = config.read_text().replace('string_value: ""', f'string_value: "{gate}"')
+    config.write_text(text.replace("count: 1", f"count: {instances}"))
+    return repo, gate

@@ -5,7 +5,6 @@ HTTP and gRPC, not by their arrival."""
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.e2e.conftest import gated_order_repository
 from tests.server_process import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
@@ -29,11 +29,7 @@ PATIENCE_S = 60
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     root = tmp_path_factory.mktemp("priorities")
-    repo = root / "repo"
-    shutil.copytree(MODELS / "gated_order", repo / "gated_order")
-    gate = root / "gate"
-    config = repo / "gated_order" / "config.pbtxt"
-    config.write_text(config.read_text().replace('string_value: ""', f'string_value: "{gate}"'))
+    repo, gate = gated_order_repository(root)
     process = start_server([repo], root)
     yield process, gate
     process.stop()

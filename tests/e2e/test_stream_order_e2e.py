@@ -4,7 +4,6 @@ are not decoupled): one that is ready waits for those before it."""
 from __future__ import annotations
 
 import queue
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,23 +13,18 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from tests.e2e.conftest import gated_order_repository
 from tests.server_process import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
 
-MODELS = Path(__file__).resolve().parent.parent / "python_models"
 PATIENCE_S = 60
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     root = tmp_path_factory.mktemp("stream-order")
-    repo = root / "repo"
-    shutil.copytree(MODELS / "gated_order", repo / "gated_order")
-    gate = root / "gate"
-    config = repo / "gated_order" / "config.pbtxt"
-    text = config.read_text().replace('string_value: ""', f'string_value: "{gate}"')
-    config.write_text(text.replace("count: 1", "count: 2"))  # a second instance runs on
+    repo, gate = gated_order_repository(root, instances=2)  # a second instance runs on
     process = start_server([repo], root)
     yield process, gate
     process.stop()
