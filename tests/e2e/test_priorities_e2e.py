@@ -22,7 +22,6 @@ from tests.server_process import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
 
-MODELS = Path(__file__).resolve().parent.parent / "python_models"
 PATIENCE_S = 60
 
 
