@@ -709,6 +709,34 @@ def test_trace_count_counts_the_requests_of_every_front_end(tmp_path: Path) -> N
         receiver.close()
 
 
+def test_a_front_end_that_joins_takes_the_log_settings_in_force(tmp_path: Path) -> None:
+    """Log settings changed through one front end hold in a front end started after it (uvicorn
+    replacing one that died), not the command line's it started with: its requests are logged
+    at the verbose level set."""
+    served = start("serve", tmp_path)
+    try:
+        (survivor, a), (doomed, _) = served.per_front_end().items()
+        status, body = request(a, "POST", "/v2/logging", {"log_verbose_level": 1})
+        assert status == 200 and body["log_verbose_level"] == 1, body
+        os.kill(doomed, signal.SIGKILL)
+        connections = served.replaced(doomed)
+        joined, connection = next((p, c) for p, c in connections.items() if p != survivor)
+        status, body = request(connection, "POST", "/v2/models/add_sub/infer", infer_body(1.0))
+        assert status == 200, body
+
+        def logged_by_joined() -> bool:
+            return any(
+                line.startswith("V")
+                and f" {joined} " in line
+                and "/v2/models/add_sub/infer" in line
+                for line in served.output().splitlines()
+            )
+
+        wait_for(logged_by_joined, timeout=60, describe=served.output)
+    finally:
+        stop(served)
+
+
 def _exporters(root: int) -> list[int]:
     """The span exporter processes under `root` (observability/span_exporter.py)."""
     found, stack = [], [root]

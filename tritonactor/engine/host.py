@@ -49,6 +49,7 @@ from tritonactor.engine.wire import (
 )
 from tritonactor.memory.lease import check_output_size
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
+from tritonactor.observability import logging as log_settings
 from tritonactor.scheduling.router import Router
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,12 @@ class _Connection(asyncio.BufferedProtocol):
         self.send(table(self._host.server.router))
         self.send(self._host.regions())
         self.send(self._host.server.trace_state())
+        # The log settings in force, perhaps changed since the server started (uvicorn's
+        # replacement of a front end that died starts with the command line's); the log file
+        # is the command line's in every process, and no request may change it.
+        settings = log_settings.current()
+        del settings["log_file"]
+        self.send(m.LogSettings(settings))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._reader.get_buffer(sizehint)
