@@ -144,6 +144,50 @@ async def test_execute_that_raises_fails_the_batch_and_the_process_stays(
 
 
 @pytest.mark.anyio
+async def test_an_exception_without_a_message_is_named_as_triton_names_it(
+    start: Started,
+) -> None:
+    instance = start("faulty")
+    [result] = await instance.execute(
+        [request("faulty", tensor("INPUT0", np.array([-1], np.int32)))]
+    )
+    assert isinstance(result, TritonError)
+    assert result.message == (
+        "Failed to process the request(s) for model 'faulty_0_0', message: ValueError: "
+        f"<EMPTY MESSAGE>\n\nAt:\n  {FAULTY_MODEL}(17): execute\n"
+    )
+
+
+@pytest.mark.anyio
+async def test_a_model_without_execute_or_without_its_class_fails_in_tritons_words(
+    start: Started, tmp_path: Path
+) -> None:
+    config = (MODELS / "faulty" / "config.pbtxt").read_text().replace('"faulty"', '"no_execute"')
+    for name, source in (
+        ("no_execute", "class TritonPythonModel:\n    def initialize(self, args):\n        pass\n"),
+        ("no_class", "class Model:\n    pass\n"),
+    ):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(config.replace("no_execute", name))
+        (tmp_path / name / "1" / "model.py").write_text(source)
+    instance = start("no_execute", model_context=context("no_execute", tmp_path))
+    [result] = await instance.execute(
+        [request("no_execute", tensor("INPUT0", np.array([5], np.int32)))]
+    )
+    assert isinstance(result, TritonError) and result.code == ErrorCode.INTERNAL
+    model_file = tmp_path / "no_execute" / "1" / "model.py"
+    assert result.message == (
+        "Failed to process the request(s) for model 'no_execute_0_0', message: Python model "
+        f"{model_file} does not implement `execute` method."
+    )
+    with pytest.raises(TritonError) as failed:
+        start("no_class", model_context=context("no_class", tmp_path))
+    assert "AttributeError: module '1.model' has no attribute 'TritonPythonModel'" in str(
+        failed.value
+    ), failed.value
+
+
+@pytest.mark.anyio
 async def test_response_error_fails_only_that_request(start_either: Started) -> None:
     instance = start_either("faulty")
     bad = request("faulty", tensor("INPUT0", np.array([1], dtype=np.int32)))

@@ -61,6 +61,7 @@ class Stub(WireConversions):
         self.shm_prefix = shm_prefix
         self.pb = pb_utils
         self.model: Any = None
+        self._model_file = ""  # model.py's path, as the init message gives it
         self.decoupled = False
         self.calls = ServerCalls(self)
         # What `__del__`s have to say, sent by the forwarding thread. SimpleQueue: a response
@@ -143,13 +144,17 @@ class Stub(WireConversions):
         spec.loader.exec_module(module)
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:
-            raise ImportError(f"{path} defines no class TritonPythonModel")
+            # Triton's words: its stub imports model.py as a module of its version's folder.
+            raise AttributeError(
+                f"module '{path.parent.name}.{path.stem}' has no attribute 'TritonPythonModel'"
+            )
         return model_class
 
     def _initialize(self, message: dict[str, Any]) -> bool:
         try:
             self.decoupled = message["decoupled"]
-            self.model = self._load_class(message["model_file"])()
+            self._model_file = message["model_file"]
+            self.model = self._load_class(self._model_file)()
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
                 self._call(initialize, message["args"])
@@ -190,7 +195,13 @@ class Stub(WireConversions):
         requests: list[Any] = []
         try:
             requests = self._requests_from_wire(message)
-            returned = self.model.execute(requests)
+            try:
+                execute = self.model.execute
+            except AttributeError:
+                raise ExecuteError(
+                    f"Python model {self._model_file} does not implement `execute` method."
+                ) from None
+            returned = execute(requests)
             # (A list, what most models return, is never awaitable: no ABC check for it.)
             if type(returned) is not list and inspect.isawaitable(returned):
                 if self.decoupled:
@@ -355,7 +366,8 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    # (An exception without a message: pybind11's words for it, which Triton's stub writes.)
+    return f"{type(exc).__name__}: {str(exc) or '<EMPTY MESSAGE>'}"
 
 
 _OWN_FILES = os.path.dirname(os.path.abspath(__file__))  # the stub and its pb_utils

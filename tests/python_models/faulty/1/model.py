@@ -1,5 +1,5 @@
-"""INPUT0 = 0: execute raises; 1: the response carries an INVALID_ARG error; 2: execute returns
-its responses in a tuple (refused); else an echo."""
+"""INPUT0 = 0: execute raises (-1: without a message); 1: the response carries an INVALID_ARG
+error; 2: execute returns its responses in a tuple (refused); else an echo."""
 
 import triton_python_backend_utils as pb_utils
 
@@ -13,6 +13,8 @@ class TritonPythonModel:
             in_a_tuple = in_a_tuple or value[0] == 2
             if value[0] == 0:
                 raise ValueError("the model was asked to fail")
+            if value[0] == -1:
+                raise ValueError()
             if value[0] == 1:
                 error = pb_utils.TritonError("one is not allowed", pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
