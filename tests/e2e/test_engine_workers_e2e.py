@@ -285,6 +285,11 @@ def test_one_copy_of_each_model_whatever_the_front_ends(served: Served) -> None:
     for front_end in served.front_ends():
         assert not [c for c in children(front_end) if "backends.python.stub" in cmdline(c)]
     assert engine not in served.front_ends()
+    # The lock that kept it to one engine (front ends racing to start it, under hypercorn)
+    # leaves no file behind once the engine serves.
+    socket_path = environ(engine).get("TA_ENGINE_SOCKET")
+    assert socket_path and Path(socket_path).exists()
+    assert not Path(socket_path + ".lock").exists()
 
 
 @pytest.mark.skipif(usable_cpus() < 2, reason="one front end beside the engine needs two cores")

@@ -188,15 +188,36 @@ def _own_pidfd() -> int | None:
 
 
 def _locked_start(settings: Settings, path: str, tied: bool = False) -> socket.socket | None:
-    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """`_start` under the lock file beside the socket, which its holder removes before it lets
+    go (each server's name would otherwise leave a file behind for good): a process that waited
+    on a file removed meanwhile locks the one at the path now, made anew if need be."""
+    lock_path = path + ".lock"
+    while True:
+        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            return _start(settings, path, tied)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if _same_file(lock, lock_path):
+                break
+        except BaseException:
+            os.close(lock)
+            raise
+        os.close(lock)  # removed while this process waited: the lock is the path's file now
+    try:
+        return _start(settings, path, tied)
     finally:
-        os.close(lock)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path)
+        os.close(lock)  # (its lock goes with it)
+
+
+def _same_file(descriptor: int, path: str) -> bool:
+    """Whether `path` still names the file open as `descriptor`."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(descriptor)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def start_engine(settings: Settings) -> str:
