@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -324,3 +325,55 @@ def test_two_servers_on_port_0_each_have_their_own_engine_and_sockets(
         if two is not None:
             stop(two)
         stop(one)
+
+
+HELD_MODEL = """
+import os
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        gate = Path(os.environ["HELD_GATE"])
+        (gate / "initializing").touch()
+        while not (gate / "go").exists():  # the test lets it go
+            time.sleep(0.05)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+"""
+
+
+@pytest.mark.parametrize("kind", ["serve-uvicorn-1", "serve-uvicorn-0", "hypercorn-2"])
+def test_grpc_refuses_connections_until_the_models_have_loaded(kind: str, tmp_path: Path) -> None:
+    """As tritonserver's endpoints, which open once its models have loaded: while a model of
+    the startup load is in `initialize`, a gRPC connection is refused (it was taken, and then
+    answered nothing until the load ended), and so are the metrics'; then gRPC serves."""
+    repo = repository(tmp_path)
+    (repo / "held" / "1").mkdir(parents=True)
+    (repo / "held" / "config.pbtxt").write_text('name: "held"\nbackend: "python"\n')
+    (repo / "held" / "1" / "model.py").write_text(HELD_MODEL)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    started = launch(kind, tmp_path, env={"HELD_GATE": str(gate)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (gate / "initializing").exists():
+            assert started.process.poll() is None, started.log()
+            assert time.monotonic() < deadline, started.log()
+            time.sleep(0.1)
+        for endpoint in ("grpc", "metrics"):
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", started.ports[endpoint]), timeout=10)
+        (gate / "go").touch()
+        started.wait_ready()
+        client = grpcclient.InferenceServerClient(started.grpc_url)
+        try:
+            assert client.is_server_ready() and client.is_model_ready("held")
+        finally:
+            client.close()
+    finally:
+        stop(started)

@@ -57,6 +57,7 @@ async def serve(server: Server, path: str, starter: int | None = None) -> None:
         log.info("engine serving its front ends on %s", path)
         if server.tracing is not None:
             host.continue_trace = server.tracing.continued
+        listeners.listen()  # the models have loaded: gRPC takes connections
         tell_ready("ready")
         try:
             async with anyio.create_task_group() as tasks:

@@ -2,9 +2,10 @@
 without SO_REUSEPORT, so no other process can join it) and hands a copy of it to every front end
 that asks, over a Unix socket beside its own (`<engine socket>.listeners`, SCM_RIGHTS), after
 checking that the asker runs as this user; each front end accepts connections on that one
-socket. A front end that restarts gets it again; connections that arrive while none accepts wait
-in the socket's queue. (The HTTP socket is the ASGI server's: bound once in its parent and
-inherited by its workers.)"""
+socket. It listens once the engine's models have loaded (before, a connection is refused, as by
+tritonserver, whose endpoints open after its models load). A front end that restarts gets it
+again; connections that arrive while none accepts wait in the socket's queue. (The HTTP socket
+is the ASGI server's: bound once in its parent and inherited by its workers.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from contextlib import asynccontextmanager
 import anyio
 
 from tritonactor.engine.launch import EngineFailed, same_user
-from tritonactor.frontends.listen import ListenFailed, address_text, listening_socket
+from tritonactor.frontends.listen import BACKLOG, ListenFailed, address_text, bound_socket
 from tritonactor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,12 @@ class SharedListeners:
     def __init__(self, grpc: socket.socket | None) -> None:
         self.grpc = grpc
         self._serves_grpc = grpc is not None
+
+    def listen(self) -> None:
+        """Take connections from now on (queued until a front end accepts them): once the
+        models have loaded, as tritonserver's endpoints (before, one was refused)."""
+        if self.grpc is not None:
+            self.grpc.listen(BACKLOG)
 
     def close(self) -> None:
         if self.grpc is not None:
@@ -60,7 +67,7 @@ async def handing_out(settings: Settings, path: str) -> AsyncIterator[SharedList
     grpc = None
     if settings.grpc_enabled:
         try:
-            grpc = listening_socket("gRPC", settings.grpc_host, settings.grpc_port)
+            grpc = bound_socket("gRPC", settings.grpc_host, settings.grpc_port)
         except ListenFailed as error:
             log.error("%s", error)
             raise

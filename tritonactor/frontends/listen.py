@@ -50,6 +50,14 @@ def listening_socket(endpoint: str, host: str, port: int) -> socket.socket:
     return _bound(endpoint, host, port, listen=True)
 
 
+def bound_socket(endpoint: str, host: str, port: int) -> socket.socket:
+    """As `listening_socket`, but not listening yet: a connection to it is refused until
+    `listen` is called (`sock.listen(BACKLOG)`, or an event loop's `create_server` on it). For
+    the engine's gRPC socket, bound before its models load so that a taken address fails the
+    start then, and listening once they have loaded, as tritonserver opens no endpoint before."""
+    return _bound(endpoint, host, port, listen=False)
+
+
 def check_free(endpoint: str, host: str, port: int) -> None:
     """Raise ListenFailed now when `host:port` is taken, so that a server fails before it
     loads its models rather than after. Only a look (a bind that never listens, so that it
