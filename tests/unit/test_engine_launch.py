@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,53 @@ def test_the_server_process_is_the_parent_of_a_worker_and_else_this_one() -> Non
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:  # a worker started as hypercorn and uvicorn start theirs
         assert pool.apply(launch.server_process) == launch.server_process()
+
+
+def test_stale_lock_files_are_swept_and_one_held_is_kept(tmp_path: Path) -> None:
+    """A lock file no start holds (its holder was killed mid-start) goes at the next start;
+    one a start holds stays, and so does everything else in the folder."""
+    stale, held, other = (tmp_path / name for name in ("a.sock.lock", "b.sock.lock", "c.sock"))
+    for path in (stale, held, other):
+        path.touch()
+    holder = os.open(held, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        launch._sweep_stale_locks(str(tmp_path))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["b.sock.lock", "c.sock"]
+    finally:
+        os.close(holder)
+
+
+def test_starts_take_turns_and_leave_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_locked_start` lets one start run at a time (each removes the lock file before it lets
+    go, and one that waited on a file removed meanwhile locks the path's new one), and none
+    leaves a file behind."""
+    inside = tmp_path / "inside"
+    overlaps: list[int] = []
+
+    def start(settings: object, path: str, tied: bool) -> None:
+        try:
+            marker = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            overlaps.append(1)
+            return
+        os.close(marker)
+        time.sleep(0)  # (lets another thread run while this one is inside)
+        os.unlink(inside)
+
+    monkeypatch.setattr(launch, "_start", start)
+    path = str(tmp_path / "engine.sock")
+
+    def starts() -> None:
+        for _ in range(100):
+            launch._locked_start(settings(tmp_path), path)
+
+    threads = [threading.Thread(target=starts) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not overlaps
+    assert not os.path.exists(path + ".lock")

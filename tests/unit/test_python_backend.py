@@ -188,6 +188,37 @@ async def test_a_model_without_execute_or_without_its_class_fails_in_tritons_wor
 
 
 @pytest.mark.anyio
+async def test_model_py_is_imported_as_tritons_stub_imports_it(
+    start: Started, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model.py is the module `1.model` of a package that is its version's folder: a relative
+    import of a sibling works (it failed: no parent package), and `__name__` is Triton's; a
+    folder named `1` in the working folder is not that package."""
+    config = (MODELS / "faulty" / "config.pbtxt").read_text().replace('"faulty"', '"relative"')
+    (tmp_path / "relative" / "1").mkdir(parents=True)
+    (tmp_path / "relative" / "config.pbtxt").write_text(config)
+    (tmp_path / "relative" / "1" / "helper.py").write_text("class Base:\n    pass\n")
+    (tmp_path / "relative" / "1" / "model.py").write_text(
+        "from .helper import Base\n\n\nclass TritonPythonModel(Base):\n"
+        "    def execute(self, requests):\n        raise ValueError(__name__)\n"
+    )
+    # The model's process works in a folder holding another `1/model.py` (its working folder is
+    # on its `sys.path`): not the one imported.
+    decoy = tmp_path / "elsewhere"
+    (decoy / "1").mkdir(parents=True)
+    (decoy / "1" / "model.py").write_text("raise RuntimeError('the wrong model.py')\n")
+    monkeypatch.chdir(decoy)
+    instance = start("relative", model_context=context("relative", tmp_path))
+    [result] = await instance.execute(
+        [request("relative", tensor("INPUT0", np.array([5], np.int32)))]
+    )
+    assert isinstance(result, TritonError)
+    assert result.message.startswith(
+        "Failed to process the request(s) for model 'relative_0_0', message: ValueError: 1.model"
+    ), result.message
+
+
+@pytest.mark.anyio
 async def test_response_error_fails_only_that_request(start_either: Started) -> None:
     instance = start_either("faulty")
     bad = request("faulty", tensor("INPUT0", np.array([1], dtype=np.int32)))

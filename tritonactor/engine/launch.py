@@ -40,6 +40,8 @@ READY_FD = "TA_ENGINE_READY_FD"
 # The pidfd of the process that started the engine.
 STARTER_FD = "TA_ENGINE_STARTER_FD"
 SOCKET = "TA_ENGINE_SOCKET"
+# The lock file beside an engine's socket (`<socket>.lock`) while a process starts the engine.
+LOCK_SUFFIX = ".lock"
 # How many front-end processes the ASGI server runs: set by `tritonactor serve` (app.py reads
 # it; a plain hypercorn command line says it with --workers). Not a TRITONACTOR_* setting: it
 # describes the processes, and `tritonactor serve --workers` is how to choose it.
@@ -191,7 +193,8 @@ def _locked_start(settings: Settings, path: str, tied: bool = False) -> socket.s
     """`_start` under the lock file beside the socket, which its holder removes before it lets
     go (each server's name would otherwise leave a file behind for good): a process that waited
     on a file removed meanwhile locks the one at the path now, made anew if need be."""
-    lock_path = path + ".lock"
+    lock_path = path + LOCK_SUFFIX
+    _sweep_stale_locks(os.path.dirname(path))
     while True:
         lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
@@ -205,9 +208,33 @@ def _locked_start(settings: Settings, path: str, tied: bool = False) -> socket.s
     try:
         return _start(settings, path, tied)
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # (gone, or a folder that refuses: left, harmless)
             os.unlink(lock_path)
         os.close(lock)  # (its lock goes with it)
+
+
+def _sweep_stale_locks(folder: str) -> None:
+    """Remove the lock files no start holds: left by a start that was killed (a holder removes
+    its own when it lets go), each under its lock as its holder would have, so that a start
+    under way keeps its file."""
+    try:
+        names = [name for name in os.listdir(folder) if name.endswith(".sock" + LOCK_SUFFIX)]
+    except OSError:
+        return
+    for name in names:
+        lock_path = os.path.join(folder, name)
+        try:
+            lock = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(lock, lock_path):
+                os.unlink(lock_path)
+        except OSError:
+            pass  # held by a start under way, or gone meanwhile
+        finally:
+            os.close(lock)
 
 
 def _same_file(descriptor: int, path: str) -> bool:

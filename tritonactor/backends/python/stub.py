@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import importlib.util
 import inspect
 import os
 import queue
@@ -30,6 +29,7 @@ import socket
 import sys
 import threading
 import traceback
+import types
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NoReturn
@@ -132,16 +132,24 @@ class Stub(WireConversions):
                 return
 
     def _load_class(self, model_file: str) -> Any:
+        """model.py's `TritonPythonModel`, model.py imported as Triton's stub imports it: the
+        module `<version>.<file stem>` (its `__name__`), of a package that is the version's
+        folder (so that `from .helper import ...` finds a sibling), with the version's folder
+        and the model's folder put last on `sys.path` (sibling modules import by their names,
+        and installed packages come first, as in Triton). The package is made here rather than
+        found on `sys.path`, where a folder of the same name in the working folder would
+        come first."""
         path = Path(model_file)
-        # Sibling modules of model.py import as they do in Triton.
-        sys.path.insert(0, str(path.parent))
-        module_name = f"_tritonactor_model_{abs(hash(str(path)))}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        version_dir = path.parent
+        sys.path.append(str(version_dir))
+        sys.path.append(str(version_dir.parent))
+        package_name = version_dir.name
+        package = types.ModuleType(package_name)
+        package.__path__ = [str(version_dir)]
+        sys.modules[package_name] = package
+        module_name = f"{package_name}.{path.stem}"
+        __import__(module_name)  # (as Triton's stub imports it: the import system's frames)
+        module = sys.modules[module_name]
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:
             # Triton's words: its stub imports model.py as a module of its version's folder.
