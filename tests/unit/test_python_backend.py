@@ -27,7 +27,7 @@ from tritonactor.backends.base import InstanceContext, InstanceDied
 from tritonactor.backends.python import PythonBackend, PythonInstance, ipc
 from tritonactor.backends.python import triton_python_backend_utils as pb_utils
 from tritonactor.backends.python.backend import interpreter_for
-from tritonactor.config.model_config import config_to_json, parse_pbtxt, read_pbtxt
+from tritonactor.config.model_config import ModelConfig, config_to_json, parse_pbtxt, read_pbtxt
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import (
     InferenceRequest,
@@ -192,15 +192,20 @@ async def test_model_py_is_imported_as_tritons_stub_imports_it(
     start: Started, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """model.py is the module `1.model` of a package that is its version's folder: a relative
-    import of a sibling works (it failed: no parent package), and `__name__` is Triton's; a
+    import of a sibling works (it failed: no parent package), the folder's `__init__.py` runs,
+    a file beside model.py reads through `importlib.resources`, and `__name__` is Triton's; a
     folder named `1` in the working folder is not that package."""
     config = (MODELS / "faulty" / "config.pbtxt").read_text().replace('"faulty"', '"relative"')
     (tmp_path / "relative" / "1").mkdir(parents=True)
     (tmp_path / "relative" / "config.pbtxt").write_text(config)
     (tmp_path / "relative" / "1" / "helper.py").write_text("class Base:\n    pass\n")
+    (tmp_path / "relative" / "1" / "__init__.py").write_text("FLAG = 'from __init__'\n")
+    (tmp_path / "relative" / "1" / "data.txt").write_text("beside")
     (tmp_path / "relative" / "1" / "model.py").write_text(
-        "from .helper import Base\n\n\nclass TritonPythonModel(Base):\n"
-        "    def execute(self, requests):\n        raise ValueError(__name__)\n"
+        "from importlib import resources\n\nfrom . import FLAG\nfrom .helper import Base\n\n\n"
+        "class TritonPythonModel(Base):\n    def execute(self, requests):\n"
+        "        data = resources.files(__package__).joinpath('data.txt').read_text()\n"
+        "        raise ValueError(f'{__name__} {FLAG} {data}')\n"
     )
     # The model's process works in a folder holding another `1/model.py` (its working folder is
     # on its `sys.path`): not the one imported.
@@ -214,8 +219,48 @@ async def test_model_py_is_imported_as_tritons_stub_imports_it(
     )
     assert isinstance(result, TritonError)
     assert result.message.startswith(
-        "Failed to process the request(s) for model 'relative_0_0', message: ValueError: 1.model"
+        "Failed to process the request(s) for model 'relative_0_0', message: ValueError: 1.model "
+        "from __init__ beside"
     ), result.message
+
+
+SPAWNING_MODEL = """
+import multiprocessing
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def square(value):
+    return value * value
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(1) as pool:
+            squared = pool.apply_async(square, (7,)).get(timeout=120)
+        output = pb_utils.Tensor("OUTPUT0", np.array([squared], dtype=np.int32))
+        return [pb_utils.InferenceResponse([output]) for _ in requests]
+"""
+
+
+@pytest.mark.anyio
+async def test_a_process_the_model_spawns_imports_model_py_and_the_helpers(
+    start: Started, tmp_path: Path
+) -> None:
+    """multiprocessing's spawn re-imports model.py in the child, which imports
+    `triton_python_backend_utils` by its Triton name: found there as in Triton's stub (it
+    failed, and the pool waited for ever)."""
+    config = (MODELS / "faulty" / "config.pbtxt").read_text().replace('"faulty"', '"spawning"')
+    (tmp_path / "spawning" / "1").mkdir(parents=True)
+    (tmp_path / "spawning" / "config.pbtxt").write_text(config)
+    (tmp_path / "spawning" / "1" / "model.py").write_text(SPAWNING_MODEL)
+    instance = start("spawning", model_context=context("spawning", tmp_path))
+    [result] = await instance.execute(
+        [request("spawning", tensor("INPUT0", np.array([5], np.int32)))]
+    )
+    assert outputs(result)["OUTPUT0"].tolist() == [49], result
 
 
 @pytest.mark.anyio
@@ -711,3 +756,25 @@ async def test_a_finalized_model_process_clears_the_instances_shared_memory(
     instance._stub.channel.send({"op": "finalize"})
     assert await anyio.to_thread.run_sync(instance._stub.process.wait, 30) == 0
     assert files() == []
+
+
+def test_an_auto_complete_config_inherited_from_a_module_beside_model_py_runs(
+    tmp_path: Path,
+) -> None:
+    """model.py need not name `auto_complete_config`: a base class it imports from beside it
+    may define it (it was skipped, model.py's own text not naming it)."""
+    version = tmp_path / "inherits" / "1"
+    version.mkdir(parents=True)
+    (version / "base.py").write_text(
+        "class Base:\n"
+        "    @staticmethod\n"
+        "    def auto_complete_config(config):\n"
+        "        config.set_max_batch_size(8)\n"
+        "        return config\n"
+    )
+    (version / "model.py").write_text(
+        "from .base import Base\n\n\nclass TritonPythonModel(Base):\n"
+        "    def execute(self, requests):\n        return []\n"
+    )
+    completed = PythonBackend().auto_complete_config(ModelConfig(name="inherits"), version)
+    assert completed.max_batch_size == 8

@@ -80,11 +80,7 @@ class PythonBackend(Backend):
 
     def auto_complete_config(self, config: ModelConfig, version_dir: Path) -> ModelConfig:
         path = version_file(version_dir, config.default_model_filename or MODEL_FILENAME)
-        try:
-            source = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return config
-        if "auto_complete_config" not in source:
+        if not _mentions_auto_complete(path):
             return config  # spare a process start for the common case
         try:
             stub = StubProcess(
@@ -164,3 +160,19 @@ class PythonModel(BackendModel):
             "model_version": str(self.context.version),
             "model_name": self.context.name,
         }
+
+
+def _mentions_auto_complete(model_file: Path) -> bool:
+    """Whether model.py, or a python file beside it (a base class it imports may define the
+    method), names `auto_complete_config`: where none does, the model cannot have one."""
+    try:
+        files = [model_file, *sorted(model_file.parent.rglob("*.py"))]
+    except OSError:
+        files = [model_file]
+    for file in files:
+        try:
+            if "auto_complete_config" in file.read_text(encoding="utf-8", errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False

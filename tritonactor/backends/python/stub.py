@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.machinery
+import importlib.util
 import inspect
 import os
 import queue
@@ -29,7 +31,6 @@ import socket
 import sys
 import threading
 import traceback
-import types
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NoReturn
@@ -134,19 +135,26 @@ class Stub(WireConversions):
     def _load_class(self, model_file: str) -> Any:
         """model.py's `TritonPythonModel`, model.py imported as Triton's stub imports it: the
         module `<version>.<file stem>` (its `__name__`), of a package that is the version's
-        folder (so that `from .helper import ...` finds a sibling), with the version's folder
-        and the model's folder put last on `sys.path` (sibling modules import by their names,
-        and installed packages come first, as in Triton). The package is made here rather than
-        found on `sys.path`, where a folder of the same name in the working folder would
-        come first."""
+        folder (so that `from .helper import ...` finds a sibling, its `__init__.py` runs and
+        `importlib.resources` reads the files beside it), with the version's folder and the
+        model's folder put last on `sys.path` (sibling modules import by their names, and
+        installed packages come first, as in Triton). The package is looked for in the model's
+        folder only, not along `sys.path`, where a folder of the same name in the working
+        folder would come first."""
         path = Path(model_file)
         version_dir = path.parent
         sys.path.append(str(version_dir))
         sys.path.append(str(version_dir.parent))
         package_name = version_dir.name
-        package = types.ModuleType(package_name)
-        package.__path__ = [str(version_dir)]
+        # Found in the model's folder alone; its __init__.py, if any, runs (a namespace
+        # package otherwise, as Triton's import makes it).
+        spec = importlib.machinery.PathFinder.find_spec(package_name, [str(version_dir.parent)])
+        if spec is None:
+            raise ImportError(f"cannot import {version_dir} as the package {package_name!r}")
+        package = importlib.util.module_from_spec(spec)
         sys.modules[package_name] = package
+        if spec.loader is not None:
+            spec.loader.exec_module(package)
         module_name = f"{package_name}.{path.stem}"
         __import__(module_name)  # (as Triton's stub imports it: the import system's frames)
         module = sys.modules[module_name]
@@ -427,10 +435,13 @@ def main(argv: list[str] | None = None) -> None:
     channel = ipc.Channel(socket.socket(fileno=options.fd))
     answers = ipc.Channel(socket.socket(fileno=options.answers_fd))
     # Model code imports the helpers by their Triton name. An alias rather than this folder on
-    # sys.path, so that our other modules here cannot shadow a model's own `ipc` or `stub`.
+    # sys.path, so that our other modules here cannot shadow a model's own `ipc` or `stub`; and
+    # a folder holding only that name last on sys.path, for the processes a model starts
+    # (importable/), as Triton's stub appends its backend folder.
     from tritonactor.backends.python import triton_python_backend_utils as pb_utils
 
     sys.modules["triton_python_backend_utils"] = pb_utils
+    sys.path.append(str(Path(__file__).resolve().parent / "importable"))
 
     stub = Stub(
         channel,
