@@ -27,7 +27,7 @@ from tritonactor.backends.base import InstanceContext, InstanceDied
 from tritonactor.backends.python import PythonBackend, PythonInstance, ipc
 from tritonactor.backends.python import triton_python_backend_utils as pb_utils
 from tritonactor.backends.python.backend import interpreter_for
-from tritonactor.config.model_config import ModelConfig, config_to_json, parse_pbtxt, read_pbtxt
+from tritonactor.config.model_config import config_to_json, parse_pbtxt, read_pbtxt
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import (
     InferenceRequest,
@@ -758,23 +758,33 @@ async def test_a_finalized_model_process_clears_the_instances_shared_memory(
     assert files() == []
 
 
-def test_an_auto_complete_config_inherited_from_a_module_beside_model_py_runs(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("where", "imported"),
+    [("1/base.py", "from .base import Base"), ("common.py", "from common import Base")],
+    ids=["beside-model-py", "in-the-model-folder"],
+)
+def test_an_auto_complete_config_inherited_from_the_models_folder_runs(
+    tmp_path: Path, where: str, imported: str
 ) -> None:
-    """model.py need not name `auto_complete_config`: a base class it imports from beside it
-    may define it (it was skipped, model.py's own text not naming it)."""
-    version = tmp_path / "inherits" / "1"
-    version.mkdir(parents=True)
-    (version / "base.py").write_text(
+    """model.py need not name `auto_complete_config`: a base class it imports from beside it,
+    or from its model's folder, may define it (it was skipped, model.py's own text not naming
+    it), even where the config names its tensors already."""
+    model = tmp_path / "inherits"
+    (model / "1").mkdir(parents=True)
+    (model / where).write_text(
         "class Base:\n"
         "    @staticmethod\n"
         "    def auto_complete_config(config):\n"
         "        config.set_max_batch_size(8)\n"
         "        return config\n"
     )
-    (version / "model.py").write_text(
-        "from .base import Base\n\n\nclass TritonPythonModel(Base):\n"
+    (model / "1" / "model.py").write_text(
+        f"{imported}\n\n\nclass TritonPythonModel(Base):\n"
         "    def execute(self, requests):\n        return []\n"
     )
-    completed = PythonBackend().auto_complete_config(ModelConfig(name="inherits"), version)
+    config = parse_pbtxt(
+        'name: "inherits" input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]'
+    )
+    completed = PythonBackend().auto_complete_config(config, model / "1")
     assert completed.max_batch_size == 8

@@ -80,7 +80,7 @@ class PythonBackend(Backend):
 
     def auto_complete_config(self, config: ModelConfig, version_dir: Path) -> ModelConfig:
         path = version_file(version_dir, config.default_model_filename or MODEL_FILENAME)
-        if not _mentions_auto_complete(path):
+        if (config.input or config.output) and not _mentions_auto_complete(path):
             return config  # spare a process start for the common case
         try:
             stub = StubProcess(
@@ -163,16 +163,22 @@ class PythonModel(BackendModel):
 
 
 def _mentions_auto_complete(model_file: Path) -> bool:
-    """Whether model.py, or a python file beside it (a base class it imports may define the
-    method), names `auto_complete_config`: where none does, the model cannot have one."""
-    try:
-        files = [model_file, *sorted(model_file.parent.rglob("*.py"))]
-    except OSError:
-        files = [model_file]
-    for file in files:
+    """Whether model.py, or a python file of its model's folder (a base class it imports from
+    beside it may define the method), names `auto_complete_config`: where none does, the model
+    cannot have one but from an installed package (then its config names no input or output,
+    and the process starts all the same: `auto_complete_config`). Hidden folders are skipped."""
+
+    def names_it(file: Path) -> bool:
         try:
-            if "auto_complete_config" in file.read_text(encoding="utf-8", errors="replace"):
-                return True
+            return "auto_complete_config" in file.read_text(encoding="utf-8", errors="replace")
         except OSError:
-            continue
+            return False
+
+    if names_it(model_file):
+        return True
+    for folder, subfolders, files in os.walk(model_file.parent.parent):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        for name in files:
+            if name.endswith(".py") and names_it(Path(folder, name)):
+                return True
     return False
