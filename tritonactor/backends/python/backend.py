@@ -80,6 +80,8 @@ class PythonBackend(Backend):
 
     def auto_complete_config(self, config: ModelConfig, version_dir: Path) -> ModelConfig:
         path = version_file(version_dir, config.default_model_filename or MODEL_FILENAME)
+        if not path.is_file():
+            return config  # the load says the file is missing, in Triton's words
         if (config.input or config.output) and not _mentions_auto_complete(path):
             return config  # spare a process start for the common case
         try:
