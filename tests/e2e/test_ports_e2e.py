@@ -351,7 +351,8 @@ class TritonPythonModel:
 def test_grpc_refuses_connections_until_the_models_have_loaded(kind: str, tmp_path: Path) -> None:
     """As tritonserver's endpoints, which open once its models have loaded: while a model of
     the startup load is in `initialize`, a gRPC connection is refused (it was taken, and then
-    answered nothing until the load ended), and so are the metrics'; then gRPC serves."""
+    answered nothing until the load ended), and so are the metrics' and `tritonactor serve`'s
+    HTTP; then gRPC serves."""
     repo = repository(tmp_path)
     (repo / "held" / "1").mkdir(parents=True)
     (repo / "held" / "config.pbtxt").write_text('name: "held"\nbackend: "python"\n')
@@ -365,7 +366,9 @@ def test_grpc_refuses_connections_until_the_models_have_loaded(kind: str, tmp_pa
             assert started.process.poll() is None, started.log()
             assert time.monotonic() < deadline, started.log()
             time.sleep(0.1)
-        for endpoint in ("grpc", "metrics"):
+        # (a plain hypercorn's HTTP port is hypercorn's, listening from its start: docs)
+        endpoints = ("http", "grpc", "metrics") if kind.startswith("serve") else ("grpc", "metrics")
+        for endpoint in endpoints:
             with pytest.raises(ConnectionRefusedError):
                 socket.create_connection(("127.0.0.1", started.ports[endpoint]), timeout=10)
         (gate / "go").touch()
