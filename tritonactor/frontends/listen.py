@@ -65,7 +65,7 @@ def check_free(endpoint: str, host: str, port: int) -> None:
     meanwhile."""
     if port == 0:
         return
-    _bound(endpoint, host, port, listen=False).close()
+    bound_socket(endpoint, host, port).close()
 
 
 def _bound(endpoint: str, host: str, port: int, listen: bool) -> socket.socket:

@@ -181,6 +181,7 @@ def _mentions_auto_complete(model_file: Path) -> bool:
     for folder, subfolders, files in os.walk(model_file.parent.parent):
         subfolders[:] = [name for name in subfolders if not name.startswith(".")]
         for name in files:
-            if name.endswith(".py") and names_it(Path(folder, name)):
+            file = Path(folder, name)
+            if name.endswith(".py") and file != model_file and names_it(file):
                 return True
     return False

@@ -156,7 +156,7 @@ class Stub(WireConversions):
         if spec.loader is not None:
             spec.loader.exec_module(package)
         module_name = f"{package_name}.{path.stem}"
-        __import__(module_name)  # (as Triton's stub imports it: the import system's frames)
+        __import__(module_name)  # (through the import system, as Triton's stub imports it)
         module = sys.modules[module_name]
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:
