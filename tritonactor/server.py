@@ -32,6 +32,7 @@ from tritonactor.core.heap import keep_freed_memory
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.observability import logging as log_settings
+from tritonactor.observability.summaries import latency_options
 from tritonactor.observability.trace_settings import OFF, SettingJson, TraceSettings
 from tritonactor.observability.tracing import Tracing, start_tracing
 from tritonactor.observability.tracing_env import TracingConfigError, tracing_config
@@ -147,6 +148,8 @@ class Server:
             raise SettingsError(str(error), error.variable) from None
         self._trace_warnings: list[str] = []
         self.trace_settings = self._initial_trace_settings()
+        # --metrics-config: the latency counters and summaries (what it cannot read is warned of).
+        self.latency = latency_options(settings.metrics_config, self._trace_warnings.append)
         # While running with tracing configured: the tracer, owned here, shut down at stop.
         self.tracing: Tracing | None = None
 
@@ -245,6 +248,7 @@ class Server:
                     lazy=settings.lazy_load,
                     memory_budget=settings.memory_budget,
                     tracing=self.tracing,
+                    latency=self.latency,
                 )
                 self._manager = await system.spawn(manager)
                 self.live = True

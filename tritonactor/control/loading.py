@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from tritonactor.control.messages import Override
     from tritonactor.control.operations import OperationTraces
     from tritonactor.control.repository import ModelSource
+    from tritonactor.observability.summaries import LatencyOptions
     from tritonactor.scheduling.router import Router
 
 __all__ = ["Loading"]
@@ -80,6 +81,7 @@ class Loading:
     _lazy: bool
     _mode: str
     _budget: int
+    _latency: LatencyOptions | None
     state: ev.State
 
     async def _load(
@@ -394,6 +396,7 @@ class Loading:
             infer=self._router.infer,
             submit=self._router.submit,
             control=ManagerControl(self.ref, self._router, self._mode),
+            latency=self._latency,
         )
         ref = await self.spawn(actor)
         assert actor.scheduler is not None

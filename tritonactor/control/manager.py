@@ -31,6 +31,7 @@ from tritonactor.control.retiring import Retiring
 from tritonactor.control.serving import EventLog, Serving
 from tritonactor.control.watcher import RepositoryChanged
 from tritonactor.core.errors import TritonError, internal
+from tritonactor.observability.summaries import LatencyOptions
 from tritonactor.observability.tracing import Tracing
 from tritonactor.scheduling.messages import VersionHealth
 from tritonactor.scheduling.router import Router
@@ -52,6 +53,7 @@ class ModelManager(Loading, Retiring, Actor[Any]):
         lazy: bool = False,
         memory_budget: int = 0,
         tracing: Tracing | None = None,
+        latency: LatencyOptions | None = None,
     ) -> None:
         super().__init__("model-manager")
         self._repositories = repositories
@@ -62,6 +64,8 @@ class ModelManager(Loading, Retiring, Actor[Any]):
         self._mode = mode
         self._lazy = lazy
         self._budget = memory_budget
+        # What `--metrics-config` asks each version's statistics to keep (the summaries).
+        self._latency = latency
         # The record itself is the journal's; only its fold is kept here.
         self.state: ev.State = ev.fold(history)
         self._serving: dict[str, dict[int, Serving]] = {}

@@ -81,6 +81,7 @@ class ServerMetrics:
             cpu_metrics=settings.cpu_metrics_enabled,
             gpu_metrics=settings.gpu_metrics_enabled,
             response_cache=cache.sample if (cache := server.router.cache) is not None else None,
+            latency=server.latency,
         )
         self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)

@@ -17,9 +17,11 @@ from prometheus_client.metrics_core import Metric
 from tritonactor.observability.custom import CUSTOM_METRICS
 from tritonactor.observability.gpu import GpuMetrics
 from tritonactor.observability.host import CpuUsage, read_memory
+from tritonactor.observability.summaries import LatencyOptions
 
 if TYPE_CHECKING:
     from tritonactor.cache import CacheSample
+    from tritonactor.observability.summaries import SummarySample
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,9 @@ class VersionSample:
     # Only for a version whose config asks for the response cache (as Triton, whether or not
     # the server has one).
     cache: CacheCounts | None = None
+    # With `--metrics-config summary_latencies=true`: the latency summaries, by their names in
+    # `LatencySummaries` (request, queue, compute_input, ..., cache_miss).
+    summaries: Mapping[str, SummarySample] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +113,12 @@ class MetricsCollector:
         cpu_metrics: bool = True,
         gpu_metrics: bool = True,
         response_cache: Callable[[], CacheSample] | None = None,
+        latency: LatencyOptions | None = None,
     ) -> None:
         self._source = source
+        # What `--metrics-config` asks of the latency families (the duration counters' being
+        # there; the summaries come with the versions' samples when on).
+        self._latency = latency if latency is not None else LatencyOptions()
         # The server's response cache, when it has one: its `sample`.
         self._response_cache = response_cache
         self._cpu = cpu if cpu is not None else CpuUsage()
@@ -119,7 +128,7 @@ class MetricsCollector:
         self.gpu_metrics = gpu_metrics
 
     def collect(self) -> Iterator[Metric]:
-        yield from _version_families(list(self._source.versions()))
+        yield from _version_families(list(self._source.versions()), self._latency.counters)
         yield from self._model_load_family()
         if self._response_cache is not None:
             yield from _cache_families(self._response_cache())
@@ -212,8 +221,58 @@ _COUNTERS = (
 )
 
 
-def _version_families(samples: list[VersionSample]) -> Iterator[Metric]:
+# The duration counters, which `--metrics-config counter_latencies=false` leaves out (with
+# the response cache's per-version families), as Triton does.
+_DURATION_COUNTERS = frozenset(name for name, _, _ in _COUNTERS if name.endswith("_duration_us"))
+
+# Triton's latency summaries (`--metrics-config summary_latencies=true`): name, help, and the
+# summary's name in `LatencySummaries`.
+_SUMMARIES = (
+    (
+        "nv_inference_request_summary_us",
+        "Summary of successful requests' durations, from arrival to answer, in microseconds",
+        "request",
+    ),
+    (
+        "nv_inference_queue_summary_us",
+        "Summary of the time successful requests waited in the scheduler, in microseconds",
+        "queue",
+    ),
+    (
+        "nv_inference_compute_input_summary_us",
+        "Summary of the time successful requests spent handing their inputs to the backend, "
+        "in microseconds",
+        "compute_input",
+    ),
+    (
+        "nv_inference_compute_infer_summary_us",
+        "Summary of the time successful requests spent in the model's execute, in microseconds",
+        "compute_infer",
+    ),
+    (
+        "nv_inference_compute_output_summary_us",
+        "Summary of the time successful requests spent from the execute's end to their answer, "
+        "in microseconds",
+        "compute_output",
+    ),
+    (
+        "nv_cache_hit_summary_per_model",
+        "Summary of response-cache lookup times of the requests it answered, in microseconds",
+        "cache_hit",
+    ),
+    (
+        "nv_cache_miss_summary_per_model",
+        "Summary of response-cache lookup and insertion times of the requests it missed, "
+        "in microseconds",
+        "cache_miss",
+    ),
+)
+
+
+def _version_families(samples: list[VersionSample], counters: bool = True) -> Iterator[Metric]:
     for name, documentation, attribute in _COUNTERS:
+        if not counters and name in _DURATION_COUNTERS:
+            continue
         # Triton's counters have no `_total` suffix: the sample is named as the family.
         family = Metric(name, documentation, "counter")
         for sample in samples:
@@ -223,7 +282,8 @@ def _version_families(samples: list[VersionSample]) -> Iterator[Metric]:
         yield family
         if name == "nv_inference_request_success":
             yield _failure_family(samples)
-    yield from _version_cache_families(samples)
+    if counters:
+        yield from _version_cache_families(samples)
 
     pending = Metric(
         "nv_inference_pending_request_count",
@@ -233,6 +293,7 @@ def _version_families(samples: list[VersionSample]) -> Iterator[Metric]:
     for sample in samples:
         pending.add_sample(pending.name, _labels(sample.model, sample.version), sample.pending)
     yield pending
+    yield from _summary_families(samples)
 
     histogram = Metric(
         "nv_inference_first_response_histogram_ms",
@@ -275,6 +336,23 @@ _CACHE_COUNTERS = (
         "miss_us",
     ),
 )
+
+
+def _summary_families(samples: list[VersionSample]) -> Iterator[Metric]:
+    """The latency summaries the versions keep (none unless `summary_latencies=true`)."""
+    for name, documentation, key in _SUMMARIES:
+        family = Metric(name, documentation, "summary")
+        for sample in samples:
+            summary = sample.summaries.get(key) if sample.summaries is not None else None
+            if summary is None:
+                continue
+            labels = _labels(sample.model, sample.version)
+            family.add_sample(f"{name}_count", labels, summary.count)
+            family.add_sample(f"{name}_sum", labels, summary.total)
+            for quantile, value in summary.quantiles:
+                family.add_sample(name, {**labels, "quantile": _bound(quantile)}, value)
+        if family.samples:
+            yield family
 
 
 def _version_cache_families(samples: list[VersionSample]) -> Iterator[Metric]:

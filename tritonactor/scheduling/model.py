@@ -21,7 +21,9 @@ from tritonactor.backends.base import (
     ModelControl,
     SubmitFunction,
 )
+from tritonactor.cache import caches_responses
 from tritonactor.config.normalize import InstanceSpec, instance_specs
+from tritonactor.observability.summaries import LatencyOptions, LatencySummaries
 from tritonactor.scheduling.factory import scheduler_for
 from tritonactor.scheduling.instance import InstanceActor
 from tritonactor.scheduling.messages import InstanceGone, VersionHealth
@@ -80,6 +82,7 @@ class ModelVersionActor(Actor[Any]):
         infer: InferFunction | None = None,
         submit: SubmitFunction | None = None,
         control: ModelControl | None = None,
+        latency: LatencyOptions | None = None,
     ) -> None:
         super().__init__(f"{context.name}:{context.version}")
         self.context = context
@@ -107,6 +110,9 @@ class ModelVersionActor(Actor[Any]):
         self.statistics = VersionStatistics(
             batching=context.config.max_batch_size > 0,
             counted_when_answered=context.config.ensemble_scheduling is not None,
+            summaries=LatencySummaries(latency.quantiles, cached=caches_responses(config))
+            if latency is not None and latency.summaries
+            else None,
         )
 
     async def started(self) -> None:

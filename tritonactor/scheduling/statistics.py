@@ -24,6 +24,7 @@ from tritonactor.backends.batching import batch_size as request_batch_size
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
 from tritonactor.observability.metrics import CacheCounts, HistogramSample, VersionSample
+from tritonactor.observability.summaries import LatencySummaries
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.sequence_rows import NULL_REQUEST, STATE_ERROR
 
@@ -133,7 +134,10 @@ class VersionStatistics:
     steps, compute_output the time to answer (`ENSEMBLE_TIMES`).
 
     For the metrics: failures by Triton's reason (`failures()`), from every routed request's
-    answer, and the time to each request's first response (`first_response`)."""
+    answer, the time to each request's first response (`first_response`), and with
+    `--metrics-config summary_latencies=true` each successful request's durations in
+    `summaries` (observability/summaries.py; the engine's alone: a copy sent to a front end
+    leaves them behind)."""
 
     INFERENCE_STATS = (
         "success",
@@ -146,7 +150,12 @@ class VersionStatistics:
         "cache_miss",
     )
 
-    def __init__(self, batching: bool, counted_when_answered: bool = False) -> None:
+    def __init__(
+        self,
+        batching: bool,
+        counted_when_answered: bool = False,
+        summaries: LatencySummaries | None = None,
+    ) -> None:
         # With batching (max_batch_size > 0) a request's first dimension is its batch size.
         self.batching = batching
         # A version without instances (an ensemble) runs no execute of its own: each request
@@ -172,6 +181,7 @@ class VersionStatistics:
         self.cache_miss = Duration()
         self._batches: dict[int, BatchStatistics] = {}
         self.first_response = FirstResponseHistogram()
+        self.summaries = summaries
         # Failures of answered requests, by the reason their error gives (`failure_reason`),
         # and those of them that the execute returned: a backend's error may carry any code.
         self._failed = dict.fromkeys(FAILURE_REASONS, 0)
@@ -237,6 +247,15 @@ class VersionStatistics:
         self.compute_input.add(compute_input)
         self.compute_infer.add(compute_infer)
         self.compute_output.add(compute_output)
+        if self.summaries is not None:
+            self.summaries.observe(
+                answered,
+                took,
+                max(0, taken - arrival_ns),
+                compute_input,
+                compute_infer,
+                compute_output,
+            )
         size = request_batch_size(request) if self.batching else 1
         self._record_batch(size, compute_input, compute_infer, compute_output)
 
@@ -251,6 +270,11 @@ class VersionStatistics:
         self.queue.add(max(0, lookup_started - arrival_ns))
         self.cache_hit.add(max(0, lookup_ended - lookup_started))
         self.first_response.observe_ns(took)
+        summaries = self.summaries
+        if summaries is not None and summaries.cache_hit is not None:
+            # As Triton 2.51: no request summary for a version using the cache
+            summaries.queue.observe(max(0, lookup_started - arrival_ns) // 1000, answered)
+            summaries.cache_hit.observe(max(0, lookup_ended - lookup_started) // 1000, answered)
 
     def record_cache_miss(self, ns: int) -> None:
         """A request the response cache missed was answered and its answer offered to the cache:
@@ -258,6 +282,9 @@ class VersionStatistics:
         was counted as a success when answered), as Triton 2.51 does."""
         self.cache_miss.add(ns)
         self.success.ns += ns
+        summaries = self.summaries
+        if summaries is not None and summaries.cache_miss is not None:
+            summaries.cache_miss.observe(ns // 1000, time.perf_counter_ns())
 
     def failures(self) -> dict[str, int]:
         """Failed requests by Triton's reason: BACKEND for those the execute failed, the others
@@ -284,6 +311,8 @@ class VersionStatistics:
         batch_size = succeeded = success_ns = queue_ns = later = 0
         batching = self.batching
         first_response = self.first_response
+        summaries = self.summaries
+        observed: list[tuple[int, int]] = []  # (request, queue) ns, with summaries on
         # The instance checked that there is one result per request.
         for item, result in zip(batch, results):  # noqa: B905
             request = item.request
@@ -301,6 +330,10 @@ class VersionStatistics:
                 succeeded += 1
                 success_ns += answered - item.arrival_ns
                 queue_ns += max(0, times.started - item.arrival_ns)
+                if summaries is not None:
+                    observed.append(
+                        (answered - item.arrival_ns, max(0, times.started - item.arrival_ns))
+                    )
                 if request.sender is None:  # else its sender times its first response
                     first_response.observe_ns(answered - item.arrival_ns)
         if not succeeded and not later:
@@ -313,6 +346,16 @@ class VersionStatistics:
             self.compute_input.add(compute_input * succeeded, succeeded)
             self.compute_infer.add(compute_infer * succeeded, succeeded)
             self.compute_output.add(compute_output * succeeded, succeeded)
+            if summaries is not None:
+                for request_ns, waited_ns in observed:
+                    summaries.observe(
+                        answered,
+                        request_ns,
+                        waited_ns,
+                        compute_input,
+                        compute_infer,
+                        compute_output,
+                    )
         self._record_batch(batch_size, compute_input, compute_infer, compute_output)
 
     def record_outcome(self, item: Infer, result: object, times: ExecutionTimes) -> None:
@@ -328,6 +371,15 @@ class VersionStatistics:
         compute_input, compute_infer, compute_output = times.compute()
         self.success.add(took, 1)
         self.queue.add(max(0, times.started - item.arrival_ns), 1)
+        if self.summaries is not None:
+            self.summaries.observe(
+                item.arrival_ns + took,
+                took,
+                max(0, times.started - item.arrival_ns),
+                compute_input,
+                compute_infer,
+                compute_output,
+            )
         self.compute_input.add(compute_input, 1)
         self.compute_infer.add(compute_infer, 1)
         self.compute_output.add(compute_output, 1)
@@ -353,6 +405,10 @@ class VersionStatistics:
             return 1
         inputs = item.request.inputs
         return inputs[0].shape[0] if inputs and inputs[0].shape else 1
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy for a front end (the statistics API): the summaries' windows stay here.
+        return {**self.__dict__, "summaries": None}
 
     def inference_stats(self) -> dict[str, Duration]:
         """The per-request durations by Triton's field names, in Triton's order."""
@@ -388,6 +444,9 @@ class VersionStatistics:
                 self.cache_miss.ns // 1000,
             )
             if response_cache
+            else None,
+            summaries=self.summaries.sample(time.perf_counter_ns())
+            if self.summaries is not None
             else None,
         )
 

@@ -328,8 +328,11 @@ def _checker(parse: Callable[[str], Any]) -> Callable[[str], str | None]:
 
 
 def _setting_only(text: str) -> GroupSetting:
-    entry = _grouped(text, "name", group_required=False)
-    if entry.group:
+    try:
+        entry = _grouped(text, "name", group_required=False)
+    except ValueError:
+        entry = None
+    if entry is None or entry.group:
         raise ValueError("expected '<setting>=<value>'")
     return entry
 

@@ -34,6 +34,7 @@ from tritonactor.settings.pairs import (
     BACKEND_CONFIG,
     CACHE_CONFIG,
     INT32_MAX,
+    METRICS_CONFIG,
     TRACE_CONFIG,
     TRACE_LEVEL,
     UINT32_MAX,
@@ -451,6 +452,19 @@ class ServedSettings(BaseSettings):
     metrics_port: Annotated[int, honoured("the metrics port (0: any free port)", PORT, METRICS)] = (
         8002
     )
+    metrics_config: Annotated[
+        tuple[str, ...],
+        honoured(
+            "the latency metrics, as Triton's: `counter_latencies=false` leaves the duration "
+            "counters out, `summary_latencies=true` adds the latency summaries, "
+            "`summary_quantiles=<quantile>:<error>,...` chooses their quantiles "
+            "([metrics.md](metrics.md#latency-summaries)); other settings are warned of and "
+            "ignored",
+            METRICS_CONFIG,
+            METRICS,
+            default="empty",
+        ),
+    ] = ()
 
     log_verbose: Annotated[
         int,

@@ -14,7 +14,6 @@ from tritonactor.settings.pairs import (
     DEVICE_BYTES,
     DEVICE_FRACTION,
     HOST_POLICY,
-    METRICS_CONFIG,
     PORT_RANGE,
     RATE_LIMIT_RESOURCE,
 )
@@ -104,10 +103,6 @@ class TritonOnlySettings(BaseSettings):
     metrics_interval_ms: Annotated[
         float | None, ignored(FLOAT, "metrics are read when scraped, not on an interval")
     ] = None
-    metrics_config: Annotated[
-        tuple[str, ...],
-        ignored(METRICS_CONFIG, "the metric families are fixed ([metrics.md](metrics.md))"),
-    ] = ()
     trace_file: Annotated[
         str | None,
         ignored(STRING, "traces are exported through OpenTelemetry (`OTEL_*`), not to files"),
