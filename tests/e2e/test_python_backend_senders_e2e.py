@@ -348,6 +348,20 @@ def test_request_naming_no_outputs_shows_all_to_the_model(
     assert seen["requested_output_names"] == ["ARGS", "DLPACK", "REQUEST"]
 
 
+def test_a_model_finds_its_version_folder(
+    server: ServerProcess, http: httpclient.InferenceServerClient
+) -> None:
+    """`pb_utils.get_model_dir()`: the folder of the version, which holds model.py. (And a
+    request's parameters as text keep their UTF-8, as Triton writes them.)"""
+    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+    result = http.infer("introspect", [tensor], parameters={"u": "h\u00e9"})
+    seen = json.loads(result.as_numpy("REQUEST")[0])
+    repository = Path(server.env["TRITONACTOR_MODEL_REPOSITORY"])
+    assert seen["model_dir"] == str(repository / "introspect" / "1")
+    assert seen["parameters_text"] == '{"u":"h\u00e9"}'
+
+
 def test_backend_config_settings_are_taken(server: ServerProcess) -> None:
     assert "shm-default-byte-size=65536" in server.log()
 

@@ -104,6 +104,7 @@ async def test_initialize_args_and_request_accessors(start: Started) -> None:
         "parameters_text": '{"flavour":"mint"}',
         "requested_output_names": ["ARGS", "DLPACK", "REQUEST"],
         "inputs": ["INPUT0"],
+        "model_dir": str(MODELS / "introspect" / "1"),
     }
     np.testing.assert_array_equal(got["DLPACK"], data)
 
@@ -652,12 +653,30 @@ def test_execution_env_path(tmp_path: Path) -> None:
 def test_pb_utils_helpers() -> None:
     items = np.array([b"a", b"", "\u00e9".encode()], dtype=np.object_)
     encoded = pb_utils.serialize_byte_tensor(items)
-    assert encoded.shape == () and encoded.dtype == np.object_
-    assert list(pb_utils.deserialize_bytes_tensor(encoded.item())) == list(items)
+    # plain bytes, as Triton's pb_utils gives them
+    assert encoded == b"\x01\x00\x00\x00a\x00\x00\x00\x00\x02\x00\x00\x00\xc3\xa9"
+    assert list(pb_utils.deserialize_bytes_tensor(encoded)) == list(items)
+    packed = b"\x02\x00\x00\x00ab\x01\x00\x00\x00c"
+    assert pb_utils.serialize_byte_tensor(np.array([b"ab", b"c"])) == packed  # an `S` array
+    assert pb_utils.serialize_byte_tensor(np.empty([0], dtype=np.object_)) == ()
+    assert pb_utils.serialize_byte_tensor(np.ones(2, np.float32)) is None
+    assert pb_utils.serialize_byte_tensor(np.array(["ab"])) is None  # `U`: None, as Triton's
     assert pb_utils.triton_string_to_numpy("TYPE_FP32") is np.float32
     assert pb_utils.triton_string_to_numpy("TYPE_STRING") is np.object_
+    assert pb_utils.triton_string_to_numpy("TYPE_BOOL") is bool
+    assert pb_utils.TRITON_STRING_TO_NUMPY["TYPE_UINT16"] is np.uint16
+    for unknown in ("TYPE_BF16", "FP32", "TYPE_BYTES", ""):
+        with pytest.raises(KeyError):
+            pb_utils.triton_string_to_numpy(unknown)
     assert pb_utils.numpy_to_triton_type(np.float32) == 11
+    assert pb_utils.numpy_to_triton_type(np.dtype(np.float32)) == 11
     assert pb_utils.numpy_to_triton_type(np.object_) == 13
+    assert pb_utils.numpy_to_triton_type(np.bytes_) == 13
+    for other in (bool, int, float, str, bytes, object, "float32", np.dtype("S5"), None):
+        assert pb_utils.numpy_to_triton_type(other) is None, other
+    assert pb_utils.Tensor(b"A", np.ones(1, np.int8)).name() == "A"
+    assert pb_utils.Tensor("A", np.ones(1, np.float32)).triton_dtype() == 11
+    assert (int(pb_utils.TRITONSERVER_MEMORY_GPU), int(pb_utils.TRITONSERVER_MEMORY_CPU)) == (0, 1)
     config = {"input": [{"name": "A", "data_type": "TYPE_FP32"}], "output": []}
     assert pb_utils.get_input_config_by_name(config, "A") == config["input"][0]
     assert pb_utils.get_output_config_by_name(config, "A") is None

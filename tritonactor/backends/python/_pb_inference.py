@@ -21,8 +21,9 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-TRITONSERVER_MEMORY_GPU = 2
-TRITONSERVER_MEMORY_CPU = 0
+# Triton's pb_utils.MemoryType values (its PreferredMemory's, not TRITONSERVER_MemoryType's).
+TRITONSERVER_MEMORY_GPU = 0
+TRITONSERVER_MEMORY_CPU = 1
 
 
 def _parameters_json(parameters: Any) -> str:
@@ -257,7 +258,12 @@ class InferenceRequest:
         self._preferred_memory = None
         parameters = entry["parameters"]
         # A client's parameters as Triton's server writes them: compact JSON.
-        self._parameters = json.dumps(parameters, separators=(",", ":")) if parameters else "{}"
+        # (UTF-8 as it came, as Triton writes the text)
+        self._parameters = (
+            json.dumps(parameters, separators=(",", ":"), ensure_ascii=False)
+            if parameters
+            else "{}"
+        )
         self._sender = sender
         self._key = entry["key"]
         self._cancelled = False

@@ -45,9 +45,14 @@ class Logger:
 
 
 def _emit(message: str, level: LogLevel) -> None:
+    if isinstance(message, bytes):  # Triton's bindings take bytes as the text they hold
+        message = message.decode("utf-8", errors="replace")
     if not isinstance(message, str):
         raise TypeError(f"a log message must be a str, not {type(message).__name__}")
     if runtime.stub is None:
         print(message, file=sys.stderr)
     else:
-        runtime.stub.log(int(level), message)
+        # Where the model called the logger (Logger.log_*() -> here), which the server's line
+        # names, as Triton's names the model's file and line.
+        caller = sys._getframe(2)
+        runtime.stub.log(int(level), message, caller.f_code.co_filename, caller.f_lineno)

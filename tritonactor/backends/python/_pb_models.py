@@ -1,5 +1,6 @@
 """Model control from a model (Triton's BLS model loading): `pb_utils.load_model`,
-`unload_model` and `is_model_ready`, answered by the server's model manager."""
+`unload_model` and `is_model_ready`, answered by the server's model manager; and
+`get_model_dir`, the model's own folder."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
         "ready", model_name, version=model_version
     )
     return bool(answer)
+
+
+def get_model_dir() -> str:
+    """The folder of the model's version, which holds its model.py (from `initialize`, and from
+    `auto_complete_config`, as in Triton)."""
+    return str(runtime.require("get_model_dir").model_dir)
 
 
 def _check_name(model_name: Any) -> None:

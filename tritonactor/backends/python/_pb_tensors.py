@@ -48,32 +48,44 @@ def triton_to_numpy_type(data_type: int) -> Any:
 
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
-    dtype = np.dtype(data_type)
-    if dtype.kind in ("O", "S", "U"):
-        return _NUMBER_OF_WIRE["BYTES"]
-    for number, (_, numpy_type) in enumerate(_TRITON_TYPES, start=1):
-        if numpy_type is not None and np.dtype(numpy_type) == dtype:
+    """A numpy type (or dtype equal to one) -> TRITONSERVER_DataType number; None for anything
+    else (Python's `bool`, `str`, a dtype's name, `U` and sized `S` dtypes), as Triton's: the
+    type is compared with each numpy type, BYTES being `np.object_` or `np.bytes_`."""
+    for number, (name, numpy_type) in enumerate(_TRITON_TYPES, start=1):
+        if numpy_type is None:
+            continue
+        if data_type == numpy_type or (name == "BYTES" and data_type == np.bytes_):
             return number
     return None
 
 
+# A config's data type -> the numpy type Triton's pb_utils gives for it (its TYPE_BOOL: Python's
+# bool); a name not here is a KeyError, as in Triton.
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    **{
+        f"TYPE_{name}": numpy_type
+        for name, numpy_type in _TRITON_TYPES
+        if name not in ("BOOL", "BYTES", "BF16")
+    },
+    "TYPE_STRING": np.object_,
+}
+
+
 def triton_string_to_numpy(triton_type_string: str) -> Any:
     """A config data type ("TYPE_FP32", "TYPE_STRING") -> numpy type."""
-    name = triton_type_string.removeprefix("TYPE_")
-    if name == "STRING":
-        name = "BYTES"
-    number = _NUMBER_OF_WIRE.get(name)
-    return triton_to_numpy_type(number) if number is not None else None
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
 
 
-def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
-    """Elements (bytes, or anything str() can render) -> one 0-d object array holding the
-    length-prefixed (4-byte little-endian) concatenation, Triton's BYTES wire form."""
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
+    """An object (bytes, or anything str() can render) or `S` array -> Triton's BYTES wire form
+    as `bytes`: each element length-prefixed (4-byte little-endian), in C order. As Triton's:
+    an empty array gives `()`, an array of any other type None."""
     if input_tensor.size == 0:
-        return np.empty([0], dtype=np.object_)
-    if input_tensor.dtype.kind not in ("O", "S", "U"):
-        raise TritonModelException("cannot serialize bytes tensor: invalid datatype")
-    return np.asarray(serialize_bytes(input_tensor), dtype=np.object_)
+        return ()
+    if input_tensor.dtype.kind not in ("O", "S"):
+        return None
+    return serialize_bytes(input_tensor)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
@@ -155,6 +167,8 @@ class Tensor:
     """A named tensor in CPU memory: Tensor(name, numpy_array)."""
 
     def __init__(self, name: str, data: Any, dtype: Any = None) -> None:
+        if isinstance(name, bytes):  # Triton's bindings take bytes as the text they hold
+            name = name.decode("utf-8", errors="replace")
         if not isinstance(name, str):
             raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
         if not name:
@@ -196,7 +210,11 @@ class Tensor:
         return list(self._array.shape)
 
     def triton_dtype(self) -> int | None:
-        return numpy_to_triton_type(self._array.dtype)
+        """The tensor's TRITONSERVER_DataType number (BF16 included)."""
+        try:
+            return _NUMBER_OF_WIRE[from_numpy_dtype(self._array.dtype)]
+        except ValueError:
+            return None
 
     def is_cpu(self) -> bool:
         return True

@@ -190,8 +190,20 @@ class StubProcess:
                 model_log.info("[%s] %s", self.name, line.decode("utf-8", "replace").rstrip())
 
     def log(self, message: dict[str, Any]) -> None:
+        """A model's `pb_utils.Logger` line, located where the model called the logger."""
         level = _LOG_LEVELS.get(message["level"], logging.INFO)
-        model_log.log(level, "[%s] %s", self.name, message["message"])
+        if not model_log.isEnabledFor(level):
+            return
+        record = model_log.makeRecord(
+            model_log.name,
+            level,
+            message.get("file") or __file__,
+            message.get("line", 0),
+            "[%s] %s",
+            (self.name, message["message"]),
+            None,
+        )
+        model_log.handle(record)
 
     def wait_for(
         self,

@@ -63,6 +63,7 @@ class Stub(WireConversions):
         self.pb = pb_utils
         self.model: Any = None
         self._model_file = ""  # model.py's path, as the init message gives it
+        self.model_dir = ""  # its version's folder, once model.py is imported
         self.decoupled = False
         self.calls = ServerCalls(self)
         # What `__del__`s have to say, sent by the forwarding thread. SimpleQueue: a response
@@ -143,6 +144,7 @@ class Stub(WireConversions):
         folder would come first."""
         path = Path(model_file)
         version_dir = path.parent
+        self.model_dir = str(version_dir)  # pb_utils.get_model_dir()
         sys.path.append(str(version_dir))
         sys.path.append(str(version_dir.parent))
         package_name = version_dir.name
@@ -373,8 +375,10 @@ class Stub(WireConversions):
     def control(self, action: str, model: str, **arguments: Any) -> Any:
         return self.calls.control(action, model, **arguments)
 
-    def log(self, level: int, message: str) -> None:
-        self.channel.send({"op": "log", "level": level, "message": message})
+    def log(self, level: int, message: str, file: str = "", line: int = 0) -> None:
+        self.channel.send(
+            {"op": "log", "level": level, "message": message, "file": file, "line": line}
+        )
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -34,8 +34,14 @@ from tritonactor.backends.python._pb_inference import (
 )
 from tritonactor.backends.python._pb_logger import Logger
 from tritonactor.backends.python._pb_metrics import Metric, MetricFamily
-from tritonactor.backends.python._pb_models import is_model_ready, load_model, unload_model
+from tritonactor.backends.python._pb_models import (
+    get_model_dir,
+    is_model_ready,
+    load_model,
+    unload_model,
+)
 from tritonactor.backends.python._pb_tensors import (
+    TRITON_STRING_TO_NUMPY,
     TYPE_INVALID,
     Tensor,
     TritonError,
@@ -58,6 +64,7 @@ __all__ = [
     "TRITONSERVER_REQUEST_RELEASE_ALL",
     "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "TRITON_STRING_TO_NUMPY",
     "TYPE_INVALID",
     "InferenceRequest",
     "InferenceResponse",
@@ -75,6 +82,7 @@ __all__ = [
     "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
+    "get_model_dir",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
     "is_model_ready",

@@ -15,6 +15,7 @@ class TritonPythonModel:
             pb_utils.get_output_config_by_name(config, "OUTPUT1")["data_type"]
         )
         pb_utils.Logger.log_info(f"add_sub initialized as {args['model_instance_name']}")
+        pb_utils.Logger.log_verbose(f"add_sub's folder: {pb_utils.get_model_dir()}")
 
     def execute(self, requests):
         responses = []

@@ -23,6 +23,7 @@ class TritonPythonModel:
                 "parameters_text": request.parameters(),
                 "requested_output_names": sorted(request.requested_output_names()),
                 "inputs": [tensor.name() for tensor in request.inputs()],
+                "model_dir": pb_utils.get_model_dir(),
             }
             data = pb_utils.get_input_tensor_by_name(request, "INPUT0")
             copy = pb_utils.Tensor.from_dlpack("DLPACK", data.to_dlpack())
