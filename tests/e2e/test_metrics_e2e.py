@@ -281,4 +281,14 @@ def test_an_ensemble_counts_its_own_requests(metrics_server: ServerProcess) -> N
     assert moved("nv_inference_count") == 3  # batch sizes 1 + 2
     assert moved("nv_inference_request_duration_us") > 0
     assert moved("nv_inference_first_response_histogram_ms", "_count") == 2
+    # As Triton's: the ensemble's compute times are its successful steps' (the failed one
+    # adds nothing), each counter rounded down to a microsecond on its own
+    for family in (
+        "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_compute_output_duration_us",
+    ):
+        step = value(after, family, model="batched") - value(before, family, model="batched")
+        assert abs(moved(family) - step) <= 1, family
+    assert moved("nv_inference_compute_infer_duration_us") > 0
     assert moved("nv_inference_request_failure", reason="OTHER") == 1

@@ -20,7 +20,12 @@ from tritonactor.scheduling.messages import Execute, Infer
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
-from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
+from tritonactor.scheduling.statistics import (
+    ENSEMBLE_TIMES,
+    STEP_TIMES,
+    ExecutionTimes,
+    VersionStatistics,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -90,6 +95,38 @@ def test_a_batch_with_a_failure_counts_each_request_and_the_execution_once() -> 
     assert (entry.compute_infer.count, entry.compute_infer.ns) == (1, 500)
     assert (entry.compute_output.count, entry.compute_output.ns) == (1, 50)
     assert stats.last_inference_ms > 1_600_000_000_000  # wall clock, ms since the epoch
+
+
+def test_an_ensemble_counts_its_successful_steps_compute_times() -> None:
+    """As Triton's ensembles: each step request that succeeds adds its batch's compute times to
+    its ensemble request's; the ensemble's own are their sums, its queue its own wait."""
+    sums = [0, 0, 0]
+    step = VersionStatistics(batching=True)
+    batch = [infer(batched(1), 900), infer(batched(1), 950)]
+    batch[0].request.context[STEP_TIMES] = sums
+    batch[1].request.context[STEP_TIMES] = [0, 0, 0]  # another ensemble request's step
+    results = [OK, internal("no")]
+    for item, result in zip(batch, results, strict=True):
+        admitted(step, item, result)
+    step.record_execution(batch, results, TIMES)
+    assert sums == [100, 500, 50]
+    assert batch[1].request.context[STEP_TIMES] == [0, 0, 0]  # it failed: nothing added
+    step.record_execution([infer(batched(1), 900)], [OK], TIMES)  # not a step: nothing added
+    assert sums == [100, 500, 50]
+
+    ensemble = VersionStatistics(batching=True, counted_when_answered=True)
+    request = batched(2)
+    reply: Reply[InferenceResponse] = Reply()
+    arrival = time.perf_counter_ns()
+    ensemble.admit(request, reply, arrival)
+    request.context[ENSEMBLE_TIMES] = (arrival + 7_000, sums)
+    reply.set(OK)
+    assert durations(ensemble)["queue"] == (1, 7_000)
+    assert durations(ensemble)["compute_input"] == (1, 100)
+    assert durations(ensemble)["compute_infer"] == (1, 500)
+    assert durations(ensemble)["compute_output"] == (1, 50)
+    [entry] = ensemble.batch_stats
+    assert (entry.batch_size, entry.compute_infer.ns) == (2, 500)
 
 
 def test_a_batch_that_failed_entirely_is_no_execution() -> None:

@@ -91,7 +91,7 @@ class EnsembleScheduler(Actor[Any]):
             run = EnsembleRun(self.plan, self._router, self._slots, request, routes, needed)
             await run.execute()
             # For the ensemble's own statistics, read as the reply is answered.
-            request.context[ENSEMBLE_TIMES] = (taken, run.began_ns, run.finished_ns)
+            request.context[ENSEMBLE_TIMES] = (taken, run.step_times)
             _answer(self.name, item, run)
         except TritonError as error:
             _fail(item, error)

@@ -11,7 +11,6 @@ is skipped, its outputs absent too. The response carries the requested outputs t
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -35,6 +34,7 @@ from tritonactor.core.types import (
 )
 from tritonactor.scheduling.ensemble_stream import ResponseStream
 from tritonactor.scheduling.router import ModelHandle, Router
+from tritonactor.scheduling.statistics import STEP_TIMES
 
 # How many steps one after the other a task runs itself before the next starts a task of its
 # own (`EnsembleRun._start_ready`): each nests a few frames, and a chain may be long.
@@ -142,9 +142,9 @@ class EnsembleRun:
             0, {name: given.get(name) for name in plan.inputs}, dict.fromkeys(plan.inputs, batch)
         )
         self.response: InferenceResponse | None = None  # when the outputs are in stream 0
-        # perf_counter_ns: when the first steps started, and when the last answer was ready.
-        self.began_ns = 0
-        self.finished_ns = 0
+        # The compute times (ns: input, infer, output) of the steps that succeeded, summed: the
+        # ensemble's own, as Triton counts them (statistics.py adds each step's).
+        self.step_times = [0, 0, 0]
         self._failure: TritonError | None = None
         self._group: TaskGroup | None = None
         # Steps started and not yet done (a decoupled one is done with its final response): a
@@ -153,11 +153,9 @@ class EnsembleRun:
         self._running = 0
 
     async def execute(self) -> None:
-        self.began_ns = time.perf_counter_ns()
         async with anyio.create_task_group() as group:
             self._group = group
             await self._start_ready(self.root)
-        self.finished_ns = time.perf_counter_ns()
         if self._failure is not None:
             raise self._failure
 
@@ -344,6 +342,7 @@ class EnsembleRun:
             # steps running side by side keep their own queue times.
             trace=None if self.request.trace is None else self.request.trace.child(),
         )
+        request.context[STEP_TIMES] = self.step_times
         return request, batch
 
     @staticmethod

@@ -38,8 +38,12 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 
 # Set by the ensemble scheduler in the context of a request it answers: when it took the
-# request, started its steps and had its outputs (`perf_counter_ns`), for its own statistics.
+# request (`perf_counter_ns`) and its steps' compute times (`STEP_TIMES`), for its own statistics.
 ENSEMBLE_TIMES = "ensemble_times"
+# Set by the ensemble in the context of each step request it sends: the ensemble request's
+# compute times (ns: input, infer, output), to which a step that succeeds adds its own (its
+# batch's), as Triton's step requests report theirs to their ensemble's statistics.
+STEP_TIMES = "ensemble_step_times"
 
 
 @dataclass(slots=True)
@@ -130,8 +134,8 @@ class VersionStatistics:
 
     An ensemble (`counted_when_answered`) has no execute of its own: as in Triton, each request
     answered without an error is one execution of its own batch size, its queue time the wait
-    for the ensemble to take it, compute_input the time to start its steps, compute_infer the
-    steps, compute_output the time to answer (`ENSEMBLE_TIMES`).
+    for the ensemble to take it, its compute times the sums of its successful steps' (each
+    step's batch's, `STEP_TIMES`; a step answered from the response cache adds none).
 
     For the metrics: failures by Triton's reason (`failures()`), from every routed request's
     answer, the time to each request's first response (`first_response`), and with
@@ -236,14 +240,11 @@ class VersionStatistics:
         self.success.add(took, 1)
         if request.sender is None:  # a decoupled request's first response is timed as sent
             self.first_response.observe_ns(took)
-        taken, began, finished = request.context.get(ENSEMBLE_TIMES) or (
-            arrival_ns,
-            arrival_ns,
-            answered,
-        )
+        taken, (compute_input, compute_infer, compute_output) = request.context.get(
+            ENSEMBLE_TIMES
+        ) or (arrival_ns, (0, 0, 0))
         self.queue.add(max(0, taken - arrival_ns))
-        compute_input, compute_infer = max(0, began - taken), max(0, finished - began)
-        compute_output = max(0, answered - finished)
+        _add_step_times(request, compute_input, compute_infer, compute_output)
         self.compute_input.add(compute_input)
         self.compute_infer.add(compute_infer)
         self.compute_output.add(compute_output)
@@ -313,6 +314,7 @@ class VersionStatistics:
         first_response = self.first_response
         summaries = self.summaries
         observed: list[tuple[int, int]] = []  # (request, queue) ns, with summaries on
+        steps: list[list[int]] = []  # the ensembles' requests whose steps these are
         # The instance checked that there is one result per request.
         for item, result in zip(batch, results):  # noqa: B905
             request = item.request
@@ -330,6 +332,9 @@ class VersionStatistics:
                 succeeded += 1
                 success_ns += answered - item.arrival_ns
                 queue_ns += max(0, times.started - item.arrival_ns)
+                step = request.context.get(STEP_TIMES)
+                if step is not None:
+                    steps.append(step)
                 if summaries is not None:
                     observed.append(
                         (answered - item.arrival_ns, max(0, times.started - item.arrival_ns))
@@ -346,6 +351,10 @@ class VersionStatistics:
             self.compute_input.add(compute_input * succeeded, succeeded)
             self.compute_infer.add(compute_infer * succeeded, succeeded)
             self.compute_output.add(compute_output * succeeded, succeeded)
+            for step in steps:
+                step[0] += compute_input
+                step[1] += compute_infer
+                step[2] += compute_output
             if summaries is not None:
                 for request_ns, waited_ns in observed:
                     summaries.observe(
@@ -371,6 +380,7 @@ class VersionStatistics:
         compute_input, compute_infer, compute_output = times.compute()
         self.success.add(took, 1)
         self.queue.add(max(0, times.started - item.arrival_ns), 1)
+        _add_step_times(request, compute_input, compute_infer, compute_output)
         if self.summaries is not None:
             self.summaries.observe(
                 item.arrival_ns + took,
@@ -449,6 +459,17 @@ class VersionStatistics:
             if self.summaries is not None
             else None,
         )
+
+
+def _add_step_times(
+    request: InferenceRequest, compute_input: int, compute_infer: int, compute_output: int
+) -> None:
+    """A step of an ensemble's request succeeded: its compute times count in the ensemble's."""
+    step = request.context.get(STEP_TIMES)
+    if step is not None:
+        step[0] += compute_input
+        step[1] += compute_infer
+        step[2] += compute_output
 
 
 def failure_reason(error: BaseException) -> str:
