@@ -464,6 +464,35 @@ def test_restart_restores_what_the_api_loaded(repo: Path, tmp_path: Path) -> Non
         second.stop()
 
 
+def test_a_load_that_moves_to_a_new_version_is_restored_at_the_new_one(tmp_path: Path) -> None:
+    """A load that finds version 2 retires version 1 (policy `latest 1`): a restart serves the
+    model at version 2 (the retirement was once replayed as an unload, and the model lost)."""
+    repo = tmp_path / "models"
+    add_sub_model(repo / "moving" / "1" / "model.onnx", batch=True)
+    write_config(repo / "moving", SIMPLE_CONFIG.format(name="moving", max_batch_size=8))
+    env = {
+        "TRITONACTOR_MODEL_CONTROL_MODE": "explicit",
+        "TRITONACTOR_JOURNAL": str(tmp_path / "state" / "journal.jsonl"),
+    }
+    first = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(first.url)
+        client.load_model("moving")
+        shutil.copytree(repo / "moving" / "1", repo / "moving" / "2")
+        client.load_model("moving")
+        assert client.is_model_ready("moving", "2")
+        assert not client.is_model_ready("moving", "1")
+    finally:
+        first.stop()
+    second = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(second.url)
+        assert client.is_model_ready("moving", "2")
+        add_sub(client, "moving")
+    finally:
+        second.stop()
+
+
 def test_mode_none_refuses_load_and_unload(repo: Path, tmp_path: Path) -> None:
     server = start_server(
         [repo], tmp_path, {"TRITONACTOR_EXIT_ON_ERROR": "false"}, wait_ready=False

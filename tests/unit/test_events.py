@@ -86,6 +86,34 @@ def test_a_restart_forgets_what_was_loaded_but_keeps_what_the_api_asked_for() ->
     assert ready(after)
 
 
+def test_a_version_the_policy_drops_in_a_load_is_no_unload_of_the_model() -> None:
+    """An API load that finds version 2 (policy `latest 1`) retires version 1: the model is
+    still what the API asked for, and a restart loads it again (it was forgotten before)."""
+    dropped = "no longer selected by the version policy"
+    events: list[ev.Event] = [
+        ev.ServerStarted(model="", mode="explicit"),
+        ev.LoadRequested(model="vm", versions=(1,), source=ev.Source.API),
+        ev.ModelLoaded(model="vm", version=1),
+        ev.LoadRequested(model="vm", versions=(2,), source=ev.Source.API),
+        ev.ModelLoaded(model="vm", version=2),
+        ev.UnloadRequested(model="vm", versions=(1,), source=ev.Source.API, reason=dropped),
+        ev.ModelUnloaded(model="vm", version=1, reason=dropped),
+    ]
+    state = ev.fold(events)
+    assert state["vm"].requested is not None and state["vm"].wanted
+    after = ev.apply(state, ev.ServerStarted(model="", mode="explicit"))
+    assert after["vm"].requested is not None
+    # an unload the API asked for still ends it
+    unloaded = ev.fold(
+        [
+            ev.UnloadRequested(model="vm", versions=(2,), source=ev.Source.API),
+            ev.ModelUnloaded(model="vm", version=2),
+        ],
+        state,
+    )
+    assert unloaded["vm"].requested is None and not unloaded["vm"].wanted
+
+
 def test_a_failed_reload_keeps_the_serving_version_ready() -> None:
     state = ev.fold(
         [

@@ -85,6 +85,11 @@ class LoadFailed(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnloadRequested(Event):
+    """Versions are to leave. `reason` empty: the unload was asked (by the API, the watcher);
+    else why they leave unasked: a load whose version policy no longer selects them (`source`
+    is that load's), the model's folder gone. Only an asked API unload ends what the API asked
+    for the model."""
+
     versions: tuple[int, ...]
     source: Source
     reason: str = ""
@@ -269,12 +274,14 @@ def apply(state: State, event: Event) -> State:
         case InstanceRestarted(version=version):
             versions[version] = VersionStatus(VersionState.READY)
             status = replace(status, versions=versions)
-        case UnloadRequested(versions=leaving, source=source):
+        case UnloadRequested(versions=leaving, source=source, reason=reason):
             for version in leaving:
                 if version in versions:
                     versions[version] = VersionStatus(VersionState.UNLOADING)
             status = replace(status, versions=versions)
-            if source == Source.API:
+            # (A load's version policy dropping a version is no unload of the model: before
+            # 2026-12-07 such a record, API-sourced, made the next restart forget the model.)
+            if source == Source.API and not reason:
                 status = replace(status, wanted=False, requested=None, pending=None, unsure="")
         case ModelUnloaded(version=version, reason=reason):
             versions[version] = VersionStatus(
