@@ -493,6 +493,58 @@ def test_a_load_that_moves_to_a_new_version_is_restored_at_the_new_one(tmp_path:
         second.stop()
 
 
+def test_a_restart_that_finds_a_load_s_files_gone_says_so_and_keeps_the_load(
+    tmp_path: Path,
+) -> None:
+    """The folder holding the files a load through the API gave is removed while the server is
+    down: the restart lists the model as failed, naming the folder (it was a traceback and the
+    model forgotten), and once the files are back a restart loads it again."""
+    repo = tmp_path / "models"
+    repo.mkdir()
+    journal = tmp_path / "state" / "journal.jsonl"
+    env = {"TRITONACTOR_MODEL_CONTROL_MODE": "explicit", "TRITONACTOR_JOURNAL": str(journal)}
+    model_file = add_sub_model(tmp_path / "model.onnx")
+    config = {
+        "name": "given",
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": 4,
+        "input": [
+            {"name": n, "data_type": "TYPE_INT32", "dims": [16]} for n in ("INPUT0", "INPUT1")
+        ],
+        "output": [
+            {"name": n, "data_type": "TYPE_INT32", "dims": [16]} for n in ("OUTPUT0", "OUTPUT1")
+        ],
+    }
+    first = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(first.url)
+        client.load_model(
+            "given", config=json.dumps(config), files={"file:1/model.onnx": model_file.read_bytes()}
+        )
+        assert client.is_model_ready("given")
+    finally:
+        first.stop()
+    [folder] = [p for p in override_root(journal).iterdir() if p.name.startswith("given")]
+    aside = tmp_path / "aside"
+    folder.rename(aside)
+    second = start_server([repo], tmp_path, env, wait_ready=False)
+    try:
+        [entry] = [e for e in index(second).values() if e["name"] == "given"]
+        assert entry["state"] == "UNAVAILABLE"
+        assert f"the files its load through the API gave ({folder}) are gone" in entry["reason"]
+        assert "Traceback" not in second.log()
+    finally:
+        second.stop()
+    aside.rename(folder)
+    third = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(third.url)
+        assert client.is_model_ready("given")
+        add_sub(client, "given")
+    finally:
+        third.stop()
+
+
 def test_mode_none_refuses_load_and_unload(repo: Path, tmp_path: Path) -> None:
     server = start_server(
         [repo], tmp_path, {"TRITONACTOR_EXIT_ON_ERROR": "false"}, wait_ready=False

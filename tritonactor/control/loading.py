@@ -41,6 +41,7 @@ from tritonactor.control.prepare import (
     prepare_config,
 )
 from tritonactor.control.repository import (
+    RepositoryError,
     config_digest,
     folder_signature,
     scan_repositories,
@@ -109,10 +110,19 @@ class Loading:
     ) -> None:
         found = await self._scan()
         model = found.get(name)
+        gone = ""  # why the files a load through the API gave cannot be read any more
         if override is not None and override.repository is not None:
-            model = (await anyio.to_thread.run_sync(scan_repositories, (override.repository,))).get(
-                name
-            )
+            try:
+                model = (
+                    await anyio.to_thread.run_sync(scan_repositories, (override.repository,))
+                ).get(name)
+            except RepositoryError:
+                # (its folder removed by hand, or by another server sharing the journal)
+                model = None
+                gone = (
+                    f"the files its load through the API gave ({override.repository}) are gone; "
+                    "load it again through the API"
+                )
         current = self._serving.get(name, {})
         if model is None:
             if source in (ev.Source.API, ev.Source.REQUEST):
@@ -122,7 +132,8 @@ class Loading:
                 raise internal(f"failed to load '{name}', failed to poll from model repository")
             await self._vanished(name, source)
             if source == ev.Source.STARTUP:
-                reason = f"model '{name}' is not in any model repository"
+                # (the load stays asked for: listed with the reason, retried at the next start)
+                reason = gone or f"model '{name}' is not in any model repository"
                 self._record(ev.LoadFailed(model=name, version=None, reason=reason))
             return
         self._discovered(model)
