@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager, nullcontext
 
 from starlette.applications import Starlette
 
+from tritonactor.control.journal import JournalLocationError
 from tritonactor.engine.launch import (
     WORKERS,
     EngineFailed,
@@ -71,7 +72,7 @@ def create_app(settings: Settings | None = None, workers: int | None = None) -> 
                 with held_signals(drain):
                     yield
                     await drain.wait()
-        except* (StartupFailed, ListenFailed, SettingsError, StoreError):
+        except* (StartupFailed, ListenFailed, SettingsError, StoreError, JournalLocationError):
             _exit_worker()
             raise
 

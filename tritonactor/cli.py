@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from tritonactor.backends.registry import BackendRegistry
 from tritonactor.control.inspect import inspect_repositories, render_text, report_to_json
+from tritonactor.control.journal import JournalLocationError, check_location
 from tritonactor.control.repository import RepositoryError
 from tritonactor.engine.launch import SOCKET, WORKERS, EngineFailed, start_engine, usable_cpus
 from tritonactor.frontends.listen import ListenFailed, check_free, listening_socket
@@ -259,9 +260,11 @@ def serve(args: argparse.Namespace) -> int:
         print(f"tritonactor serve: error: {_explain(error, args)}", file=sys.stderr)
         return 2
     try:
-        # Before the engine loads models: an address another process holds stops the start.
+        # Before the engine loads models: an address another process holds stops the start,
+        # and so does a journal that cannot be written.
         http_socket = claim_addresses(settings, bind_http=args.asgi_server == "hypercorn")
-    except ListenFailed as error:
+        check_location(settings.journal)
+    except (ListenFailed, JournalLocationError) as error:
         print(f"tritonactor serve: error: {error}", file=sys.stderr)
         return 1
     # Hand the workers the checked settings, every one spelled out (absolute paths, the journal

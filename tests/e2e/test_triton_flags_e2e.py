@@ -199,6 +199,24 @@ def test_a_triton_command_line_serves_and_names_each_flag_it_ignores(
     assert "nv_cpu_memory_total_bytes" not in metrics  # --allow-cpu-metrics=false
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_journal_that_cannot_be_written_stops_the_start_in_one_line(
+    tmp_path: Path, serve: Callable[..., Served], workers: int
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    journal = blocker / "journal.jsonl"  # under a file: no folder can be made
+    served = serve(repository(tmp_path), f"--workers={workers}", f"--journal={journal}")
+    code = served.process.wait(timeout=120)
+    log = served.log()
+    assert code == 1, log
+    assert log.strip().splitlines()[-1] == (
+        f"tritonactor serve: error: cannot open the control-plane journal {journal} for "
+        "writing: Not a directory"
+    )
+    assert "Traceback" not in log
+
+
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_model_that_fails_to_load_stops_the_server_by_default(
     tmp_path: Path, serve: Callable[..., Served], workers: int

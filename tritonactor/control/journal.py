@@ -39,6 +39,7 @@ __all__ = [
     "JournalEntry",
     "JournalError",
     "JournalLocationError",
+    "check_location",
     "decode",
     "encode",
     "open_journal",
@@ -397,6 +398,12 @@ class Journal:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def check_location(path: str | os.PathLike[str]) -> None:
+    """Raise `JournalLocationError` (naming the journal and why) when the journal at `path`
+    cannot be opened for writing; it is created if it does not exist, as the server would."""
+    Journal(path).close()
 
 
 def open_journal(path: str | os.PathLike[str]) -> tuple[Journal, list[events.Event]]:

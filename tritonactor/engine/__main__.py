@@ -14,6 +14,7 @@ import sys
 
 import anyio
 
+from tritonactor.control.journal import JournalLocationError
 from tritonactor.engine.calls import EngineServer
 from tritonactor.engine.host import EngineHost, ObservedRouter, table
 from tritonactor.engine.launch import SOCKET, STARTER_FD, engine_socket, tell_ready
@@ -154,7 +155,7 @@ def main() -> int:
     failed: list[BaseException] = []
     try:
         anyio.run(serve, server, path, starter, backend_options=_backend_options())
-    except* (StartupFailed, ListenFailed, StoreError) as group:
+    except* (StartupFailed, ListenFailed, StoreError, JournalLocationError) as group:
         failed.extend(_leaves(group))
     if failed:
         tell_ready(f"failed: {failed[0]}")
