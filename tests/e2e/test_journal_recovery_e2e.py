@@ -220,3 +220,31 @@ def test_a_bad_line_naming_no_model_keeps_readiness_false_until_an_api_load(
             assert client.is_model_ready(name)
     finally:
         third.stop()
+
+
+def test_an_api_unload_settles_a_doubt_as_a_load_does(
+    repo: Path, tmp_path: Path, journal: Path, env: dict[str, str]
+) -> None:
+    """docs/journal.md: any load or unload through the API settles what an unreadable line
+    left in doubt; an unload of a model that is not loaded did not, before 2026-12-07."""
+    first = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(first.url)
+        for name in MODELS:
+            client.load_model(name)
+    finally:
+        first.stop()
+    cut_load_request(journal, "doubtful")
+    second = start_server([repo], tmp_path, env, wait_ready=False)
+    try:
+        client = httpclient.InferenceServerClient(second.url)
+        assert ready(second) == 400 and "" in index(second)
+        client.unload_model("nowhere")  # a name the server never knew settles nothing
+        assert ready(second) == 400 and "" in index(second)
+        assert "nowhere" not in index(second)
+        client.unload_model("doubtful")  # known, not loaded: the operator's answer
+        assert "" not in index(second)
+        assert ready(second) == 200
+        assert not client.is_model_ready("doubtful")
+    finally:
+        second.stop()

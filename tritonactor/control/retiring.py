@@ -36,6 +36,7 @@ class Retiring:
     _owners: dict[ActorRef[Any], tuple[str, int]]
     _operations: OperationTraces
     state: ev.State
+    _in_doubt: Callable[[str], bool]  # (Loading's)
 
     async def _unload(
         self,
@@ -67,8 +68,15 @@ class Retiring:
                 for version, serving in leaving:
                     group.start_soon(self._stop_retired, name, version, serving, "")
             return
-        if source == ev.Source.API and self.state.get(name, ev.ModelStatus()).wanted:
-            # Not loaded (a failed load), but asked for: no longer.
+        status = self.state.get(name)
+        if (
+            source == ev.Source.API
+            and status is not None
+            and (status.wanted or self._in_doubt(name))
+        ):
+            # Not loaded (a failed load), but asked for, or in doubt (an unreadable journal
+            # line): no longer; on record, which settles the doubt as a load does. (A name the
+            # server never knew gets no record: clients choose names.)
             self._record(ev.UnloadRequested(model=name, versions=(), source=source))
 
     async def _vanished(self, name: str, source: ev.Source) -> None:
