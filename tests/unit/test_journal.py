@@ -331,6 +331,29 @@ def test_what_a_bad_line_still_shows_is_kept(path: Path) -> None:
     assert [e.model for e in replayed] == ["b", "", 'x"y', ""]
 
 
+def test_a_blank_line_is_skipped_and_said_but_leaves_no_doubt(path: Path) -> None:
+    """A line of white space alone (a stray edit) holds no lost record: it is warned of and
+    kept aside like any bad line, and the fold is sure of everything (it made the whole restore
+    doubtful before). The history pages it with the same reason the start gave."""
+    good = encode(ev.LoadRequested(model="b", versions=(1,), source=ev.Source.API))
+    text = json.dumps(good, separators=(",", ":")).encode()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\n".join([text, b"", b"  \t", b"not json", b""]))
+    journal, replayed = open_journal(path)
+    try:
+        kinds = [getattr(e, "kind", type(e).__name__) for e in replayed]
+        assert kinds == ["LoadRequested", ev.BLANK_LINE, ev.BLANK_LINE, ""]
+        state = ev.fold(replayed)
+        assert ev.UNNAMED in state  # the line of text that is no record still leaves a doubt
+        assert ev.fold(replayed[:3]) == ev.fold(replayed[:1])  # the blank ones leave none
+        paged = [entry.event for entry in journal.page(0, 10)]
+        assert [getattr(e, "reason", "") for e in paged] == [
+            getattr(e, "reason", "") for e in replayed
+        ]
+    finally:
+        journal.close()
+
+
 def test_the_rejected_file_says_what_is_bad_now(path: Path) -> None:
     good = json.dumps(encode(ev.ModelRemoved(model="a"))).encode() + b"\n"
     path.parent.mkdir(parents=True)

@@ -141,10 +141,14 @@ class JournalLineSkipped(Event):
     kind: str = ""
 
 
+# The `kind` of a line that holds nothing but white space (a stray edit): no record was lost.
+BLANK_LINE = "(blank line)"
+
 # Events that say nothing of what the API asked for: a line of one of these types that cannot be
 # read leaves no doubt about what to restore.
 _NO_REQUEST_KINDS = frozenset(
     {
+        BLANK_LINE,
         "ModelDiscovered",
         "ModelUnloaded",
         "VersionReplaced",

@@ -250,8 +250,10 @@ class Journal:
         return size
 
     def _line(self, fd: int, seq: int) -> bytes:
+        """Line `seq`, without its newline (as `_read_all` splits them: a bad line's reason
+        reads the same from both)."""
         start = self._line_ends[seq - 2] if seq > 1 else 0
-        return os.pread(fd, self._line_ends[seq - 1] - start, start)
+        return os.pread(fd, self._line_ends[seq - 1] - start - 1, start)
 
     def append(self, event: events.Event) -> int:
         """Write `event` as one line and fsync it; returns its seq.

@@ -234,6 +234,8 @@ def _skipped(seq: int, line: bytes, reason: str, record: Any) -> events.JournalL
     elif found := _TYPE_FIELD.search(line):
         kind = found.group(1).decode("ascii")
     models = [name for name in models if name]  # ServerStarted's model is ""
+    if not line.strip():
+        kind = events.BLANK_LINE  # (skipped, and said, but no record can be lost in it)
     return events.JournalLineSkipped(
         model=models[0] if models else "",
         time=0.0,  # unknown
