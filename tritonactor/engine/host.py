@@ -40,6 +40,7 @@ from tritonactor.engine import messages as m
 from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader, remove_owned, sweep_lanes
 from tritonactor.engine.launch import peer_pid, same_user
+from tritonactor.engine.own_files import hold, remove_own
 from tritonactor.engine.wire import (
     OUT_OF_BAND,
     PROTOCOL,
@@ -493,12 +494,12 @@ class EngineHost:
         sweep_lanes()  # what a server killed outright left in /dev/shm
         listener = await self.loop.create_unix_server(lambda: _Connection(self), self.path)
         os.chmod(self.path, 0o600)
+        own = hold(self.path)
         try:
             yield self
         finally:
             listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            remove_own(self.path, own)  # (not another engine's, that took the path since)
 
     @asynccontextmanager
     async def connected(self) -> AsyncIterator[None]:

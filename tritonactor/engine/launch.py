@@ -27,6 +27,7 @@ from pathlib import Path
 
 import anyio
 
+from tritonactor.engine.own_files import same_file
 from tritonactor.settings import Settings
 
 
@@ -199,7 +200,7 @@ def _locked_start(settings: Settings, path: str, tied: bool = False) -> socket.s
         lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if _same_file(lock, lock_path):
+            if same_file(lock, lock_path):
                 break
         except BaseException:
             os.close(lock)
@@ -229,22 +230,12 @@ def _sweep_stale_locks(folder: str) -> None:
             continue
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if _same_file(lock, lock_path):
+            if same_file(lock, lock_path):
                 os.unlink(lock_path)
         except OSError:
             pass  # held by a start under way, or gone meanwhile
         finally:
             os.close(lock)
-
-
-def _same_file(descriptor: int, path: str) -> bool:
-    """Whether `path` still names the file open as `descriptor`."""
-    try:
-        named = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    opened = os.fstat(descriptor)
-    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def start_engine(settings: Settings) -> str:

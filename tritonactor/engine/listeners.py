@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 import anyio
 
 from tritonactor.engine.launch import EngineFailed, same_user
+from tritonactor.engine.own_files import hold, remove_own
 from tritonactor.frontends.listen import BACKLOG, ListenFailed, address_text, bound_socket
 from tritonactor.settings import Settings
 
@@ -78,8 +79,10 @@ async def handing_out(settings: Settings, path: str) -> AsyncIterator[SharedList
     with contextlib.suppress(FileNotFoundError):
         os.unlink(where)  # a dead engine's: the engine is started under the server's lock
     asker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    own: int | None = None
     try:
         asker.bind(where)
+        own = hold(where)
         asker.listen()
         asker.setblocking(False)
         async with anyio.create_task_group() as tasks:
@@ -90,8 +93,8 @@ async def handing_out(settings: Settings, path: str) -> AsyncIterator[SharedList
                 tasks.cancel_scope.cancel()
     finally:
         asker.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(where)
+        if own is not None:  # (not another engine's, that took the path since)
+            remove_own(where, own)
         shared.close()
 
 
