@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -24,6 +25,7 @@ from tritonactor.scheduling.statistics import (
     ENSEMBLE_TIMES,
     STEP_TIMES,
     ExecutionTimes,
+    StepTimes,
     VersionStatistics,
 )
 
@@ -100,19 +102,20 @@ def test_a_batch_with_a_failure_counts_each_request_and_the_execution_once() -> 
 def test_an_ensemble_counts_its_successful_steps_compute_times() -> None:
     """As Triton's ensembles: each step request that succeeds adds its batch's compute times to
     its ensemble request's; the ensemble's own are their sums, its queue its own wait."""
-    sums = [0, 0, 0]
+    sums = StepTimes()
+    other = StepTimes()
     step = VersionStatistics(batching=True)
     batch = [infer(batched(1), 900), infer(batched(1), 950)]
     batch[0].request.context[STEP_TIMES] = sums
-    batch[1].request.context[STEP_TIMES] = [0, 0, 0]  # another ensemble request's step
+    batch[1].request.context[STEP_TIMES] = other  # another ensemble request's step
     results = [OK, internal("no")]
     for item, result in zip(batch, results, strict=True):
         admitted(step, item, result)
     step.record_execution(batch, results, TIMES)
-    assert sums == [100, 500, 50]
-    assert batch[1].request.context[STEP_TIMES] == [0, 0, 0]  # it failed: nothing added
+    assert sums.compute == [100, 500, 50]
+    assert other.compute == [0, 0, 0]  # it failed: nothing added
     step.record_execution([infer(batched(1), 900)], [OK], TIMES)  # not a step: nothing added
-    assert sums == [100, 500, 50]
+    assert sums.compute == [100, 500, 50]
 
     ensemble = VersionStatistics(batching=True, counted_when_answered=True)
     request = batched(2)
@@ -127,6 +130,31 @@ def test_an_ensemble_counts_its_successful_steps_compute_times() -> None:
     assert durations(ensemble)["compute_output"] == (1, 50)
     [entry] = ensemble.batch_stats
     assert (entry.batch_size, entry.compute_infer.ns) == (2, 500)
+
+
+async def test_an_ensemble_waits_for_a_step_whose_execute_outlasts_its_answer() -> None:
+    """A decoupled step may send its last response and go on executing: the ensemble answers
+    its client then, and counts the request once the step's execute is over, with its times
+    (as Triton reports an ensemble request once every step request is released)."""
+    sums = StepTimes()
+    step_reply: Reply[InferenceResponse] = Reply()
+    sums.running(step_reply)
+    ensemble = VersionStatistics(batching=False, counted_when_answered=True)
+    request = batched(1)
+    reply: Reply[InferenceResponse] = Reply()
+    arrival = time.perf_counter_ns()
+    ensemble.admit(request, reply, arrival)
+    request.context[ENSEMBLE_TIMES] = (arrival, sums)
+    reply.set(OK)  # the client has its answer
+    assert ensemble.pending == 0
+    assert durations(ensemble)["success"][0] == 0  # not counted yet: its step still runs
+    step_reply.set(OK)  # the step's execute is over; its model counts it in the same turn
+    sums.add(10, 4_000, 20)
+    assert durations(ensemble)["success"][0] == 0
+    await anyio.sleep(0)  # (the next turn of the loop)
+    await anyio.sleep(0)
+    assert durations(ensemble)["success"][0] == 1
+    assert durations(ensemble)["compute_infer"] == (1, 4_000)
 
 
 def test_a_batch_that_failed_entirely_is_no_execution() -> None:

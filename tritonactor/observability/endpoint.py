@@ -24,6 +24,7 @@ from tritonactor.frontends.listen import ListenFailed, address_text, listening_s
 from tritonactor.observability.exposition import CONTENT_TYPE, render
 from tritonactor.observability.gpu import GpuMetrics
 from tritonactor.observability.metrics import MailboxSample, MetricsCollector, VersionSample
+from tritonactor.observability.summaries import SummarySample
 
 if TYPE_CHECKING:
     from tritonactor.server import Server
@@ -67,6 +68,11 @@ class JournalTally:
             self._seq, self.counts, self.load_seconds = seq, counts, loads
 
 
+def _settle(summaries: list[SummarySample]) -> None:
+    for summary in summaries:
+        summary.settle()
+
+
 class ServerMetrics:
     """One server's registry: the collector reads the server's router and journal at each
     scrape, plus this process (prometheus_client's process collector)."""
@@ -75,6 +81,8 @@ class ServerMetrics:
         self._server = server
         self._journal = JournalTally()
         self.registry = CollectorRegistry(auto_describe=False)
+        # The versions' samples while a scrape renders them (`render`).
+        self._versions: list[VersionSample] | None = None
         settings = server.settings
         self._collector = MetricsCollector(
             self,
@@ -90,7 +98,17 @@ class ServerMetrics:
     async def render(self) -> bytes:
         """The text Prometheus scrapes."""
         await anyio.to_thread.run_sync(self._prepare)
-        return render(self.registry)
+        # The versions read on the loop; their summaries' quantiles (a sort of up to a minute's
+        # durations each) computed on a worker thread, from copies.
+        versions = self._read_versions()
+        summaries = [s for v in versions if v.summaries for s in v.summaries.values()]
+        if summaries:
+            await anyio.to_thread.run_sync(_settle, summaries)
+        self._versions = versions
+        try:
+            return render(self.registry)
+        finally:
+            self._versions = None
 
     def _prepare(self) -> None:
         # Off the loop: NVML's start and the journal's reading both block.
@@ -104,6 +122,9 @@ class ServerMetrics:
     # -- the MetricsSource ---------------------------------------------------------------------
 
     def versions(self) -> Iterable[VersionSample]:
+        return self._versions if self._versions is not None else self._read_versions()
+
+    def _read_versions(self) -> list[VersionSample]:
         return [
             handle.statistics.sample(
                 handle.name, handle.version, response_cache=caches_responses(handle.config)

@@ -104,14 +104,39 @@ def parse_quantiles(
     return tuple(pairs)
 
 
-@dataclass(frozen=True, slots=True)
 class SummarySample:
     """One summary at a scrape: every observation's count and sum (µs), and each quantile's
-    value over the window (NaN when it is empty)."""
+    value over the window (NaN when it is empty), computed from a copy of the window when first
+    read: the engine reads them on a worker thread (`settle`), the copy taken on the loop."""
 
-    count: int
-    total: int
-    quantiles: tuple[tuple[float, float], ...]
+    __slots__ = ("_asked", "_quantiles", "_window", "count", "total")
+
+    def __init__(
+        self,
+        count: int,
+        total: int,
+        asked: Sequence[tuple[float, float]],
+        window: list[tuple[list[int], int]],
+    ) -> None:
+        self.count = count
+        self.total = total
+        self._asked = tuple(asked)
+        self._window = window  # each slot's kept values (a copy) and how many it saw
+        self._quantiles: tuple[tuple[float, float], ...] | None = None
+
+    @property
+    def quantiles(self) -> tuple[tuple[float, float], ...]:
+        """(quantile, value) for each quantile asked."""
+        if self._quantiles is None:
+            asked = self._asked
+            values = _ranked(self._window, asked)
+            self._quantiles = tuple(zip((q for q, _ in asked), values, strict=True))
+            self._window = []
+        return self._quantiles
+
+    def settle(self) -> None:
+        """Compute the quantiles now (where the caller can spend the time)."""
+        _ = self.quantiles
 
 
 class _Slot:
@@ -157,25 +182,26 @@ class WindowedSummary:
                 values[kept] = value_us
 
     def sample(self, quantiles: Sequence[tuple[float, float]], now_ns: int) -> SummarySample:
-        """The summary as scraped at `now_ns`."""
+        """The summary as scraped at `now_ns` (its window copied: its quantiles are computed
+        when read)."""
         oldest = now_ns // SLOT_NS - AGE_BUCKETS
-        window = [slot for slot in self._slots if slot.index > oldest and slot.values]
-        return SummarySample(
-            self._count,
-            self._total,
-            tuple(zip((q for q, _ in quantiles), _ranked(window, quantiles), strict=True)),
-        )
+        window = [
+            (list(slot.values), slot.seen)
+            for slot in self._slots
+            if slot.index > oldest and slot.values
+        ]
+        return SummarySample(self._count, self._total, quantiles, window)
 
 
-def _ranked(window: list[_Slot], quantiles: Sequence[tuple[float, float]]) -> list[float]:
-    """Each quantile's nearest-rank value over the slots of `window`, a kept value weighing
-    what its slot saw over what it kept."""
+def _ranked(
+    window: list[tuple[list[int], int]], quantiles: Sequence[tuple[float, float]]
+) -> list[float]:
+    """Each quantile's nearest-rank value over the slots of `window` (each slot's kept values
+    and how many it saw), a kept value weighing what its slot saw over what it kept."""
     if not window:
         return [math.nan] * len(quantiles)
-    values = np.concatenate([np.asarray(slot.values, dtype=np.float64) for slot in window])
-    weights = np.concatenate(
-        [np.full(len(slot.values), slot.seen / len(slot.values)) for slot in window]
-    )
+    values = np.concatenate([np.asarray(kept, dtype=np.float64) for kept, _ in window])
+    weights = np.concatenate([np.full(len(kept), seen / len(kept)) for kept, seen in window])
     order = np.argsort(values, kind="stable")
     values = values[order]
     ranks = np.cumsum(weights[order])

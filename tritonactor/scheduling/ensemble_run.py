@@ -34,7 +34,7 @@ from tritonactor.core.types import (
 )
 from tritonactor.scheduling.ensemble_stream import ResponseStream
 from tritonactor.scheduling.router import ModelHandle, Router
-from tritonactor.scheduling.statistics import STEP_TIMES
+from tritonactor.scheduling.statistics import STEP_TIMES, StepTimes
 
 # How many steps one after the other a task runs itself before the next starts a task of its
 # own (`EnsembleRun._start_ready`): each nests a few frames, and a chain may be long.
@@ -142,9 +142,9 @@ class EnsembleRun:
             0, {name: given.get(name) for name in plan.inputs}, dict.fromkeys(plan.inputs, batch)
         )
         self.response: InferenceResponse | None = None  # when the outputs are in stream 0
-        # The compute times (ns: input, infer, output) of the steps that succeeded, summed: the
-        # ensemble's own, as Triton counts them (statistics.py adds each step's).
-        self.step_times = [0, 0, 0]
+        # The compute times of the steps that succeeded, summed: the ensemble's own, as Triton
+        # counts them (statistics.py adds each step's).
+        self.step_times = StepTimes()
         self._failure: TritonError | None = None
         self._group: TaskGroup | None = None
         # Steps started and not yet done (a decoupled one is done with its final response): a
@@ -293,6 +293,7 @@ class EnsembleRun:
         try:
             reply = self.router.submit(request)
             reply.add_done_callback(stream.execute_over)
+            self.step_times.running(reply)  # its execute may outlast its last response
             async with contextlib.aclosing(stream.responses()) as responses:
                 async for response in responses:
                     if self._failure is not None:  # another step failed: the run is over

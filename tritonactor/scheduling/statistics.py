@@ -10,11 +10,12 @@ thread)."""
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +39,57 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 
 # Set by the ensemble scheduler in the context of a request it answers: when it took the
-# request (`perf_counter_ns`) and its steps' compute times (`STEP_TIMES`), for its own statistics.
+# request (`perf_counter_ns`) and its steps' `StepTimes`, for its own statistics.
 ENSEMBLE_TIMES = "ensemble_times"
 # Set by the ensemble in the context of each step request it sends: the ensemble request's
-# compute times (ns: input, infer, output), to which a step that succeeds adds its own (its
-# batch's), as Triton's step requests report theirs to their ensemble's statistics.
+# `StepTimes`, to which a step that succeeds adds its compute times (its batch's), as Triton's
+# step requests report theirs to their ensemble's statistics.
 STEP_TIMES = "ensemble_step_times"
+
+
+class StepTimes:
+    """An ensemble request's compute times (ns: `compute` is input, infer, output), its
+    successful steps' summed; and the steps whose execute may outlast their last response (a
+    decoupled step's), which the ensemble's statistics wait for, as Triton reports an ensemble
+    request once all its step requests are released. On the event loop."""
+
+    __slots__ = ("_loop", "_open", "_then", "compute")
+
+    def __init__(self) -> None:
+        self.compute = [0, 0, 0]
+        self._open = 0
+        self._then: Callable[[], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, compute_input: int, compute_infer: int, compute_output: int) -> None:
+        compute = self.compute
+        compute[0] += compute_input
+        compute[1] += compute_infer
+        compute[2] += compute_output
+
+    def running(self, reply: Reply[Any]) -> None:
+        """A step whose execute is over when `reply` is answered (its model records its times
+        in the same turn of the loop, just after)."""
+        self._open += 1
+        self._loop = asyncio.get_running_loop()
+        reply.add_done_callback(self._over_soon)
+
+    def _over_soon(self, _reply: Reply[Any]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._over)
+
+    def _over(self) -> None:
+        self._open -= 1
+        if not self._open and self._then is not None:
+            then, self._then = self._then, None
+            then()
+
+    def when_over(self, then: Callable[[], None]) -> None:
+        """Call `then` once no step is running (at once if none is)."""
+        if self._open:
+            self._then = then
+        else:
+            then()
 
 
 @dataclass(slots=True)
@@ -236,13 +282,29 @@ class VersionStatistics:
         if reply.error is not None:
             return
         took = time.perf_counter_ns() - arrival_ns
-        answered = arrival_ns + took
-        self.success.add(took, 1)
         if request.sender is None:  # a decoupled request's first response is timed as sent
             self.first_response.observe_ns(took)
-        taken, (compute_input, compute_infer, compute_output) = request.context.get(
-            ENSEMBLE_TIMES
-        ) or (arrival_ns, (0, 0, 0))
+        taken, steps = request.context.get(ENSEMBLE_TIMES) or (arrival_ns, None)
+        if steps is None:
+            self._count_answered(request, arrival_ns, took, taken, (0, 0, 0))
+        else:  # once every step's execute is over
+            steps.when_over(
+                lambda: self._count_answered(request, arrival_ns, took, taken, steps.compute)
+            )
+
+    def _count_answered(
+        self,
+        request: InferenceRequest,
+        arrival_ns: int,
+        took: int,
+        taken: int,
+        compute: Sequence[int],
+    ) -> None:
+        """An ensemble's request answered without an error (in `took` ns, taken at `taken`),
+        its steps' compute times summed in `compute`."""
+        answered = arrival_ns + took
+        compute_input, compute_infer, compute_output = compute
+        self.success.add(took, 1)
         self.queue.add(max(0, taken - arrival_ns))
         _add_step_times(request, compute_input, compute_infer, compute_output)
         self.compute_input.add(compute_input)
@@ -314,7 +376,7 @@ class VersionStatistics:
         first_response = self.first_response
         summaries = self.summaries
         observed: list[tuple[int, int]] = []  # (request, queue) ns, with summaries on
-        steps: list[list[int]] = []  # the ensembles' requests whose steps these are
+        steps: list[StepTimes] = []  # the ensembles' requests whose steps these are
         # The instance checked that there is one result per request.
         for item, result in zip(batch, results):  # noqa: B905
             request = item.request
@@ -352,9 +414,7 @@ class VersionStatistics:
             self.compute_infer.add(compute_infer * succeeded, succeeded)
             self.compute_output.add(compute_output * succeeded, succeeded)
             for step in steps:
-                step[0] += compute_input
-                step[1] += compute_infer
-                step[2] += compute_output
+                step.add(compute_input, compute_infer, compute_output)
             if summaries is not None:
                 for request_ns, waited_ns in observed:
                     summaries.observe(
@@ -467,9 +527,7 @@ def _add_step_times(
     """A step of an ensemble's request succeeded: its compute times count in the ensemble's."""
     step = request.context.get(STEP_TIMES)
     if step is not None:
-        step[0] += compute_input
-        step[1] += compute_infer
-        step[2] += compute_output
+        step.add(compute_input, compute_infer, compute_output)
 
 
 def failure_reason(error: BaseException) -> str:
