@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
@@ -20,6 +21,7 @@ from tritonactor.control.journal import JournalLocationError
 from tritonactor.engine.launch import (
     WORKERS,
     EngineFailed,
+    die_with_parent,
     engine_socket,
     ensure_engine,
     usable_cpus,
@@ -90,6 +92,7 @@ def _front_end_app(server: Server) -> Starlette:
         configure_logging(server.settings)
         log_event_loop()
         drain.open()
+        _end_with_supervisor()
         try:
             if hypercorn_bind(sys.argv) is not None:  # a plain `hypercorn --workers N`
                 settings = server.settings
@@ -156,6 +159,18 @@ def _exit_now(status: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def _end_with_supervisor() -> None:
+    """In a worker process of the ASGI server (`--workers N`): drain and end (SIGTERM) when
+    the supervisor ends, killed outright too, rather than serve on orphaned, holding the ports
+    (docs/shutdown.md)."""
+    parent = multiprocessing.parent_process()
+    if parent is None or sys.platform != "linux":
+        return
+    die_with_parent()
+    if os.getppid() != parent.pid:  # it ended before the watch was set
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _exit_worker() -> None:

@@ -193,9 +193,10 @@ def start(
     models: tuple[str, ...] = (),
     env_extra: dict[str, str] | None = None,
     prefix: tuple[str, ...] = (),
+    ports: tuple[int, int, int] | None = None,
 ) -> Served:
     repo = _repository(root, models)
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = ports or (free_port(), free_port(), free_port())
     env = loopback_env(root, http_port, grpc_port, metrics_port)
     if any(variable.startswith("OTEL_") for variable in env_extra or {}):
         # Only the test's tracing settings: none from the environment the tests run in.
@@ -403,6 +404,28 @@ def test_explicit_load_through_one_front_end_serves_on_every_one(tmp_path: Path)
         assert "unknown model" in body["error"]
     finally:
         stop(served)
+
+
+@pytest.mark.parametrize("kind", ["serve", "hypercorn"])
+def test_a_supervisor_killed_outright_takes_its_front_ends_and_engine_with_it(
+    kind: str, tmp_path: Path
+) -> None:
+    """`kill -9` of the ASGI server's supervisor (`tritonactor serve --workers 2`, a plain
+    `hypercorn --workers 2`): its workers drain and end (they served on, orphaned, before,
+    holding the ports), then the engine, whose front ends have all left; a new server starts
+    on the same ports."""
+    served = start(kind, tmp_path / "first")
+    workers, engine = served.front_ends(), served.engine()
+    assert len(workers) == 2
+    served.process.kill()
+    served.process.wait()
+    deadline = time.monotonic() + 60  # a bound on waiting for the event: reaching it fails
+    for pid in [*workers, engine]:
+        while Path(f"/proc/{pid}").exists() and "tritonactor" in cmdline(pid):
+            assert time.monotonic() < deadline, (pid, cmdline(pid), served.output())
+            time.sleep(0.05)
+    ports = (served.http_port, served.grpc_port, served.metrics_port)
+    stop(start(kind, tmp_path / "second", ports=ports))
 
 
 def test_a_front_end_that_dies_loses_only_its_connections(tmp_path: Path) -> None:

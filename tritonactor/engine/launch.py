@@ -134,8 +134,10 @@ def _probe(path: str) -> socket.socket | None:
     return None
 
 
-def _die_with_parent() -> None:
-    # Linux: SIGTERM when the process that started the engine ends (see `start_engine`).
+def die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent ends, killed outright included (the
+    engine, of the process that started it: `start_engine`; a front-end worker, of its ASGI
+    server's supervisor)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -167,7 +169,7 @@ def _start(settings: Settings, path: str, tied: bool = False) -> socket.socket |
             stdin=subprocess.DEVNULL,
             # In the front ends' process group, so that whoever stops the server by its group
             # stops the engine too (it waits for the front ends to leave: engine/__main__.py).
-            preexec_fn=_die_with_parent if tied and sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if tied and sys.platform == "linux" else None,
         )
     finally:
         os.close(write_end)
