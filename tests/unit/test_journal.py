@@ -354,6 +354,22 @@ def test_a_blank_line_is_skipped_and_said_but_leaves_no_doubt(path: Path) -> Non
         journal.close()
 
 
+def test_two_records_run_together_are_judged_by_the_one_that_asked(path: Path) -> None:
+    """A line of a record that asks nothing run into an API unload's: the line may have lost
+    that unload, so its model is in doubt, whichever record comes first."""
+    discovered = b'{"v":1,"type":"ModelDiscovered","fields":{"model":"x","time":1.0'
+    unload = (
+        b'{"v":1,"type":"UnloadRequested","fields":{"model":"ident","time":1.0,'
+        b'"versions":[1],"source":"api","reason":""}}'
+    )
+    path.parent.mkdir(parents=True)
+    path.write_bytes(discovered + unload + b"\n" + unload + discovered + b"\n")
+    journal, replayed = open_journal(path)
+    journal.close()
+    assert [e.kind for e in replayed] == ["UnloadRequested", "UnloadRequested"]  # type: ignore[attr-defined]
+    assert ev.fold(replayed)["ident"].unsure
+
+
 def test_the_rejected_file_says_what_is_bad_now(path: Path) -> None:
     good = json.dumps(encode(ev.ModelRemoved(model="a"))).encode() + b"\n"
     path.parent.mkdir(parents=True)

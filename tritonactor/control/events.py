@@ -159,6 +159,12 @@ _NO_REQUEST_KINDS = frozenset(
     }
 )
 
+
+def asks_nothing(kind: str) -> bool:
+    """Whether a line of this event type, unreadable, can have lost nothing the API asked."""
+    return kind in _NO_REQUEST_KINDS
+
+
 # Where the fold keeps the doubt a bad line leaves when it names no model that can be read (cut
 # short, or its "model" is not a string): no model's name, so no folder's. A restart in explicit
 # mode reports it as not restored (`index.unrestored`), which keeps strict readiness false
@@ -217,7 +223,7 @@ def apply(state: State, event: Event) -> State:
             if status.requested is not None or status.unsure
         }
     if isinstance(event, JournalLineSkipped):
-        if event.kind in _NO_REQUEST_KINDS:
+        if asks_nothing(event.kind):
             return state
         doubt = f"line {event.line} of the journal could not be read ({event.reason})"
         changed = dict(state)

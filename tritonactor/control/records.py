@@ -231,8 +231,10 @@ def _skipped(seq: int, line: bytes, reason: str, record: Any) -> events.JournalL
                 models.append(name)
     if isinstance(record, dict) and isinstance(record.get("type"), str):
         kind = record["type"]
-    elif found := _TYPE_FIELD.search(line):
-        kind = found.group(1).decode("ascii")
+    else:
+        # Two records run together are judged by the one that may have asked something.
+        kinds = [found.group(1).decode("ascii") for found in _TYPE_FIELD.finditer(line)]
+        kind = next((k for k in kinds if not events.asks_nothing(k)), kinds[0] if kinds else "")
     models = [name for name in models if name]  # ServerStarted's model is ""
     if not line.strip():
         kind = events.BLANK_LINE  # (skipped, and said, but no record can be lost in it)
