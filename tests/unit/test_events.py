@@ -217,3 +217,21 @@ def _fields(requested: ev.Requested) -> dict[str, str]:
         "override_repository": requested.override_repository,
         "options_digest": requested.options_digest,
     }
+
+
+def test_a_model_only_an_earlier_api_load_knew_is_not_listed_until_a_repository_holds_it() -> None:
+    """Restarted (in poll mode, say) with a model that only an API load with its own files
+    made: no repository holds it, nothing loads it: not listed, as Triton lists its
+    repositories' folders. One a repository holds is listed, loaded or not."""
+    state = ev.fold(
+        [
+            ev.LoadRequested(
+                model="fo", versions=(1,), source=ev.Source.API, override_repository="/o/fo"
+            ),
+            ev.ModelLoaded(model="fo", version=1),
+            ev.ServerStarted(model="", mode="poll"),
+            ev.ModelDiscovered(model="plain", repository="/models", versions=(1,)),
+        ]
+    )
+    assert state["fo"].requested is not None  # kept for a start in explicit mode
+    assert [entry.name for entry in index(state)] == ["plain"]

@@ -96,7 +96,10 @@ def test_a_bad_line_naming_no_model_leaves_the_whole_restore_in_doubt() -> None:
     model's API load, so a restart reports the restore as not whole (under the name "") and
     strict readiness waits until an API load or unload settles it."""
     for kind in ("LoadRequested", "UnloadRequested", "ModelLoaded", "ModelRemoved", ""):
-        state = ev.fold([*loaded_by_api("a"), skipped(kind=kind, line=4), started(), started()])
+        found = ev.ModelDiscovered(model="a", repository="/models", versions=(1,))
+        state = ev.fold(
+            [*loaded_by_api("a"), skipped(kind=kind, line=4), started(), started(), found]
+        )
         assert state[ev.UNNAMED].unsure == "line 4 of the journal could not be read (not JSON)"
         assert state["a"].requested is not None and not state["a"].unsure
         assert [entry.name for entry in index(state)] == ["a"]  # not reported yet: not listed

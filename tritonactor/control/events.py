@@ -209,6 +209,8 @@ class ModelStatus:
     unsure: str = ""
     # Its failure (`state`) is that its version policy selects no version (`versionless`).
     versionless: bool = False
+    # A repository holds it (since this start): `ModelDiscovered`.
+    discovered: bool = False
 
 
 State = dict[str, ModelStatus]
@@ -237,7 +239,7 @@ def apply(state: State, event: Event) -> State:
     versions = dict(status.versions)
     match event:
         case ModelDiscovered():
-            return {**state, event.model: status}
+            return {**state, event.model: replace(status, discovered=True)}
         case LoadRequested(versions=wanted, source=source):
             for version in wanted:
                 # A reload leaves a serving version READY: it serves until its successor does.

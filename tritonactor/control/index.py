@@ -34,7 +34,9 @@ def index(state: ev.State, away: Collection[tuple[str, int]] = ()) -> list[Index
             if (name, version) in away and version_status.state == ev.VersionState.READY:
                 state_name, reason = ev.VersionState.UNAVAILABLE.value, "unloaded"
             entries.append(IndexEntry(name, str(version), state_name, reason))
-        if status.state is None and not status.versions:
+        if status.state is None and not status.versions and status.discovered:
+            # (a model that is only what an earlier start's API load asked, in no repository
+            # now and not loaded: not listed, as Triton lists its repositories' folders)
             entries.append(IndexEntry(name, "", "", ""))
     return entries
 
