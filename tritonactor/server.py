@@ -20,7 +20,12 @@ from tritonactor.backends.registry import BackendRegistry
 from tritonactor.cache import ResponseCache
 from tritonactor.control import events as ev
 from tritonactor.control.index import IndexEntry, index, ready
-from tritonactor.control.journal import Journal, JournalEntry, open_journal
+from tritonactor.control.journal import (
+    Journal,
+    JournalEntry,
+    JournalLocationError,
+    open_journal,
+)
 from tritonactor.control.load_parameters import LoadOptions, UnloadOptions, options_digest
 from tritonactor.control.load_plan import restored_overrides
 from tritonactor.control.manager import ModelManager
@@ -225,7 +230,11 @@ class Server:
         self, repositories: tuple[Path, ...], mirrors: list[StoreMirror]
     ) -> AsyncIterator[None]:
         settings = self.settings
-        journal, history = await anyio.to_thread.run_sync(open_journal, settings.journal)
+        try:
+            journal, history = await anyio.to_thread.run_sync(open_journal, settings.journal)
+        except JournalLocationError as error:
+            log.error("%s", error)  # (a hypercorn worker ends without a word otherwise)
+            raise
         self.journal = journal
         # What a crash left behind: half-written overrides, and override folders that no load
         # in force uses (unless another server shares this journal, and so the folder).

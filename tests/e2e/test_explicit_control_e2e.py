@@ -545,6 +545,60 @@ def test_a_restart_that_finds_a_load_s_files_gone_says_so_and_keeps_the_load(
         third.stop()
 
 
+def test_a_restart_in_another_mode_lists_what_the_api_loaded_before(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Restarted in mode none with lazy loading, a repository model an earlier start loaded
+    through the API is listed, not loaded, as any other (it was missing from the index)."""
+    journal = tmp_path / "state" / "journal.jsonl"
+    first = start_server([repo], tmp_path, {**EXPLICIT, "TRITONACTOR_JOURNAL": str(journal)})
+    try:
+        httpclient.InferenceServerClient(first.url).load_model("other")
+    finally:
+        first.stop()
+    lazy = {
+        "TRITONACTOR_MODEL_CONTROL_MODE": "none",
+        "TRITONACTOR_LAZY_LOAD": "true",
+        "TRITONACTOR_JOURNAL": str(journal),
+    }
+    second = start_server([repo], tmp_path, lazy)
+    try:
+        assert {"simple", "simple_nobatch", "other", "broken"} <= set(index(second))
+        assert index(second)["other"] == {"name": "other"}
+    finally:
+        second.stop()
+
+
+def test_a_restart_that_finds_a_load_s_files_gone_loads_the_repository_s_model(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The API loaded a repository model with files of its own, which are gone at the restart:
+    the start loads the repository's model, as a restarted Triton would, and says so (a model
+    the startup list names stopped the start before)."""
+    journal = tmp_path / "state" / "journal.jsonl"
+    env = {**EXPLICIT, "TRITONACTOR_JOURNAL": str(journal)}
+    model_file = add_sub_model(tmp_path / "model.onnx")
+    first = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(first.url)
+        config = json.dumps(client.get_model_config("simple"))
+        client.load_model(
+            "simple", config=config, files={"file:1/model.onnx": model_file.read_bytes()}
+        )
+    finally:
+        first.stop()
+    [folder] = [p for p in override_root(journal).iterdir() if p.name.startswith("simple")]
+    shutil.rmtree(folder)
+    second = start_server([repo], tmp_path, env)  # its startup list names simple
+    try:
+        client = httpclient.InferenceServerClient(second.url)
+        assert client.is_model_ready("simple")
+        add_sub(client, "simple")
+        assert f"the files its load through the API gave ({folder}) are gone" in second.log()
+    finally:
+        second.stop()
+
+
 def test_mode_none_refuses_load_and_unload(repo: Path, tmp_path: Path) -> None:
     server = start_server(
         [repo], tmp_path, {"TRITONACTOR_EXIT_ON_ERROR": "false"}, wait_ready=False

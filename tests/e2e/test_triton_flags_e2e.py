@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 
 from tests.e2e.conftest import SIMPLE_CONFIG, write_config
 from tests.onnx_models import add_sub_model
-from tests.server_process import free_port
+from tests.server_process import free_port, start_server
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # A line the text log format writes at info level: `I1201 14:06:53.398774 23734 app.py:36] ...`.
@@ -215,6 +215,27 @@ def test_a_journal_that_cannot_be_written_stops_the_start_in_one_line(
         "writing: Not a directory"
     )
     assert "Traceback" not in log
+
+
+def test_a_plain_hypercorn_says_why_a_journal_that_cannot_be_written_stops_it(
+    tmp_path: Path,
+) -> None:
+    """hypercorn's workers end with the engine that could not open its journal: the log says
+    why (it said nothing, and hypercorn's status was 0)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    journal = blocker / "journal.jsonl"
+    with pytest.raises(RuntimeError) as stopped:
+        start_server(
+            [repository(tmp_path)],
+            tmp_path,
+            {"TRITONACTOR_JOURNAL": str(journal)},
+            args=["--workers", "2"],
+            timeout=120,
+        )
+    assert f"cannot open the control-plane journal {journal} for writing: Not a directory" in str(
+        stopped.value
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])

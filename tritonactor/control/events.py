@@ -294,6 +294,8 @@ def apply(state: State, event: Event) -> State:
             # (A load's version policy dropping a version is no unload of the model: before
             # 2026-12-07 such a record, API-sourced, made the next restart forget the model.)
             if source == Source.API and not reason:
+                if status.unsure:  # its failure was the report of the doubt: settled now
+                    status = replace(status, state=None, reason="")
                 status = replace(status, wanted=False, requested=None, pending=None, unsure="")
         case ModelUnloaded(version=version, reason=reason):
             versions[version] = VersionStatus(

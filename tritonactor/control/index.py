@@ -78,8 +78,8 @@ def _unrestored_reason(name: str, doubt: str) -> str:
     if name == ev.UNNAMED:  # the line named no model: its index entry has no name either
         return (
             f"not fully restored: {doubt} and names no model; a model loaded or unloaded "
-            "through the API before this start may not be restored as it was. Any load or "
-            "unload through the API settles this"
+            "through the API before this start may not be restored as it was. Any load through "
+            "the API, or unload of a model this server knows, settles this"
         )
     return (
         f"not restored: {doubt}; it may have been loaded through the API before this start. "

@@ -118,11 +118,14 @@ class Loading:
                 ).get(name)
             except RepositoryError:
                 # (its folder removed by hand, or by another server sharing the journal)
-                model = None
-                gone = (
-                    f"the files its load through the API gave ({override.repository}) are gone; "
-                    "load it again through the API"
-                )
+                gone = f"the files its load through the API gave ({override.repository}) are gone"
+                if model is not None and source == ev.Source.STARTUP:
+                    # A repository holds it: a start loads that, as a restarted Triton would.
+                    log.warning("model '%s': %s; the repository's is loaded", name, gone)
+                    override = None
+                else:
+                    model = None
+                    gone += "; load it again through the API"
         current = self._serving.get(name, {})
         if model is None:
             if source in (ev.Source.API, ev.Source.REQUEST):

@@ -236,7 +236,9 @@ class ModelManager(Loading, Retiring, Actor[Any]):
         return found
 
     def _discovered(self, model: ModelSource) -> None:
-        if model.name not in self.state:
+        status = self.state.get(model.name)
+        # (a restart keeps what the API asked of a model, not that a repository holds it)
+        if status is None or not status.discovered:
             self._record(
                 ev.ModelDiscovered(
                     model=model.name,

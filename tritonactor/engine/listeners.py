@@ -79,10 +79,10 @@ async def handing_out(settings: Settings, path: str) -> AsyncIterator[SharedList
     with contextlib.suppress(FileNotFoundError):
         os.unlink(where)  # a dead engine's: the engine is started under the server's lock
     asker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    own: int | None = None
+    bound, own = False, None
     try:
         asker.bind(where)
-        own = hold(where)
+        bound, own = True, hold(where)
         asker.listen()
         asker.setblocking(False)
         async with anyio.create_task_group() as tasks:
@@ -93,7 +93,7 @@ async def handing_out(settings: Settings, path: str) -> AsyncIterator[SharedList
                 tasks.cancel_scope.cancel()
     finally:
         asker.close()
-        if own is not None:  # (not another engine's, that took the path since)
+        if bound:  # (not another engine's, that took the path since)
             remove_own(where, own)
         shared.close()
 

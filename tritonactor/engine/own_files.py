@@ -15,14 +15,22 @@ import os
 __all__ = ["hold", "remove_own", "same_file"]
 
 
-def hold(path: str) -> int:
-    """A descriptor holding the file at `path` (not following a link), for `remove_own`."""
-    return os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+def hold(path: str) -> int | None:
+    """A descriptor holding the file at `path` (not following a link), for `remove_own`; None
+    where the system has no `O_PATH` (not Linux: the file is then removed unchecked)."""
+    o_path = getattr(os, "O_PATH", 0)
+    if not o_path:
+        return None
+    return os.open(path, o_path | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def remove_own(path: str, held: int) -> None:
+def remove_own(path: str, held: int | None) -> None:
     """Remove `path` if it still names the file `held` holds (else leave it), and let go of
     the file."""
+    if held is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
     try:
         if same_file(held, path):
             with contextlib.suppress(FileNotFoundError):
