@@ -55,6 +55,18 @@ def add_sub(client: httpclient.InferenceServerClient, model: str, batch: bool = 
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
+def add_sub_config(name: str) -> dict[str, object]:
+    """The JSON config of an ONNX add/sub model (`add_sub_model`) of batch size up to 4."""
+    tensor = {"data_type": "TYPE_INT32", "dims": [16]}
+    return {
+        "name": name,
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": 4,
+        "input": [{"name": n, **tensor} for n in ("INPUT0", "INPUT1")],
+        "output": [{"name": n, **tensor} for n in ("OUTPUT0", "OUTPUT1")],
+    }
+
+
 def index(server: ServerProcess) -> dict[str, dict[str, str]]:
     entries = httpx.post(f"{server.base}/v2/repository/index", json={}).json()
     return {entry["name"]: entry for entry in entries}
@@ -339,19 +351,7 @@ def test_grpc_load_with_config_and_file_overrides(server: ServerProcess, tmp_pat
     # A model no repository holds, from files alone.
     model_file = add_sub_model(tmp_path / "model.onnx")
     config = SIMPLE_CONFIG.format(name="fresh", max_batch_size=4)
-    config_json = json.dumps(
-        {
-            "name": "fresh",
-            "platform": "onnxruntime_onnx",
-            "max_batch_size": 4,
-            "input": [
-                {"name": n, "data_type": "TYPE_INT32", "dims": [16]} for n in ("INPUT0", "INPUT1")
-            ],
-            "output": [
-                {"name": n, "data_type": "TYPE_INT32", "dims": [16]} for n in ("OUTPUT0", "OUTPUT1")
-            ],
-        }
-    )
+    config_json = json.dumps(add_sub_config("fresh"))
     assert "fresh" in config
     client.load_model(
         "fresh", config=config_json, files={"file:1/model.onnx": model_file.read_bytes()}
@@ -504,17 +504,7 @@ def test_a_restart_that_finds_a_load_s_files_gone_says_so_and_keeps_the_load(
     journal = tmp_path / "state" / "journal.jsonl"
     env = {"TRITONACTOR_MODEL_CONTROL_MODE": "explicit", "TRITONACTOR_JOURNAL": str(journal)}
     model_file = add_sub_model(tmp_path / "model.onnx")
-    config = {
-        "name": "given",
-        "platform": "onnxruntime_onnx",
-        "max_batch_size": 4,
-        "input": [
-            {"name": n, "data_type": "TYPE_INT32", "dims": [16]} for n in ("INPUT0", "INPUT1")
-        ],
-        "output": [
-            {"name": n, "data_type": "TYPE_INT32", "dims": [16]} for n in ("OUTPUT0", "OUTPUT1")
-        ],
-    }
+    config = add_sub_config("given")
     first = start_server([repo], tmp_path, env)
     try:
         client = httpclient.InferenceServerClient(first.url)

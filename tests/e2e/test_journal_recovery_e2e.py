@@ -68,6 +68,17 @@ def events(server: ServerProcess) -> list[dict]:
     return response.json()["events"] if isinstance(response.json(), dict) else response.json()
 
 
+def loaded_then_stopped(repo: Path, tmp_path: Path, env: dict[str, str]) -> None:
+    """A server that loads every model through the API, then stops: its journal says so."""
+    first = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(first.url)
+        for name in MODELS:
+            client.load_model(name)
+    finally:
+        first.stop()
+
+
 def corrupt_load_request(journal: Path, model: str) -> int:
     """Overwrite, in place, eight bytes in the middle of the line that records the API's load of
     `model` (its `versions`, not its name); returns that line's number."""
@@ -89,13 +100,7 @@ def restarted(
 ) -> Iterator[tuple[ServerProcess, int]]:
     """A server that loaded the three models through the API, stopped; its journal corrupted in
     the line of `doubtful`'s load; a new server started on it."""
-    first = start_server([repo], tmp_path, env)
-    try:
-        client = httpclient.InferenceServerClient(first.url)
-        for name in MODELS:
-            client.load_model(name)
-    finally:
-        first.stop()
+    loaded_then_stopped(repo, tmp_path, env)
     line = corrupt_load_request(journal, "doubtful")
     # Not ready (a model it meant to restore could not be): wait until it is live only.
     second = start_server([repo], tmp_path, env, wait_ready=False)
@@ -180,13 +185,7 @@ def cut_load_request(journal: Path, model: str) -> int:
 def test_a_bad_line_naming_no_model_keeps_readiness_false_until_an_api_load(
     repo: Path, tmp_path: Path, journal: Path, env: dict[str, str]
 ) -> None:
-    first = start_server([repo], tmp_path, env)
-    try:
-        client = httpclient.InferenceServerClient(first.url)
-        for name in MODELS:
-            client.load_model(name)
-    finally:
-        first.stop()
+    loaded_then_stopped(repo, tmp_path, env)
     line = cut_load_request(journal, "doubtful")
     second = start_server([repo], tmp_path, env, wait_ready=False)
     try:
@@ -227,13 +226,7 @@ def test_an_api_unload_settles_a_doubt_as_a_load_does(
 ) -> None:
     """docs/journal.md: any load or unload through the API settles what an unreadable line
     left in doubt; an unload of a model that is not loaded did not, before 2026-12-07."""
-    first = start_server([repo], tmp_path, env)
-    try:
-        client = httpclient.InferenceServerClient(first.url)
-        for name in MODELS:
-            client.load_model(name)
-    finally:
-        first.stop()
+    loaded_then_stopped(repo, tmp_path, env)
     cut_load_request(journal, "doubtful")
     second = start_server([repo], tmp_path, env, wait_ready=False)
     try:
