@@ -22,7 +22,7 @@ from tritonactor.engine import wire
 from tritonactor.engine.frame_reader import FrameReader
 from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.engine.wire import HEADER, OUT_OF_BAND, TRACE_CROSSING, encode
-from tritonactor.scheduling.statistics import FirstResponseHistogram
+from tritonactor.scheduling.first_response import FirstResponseHistogram
 
 
 def cross(message: object) -> object:

@@ -36,17 +36,16 @@ from tritonactor.observability.exposition import CONTENT_TYPE, render
 from tritonactor.observability.gpu import GpuMetrics
 from tritonactor.observability.host import CpuUsage, read_memory
 from tritonactor.observability.metrics import MetricsCollector
+from tritonactor.scheduling.first_response import (
+    FIRST_RESPONSE_BUCKETS_MS,
+    FirstResponseHistogram,
+)
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle
 from tritonactor.scheduling.sequence import NULL_REQUEST
 from tritonactor.scheduling.signature import ModelSignature
-from tritonactor.scheduling.statistics import (
-    FIRST_RESPONSE_BUCKETS_MS,
-    ExecutionTimes,
-    FirstResponseHistogram,
-    VersionStatistics,
-)
+from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
 from tritonactor.server import Server
 from tritonactor.settings import Settings
 

@@ -23,11 +23,8 @@ from tests.python_backend_support import PATIENCE_S, Started, outputs, request, 
 from tritonactor.backends.python import PythonInstance
 from tritonactor.core.errors import TritonError
 from tritonactor.core.types import InferenceResponse, ResponseSender
-from tritonactor.scheduling.statistics import (
-    FirstResponseHistogram,
-    VersionStatistics,
-    _FirstResponseTimer,
-)
+from tritonactor.scheduling.first_response import FirstResponseHistogram, FirstResponseTimer
+from tritonactor.scheduling.statistics import VersionStatistics
 
 pytestmark = pytest.mark.anyio
 
@@ -104,7 +101,7 @@ async def test_a_sender_that_holds_up_gets_its_answers_from_a_thread_while_readi
     sender: ResponseSender = recorded.sender
     statistics = VersionStatistics(batching=False)
     if wrapped:  # the router times a decoupled request's first response through its sender
-        sender = _FirstResponseTimer(
+        sender = FirstResponseTimer(
             sender, time.perf_counter_ns(), FirstResponseHistogram(), statistics
         )
         assert sender.holds_up()

@@ -21,13 +21,8 @@ from tritonactor.scheduling.messages import Execute, Infer
 from tritonactor.scheduling.model import ModelVersionActor
 from tritonactor.scheduling.router import ModelHandle, Router
 from tritonactor.scheduling.signature import ModelSignature
-from tritonactor.scheduling.statistics import (
-    ENSEMBLE_TIMES,
-    STEP_TIMES,
-    ExecutionTimes,
-    StepTimes,
-    VersionStatistics,
-)
+from tritonactor.scheduling.statistics import ExecutionTimes, VersionStatistics
+from tritonactor.scheduling.step_times import ENSEMBLE_TIMES, STEP_TIMES, StepTimes
 
 pytestmark = pytest.mark.anyio
 

@@ -46,7 +46,7 @@ from tritonactor.core.types import InferenceRequest, InferenceResponse, Requeste
 from tritonactor.engine import messages
 from tritonactor.engine.lanes import Lane, LaneReader
 from tritonactor.memory.registry import Place, SharedMemoryRegistry
-from tritonactor.scheduling.statistics import FirstResponseHistogram
+from tritonactor.scheduling.first_response import FirstResponseHistogram
 
 # The version of the messages and frames: tritonactor's, and a digest of the modules that
 # define them (this one, messages.py, and frame_reader.py, which reads frames: read by path, as

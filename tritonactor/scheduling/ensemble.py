@@ -26,7 +26,7 @@ from tritonactor.core.errors import TritonError, internal, unavailable, unsuppor
 from tritonactor.scheduling.ensemble_run import EnsembleRun, Routes, in_step, routes_for
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.router import ModelHandle, Router
-from tritonactor.scheduling.statistics import ENSEMBLE_TIMES
+from tritonactor.scheduling.step_times import ENSEMBLE_TIMES
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from tritonactor.core.types import (
 )
 from tritonactor.scheduling.ensemble_stream import ResponseStream
 from tritonactor.scheduling.router import ModelHandle, Router
-from tritonactor.scheduling.statistics import STEP_TIMES, StepTimes
+from tritonactor.scheduling.step_times import STEP_TIMES, StepTimes
 
 # How many steps one after the other a task runs itself before the next starts a task of its
 # own (`EnsembleRun._start_ready`): each nests a few frames, and a chain may be long.

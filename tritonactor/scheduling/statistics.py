@@ -10,12 +10,9 @@ thread)."""
 
 from __future__ import annotations
 
-import asyncio
-import bisect
 import functools
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,73 +20,24 @@ from tritonactor.actors import ActorStopped
 from tritonactor.backends.base import Deferred
 from tritonactor.backends.batching import batch_size as request_batch_size
 from tritonactor.core.errors import ErrorCode, TritonError
-from tritonactor.core.types import InferenceRequest, InferenceResponse, ResponseSender
-from tritonactor.observability.metrics import CacheCounts, HistogramSample, VersionSample
+from tritonactor.core.types import InferenceRequest, InferenceResponse
+from tritonactor.observability.metrics import CacheCounts, VersionSample
 from tritonactor.observability.summaries import LatencySummaries
+from tritonactor.scheduling.first_response import FirstResponseHistogram, FirstResponseTimer
 from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.sequence_rows import NULL_REQUEST, STATE_ERROR
+from tritonactor.scheduling.step_times import (
+    ENSEMBLE_TIMES,
+    STEP_TIMES,
+    StepTimes,
+    add_step_times,
+)
 
 if TYPE_CHECKING:
     from tritonactor.actors import Reply
 
 # Triton's reasons for a failed request (the `reason` label of nv_inference_request_failure).
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
-
-# Triton's default buckets for nv_inference_first_response_histogram_ms (milliseconds).
-FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
-
-# Set by the ensemble scheduler in the context of a request it answers: when it took the
-# request (`perf_counter_ns`) and its steps' `StepTimes`, for its own statistics.
-ENSEMBLE_TIMES = "ensemble_times"
-# Set by the ensemble in the context of each step request it sends: the ensemble request's
-# `StepTimes`, to which a step that succeeds adds its compute times (its batch's), as Triton's
-# step requests report theirs to their ensemble's statistics.
-STEP_TIMES = "ensemble_step_times"
-
-
-class StepTimes:
-    """An ensemble request's compute times (ns: `compute` is input, infer, output), its
-    successful steps' summed; and the steps whose execute may outlast their last response (a
-    decoupled step's), which the ensemble's statistics wait for, as Triton reports an ensemble
-    request once all its step requests are released. On the event loop."""
-
-    __slots__ = ("_loop", "_open", "_then", "compute")
-
-    def __init__(self) -> None:
-        self.compute = [0, 0, 0]
-        self._open = 0
-        self._then: Callable[[], None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def add(self, compute_input: int, compute_infer: int, compute_output: int) -> None:
-        compute = self.compute
-        compute[0] += compute_input
-        compute[1] += compute_infer
-        compute[2] += compute_output
-
-    def running(self, reply: Reply[Any]) -> None:
-        """A step whose execute is over when `reply` is answered (its model records its times
-        in the same turn of the loop, just after)."""
-        self._open += 1
-        self._loop = asyncio.get_running_loop()
-        reply.add_done_callback(self._over_soon)
-
-    def _over_soon(self, _reply: Reply[Any]) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._over)
-
-    def _over(self) -> None:
-        self._open -= 1
-        if not self._open and self._then is not None:
-            then, self._then = self._then, None
-            then()
-
-    def when_over(self, then: Callable[[], None]) -> None:
-        """Call `then` once no step is running (at once if none is)."""
-        if self._open:
-            self._then = then
-        else:
-            then()
 
 
 @dataclass(slots=True)
@@ -113,31 +61,6 @@ class BatchStatistics:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
-
-
-class FirstResponseHistogram:
-    """Times from a request's arrival to its first response, in fixed buckets: one list index
-    bumped per request, turned into a Prometheus histogram only when scraped."""
-
-    __slots__ = ("_counts", "_lock", "_sum_ms", "bounds_ms")
-
-    def __init__(self, bounds_ms: Sequence[float] = FIRST_RESPONSE_BUCKETS_MS) -> None:
-        self.bounds_ms = tuple(bounds_ms)
-        self._counts = [0] * (len(self.bounds_ms) + 1)  # the last one: above every bound
-        self._sum_ms = 0.0
-        # A decoupled model's first response may be sent from a backend's own thread.
-        self._lock = threading.Lock()
-
-    def observe_ns(self, ns: int) -> None:
-        ms = ns / 1e6
-        index = bisect.bisect_left(self.bounds_ms, ms)  # a bucket holds what is <= its bound
-        with self._lock:
-            self._counts[index] += 1
-            self._sum_ms += ms
-
-    def sample(self) -> HistogramSample:
-        with self._lock:
-            return HistogramSample(self.bounds_ms, tuple(self._counts), self._sum_ms)
 
 
 @dataclass(slots=True)
@@ -250,7 +173,7 @@ class VersionStatistics:
         else:
             reply.add_done_callback(functools.partial(self.request_done, arrival_ns))
         if request.sender is not None:
-            timer = _FirstResponseTimer(request.sender, arrival_ns, self.first_response, self)
+            timer = FirstResponseTimer(request.sender, arrival_ns, self.first_response, self)
             request.sender = timer
             reply.add_done_callback(timer.answered)
 
@@ -306,7 +229,7 @@ class VersionStatistics:
         compute_input, compute_infer, compute_output = compute
         self.success.add(took, 1)
         self.queue.add(max(0, taken - arrival_ns))
-        _add_step_times(request, compute_input, compute_infer, compute_output)
+        add_step_times(request, compute_input, compute_infer, compute_output)
         self.compute_input.add(compute_input)
         self.compute_infer.add(compute_infer)
         self.compute_output.add(compute_output)
@@ -440,7 +363,7 @@ class VersionStatistics:
         compute_input, compute_infer, compute_output = times.compute()
         self.success.add(took, 1)
         self.queue.add(max(0, times.started - item.arrival_ns), 1)
-        _add_step_times(request, compute_input, compute_infer, compute_output)
+        add_step_times(request, compute_input, compute_infer, compute_output)
         if self.summaries is not None:
             self.summaries.observe(
                 item.arrival_ns + took,
@@ -521,15 +444,6 @@ class VersionStatistics:
         )
 
 
-def _add_step_times(
-    request: InferenceRequest, compute_input: int, compute_infer: int, compute_output: int
-) -> None:
-    """A step of an ensemble's request succeeded: its compute times count in the ensemble's."""
-    step = request.context.get(STEP_TIMES)
-    if step is not None:
-        step.add(compute_input, compute_infer, compute_output)
-
-
 def failure_reason(error: BaseException) -> str:
     """Triton's reason for a request that failed with `error`, as far as the error tells:
     refused by a scheduler (queue full, timed out, unloading: UNAVAILABLE), or CANCELED;
@@ -541,71 +455,3 @@ def failure_reason(error: BaseException) -> str:
         return "REJECTED" if error.code is ErrorCode.UNAVAILABLE else "OTHER"
     # A scheduler that stopped with the request still queued.
     return "REJECTED" if isinstance(error, ActorStopped) else "OTHER"
-
-
-# Guards every version's `streaming` count: a decoupled model's sender may end a request from
-# any thread. (One lock for all: the statistics are copied to the front ends, and a lock does not
-# pickle.)
-_STREAMING = threading.Lock()
-
-
-class _FirstResponseTimer(ResponseSender):
-    """A decoupled request's sender, timing the first response it passes on, and counted in
-    its version's `streaming` from the request's arrival until its final response is sent,
-    its execute failed, or its client cancelled it (an unload waits for it meanwhile, as
-    Triton's does)."""
-
-    __slots__ = ("_arrival_ns", "_histogram", "_inner", "_statistics", "_timed")
-
-    def __init__(
-        self,
-        inner: ResponseSender,
-        arrival_ns: int,
-        histogram: FirstResponseHistogram,
-        statistics: VersionStatistics,
-    ) -> None:
-        super().__init__(self._forward)
-        self._inner = inner
-        self._arrival_ns = arrival_ns
-        self._histogram = histogram
-        self._timed = False
-        with _STREAMING:
-            statistics.streaming += 1
-        self._statistics: VersionStatistics | None = statistics
-
-    def _forward(
-        self, response: InferenceResponse | None, error: TritonError | None, final: bool
-    ) -> None:
-        if response is not None and not self._timed:
-            self._timed = True
-            self._histogram.observe_ns(time.perf_counter_ns() - self._arrival_ns)
-        if final:  # (before it is passed on: whoever hears of it finds the request over)
-            self._over()
-        self._inner.send(response, error=error, final=final)
-
-    def answered(self, reply: Reply[Any]) -> None:
-        """The request's execute is over: a failed one sends no more responses (its client
-        has the failure as the last answer)."""
-        if reply.error is not None:
-            self._over()
-
-    def cancel(self) -> None:
-        super().cancel()
-        self._inner.cancel()
-        self._over()
-
-    def _over(self) -> None:
-        # (Once, from any thread: a model's sender may send its final response from its own.)
-        statistics = self._statistics
-        if statistics is None:
-            return
-        with _STREAMING:
-            if self._statistics is not None:
-                self._statistics = None
-                statistics.streaming -= 1
-
-    def is_cancelled(self) -> bool:
-        return super().is_cancelled() or self._inner.is_cancelled()
-
-    def holds_up(self) -> bool:
-        return self._inner.holds_up()
