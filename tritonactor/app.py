@@ -164,7 +164,7 @@ def _exit_now(status: int) -> None:
 def _end_with_supervisor() -> None:
     """In a worker process of the ASGI server (`--workers N`): drain and end (SIGTERM) when
     the supervisor ends, killed outright too, rather than serve on orphaned, holding the ports
-    (docs/shutdown.md)."""
+    (docs/architecture.md, "Starting and stopping")."""
     parent = multiprocessing.parent_process()
     if parent is None or sys.platform != "linux":
         return

@@ -57,10 +57,11 @@ def latency_options(
     entries: Iterable[str], complain: Callable[[str], None] | None = None
 ) -> LatencyOptions:
     """The latency settings of `--metrics-config` entries (`<setting>=<value>`, checked by the
-    settings), read as Triton reads them: `counter_latencies=false` and
-    `summary_latencies=true` exactly, a `summary_quantiles` entry that is wrong skipped with an
-    error told to `complain` (the defaults stay when none is right), the last setting given
-    winning; settings tritonactor does not know are told to `complain` and ignored."""
+    settings), read as Triton reads them: `counter_latencies=false` given at all turns the
+    counters off and `summary_latencies=true` the summaries on (those values exactly); the last
+    `summary_quantiles` with a pair that reads wins, a pair that does not told to `complain`
+    (the defaults stay when none reads); settings tritonactor does not know are told to
+    `complain` and ignored."""
     counters, summaries, quantiles = True, False, DEFAULT_QUANTILES
     for entry in entries:
         setting, _, value = entry.partition("=")
@@ -81,7 +82,7 @@ def parse_quantiles(
     text: str, complain: Callable[[str], None] | None = None
 ) -> tuple[tuple[float, float], ...]:
     """`<quantile>:<error>` pairs separated by commas (`0.5:0.05,0.9:0.01`); a pair that is
-    not one is told to `complain` in Triton's words and skipped."""
+    not one is told to `complain` (a missing `:` in Triton's words) and skipped."""
     pairs: list[tuple[float, float]] = []
     for pair in text.split(","):
         quantile_text, colon, error_text = pair.partition(":")
