@@ -435,6 +435,11 @@ def test_http_an_input_in_shared_memory_and_binary_is_refused(
             ("StatusCode.INVALID_ARGUMENT", "400"),
             "failed to register CUDA shared memory region: 'c', GPUs not supported",
         ),
+        (  # a name taken, whatever the kind, a GPU or none, as Triton answers it
+            lambda t, key: t.register_cuda_shared_memory("in", base64.b64encode(b"\0" * 64), 0, 64),
+            ("StatusCode.ALREADY_EXISTS", "400"),
+            "shared memory region 'in' already in manager",
+        ),
     ],
 )
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -70,6 +70,8 @@ class SharedMemoryRegistry:
 
     def register_cuda(self, name: str, handle: bytes, device_id: int, byte_size: int) -> None:
         """Open the CUDA IPC `handle` of `byte_size` bytes on `device_id` as `name`."""
+        with self._lock:  # (a name taken is ALREADY_EXISTS, a GPU or none, as in Triton)
+            self._check_free(name)
         runtime = self._cuda_runtime(name)
         with self._lock:
             self._check_free(name)
