@@ -151,10 +151,10 @@ class Server:
             self._tracing_config = tracing_config(os.environ)
         except TracingConfigError as error:
             raise SettingsError(str(error), error.variable) from None
-        self._trace_warnings: list[str] = []
+        self._start_warnings: list[str] = []
         self.trace_settings = self._initial_trace_settings()
         # --metrics-config: the latency counters and summaries (what it cannot read is warned of).
-        self.latency = latency_options(settings.metrics_config, self._trace_warnings.append)
+        self.latency = latency_options(settings.metrics_config, self._start_warnings.append)
         # While running with tracing configured: the tracer, owned here, shut down at stop.
         self.tracing: Tracing | None = None
 
@@ -165,7 +165,7 @@ class Server:
         exporting = self._tracing_config is not None
         level = asked.level or (("TIMESTAMPS",) if exporting else (OFF,))
         if level != (OFF,) and not exporting:
-            self._trace_warnings.append(
+            self._start_warnings.append(
                 f"trace level {','.join(level)} is set but no OpenTelemetry exporter is "
                 "configured (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER): no trace is "
                 "exported"
@@ -185,8 +185,9 @@ class Server:
 
     def startup_warnings(self) -> list[str]:
         """What the server warns about when it starts: each setting given that it does not act
-        on (by flag and variable), and trace settings that cannot take effect."""
-        return self.settings.warnings() + self._trace_warnings
+        on (by flag and variable), trace settings that cannot take effect, and what
+        `--metrics-config` says that cannot be read."""
+        return self.settings.warnings() + self._start_warnings
 
     def log_startup(self) -> None:
         """The settings in force, one line each, then the startup warnings: once, as the ASGI

@@ -28,8 +28,6 @@ from tritonactor.scheduling.messages import Infer
 from tritonactor.scheduling.sequence_rows import NULL_REQUEST, STATE_ERROR
 from tritonactor.scheduling.step_times import (
     ENSEMBLE_TIMES,
-    STEP_TIMES,
-    StepTimes,
     add_step_times,
 )
 
@@ -298,8 +296,8 @@ class VersionStatistics:
         batching = self.batching
         first_response = self.first_response
         summaries = self.summaries
-        observed: list[tuple[int, int]] = []  # (request, queue) ns, with summaries on
-        steps: list[StepTimes] = []  # the ensembles' requests whose steps these are
+        # Every successful request of the batch took the batch's whole compute time.
+        compute_input, compute_infer, compute_output = times.compute()
         # The instance checked that there is one result per request.
         for item, result in zip(batch, results):  # noqa: B905
             request = item.request
@@ -315,39 +313,25 @@ class VersionStatistics:
                 self._failed_in_execute[failure_reason(result)] += 1
             else:
                 succeeded += 1
-                success_ns += answered - item.arrival_ns
-                queue_ns += max(0, times.started - item.arrival_ns)
-                step = request.context.get(STEP_TIMES)
-                if step is not None:
-                    steps.append(step)
+                took = answered - item.arrival_ns
+                waited = max(0, times.started - item.arrival_ns)
+                success_ns += took
+                queue_ns += waited
+                add_step_times(request, compute_input, compute_infer, compute_output)
                 if summaries is not None:
-                    observed.append(
-                        (answered - item.arrival_ns, max(0, times.started - item.arrival_ns))
+                    summaries.observe(
+                        answered, took, waited, compute_input, compute_infer, compute_output
                     )
                 if request.sender is None:  # else its sender times its first response
                     first_response.observe_ns(answered - item.arrival_ns)
         if not succeeded and not later:
             return
-        # Every successful request of the batch took the batch's whole compute time.
-        compute_input, compute_infer, compute_output = times.compute()
         if succeeded:
             self.success.add(success_ns, succeeded)
             self.queue.add(queue_ns, succeeded)
             self.compute_input.add(compute_input * succeeded, succeeded)
             self.compute_infer.add(compute_infer * succeeded, succeeded)
             self.compute_output.add(compute_output * succeeded, succeeded)
-            for step in steps:
-                step.add(compute_input, compute_infer, compute_output)
-            if summaries is not None:
-                for request_ns, waited_ns in observed:
-                    summaries.observe(
-                        answered,
-                        request_ns,
-                        waited_ns,
-                        compute_input,
-                        compute_infer,
-                        compute_output,
-                    )
         self._record_batch(batch_size, compute_input, compute_infer, compute_output)
 
     def record_outcome(self, item: Infer, result: object, times: ExecutionTimes) -> None:
