@@ -130,11 +130,11 @@ def with_config(model: ModelSource, config_json: str) -> ModelSource:
 
 
 def load_failed(name: str, failures: list[tuple[int, str]]) -> TritonError:
-    # Triton's wording, one clause per version.
+    # Triton's wording: one clause per version, the message ended by a line break.
     detail = "".join(
-        f"version {version} is at UNAVAILABLE state: {reason};\n" for version, reason in failures
+        f"version {version} is at UNAVAILABLE state: {reason};" for version, reason in failures
     )
-    return invalid_arg(f"load failed for model '{name}': {detail}")
+    return invalid_arg(f"load failed for model '{name}': {detail}\n")
 
 
 def versions_to_load(model: ModelSource) -> tuple[int, ...]:

@@ -177,7 +177,14 @@ class Loading:
                 )
             raise load_failed(name, [(version, reason) for version in versions]) from None
         digest = config_digest(config)
-        override_digest = override.digest if override is not None else ""
+        # What makes a serving version load again: its config but its version policy, which
+        # chooses versions and changes none (a load that changes only the policy keeps the
+        # versions that stay, as Triton's does).
+        kept_digest = config_digest(config, policy=False)
+        # (a config override is in `kept_digest`; files an override gives are told apart here)
+        override_digest = (
+            override.digest if override is not None and override.repository is not None else ""
+        )
         # The label files are beside config.pbtxt: a change there changes every version.
         labels = await anyio.to_thread.run_sync(label_stamp, config, model.path)
         files = {
@@ -190,7 +197,7 @@ class Loading:
             for version in versions
             if version not in current
             or (current[version].config_digest, current[version].files, current[version].override)
-            != (digest, files[version], override_digest)
+            != (kept_digest, files[version], override_digest)
         ]
         leaving = [version for version in current if version not in versions]
         if config.ensemble_scheduling is not None:
@@ -208,12 +215,12 @@ class Loading:
             self._refuse(name, str(error), serving)
         self._record(load_requested(name, tuple(changed), source, digest, override))
         failures = await self._start_versions(
-            model, backend, config, changed, digest, files, override_digest
+            model, backend, config, changed, (digest, kept_digest), files, override_digest
         )
-        if failures and not any(version in self._serving.get(name, {}) for version in versions):
-            # None of the versions the policy selects now serves: the ones it dropped go on
-            # serving until one does, as Triton's do (a broken version 2 under `latest 1` left
-            # the model with no version at all).
+        if failures:
+            # The load failed as a whole: what served before serves on, the versions its
+            # policy would drop included, as Triton's do (a broken version 2 under `latest 1`
+            # left the model with no version at all).
             leaving = []
         for version in leaving:
             self._record(
@@ -224,7 +231,8 @@ class Loading:
                     reason="no longer selected by the version policy",
                 )
             )
-            await self._retire(name, version, "no longer selected by the version policy")
+            # listed as Triton lists it: "unloaded"
+            await self._retire(name, version, "")
         if failures:
             raise load_failed(name, failures)
 
@@ -265,7 +273,7 @@ class Loading:
             model=name, version=None, reason=reason, serving=serving, versionless=versionless
         )
         self._record(failed)
-        raise invalid_arg(f"load failed for model '{name}': {reason}")
+        raise invalid_arg(f"load failed for model '{name}': {reason}\n")  # (Triton's line break)
 
     async def _load_steps(
         self, name: str, config: ModelConfig, source: ev.Source, loading: frozenset[str]
@@ -295,13 +303,15 @@ class Loading:
         backend: Backend,
         config: ModelConfig,
         versions: list[int],
-        digest: str,
+        digests: tuple[str, str],
         files: dict[int, str],
         override_digest: str,
     ) -> list[tuple[int, str]]:
-        """Load `versions` concurrently; each one that comes up replaces its predecessor in the
-        router at once. Returns (version, reason) for each that failed."""
+        """Load `versions` concurrently. When every one has come up, each replaces its
+        predecessor in the router; when one fails, none does (Triton's rule). Returns (version,
+        reason) for each that failed."""
         name = model.name
+        digest, kept_digest = digests  # (the config's; the one a reload compares, `_sync`)
         current = self._serving.setdefault(name, {})
         estimate = await anyio.to_thread.run_sync(
             files_size, [version_path(model, version) for version in versions]
@@ -316,10 +326,11 @@ class Loading:
                 )
             return [(version, reason) for version in versions]
         failures: list[tuple[int, str]] = []
+        started: dict[int, tuple[Serving, float]] = {}  # each version up, with its load's time
         rss_before = await anyio.to_thread.run_sync(process_tree_rss)
 
         async def start(version: int) -> None:
-            started = time.perf_counter()
+            began = time.perf_counter()
             try:
                 serving = await self._start_version(model, backend, config, version)
             except Exception as error:
@@ -332,15 +343,33 @@ class Loading:
                 )
                 return
             # The config as prepared: the ensemble scheduler may mark the actor's copy decoupled.
-            serving.config_digest = digest
+            serving.config_digest = kept_digest
             serving.files = files[version]
             serving.override = override_digest
             serving.folder = hold(model.repository, name)
             serving.memory = estimate // max(len(versions), 1)
-            # Looked up again: the dict may have been replaced while the version loaded.
-            serving_now = self._serving.setdefault(name, {})
-            old = serving_now.get(version)
-            serving_now[version] = serving
+            started[version] = (serving, time.perf_counter() - began)
+
+        async with anyio.create_task_group() as group:
+            for version in versions:
+                group.start_soon(start, version)
+        # Looked up again: the dict may have been replaced while the versions loaded.
+        current = self._serving.setdefault(name, {})
+        if failures:
+            # Triton's rule: a load one of whose versions fails loads none of them. The copies
+            # that served before serve on; a version that did not is listed as unloaded.
+            for version, (serving, _) in started.items():
+                await self._drain_and_stop(serving)
+                await anyio.to_thread.run_sync(release, serving.folder, name)
+                if version not in current:
+                    self._record(ev.ModelUnloaded(model=name, version=version))
+            if not current:
+                self._serving.pop(name, None)
+            return failures
+        replaced: dict[int, Serving] = {}
+        for version, (serving, seconds) in sorted(started.items()):
+            old = current.get(version)
+            current[version] = serving
             self._router.add(serving.handle)
             self._router.known.add(name)
             self._record(
@@ -348,26 +377,20 @@ class Loading:
                     model=name,
                     version=version,
                     config_digest=digest,
-                    load_seconds=time.perf_counter() - started,
+                    load_seconds=seconds,
                     memory_bytes=serving.memory,
                 )
             )
             if old is not None:
                 replaced[version] = old
-
-        replaced: dict[int, Serving] = {}
-        async with anyio.create_task_group() as group:
-            for version in versions:
-                group.start_soon(start, version)
         grown = await anyio.to_thread.run_sync(process_tree_rss) - rss_before
-        loaded = [v for v in versions if v not in dict(failures)]
-        if loaded and grown > estimate:
-            for version in loaded:
-                self._serving[name][version].memory = grown // len(loaded)
+        if versions and grown > estimate:
+            for version in versions:
+                current[version].memory = grown // len(versions)
             reason = self._over_budget(name, 0)
             if reason:
                 reason = f"model '{name}' took {grown} bytes once loaded; {reason}; it was unloaded"
-                for version in loaded:
+                for version in versions:
                     await self._undo(name, version, replaced.pop(version, None), reason)
                     failures.append((version, reason))
         # Only now do the copies a reload replaced go: a reload undone above needed them back.

@@ -295,11 +295,15 @@ def _file_stamp(entry: os.DirEntry[str]) -> str:
     return f"{stat.st_size} {stat.st_mtime_ns}"
 
 
-def config_digest(config: ModelConfig) -> str:
-    """A short digest of a config's content, for events that record which config was loaded.
+def config_digest(config: ModelConfig, *, policy: bool = True) -> str:
+    """A short digest of a config's content, for events that record which config was loaded
+    (`policy` False: of all of it but its version policy).
 
     Taken over canonical JSON (sorted keys) so that equal configs digest equally whether they
     came from config.pbtxt, JSON or auto-complete, whatever the order of their map entries.
     """
-    canonical = json.dumps(config_to_json(config), sort_keys=True, separators=(",", ":"))
+    document = config_to_json(config)
+    if not policy:
+        document.pop("version_policy", None)
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]

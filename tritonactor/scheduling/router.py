@@ -169,8 +169,8 @@ class Router:
         if version:
             number = parse_version(version)
             handle = versions.get(number) if versions else None
-            if handle is None:
-                raise self._not_ready(name, version)
+            if handle is None:  # named as read ("01", "+1": version 1), as Triton names it
+                raise self._not_ready(name, str(number))
             return handle
         if not versions:
             raise self._not_ready(name, version)
