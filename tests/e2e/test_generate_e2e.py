@@ -336,9 +336,8 @@ ERRORS = [
         "generator",
         {"count": 1},
         400,
-        "[request id: <id_unknown>] expected number of inputs between 1 and 4 but got 1 inputs "
-        "for model 'generator'. Got input(s) ['count'], but missing required input(s) "
-        "['text_input']. Please provide all required input(s).",
+        "[request id: <id_unknown>] model 'generator' got input(s) ['count'], but missing "
+        "required input(s) ['text_input']. Please provide all required input(s).",
     ),
     (
         "generator",

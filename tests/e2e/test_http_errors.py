@@ -332,6 +332,15 @@ CASES: list[Case] = [
         body=with_input0(shape=[2, 16], data=A * 2),
     ),
     Case(
+        "no-shape-for-a-batching-model",
+        "POST",
+        INFER,
+        400,
+        f"{NO_ID}input 'INPUT0' has no shape but model requires batch dimension for 'simple'",
+        body=with_input0(shape=[], data=[1]),
+        exact=True,
+    ),
+    Case(
         "missing-input",
         "POST",
         INFER,

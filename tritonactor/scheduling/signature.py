@@ -170,8 +170,13 @@ class ModelSignature:
         for name in given:
             if name not in inputs:  # (Triton's model answers it: no request id before it)
                 raise invalid_arg(f"unexpected inference input '{name}' for model '{self.name}'")
-        if missing:  # an optional input was given in place of a required one
-            raise invalid_arg(f"{prefix}{self._count_message(given, missing)}")
+        if missing:
+            # An optional input given in place of a required one: Triton 2.51 counts the inputs
+            # only, and runs the model without it (docs/decisions.md).
+            raise invalid_arg(
+                f"{prefix}model '{self.name}' got input(s) {_names(given)}, but missing required "
+                f"input(s) {_names(missing)}. Please provide all required input(s)."
+            )
         batch_size = self._batch_size(request, prefix)
         for tensor in request.inputs:
             spec = inputs[tensor.name]
@@ -222,7 +227,8 @@ class ModelSignature:
         for tensor in request.inputs:
             if not tensor.shape:
                 raise invalid_arg(
-                    f"{prefix}input '{tensor.name}' has no batch dimension for '{self.name}'"
+                    f"{prefix}input '{tensor.name}' has no shape but model requires batch "
+                    f"dimension for '{self.name}'"
                 )
             if batch_size is None:
                 batch_size = tensor.shape[0]
