@@ -288,6 +288,8 @@ async def test_a_deadline_ends_the_call_as_grpclib_ends_it(
     ours, _ = await both(play, tmp_path)
     assert direct_calls(ours) == 1
     assert status(ours.streams[1]) == str(Status.DEADLINE_EXCEEDED.value)
+    # in Triton's words (grpclib sends the status alone: clients showed an empty message)
+    assert dict(ours.streams[1]["headers"])["grpc-message"] == "Deadline Exceeded"
     assert ours.infer.cancelled == 1  # type: ignore[attr-defined]
     assert [record.getMessage() for record in caplog.records].count(logged) == 2  # both paths
 

@@ -58,6 +58,7 @@ from tritonactor.core.tensors import unchanging
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
 from tritonactor.frontends.grpc.lane_stream import WRITE_AS_IS, LaneStream
 from tritonactor.frontends.grpc.limits import parse_message, read_message
+from tritonactor.frontends.grpc.unary import DEADLINE_MESSAGE
 from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.frontends.restrictions import INFERENCE, Restrictions, grpc_message
 
@@ -179,12 +180,12 @@ class DirectInfer:
         except TimeoutError:
             if wrapper.cancel_failed:
                 grpclib_log.exception("Failed to handle cancellation")
-                await self._fail(handler, stream, sent, Status.DEADLINE_EXCEEDED)
+                await self._fail(handler, stream, sent, Status.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
             elif wrapper.cancelled or (deadline is not None and not deadline.time_remaining()):
                 # (also a deadline past before the call began, which expired on its way and
                 # `start` refuses: grpclib logs a traceback for it and answers UNKNOWN)
                 grpclib_log.info("Deadline exceeded")
-                await self._fail(handler, stream, sent, Status.DEADLINE_EXCEEDED)
+                await self._fail(handler, stream, sent, Status.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
             else:  # the call's own TimeoutError, as grpclib answers it
                 grpclib_log.exception("Timeout occurred")
                 await self._fail(handler, stream, sent, Status.UNKNOWN, "Internal Server Error")

@@ -43,9 +43,34 @@ from tritonactor.frontends.grpc.lane_stream import LaneStream
 Handler = Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]
 
 _OK_TRAILERS = [("grpc-status", str(Status.OK.value))]
+# What a call past its deadline ends with, in Triton's (and grpcio's) words: grpclib sends the
+# status alone, and clients then show an empty message.
+DEADLINE_MESSAGE = "Deadline Exceeded"
 
 
-class UnaryStream(grpclib.server.Stream):  # type: ignore[type-arg]
+class WordedStream(grpclib.server.Stream):  # type: ignore[type-arg]
+    """A server stream that words the status of a call past its deadline (`unary_answers`
+    gives every handler's stream this class, or `UnaryStream`)."""
+
+    async def send_trailing_metadata(
+        self,
+        *,
+        status: Status = Status.OK,
+        status_message: str | None = None,
+        status_details: Any = None,
+        metadata: Any = None,
+    ) -> None:
+        if status is Status.DEADLINE_EXCEEDED and status_message is None:
+            status_message = DEADLINE_MESSAGE
+        await super().send_trailing_metadata(
+            status=status,
+            status_message=status_message,
+            status_details=status_details,
+            metadata=metadata,
+        )
+
+
+class UnaryStream(WordedStream):
     """A server stream of a unary-unary method whose answer is written once (see above)."""
 
     _answer_headers: list[tuple[str, str]] | None = None
@@ -194,18 +219,32 @@ class UnaryStream(grpclib.server.Stream):  # type: ignore[type-arg]
 
 
 def unary_answers(mapping: dict[str, grpclib.const.Handler]) -> dict[str, grpclib.const.Handler]:
-    """`mapping` with each unary-unary handler answering through a `UnaryStream`."""
+    """`mapping` with each unary-unary handler answering through a `UnaryStream`, and every
+    other one through a `WordedStream`."""
     return {
         method: handler._replace(func=_answering_once(handler.func))
         if handler.cardinality is grpclib.const.Cardinality.UNARY_UNARY
-        else handler
+        else handler._replace(func=_worded(handler.func))
         for method, handler in mapping.items()
     }
 
 
+def _worded(func: Handler) -> Handler:
+    async def call(stream: grpclib.server.Stream[Any, Any]) -> None:
+        if type(stream) is grpclib.server.Stream:
+            stream.__class__ = WordedStream
+        await func(stream)
+
+    return call
+
+
 def _answering_once(func: Handler) -> Handler:
     async def call(stream: grpclib.server.Stream[Any, Any]) -> None:
-        if type(stream) is not grpclib.server.Stream or _metadata_listened(stream):
+        if type(stream) is not grpclib.server.Stream:
+            await func(stream)
+            return
+        if _metadata_listened(stream):
+            stream.__class__ = WordedStream
             await func(stream)
             return
         stream.__class__ = UnaryStream
@@ -224,4 +263,4 @@ def _metadata_listened(stream: grpclib.server.Stream[Any, Any]) -> bool:
     return bool(listeners.get(SendInitialMetadata) or listeners.get(SendTrailingMetadata))
 
 
-__all__ = ["UnaryStream", "unary_answers"]
+__all__ = ["DEADLINE_MESSAGE", "UnaryStream", "WordedStream", "unary_answers"]
