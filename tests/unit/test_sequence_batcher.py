@@ -575,9 +575,10 @@ async def test_oldest_holds_at_most_max_candidate_sequences(system: ActorSystem)
 # -- failures --------------------------------------------------------------------------------------
 
 
-async def test_a_cancelled_request_is_dropped_and_its_sequence_goes_on(
-    system: ActorSystem,
-) -> None:
+async def test_a_cancelled_request_ends_its_sequence(system: ActorSystem) -> None:
+    """As Triton 2.51 (its "force-end cancelled sequence", checked against it by a review): a
+    request cancelled while it waits fails CANCELLED, and so do the requests of its sequence
+    queued behind it; the sequence is over, its next request must START again."""
     backend = AccumulatingBackend()
     router, _ = await serve(system, backend, config_text())
     backend.gate.clear()
@@ -588,9 +589,13 @@ async def test_a_cancelled_request_is_dropped_and_its_sequence_goes_on(
     third = router.submit(seq(2, "a2", 1))
     dropped.cancel()
     backend.gate.set()
-    error = await failure(second)
-    assert error.code == ErrorCode.CANCELLED
-    assert [total(r) for r in await answers([first, third])] == [1, 3]
+    assert (await failure(second)).code == ErrorCode.CANCELLED
+    assert (await failure(third)).code == ErrorCode.CANCELLED
+    assert [total(r) for r in await answers([first])] == [1]
+    error = await failure(router.submit(seq(3, "a3", 1)))
+    assert error.code == ErrorCode.INVALID_ARG and "must specify the START flag" in error.message
+    # a START begins it again
+    assert [total(r) for r in await answers([router.submit(seq(4, "b0", 1, start=True))])] == [4]
 
 
 class DyingInstance(AccumulatingInstance):

@@ -310,14 +310,18 @@ class SequenceBatcher(Scheduler[SequenceMessage]):
             if sequence is None:
                 continue
             queue = sequence.queue
-            while queue and queue[0].item.request.cancelled:
-                # The client gave up while the request waited: run nothing for nobody. The
-                # sequence goes on (a later request of it still finds its slot).
-                entry = queue.popleft()
-                entry.item.reply.fail(cancelled(f"request for model '{self.name}' was cancelled"))
-                if entry.end or (self._iterative and not queue and not sequence.running):
-                    self._end(sequence)
-                    freed = True
+            if queue and queue[0].item.request.cancelled:
+                # The client gave up while the request waited: run nothing for nobody, and end
+                # the sequence, as Triton 2.51 does: its other waiting requests fail CANCELLED
+                # too, its slot is free, and its next request must START again.
+                while queue:
+                    entry = queue.popleft()
+                    entry.item.reply.fail(
+                        cancelled(f"request for model '{self.name}' was cancelled")
+                    )
+                self._end(sequence)
+                freed = True
+                continue
             if queue and sequence.lane is lane:
                 heads[index] = queue[0]
         return heads, freed
