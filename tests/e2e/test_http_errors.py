@@ -157,6 +157,24 @@ CASES: list[Case] = [
     Case("post-live", "POST", "/v2/health/live", 405, "Method Not Allowed", exact=True),
     Case("get-index", "GET", "/v2/repository/index", 405, "Method Not Allowed", exact=True),
     Case(
+        # an encoded slash is no path separator (it made this `simple`'s config; Triton: 404)
+        "encoded-slashes-are-no-route",
+        "GET",
+        "/v2%2Fmodels%2Fsimple%2Fconfig",
+        404,
+        "Not Found",
+        exact=True,
+    ),
+    Case(
+        "an-encoded-slash-in-a-model-name",  # Triton's words, the name as sent
+        "POST",
+        "/v2/models/simple%2Fx/infer",
+        404,
+        "Request for unknown model: 'simple%2Fx' is not found",
+        body=good(),
+        exact=True,
+    ),
+    Case(
         "unknown-model",
         "GET",
         "/v2/models/nosuch",

@@ -6,7 +6,9 @@ policy keeps the versions that stay, and the words of the refusals."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -169,3 +171,114 @@ def test_a_grpc_version_is_named_as_a_number(server: ServerProcess) -> None:
             assert raised.value.message() == (
                 f"Request for unknown model: 'vm' version {named} is not found"
             )
+
+
+# A python model whose versions act on files in the folder its config names: version 1 exits
+# its process once `die` appears (and fails `initialize` from then on), version 2's
+# `initialize` waits for `go`.
+DYING_MODEL = """
+import json, os, threading, time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        folder = config["parameters"]["folder"]["string_value"]
+        version = int(args["model_version"])
+        if version == 1:
+            if os.path.exists(os.path.join(folder, "died")):
+                raise RuntimeError("version 1 cannot start again")
+            open(os.path.join(folder, "up"), "w").close()
+
+            def die():
+                while not os.path.exists(os.path.join(folder, "die")):
+                    time.sleep(0.02)
+                open(os.path.join(folder, "died"), "w").close()
+                os._exit(1)
+
+            threading.Thread(target=die, daemon=True).start()
+        else:
+            while not os.path.exists(os.path.join(folder, "go")):
+                time.sleep(0.02)
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def test_a_version_that_dies_while_another_loads_fails_the_load(tmp_path: Path) -> None:
+    """Its news came while its load's other version still loaded: the load fails with it, and
+    nothing of the model serves (it was listed READY, and its requests refused)."""
+    root, folder = tmp_path / "models", tmp_path / "files"
+    folder.mkdir()
+    model = root / "vdie"
+    for version in (1, 2):
+        (model / str(version)).mkdir(parents=True)
+        (model / str(version) / "model.py").write_text(DYING_MODEL)
+    write_config(
+        model,
+        'name: "vdie"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        "version_policy: { all { } }\n"
+        f'parameters {{ key: "folder" value {{ string_value: "{folder}" }} }}\n',
+    )
+    server = start_server([root], tmp_path, EXPLICIT)
+    try:
+        answers: list[httpx.Response] = []
+        loading = threading.Thread(target=lambda: answers.append(load(server, "vdie")))
+        loading.start()
+        wait_for(lambda: (folder / "up").exists())
+        (folder / "die").touch()  # version 1's process exits; its restarts fail
+        wait_for(lambda: "actor 'vdie:1' failed" in server.log())
+        (folder / "go").touch()  # version 2 comes up
+        loading.join()
+        (answer,) = answers
+        assert answer.status_code == 400
+        assert (
+            "version 1 is at UNAVAILABLE state: model version stopped serving"
+            in (answer.json()["error"])
+        )
+        listed = versions_listed(server, "vdie")
+        assert listed["1"][0] == "UNAVAILABLE" and "stopped serving" in listed["1"][1]
+        assert listed["2"] == ("UNAVAILABLE", "unloaded")
+        client = httpclient.InferenceServerClient(server.url)
+        assert not client.is_model_ready("vdie", "1") and not client.is_model_ready("vdie", "2")
+    finally:
+        server.stop()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Until `condition` holds (it is an event the server or its models make: a file, a log
+    line); AssertionError past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the event did not come"
+        time.sleep(0.05)
+
+
+def test_a_load_that_changes_only_the_policy_is_what_a_restart_loads(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Nothing loaded again, and yet the load is the one in force: a restart loads it (it
+    loaded the request before it, every version back)."""
+    env = {**EXPLICIT, "TRITONACTOR_JOURNAL": str(tmp_path / "kept.jsonl")}
+    server = start_server([repo], tmp_path, env)
+    try:
+        assert load(server, "vm", config_json("vm", {"all": {}})).status_code == 200
+        policy = {"specific": {"versions": [2, 3]}}
+        assert load(server, "vm", config_json("vm", policy)).status_code == 200
+    finally:
+        server.stop()
+    server = start_server([repo], tmp_path, env)
+    try:
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.is_model_ready("vm", "2") and client.is_model_ready("vm", "3")
+        assert not client.is_model_ready("vm", "1")
+        assert client.get_model_config("vm")["version_policy"] == {"specific": {"versions": [2, 3]}}
+    finally:
+        server.stop()

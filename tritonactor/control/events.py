@@ -246,14 +246,21 @@ def apply(state: State, event: Event) -> State:
                 if versions.get(version, _NONE).state != VersionState.READY:
                     versions[version] = VersionStatus(VersionState.LOADING)
             pending = None
+            requested = status.requested
             if source == Source.API:
-                pending = Requested(
+                asked = Requested(
                     event.config_override, event.override_repository, event.options_digest
                 )
+                if wanted:
+                    pending = asked  # in force once a version of it loads
+                else:
+                    # Nothing to load (the versions serve as asked, or only leave): nothing
+                    # after this record can fail it, so it is in force now.
+                    requested = asked
             # An API load settles what a line that could not be read left in doubt.
             unsure = "" if source == Source.API else status.unsure
             status = ModelStatus(
-                versions, wanted=True, requested=status.requested, pending=pending, unsure=unsure
+                versions, wanted=True, requested=requested, pending=pending, unsure=unsure
             )
         case ModelLoaded(version=version):
             versions[version] = VersionStatus(VersionState.READY)

@@ -1,9 +1,10 @@
 """The model manager's loading part: versions coming. A load or a reload (asked by the API, the
 startup list, the watcher, a first request of a lazily loaded model, an ensemble that needs its
-steps) scans the model's folder, prepares its config and starts each version that changed; each
-one that comes up replaces its predecessor in the router at once, and the copy it replaced is
-retired in the background (see `retiring`). A load past the memory budget fails, and one that grew
-past it once loaded is undone.
+steps) scans the model's folder, prepares its config and starts each version that changed (its
+config, its version policy left out, or its files); once every one has come up each replaces its
+predecessor in the router, and the copy it replaced is retired in the background (see
+`retiring`); when one fails none joins, as in Triton. A load past the memory budget fails, and
+one that grew past it once loaded is undone.
 
 `Loading` is mixed into `ModelManager` (tritonactor/control/manager.py), whose state it works
 on: the serving table, the router, the backend registry, the owners of the version actors, the
@@ -47,7 +48,7 @@ from tritonactor.control.repository import (
     scan_repositories,
     version_path,
 )
-from tritonactor.control.serving import Serving, over_budget
+from tritonactor.control.serving import Serving, Starting, over_budget
 from tritonactor.core.devices import gpu_count
 from tritonactor.core.errors import TritonError, internal, invalid_arg
 from tritonactor.scheduling.model import ModelVersionActor
@@ -77,6 +78,7 @@ class Loading:
     _router: Router
     _serving: dict[str, dict[int, Serving]]
     _owners: dict[ActorRef[Any], tuple[str, int]]
+    _starting: dict[tuple[str, int], Starting]  # versions up, waiting for their load's others
     _operations: OperationTraces
     _strict: bool
     _lazy: bool
@@ -204,9 +206,10 @@ class Loading:
             # (Before what changed: a load of an ensemble away loads its steps, to bring it back.)
             await self._ensemble_steps(name, config, found, source, loading, serving)
         if not changed and not leaving:
-            if source == ev.Source.API and (override is not None or self._in_doubt(name)):
-                # Same request as the one in force: nothing to do, but keep it on record (it
-                # also settles what an unreadable journal line left in doubt).
+            if source == ev.Source.API:
+                # Nothing to do, but the request is the one in force now: on record (a plain
+                # load after a config override equal to config.pbtxt ends the override; it also
+                # settles what an unreadable journal line left in doubt).
                 self._record(load_requested(name, (), source, digest, override))
             return
         try:  # Triton's rule: no response cache for a decoupled or sequence model
@@ -349,12 +352,37 @@ class Loading:
             serving.folder = hold(model.repository, name)
             serving.memory = estimate // max(len(versions), 1)
             started[version] = (serving, time.perf_counter() - began)
+            # (the manager notes here what happens to it until it joins: its actor failing,
+            # its health)
+            self._starting[(name, version)] = Starting(serving)
 
-        async with anyio.create_task_group() as group:
-            for version in versions:
-                group.start_soon(start, version)
+        try:
+            async with anyio.create_task_group() as group:
+                for version in versions:
+                    group.start_soon(start, version)
+        except BaseException:
+            for version in started:
+                self._starting.pop((name, version), None)
+            raise
         # Looked up again: the dict may have been replaced while the versions loaded.
         current = self._serving.setdefault(name, {})
+        unhealthy: dict[int, str] = {}  # why a version's instance is down as it joins
+        for version in sorted(started):
+            starting = self._starting.pop((name, version))
+            if starting.failed is not None:  # its actor failed while the others came up
+                serving, _ = started.pop(version)
+                await anyio.to_thread.run_sync(release, serving.folder, name)
+                failures.append((version, starting.failed))
+                self._record(
+                    ev.LoadFailed(
+                        model=name,
+                        version=version,
+                        reason=starting.failed,
+                        serving=version in current,
+                    )
+                )
+            elif starting.unhealthy is not None:
+                unhealthy[version] = starting.unhealthy
         if failures:
             # Triton's rule: a load one of whose versions fails loads none of them. The copies
             # that served before serve on; a version that did not is listed as unloaded.
@@ -383,6 +411,10 @@ class Loading:
             )
             if old is not None:
                 replaced[version] = old
+            if version in unhealthy:  # told now that it serves
+                self._record(
+                    ev.InstanceFailed(model=name, version=version, reason=unhealthy[version])
+                )
         grown = await anyio.to_thread.run_sync(process_tree_rss) - rss_before
         if versions and grown > estimate:
             for version in versions:

@@ -28,7 +28,7 @@ from tritonactor.control.operations import OperationTraces
 from tritonactor.control.prepare import failure_reason
 from tritonactor.control.repository import ModelSource, config_digest, scan_repositories
 from tritonactor.control.retiring import Retiring
-from tritonactor.control.serving import EventLog, Serving
+from tritonactor.control.serving import EventLog, Serving, Starting
 from tritonactor.control.watcher import RepositoryChanged
 from tritonactor.core.errors import TritonError, internal
 from tritonactor.observability.summaries import LatencyOptions
@@ -70,6 +70,7 @@ class ModelManager(Loading, Retiring, Actor[Any]):
         self.state: ev.State = ev.fold(history)
         self._serving: dict[str, dict[int, Serving]] = {}
         self._owners: dict[ActorRef[Any], tuple[str, int]] = {}
+        self._starting: dict[tuple[str, int], Starting] = {}  # (loading.py: `_start_versions`)
         self._locks: dict[str, anyio.Lock] = {}
         self._operations = OperationTraces(tracing)
         # The traced operation in progress on each model (one at a time: the model's lock).
@@ -127,6 +128,10 @@ class ModelManager(Loading, Retiring, Actor[Any]):
             case GetState(reply):
                 reply.set(self.state)
             case VersionHealth(model, version, ready, reason, sender):
+                starting = self._starting.get((model, version))
+                if starting is not None and starting.serving.ref is sender:
+                    starting.unhealthy = None if ready else reason  # told as it joins
+                    return
                 serving = self._serving.get(model, {}).get(version)
                 if serving is None or serving.ref is not sender:
                     return  # a copy that no longer serves (retiring after a reload)
@@ -256,6 +261,11 @@ class ModelManager(Loading, Retiring, Actor[Any]):
         if owner is None:
             return  # already retired
         name, version = owner
+        starting = self._starting.get(owner)
+        if starting is not None and starting.serving.ref is child:
+            # up, but not serving yet: its load fails (`Loading._start_versions`)
+            starting.failed = f"model version stopped serving: {failure_reason(error)}"
+            return
         serving = self._serving.get(name, {}).get(version)
         if serving is None or serving.ref is not child:
             return

@@ -40,6 +40,16 @@ class Serving:
     folder: Path | None = None
 
 
+@dataclass(eq=False, slots=True)
+class Starting:
+    """A version up and waiting for the other versions of its load to come up, before any of
+    them joins the router (`Loading._start_versions`): what happened to it meanwhile."""
+
+    serving: Serving
+    failed: str | None = None  # why its actor failed (the version then failed to load)
+    unhealthy: str | None = None  # its latest health news, where it was a failure
+
+
 def over_budget(serving: dict[str, dict[int, Serving]], budget: int, name: str, extra: int) -> str:
     """Why loading `extra` more bytes of model `name` breaks the memory `budget` (0: none), or
     "" when it does not. Versions being replaced still count: old and new are loaded together

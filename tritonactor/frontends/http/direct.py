@@ -15,7 +15,11 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
-from tritonactor.frontends.http.infer_target import LookupHeaders, infer_path
+from tritonactor.frontends.http.infer_target import (
+    LookupHeaders,
+    infer_path,
+    keep_encoded_slashes,
+)
 from tritonactor.frontends.http.limits import BodyLimits, answer
 
 if TYPE_CHECKING:
@@ -48,6 +52,8 @@ class HttpApp(Starlette):
         await self._serve(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            keep_encoded_slashes(scope)
         limits = self.limits
         if limits is not None and scope["type"] == "http":
             receive, send, refused = limits.bound(scope, receive, send)

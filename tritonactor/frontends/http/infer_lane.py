@@ -82,6 +82,9 @@ class InferLane:
             or self.app.user_middleware  # (which sees every request)
         ):
             return None
+        raw = scope.get("raw_path")
+        if raw is not None and b"%" in raw:  # (the app's to read: `keep_encoded_slashes`)
+            return None
         params = infer_path(scope["path"])
         if params is None:
             return None

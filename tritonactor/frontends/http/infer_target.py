@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.datastructures import Headers
 
@@ -23,6 +24,23 @@ def infer_path(path: str) -> dict[str, Any] | None:
 
 
 _DIGITS = re.compile("[0-9]+")
+_ENCODED_SLASH = re.compile("(%2f)", re.IGNORECASE)
+
+
+def keep_encoded_slashes(scope: dict[str, Any]) -> None:
+    """Let a path's encoded slashes (`%2F`) stay in its `path`, which the ASGI server gave
+    decoded: `/v2%2Fmodels%2Fm%2Fconfig` is no route and `/v2/models/a%2Fb/infer` addresses
+    model `a%2Fb`, as Triton reads them, not `/v2/models/m/config` and model `a`'s version
+    route (which a proxy's rule over the raw path would not have seen). Other escapes stay
+    decoded (`%5F` is `_`): the same character either way."""
+    raw = scope.get("raw_path")
+    if raw is not None and b"%" in raw and (b"%2F" in raw or b"%2f" in raw):
+        # (split keeps each `%2F` as it was written, at odd places: left as they are)
+        parts = _ENCODED_SLASH.split(raw.decode("latin-1"))
+        scope["path"] = "".join(
+            part if index % 2 else unquote(part, encoding="utf-8", errors="replace")
+            for index, part in enumerate(parts)
+        )
 
 
 class LookupHeaders(Headers):

@@ -38,6 +38,22 @@ a client that goes away ends the wait with `http.disconnect`; the app's body tim
 (limits.py) cancels a wait that lasts too long; a WebSocket handshake goes to uvicorn's
 WebSocket protocol (no request of ours is made of it). hypercorn reads bodies its own way and
 is not affected.
+
+Two more things uvicorn's protocol does otherwise (a review against Triton 2.51 found them),
+and one it does as before:
+- An `Upgrade` offer other than WebSocket's (`h2c`, which Java's HTTP clients send with every
+  request) is declined, as HTTP/1.1 lets a server decline it, and the request is served as
+  the plain request it also is. The parser (llhttp) treats what follows the headers of such a
+  request as another protocol's bytes: uvicorn gave the app an empty body, then read the body
+  as a new, invalid request. A body of a declared length is read here, and the bytes after it
+  go to the parser as the next request. (A chunked body with an upgrade offer stays uvicorn's
+  way: no client seen sends one.)
+- A request's head (request line and headers) is bounded: past MAX_HEAD_BYTES before its
+  headers end, the answer is 431 and the connection closes. Nothing bounded it, and httptools
+  joins a header's pieces by concatenation: a 64 MiB header took the front end 5 s and 100 MB.
+- A client's end of input is taken as the client leaving, as uvicorn (and nginx) take it: a
+  request still running sees the disconnect, and no answer is written. (Triton answers a client
+  that half-closed after sending, `nc -N`; send `Connection: close` instead.)
 """
 
 from __future__ import annotations
@@ -45,6 +61,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+import httptools
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -55,6 +72,10 @@ from tritonactor.frontends.http.limits import BODY_COMPLETE, DEFAULT_MAX_INPUT_S
 # The longest body gathered whole: Triton's default input size. (A larger --http-max-input-size
 # still works: those bodies come in pieces, as before.)
 WHOLE_LIMIT = DEFAULT_MAX_INPUT_SIZE
+# The longest request head (request line and headers) read: past it, 431 and the connection
+# closed. (Triton's HTTP server closes past ~8 KiB; clients send ~1 KiB.) It is checked at each
+# read's end, so a head may run one read (uvloop's, up to 256 KiB) past it before it is refused.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class HttpToolsWholeBody(HttpToolsProtocol):
@@ -78,15 +99,84 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         self._deferred: tuple[RequestResponseCycle, Any, InferLane, dict[str, Any]] | None = None
         self._lane_app: Any = None  # the app its requests were last started with, and its lane
         self._lane: InferLane | None = None
+        # The body bytes still to come of a request that offered an upgrade (None: no such
+        # request; -1: its body has come, its completion under way).
+        self._offered: int | None = None
+        self._head: int | None = None  # bytes of the head being read, over whole reads
 
     def data_received(self, data: bytes) -> None:
         try:
-            super().data_received(data)
+            self._unset_keepalive_if_required()
+            self._feed(data)
         finally:
             deferred = self._deferred
             if deferred is not None:  # its body is still coming: the app reads it, as before
                 self._deferred = None
                 super()._start_asgi_task(deferred[0], deferred[1])
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's `data_received`, but for an upgrade offer declined (the request's body
+        read, the bytes after it fed as the next request) and a head too long."""
+        if self._offered:
+            data = self._offered_body(data)
+            if not data:
+                return
+        head = self._head
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+                return
+            rest = data[upgrade.args[0] :]  # declined: the parser goes on with what follows
+            if self._offered:
+                rest = self._offered_body(rest)
+            if rest:
+                self._feed(rest)
+            return
+        if self._head is not None and head is not None:
+            # a head begun in an earlier read and not over yet: all of this read is head
+            self._head = head + len(data)
+            if self._head > MAX_HEAD_BYTES:
+                self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        self._head = None
+        self.logger.warning("Request head too large.")
+        content = b"Request Header Fields Too Large"
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; "
+            b"charset=utf-8\r\nconnection: close\r\ncontent-length: "
+            + str(len(content)).encode()
+            + b"\r\n\r\n"
+            + content
+        )
+        self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head = 0
+
+    def _offered_body(self, data: bytes) -> bytes:
+        """The part of `data` that is the body of a request that offered an upgrade, given to
+        it (and, once it has all come, the request completed); returns what follows it."""
+        assert self._offered is not None and self._offered > 0
+        piece = data[: self._offered]
+        self._offered -= len(piece)
+        if piece:
+            self.on_body(piece)
+        if not self._offered:
+            self._offered = -1
+            try:
+                self.on_message_complete()
+            finally:
+                self._offered = None
+        return data[len(piece) :]
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         if self._fresh:
@@ -101,6 +191,7 @@ class HttpToolsWholeBody(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def on_headers_complete(self) -> None:
+        self._head = None
         earlier = self.cycle
         self._fresh = True
         try:
@@ -146,6 +237,13 @@ class HttpToolsWholeBody(HttpToolsProtocol):
             self.flow.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self._offered is None and self.parser.should_upgrade() and not self._should_upgrade():
+            length, chunked = declared_body(self.headers)
+            if length > 0 and not chunked:
+                # an upgrade offered beside a body: declined, the body is still to be read
+                # (`_feed`), and the request completes once it has come
+                self._offered = length
+                return
         if self._whole is not None:
             self._give_up()
         super().on_message_complete()
@@ -187,6 +285,7 @@ class HttpToolsWholeBody(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self._offered = self._head = None
         self._whole = None  # (a body that will never be complete)
         self._pieces = []
         self._gathered = 0
