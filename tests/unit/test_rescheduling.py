@@ -354,6 +354,35 @@ async def test_the_batcher_runs_a_rescheduled_request_again_as_a_continuation(
     assert controls(other) == (1, 0, 2)
 
 
+async def test_a_cancelled_request_ends_its_iterative_sequence_once_the_running_one_is_over(
+    system: ActorSystem,
+) -> None:
+    """Sequence 7's request a still runs (a decoupled model answers it after its execute
+    returned) when its next request, queued, is cancelled: the sequence ends as Triton ends it,
+    but its slot stays bound until a is over (another sequence got it, a then failed as lost)."""
+    scheduler, fake, instance = await batcher_with_instance(system)
+    a = Infer(request(5, "a", sequence_id=7, sequence_start=True), Reply())
+    await scheduler.tell(a)
+    (sent,) = await fake.next_batch(0)
+    a2 = Infer(request(5, "a2", sequence_id=7), Reply())
+    await scheduler.tell(a2)
+    a2.request.cancel()
+    b = Infer(request(5, "b", sequence_id=9, sequence_start=True), Reply())
+    await scheduler.tell(b)
+    await scheduler.tell(InstanceIdle(instance))  # a's execute returned; a is not answered
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
+        await a2.reply.wait()
+    assert caught.value.code is ErrorCode.CANCELLED
+    assert len(fake.batches) == 1  # b waits: the slot is still a's
+    await scheduler.tell(Rescheduled(sent))  # the model hands a back to run again
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
+        await a.reply.wait()
+    assert caught.value.code is ErrorCode.CANCELLED  # (not "lost: its instance stopped")
+    await scheduler.tell(InstanceIdle(instance))
+    (other,) = await fake.next_batch(1)  # the slot is free: b runs
+    assert other.request is b.request and controls(other) == (1, 0, 9)
+
+
 async def test_a_rescheduled_request_whose_instance_stopped_fails_unavailable(
     system: ActorSystem,
 ) -> None:

@@ -8,36 +8,32 @@ in docs/scheduling.md ("The sequence batcher")."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from tritonactor._proto.inference import ModelConfig, ModelSequenceBatchingControlKind
-from tritonactor.actors import ActorRef, ActorStopped, Reply
+from tritonactor.actors import ActorRef, ActorStopped
 from tritonactor.backends.batching import batch_size
 from tritonactor.core.errors import (
     TritonError,
     cancelled,
-    internal,
     invalid_arg,
     refused,
     unavailable,
     unsupported,
 )
-from tritonactor.core.types import InferenceRequest, InferenceResponse
-from tritonactor.scheduling.default import Scheduler, refuse_rescheduled
+from tritonactor.core.types import InferenceRequest
+from tritonactor.scheduling.default import Scheduler
 from tritonactor.scheduling.messages import Execute, Infer, InstanceGone, InstanceIdle, Rescheduled
 from tritonactor.scheduling.sequence_controls import (
     CorrelationId,
     check_correlation_id,
     parse_controls,
 )
+from tritonactor.scheduling.sequence_iterative import Answered, IterativeSequences
 from tritonactor.scheduling.sequence_rows import NULL_REQUEST, STATE_ERROR, RowBuilder
 from tritonactor.scheduling.sequence_slots import (
     Lane,
@@ -63,18 +59,10 @@ class Tick:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
-class _Answered:
-    """An iterative sequence's request has its final answer (from a reply callback): its
-    sequence may end."""
-
-    entry: Waiting
+SequenceMessage = Infer | InstanceIdle | InstanceGone | Rescheduled | Tick | Answered
 
 
-SequenceMessage = Infer | InstanceIdle | InstanceGone | Rescheduled | Tick | _Answered
-
-
-class SequenceBatcher(Scheduler[SequenceMessage]):
+class SequenceBatcher(IterativeSequences, Scheduler[SequenceMessage]):
     def __init__(self, name: str, config: ModelConfig, model_dir: Path | None = None) -> None:
         super().__init__(name)
         batching = config.sequence_batching
@@ -147,7 +135,7 @@ class SequenceBatcher(Scheduler[SequenceMessage]):
             self._lose(message.instance)
         elif isinstance(message, Rescheduled):
             self._rerun(message)
-        elif isinstance(message, _Answered):
+        elif isinstance(message, Answered):
             self._request_answered(message.entry)
         elif message.at == self._armed:
             self._armed = None
@@ -314,13 +302,24 @@ class SequenceBatcher(Scheduler[SequenceMessage]):
                 # The client gave up while the request waited: run nothing for nobody, and end
                 # the sequence, as Triton 2.51 does: its other waiting requests fail CANCELLED
                 # too, its slot is free, and its next request must START again.
+                queue.popleft().item.reply.fail(
+                    cancelled(f"request for model '{self.name}' was cancelled")
+                )
+                behind = cancelled(
+                    f"sequence {sequence.correlation_id} of model '{self.name}' was cancelled "
+                    "by an earlier request of it"
+                )
                 while queue:
-                    entry = queue.popleft()
-                    entry.item.reply.fail(
-                        cancelled(f"request for model '{self.name}' was cancelled")
-                    )
-                self._end(sequence)
-                freed = True
+                    queue.popleft().item.reply.fail(behind)
+                if sequence.running:
+                    # an iterative sequence's request still runs in the slot: it ends as that
+                    # request is answered (`_request_answered`, `_rerun`)
+                    sequence.cancelled = True
+                    if self._sequences.get(sequence.correlation_id) is sequence:
+                        del self._sequences[sequence.correlation_id]
+                else:
+                    self._end(sequence)
+                    freed = True
                 continue
             if queue and sequence.lane is lane:
                 heads[index] = queue[0]
@@ -352,70 +351,6 @@ class SequenceBatcher(Scheduler[SequenceMessage]):
                 self._free(sequence)
                 freed = True
         return freed
-
-    # -- iterative sequences -------------------------------------------------------------------
-
-    def _watch(self, entry: Waiting) -> None:
-        """An iterative sequence's request went to its instance: it comes back either answered
-        (`_Answered`) or handed back to run again (`Rescheduled`)."""
-        entry.sequence.running += 1
-        self._in_flight[id(entry.item.request)] = entry
-        if not entry.watched:
-            entry.watched = True
-            entry.item.reply.add_done_callback(partial(self._on_answer, entry))
-
-    def _on_answer(self, entry: Waiting, _: Reply[InferenceResponse]) -> None:
-        # A reply callback, outside `receive`: the actor learns of it by a message (handled on
-        # the answerer's turn when the actor is idle, queued otherwise).
-        message = _Answered(entry)
-        with contextlib.suppress(ActorStopped):
-            try:
-                self.ref.tell_nowait(message)
-            except anyio.WouldBlock:
-                self.start_soon(self._tell_self, message)
-
-    async def _tell_self(self, message: _Answered) -> None:
-        with contextlib.suppress(ActorStopped):
-            await self.ref.tell(message)
-
-    def _request_answered(self, entry: Waiting) -> None:
-        """A request of an iterative sequence has its answer: the sequence ends with its last
-        request (its ID may START a new one, its slot goes to the backlog)."""
-        sequence = entry.sequence
-        if self._in_flight.pop(id(entry.item.request), None) is not None:
-            sequence.running -= 1
-        if not sequence.running and not sequence.queue:
-            self._end(sequence)
-
-    def _rerun(self, message: Rescheduled) -> None:
-        """The model released a request with RESCHEDULE: with `iterative_sequence` it runs
-        again next in its sequence's slot, as a continuation (START and END false); otherwise
-        it fails."""
-        if not self._iterative:
-            refuse_rescheduled(message, self.name)
-            return
-        entry = self._in_flight.pop(id(message.item.request), None)
-        if entry is None:
-            message.item.reply.fail(
-                internal(f"model '{self.name}' rescheduled a request that it was not running")
-            )
-            return
-        sequence = entry.sequence
-        sequence.running -= 1
-        if sequence.lane is None:  # its instance stopped meanwhile: its state went with it
-            entry.item.reply.fail(
-                unavailable(
-                    f"sequence {sequence.correlation_id} of model '{self.name}' was lost: its "
-                    "instance stopped"
-                )
-            )
-            return
-        # Its flags were for its first run (Triton's rerun has none).
-        entry.start = entry.end = False
-        parameters = entry.item.request.parameters
-        parameters["sequence_start"] = parameters["sequence_end"] = False
-        sequence.queue.appendleft(entry)
-        sequence.last = self.now()
 
     # -- instances that stop -------------------------------------------------------------------
 

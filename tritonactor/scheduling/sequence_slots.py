@@ -41,6 +41,9 @@ class RunningSequence:
     # Iterative sequences: its requests sent to the instance and not answered yet (the
     # sequence ends when the last one is answered rather than rescheduled).
     running: int = 0
+    # Ended by a cancelled request while one of it still ran: it ends, its slot freed, once
+    # that request is answered (a request of it handed back to run again then fails).
+    cancelled: bool = False
 
 
 @dataclass(eq=False, slots=True)
