@@ -78,18 +78,54 @@ def test_operations_a_kind_does_not_allow_are_refused_in_the_model(
 ) -> None:
     messages = ask(server, "refusals")
     assert all(message is not None for message in messages), messages
-    assert messages[0].startswith("Failed to increment metric value: ")
-    assert messages[1].startswith("Failed to set metric value: ")
-    assert messages[2].startswith("Failed to observe metric value: ")
-    assert messages[3].startswith("Failed to get metric value: ")
+    # Triton's words after its prefixes (its "Failed to process the request for model ..."
+    # between them left out: docs/python-backend.md)
+    assert messages[0] == (
+        "Failed to increment metric value: TRITONSERVER_METRIC_KIND_COUNTER can only be "
+        "incremented monotonically by non-negative values."
+    )
+    assert messages[1] == (
+        "Failed to set metric value: TRITONSERVER_METRIC_KIND_COUNTER does not support Set"
+    )
+    assert messages[2] == (
+        "Failed to observe metric value: TRITONSERVER_METRIC_KIND_GAUGE does not support Observe"
+    )
+    assert messages[3] == (
+        "Failed to get metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value"
+    )
     assert messages[4] == "Failed to create metric. Missing required buckets."
-    assert messages[5].startswith("Error when creating Metric: ")
+    assert messages[5] == "Error when creating Metric: Bucket Boundaries must be strictly sorted"
     assert messages[6] == "Failed to create metric. Unexpected buckets found."
-    assert messages[7].startswith("Error when creating MetricFamily: ")
+    assert messages[7] == (
+        "Error when creating MetricFamily: Family name already exists with different type"
+    )
     # Nothing refused changed a value.
     assert f"test_model_requests{{{LABELS}}} 5" in scrape(server)
 
 
 def test_metric_of_a_deleted_family_is_refused(server: ServerProcess) -> None:
     message = ask(server, "lifetime")
+    assert message.startswith("Failed to set metric value: Invalid metric operation as the ")
     assert "the corresponding 'MetricFamily' has been deleted" in message
+
+
+def test_a_value_that_is_not_a_number_raises_in_the_model(server: ServerProcess) -> None:
+    """A TypeError, as Triton's bindings raise it (it hung the model, and its unload)."""
+    assert ask(server, "not_a_number").startswith("TypeError: increment(): incompatible")
+    assert ask(server, "count", 0.0) is not None  # the model answers on
+
+
+def test_a_metric_lasts_as_long_as_its_family(server: ServerProcess) -> None:
+    """A `Metric` object dropped and made again is the same metric, as in Triton."""
+    assert ask(server, "redefined") == 3.0
+    assert 'test_model_requests{route="a"} 3' in scrape(server)
+
+
+def test_odd_names_and_labels_are_served(server: ServerProcess) -> None:
+    """A family named `..._created` keeps its samples; a lone surrogate in a label does not
+    fail the scrape (every family's) but is written as `?`."""
+    assert ask(server, "odd_names", 7.0) == 7.0
+    text = scrape(server)
+    assert 'test_model_jobs_created{source="custom_metrics_model"} 7' in text
+    assert 'test_model_level{odd="x?"} 1' in text
+    assert "nv_inference_request_success" in text

@@ -65,7 +65,7 @@ class CustomMetrics:
         if kind not in KINDS:
             raise CustomMetricError(f"unknown metric kind '{kind}'")
         if not _NAME.match(name):
-            raise CustomMetricError(f"'{name}' is not a valid metric family name")
+            raise CustomMetricError("Invalid metric name")  # (Triton's words, those below too)
         if name.startswith(RESERVED_PREFIXES):
             # Served twice under one name, a family would make Prometheus refuse the scrape.
             raise CustomMetricError(
@@ -77,9 +77,7 @@ class CustomMetrics:
             if family is None:
                 self._families[name] = _Family(name, description, kind)
             elif family.kind != kind:
-                raise CustomMetricError(
-                    f"a metric family named '{name}' already exists with kind {family.kind}"
-                )
+                raise CustomMetricError("Family name already exists with different type")
             else:
                 family.references += 1
 
@@ -98,7 +96,7 @@ class CustomMetrics:
         bounds), or count one more definition of it."""
         for label in labels:
             if not _LABEL.match(label):
-                raise CustomMetricError(f"'{label}' is not a valid label name")
+                raise CustomMetricError("Invalid label name")
         key = _key(labels)
         with self._lock:
             family = self._family(name)
@@ -110,9 +108,7 @@ class CustomMetrics:
             if family.kind == "histogram":
                 bounds = tuple(float(b) for b in buckets or ())
                 if any(b >= c for b, c in itertools.pairwise(bounds)):
-                    raise CustomMetricError(
-                        f"histogram buckets must be distinct and ascending, not {list(bounds)}"
-                    )
+                    raise CustomMetricError("Bucket Boundaries must be strictly sorted")
             family.metrics[key] = _Metric(
                 {str(k): str(v) for k, v in labels.items()}, bounds, counts=[0] * (len(bounds) + 1)
             )
@@ -132,23 +128,26 @@ class CustomMetrics:
         with self._lock:
             family, metric = self._metric(name, labels)
             if family.kind == "histogram":
-                raise CustomMetricError("a histogram cannot be incremented; observe a value")
+                raise CustomMetricError(_unsupported(family, "Increment"))
             if family.kind == "counter" and amount < 0:
-                raise CustomMetricError("a counter cannot be decremented")
+                raise CustomMetricError(
+                    "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by "
+                    "non-negative values."
+                )
             metric.value += amount
 
     def set(self, name: str, labels: Mapping[str, str], value: float) -> None:
         with self._lock:
             family, metric = self._metric(name, labels)
             if family.kind != "gauge":
-                raise CustomMetricError(f"a {family.kind} cannot be set; only a gauge can")
+                raise CustomMetricError(_unsupported(family, "Set"))
             metric.value = value
 
     def observe(self, name: str, labels: Mapping[str, str], value: float) -> None:
         with self._lock:
             family, metric = self._metric(name, labels)
             if family.kind != "histogram":
-                raise CustomMetricError(f"a {family.kind} cannot observe; only a histogram can")
+                raise CustomMetricError(_unsupported(family, "Observe"))
             metric.counts[bisect.bisect_left(metric.bounds, value)] += 1
             metric.value += value
 
@@ -156,7 +155,7 @@ class CustomMetrics:
         with self._lock:
             family, metric = self._metric(name, labels)
             if family.kind == "histogram":
-                raise CustomMetricError("a histogram has no single value")
+                raise CustomMetricError(_unsupported(family, "Value"))
             return metric.value
 
     def _family(self, name: str) -> _Family:
@@ -181,6 +180,8 @@ class CustomMetrics:
                 for f in sorted(self._families.values(), key=lambda f: f.name)
             ]
         for name, description, kind, metrics in families:
+            if not metrics:
+                continue  # a family with no metric is not written, as Triton writes it
             family = Metric(name, description, kind)
             for metric in metrics:
                 if kind != "histogram":
@@ -197,6 +198,10 @@ class CustomMetrics:
             yield family
 
 
+def _unsupported(family: _Family, operation: str) -> str:
+    return f"TRITONSERVER_METRIC_KIND_{family.kind.upper()} does not support {operation}"
+
+
 def _key(labels: Mapping[str, str]) -> LabelKey:
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
@@ -209,7 +214,7 @@ def _bound(bound: float) -> str:
     """A bucket bound as Triton writes it: 1, 2.5, +Inf."""
     if math.isinf(bound):
         return "+Inf"
-    return str(int(bound)) if bound.is_integer() else repr(bound)
+    return format(bound, ".16g")  # (C++'s default float format at 16 digits: 0.3, 1e+16)
 
 
 # The process's registry: what models define, and what /metrics serves.

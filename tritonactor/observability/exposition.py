@@ -28,17 +28,23 @@ def render(registry: Collector) -> bytes:
             name = family.samples[0].name
         elif kind == "unknown":
             kind = "untyped"
-        lines.append(f"# HELP {name} {_escape_help(family.documentation)}\n")
+        if family.documentation:  # (none without one, as Triton writes it)
+            lines.append(f"# HELP {name} {_escape_help(family.documentation)}\n")
         lines.append(f"# TYPE {name} {kind}\n")
+        created = f"{family.name}_created"  # prometheus_client's (a model's family may end so)
         for sample in family.samples:
-            if sample.name.endswith("_created"):
+            if sample.name == created:
                 continue  # OpenMetrics only; the classic format has no place for it
             labels = ",".join(
                 f'{key}="{_escape_label(value)}"' for key, value in sorted(sample.labels.items())
             )
             selector = f"{{{labels}}}" if labels else ""
             lines.append(f"{sample.name}{selector} {_value(sample.value)}\n")
-    return "".join(lines).encode()
+    text = "".join(lines)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate a model put in a label: not the whole scrape
+        return text.encode("utf-8", "replace")
 
 
 def _value(value: float) -> str:

@@ -5,6 +5,7 @@ registry, so that a refused one raises where the model made it, as in Triton."""
 from __future__ import annotations
 
 import enum
+import numbers
 import weakref
 from typing import Any
 
@@ -74,7 +75,9 @@ class MetricFamily:
 
 class Metric:
     """One metric of a family: increment(value), set(value) (gauges), observe(value)
-    (histograms), value() (counters and gauges)."""
+    (histograms), value() (counters and gauges). It lasts as long as its family, as in Triton:
+    a `Metric` object dropped and made again with the same labels is the same metric, its
+    value kept."""
 
     def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: Any) -> None:
         self._family = weakref.ref(family)
@@ -99,15 +102,17 @@ class Metric:
     def value(self) -> float:
         return float(self._operate("Failed to get metric value", "value"))
 
-    def _operate(self, failure: str, action: str, value: float | None = None) -> Any:
+    def _operate(self, failure: str, action: str, *value: float) -> Any:
+        if value and (not isinstance(value[0], numbers.Real)):
+            # (as Triton's bindings refuse it; a None sent on hung the model)
+            raise TypeError(
+                f"{action}(): incompatible function arguments: value must be a number, not "
+                f"{type(value[0]).__name__}"
+            )
         if self._family() is None:
-            raise TritonModelException(_FAMILY_GONE)
-        arguments = {} if value is None else {"value": float(value)}
+            raise TritonModelException(f"{failure}: {_FAMILY_GONE}")
+        arguments = {"value": float(value[0])} if value else {}
         return _call(failure, action, self._name, labels=self._labels, **arguments)
-
-    def __del__(self) -> None:
-        if getattr(self, "_defined", False) and runtime.stub is not None:
-            runtime.stub.metric("metric_remove", self._name, wait=False, labels=self._labels)
 
 
 def _call(failure: str, action: str, name: str, **arguments: Any) -> Any:

@@ -3,8 +3,14 @@
 - count: increments a counter by VALUE; gauge: sets a gauge to VALUE; observe: VALUE into a
   histogram (buckets 0.1, 1, 2.5). Each reports the metric's value (the histogram: null).
 - refusals: what each operation a kind does not allow raises (a list of messages).
-- lifetime: the message a metric gives once its family object is gone."""
+- lifetime: the message a metric gives once its family object is gone.
+- not_a_number: what increment(None) raises (it hung the model once).
+- redefined: a metric dropped and made again with the same labels, incremented by 2, then 1:
+  its value (the same metric).
+- odd_names: a gauge whose family name ends in `_created` set to VALUE, and a metric labelled
+  with a lone surrogate."""
 
+import gc
 import json
 
 import numpy as np
@@ -77,3 +83,26 @@ class TritonPythonModel:
         except pb_utils.TritonModelException as exc:
             return str(exc)
         return None
+
+    def not_a_number(self, value):
+        try:
+            self.requests.increment(None)
+        except TypeError as exc:
+            return f"TypeError: {exc}"
+        return None
+
+    def redefined(self, value):
+        self.counter_family.Metric(labels={"route": "a"}).increment(2.0)
+        gc.collect()  # the first object is gone before the second is made
+        metric = self.counter_family.Metric(labels={"route": "a"})
+        metric.increment(1.0)
+        return metric.value()
+
+    def odd_names(self, value):
+        family = pb_utils.MetricFamily
+        self.jobs_family = family("test_model_jobs_created", "jobs", family.GAUGE)
+        self.jobs = self.jobs_family.Metric(labels=LABELS)
+        self.jobs.set(value)
+        self.odd = self.gauge_family.Metric(labels={"odd": "x\udc80"})
+        self.odd.set(1.0)
+        return self.jobs.value()
