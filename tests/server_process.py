@@ -128,9 +128,11 @@ def start_server(
     probe_headers: Mapping[str, str] | None = None,
     http_port: int | None = None,
     args: Sequence[str] = (),
+    wait_live: bool = True,
 ) -> ServerProcess:
     """`hypercorn tritonactor.app:app` with TRITONACTOR_* settings, on `http_port` (default: a
-    free one), hypercorn's own flags `args` last; waits until it is live."""
+    free one), hypercorn's own flags `args` last; waits until it is live (`wait_live` False:
+    returns at once, for a server that will not be)."""
     http_port = http_port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONACTOR_")}
     env.update(
@@ -167,6 +169,8 @@ def start_server(
             stderr=subprocess.STDOUT,
         )
     server = ServerProcess(process, http_port, log_path, env)
+    if not wait_live:
+        return server
     return _answering(server, wait_ready, timeout, probe_headers)
 
 

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import SIMPLE_CONFIG, write_config
 from tests.onnx_models import add_constant_model, add_sub_model
-from tests.server_process import start_server
+from tests.server_process import ServerProcess, start_server, wait_for
 from tritonactor.control.budget import process_tree_rss
 
 STUB = "tritonactor.backends.python.stub"  # a python model's process
@@ -205,3 +205,70 @@ def test_ensembles_that_name_each_other_fail_to_load_instead_of_hanging(tmp_path
         assert client.is_server_ready()
     finally:
         server.stop()
+
+
+STUCK = """
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        while True:  # never returns
+            time.sleep(0.05)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_model_whose_initialize_never_returns_does_not_hold_the_server_s_exit(
+    tmp_path: Path,
+) -> None:
+    """Stopped while its start waits for the model, the server ends, its engine and the model's
+    process with it (the engine waited for `initialize` for ever, outliving the server and
+    holding its ports)."""
+    root = tmp_path / "models"
+    (root / "stuck" / "1").mkdir(parents=True)
+    (root / "stuck" / "1" / "model.py").write_text(STUCK)
+    write_config(
+        root / "stuck",
+        'name: "stuck"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+    )
+    env = {"TRITONACTOR_EXIT_TIMEOUT_SECS": "2"}
+    server = start_server([root], tmp_path, env, wait_live=False)  # (it never is)
+    try:
+        wait_for(lambda: any("--name stuck_0" in c for _, c in _server_processes(server)), 60)
+        pids = [pid for pid, _ in _server_processes(server)]
+    finally:
+        server.stop(timeout=10)  # (hypercorn waits for the app's start: killed then)
+    assert len(pids) >= 2  # at least the engine and the model's process
+    wait_for(lambda: not any(_alive(pid) for pid in pids), 60)
+
+
+def _server_processes(server: ServerProcess) -> list[tuple[int, str]]:
+    """The processes of `server` (its own environment says so: the engine is started apart
+    from hypercorn's processes), with their command lines."""
+    port = f"TRITONACTOR_HTTP_PORT={server.http_port}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if port not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if _alive(int(entry.name)):
+            found.append((int(entry.name), command))
+    return found

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import SIMPLE_CONFIG, write_config
 from tests.onnx_models import add_sub_model
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, start_server, wait_for
 
 EXPLICIT = {"TRITONACTOR_MODEL_CONTROL_MODE": "explicit"}
 BROKEN = b"not an onnx model"
@@ -250,15 +249,6 @@ def test_a_version_that_dies_while_another_loads_fails_the_load(tmp_path: Path) 
         assert not client.is_model_ready("vdie", "1") and not client.is_model_ready("vdie", "2")
     finally:
         server.stop()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
-    """Until `condition` holds (it is an event the server or its models make: a file, a log
-    line); AssertionError past `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the event did not come"
-        time.sleep(0.05)
 
 
 def test_a_load_that_changes_only_the_policy_is_what_a_restart_loads(

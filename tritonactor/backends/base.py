@@ -235,6 +235,11 @@ class BackendInstance(ABC):
         """Run the requests; return exactly one result per request, in order. May be
         `async def` (then it runs on the event loop and must not block)."""
 
+    def abort_create(self, context: InstanceContext) -> None:  # noqa: B027 - optional hook
+        """Cut short a `create_instance(context)` under way on another thread, whose caller was
+        cancelled (the server stopping past its exit timeout, the load given up): it should
+        then raise soon. By default the creation runs to its end, abandoned."""
+
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""
 

@@ -33,7 +33,48 @@ LEAVE_GRACE = 10.0
 
 
 async def serve(server: Server, path: str, starter: int | None = None) -> None:
-    """`starter`: the process that started the engine (`_stop_if_abandoned`)."""
+    """`starter`: the process that started the engine (`_stop_if_abandoned`; while the models
+    of the start load, `_abandoned_while_starting`)."""
+    ready = anyio.Event()
+    async with anyio.create_task_group() as starting:
+        if starter is not None:
+            starting.start_soon(_abandoned_while_starting, starter, ready, starting.cancel_scope)
+        await _serve(server, path, starter, ready)
+        starting.cancel_scope.cancel()
+
+
+async def _abandoned_while_starting(
+    starter: int, ready: anyio.Event, scope: anyio.CancelScope
+) -> None:
+    """Stop the engine when the process that started it ends before the start's models have
+    loaded (a model whose `initialize` never returns held an engine that nothing stopped: its
+    starter killed, it waited for ever, holding the server's ports)."""
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    try:
+        loop.add_reader(starter, lambda: ended.done() or ended.set_result(None))
+    except OSError:
+        return  # (`_stop_if_abandoned` says so once the engine serves)
+    try:
+        async with anyio.create_task_group() as either:
+
+            async def until_ready() -> None:
+                await ready.wait()
+                either.cancel_scope.cancel()
+
+            either.start_soon(until_ready)
+            await ended
+            log.warning(
+                "the process that started the engine ended while the models loaded: the "
+                "engine stops"
+            )
+            scope.cancel()
+            either.cancel_scope.cancel()
+    finally:
+        loop.remove_reader(starter)
+
+
+async def _serve(server: Server, path: str, starter: int | None, ready: anyio.Event) -> None:
     engine = EngineServer(server)
     host = EngineHost(engine, path)
     engine.broadcast = host.broadcast
@@ -59,6 +100,7 @@ async def serve(server: Server, path: str, starter: int | None = None) -> None:
         if server.tracing is not None:
             host.continue_trace = server.tracing.continued
         listeners.listen()  # the models have loaded: gRPC takes connections
+        ready.set()
         tell_ready("ready")
         try:
             async with anyio.create_task_group() as tasks:

@@ -145,7 +145,15 @@ class ModelVersionActor(Actor[Any]):
             submit=self._submit,
             control=self._control,
         )
-        instance = await anyio.to_thread.run_sync(self._model.create_instance, context)
+        try:
+            # (abandoned when cancelled: a model whose `initialize` never returns would hold the
+            # server's exit for ever; the backend is told to cut it short)
+            instance = await anyio.to_thread.run_sync(
+                self._model.create_instance, context, abandon_on_cancel=True
+            )
+        except anyio.get_cancelled_exc_class():
+            self._model.abort_create(context)
+            raise
         try:  # warmed up before it serves, also when it replaces one that died
             await warm_up(instance, self.context, spec.name, self.statistics)
         except BaseException:

@@ -145,11 +145,20 @@ class PythonModel(BackendModel):
         self.decoupled = bool(policy is not None and policy.decoupled)
         # A request that names no outputs asks for all of these (the model sees their names).
         self.output_names = [output.name for output in config.output]
+        # The processes of the instances being created (`abort_create` kills one).
+        self.starting: dict[str, StubProcess] = {}
 
     def create_instance(self, context: InstanceContext) -> PythonInstance:
         """Start a stub and initialize the model in it; may be called again for a new instance
         after one died."""
         return PythonInstance(self, context)
+
+    def abort_create(self, context: InstanceContext) -> None:
+        """Kill the process of the instance being created: its `initialize` is cut short, and
+        the creation fails (a model whose `initialize` never returns held the server's exit)."""
+        stub = self.starting.get(context.name)
+        if stub is not None:
+            stub.process.kill()
 
     def initialize_args(self, context: InstanceContext) -> dict[str, str]:
         """Triton's `args` for `TritonPythonModel.initialize`: every value a string."""

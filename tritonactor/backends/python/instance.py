@@ -122,6 +122,7 @@ class PythonInstance(BackendInstance):
         # instances elsewhere).
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stub = StubProcess(model.interpreter, context.name, model.settings)
+        model.starting[context.name] = self._stub  # (until it is up: `abort_create`)
         self._calls = ServedCalls(
             context,
             self._stub.answers,
@@ -146,6 +147,7 @@ class PythonInstance(BackendInstance):
             )
             self._stub.wait_for("ready", other=self._dispatch)
         except BaseException as exc:
+            model.starting.pop(context.name, None)
             self._stub.stop(5)
             if isinstance(exc, TritonError):  # the model's own words, as Triton's backend
                 log.error(
@@ -153,6 +155,7 @@ class PythonInstance(BackendInstance):
                 )
                 raise internal(exc.message) from None
             raise
+        model.starting.pop(context.name, None)
         self._reader = ChannelReader(
             self._stub.channel,
             self.name,
