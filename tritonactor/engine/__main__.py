@@ -51,9 +51,13 @@ async def _abandoned_while_starting(
     starter killed, it waited for ever, holding the server's ports)."""
     loop = asyncio.get_running_loop()
     ended = loop.create_future()
+    # A descriptor of its own: `_stop_if_abandoned` watches `starter` once the engine serves,
+    # and a loop has one reader per descriptor (removing this one took that one away).
+    watched = os.dup(starter)
     try:
-        loop.add_reader(starter, lambda: ended.done() or ended.set_result(None))
+        loop.add_reader(watched, lambda: ended.done() or ended.set_result(None))
     except OSError:
+        os.close(watched)
         return  # (`_stop_if_abandoned` says so once the engine serves)
     try:
         async with anyio.create_task_group() as either:
@@ -71,7 +75,8 @@ async def _abandoned_while_starting(
             scope.cancel()
             either.cancel_scope.cancel()
     finally:
-        loop.remove_reader(starter)
+        loop.remove_reader(watched)
+        os.close(watched)
 
 
 async def _serve(server: Server, path: str, starter: int | None, ready: anyio.Event) -> None:
