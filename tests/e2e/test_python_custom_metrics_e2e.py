@@ -111,7 +111,9 @@ def test_metric_of_a_deleted_family_is_refused(server: ServerProcess) -> None:
 
 def test_a_value_that_is_not_a_number_raises_in_the_model(server: ServerProcess) -> None:
     """A TypeError, as Triton's bindings raise it (it hung the model, and its unload)."""
-    assert ask(server, "not_a_number").startswith("TypeError: increment(): incompatible")
+    refused, level = ask(server, "not_a_number")
+    assert refused.startswith("TypeError: increment(): incompatible")
+    assert level == 2.5  # (set from a numpy array of one element, as Triton takes it)
     assert ask(server, "count", 0.0) is not None  # the model answers on
 
 

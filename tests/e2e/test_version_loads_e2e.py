@@ -272,3 +272,12 @@ def test_a_load_that_changes_only_the_policy_is_what_a_restart_loads(
         assert client.get_model_config("vm")["version_policy"] == {"specific": {"versions": [2, 3]}}
     finally:
         server.stop()
+
+
+def test_the_same_load_again_adds_nothing_to_the_journal(server: ServerProcess, repo: Path) -> None:
+    journal = Path(server.env["TRITONACTOR_JOURNAL"])
+    assert load(server, "vm").status_code == 200
+    lines = journal.read_text().count("\n")
+    for _ in range(3):
+        assert load(server, "vm").status_code == 200
+    assert journal.read_text().count("\n") == lines

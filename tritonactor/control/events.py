@@ -260,7 +260,12 @@ def apply(state: State, event: Event) -> State:
             # An API load settles what a line that could not be read left in doubt.
             unsure = "" if source == Source.API else status.unsure
             status = ModelStatus(
-                versions, wanted=True, requested=requested, pending=pending, unsure=unsure
+                versions,
+                wanted=True,
+                requested=requested,
+                pending=pending,
+                unsure=unsure,
+                discovered=status.discovered,  # (lost, each load recorded it again)
             )
         case ModelLoaded(version=version):
             versions[version] = VersionStatus(VersionState.READY)

@@ -71,6 +71,17 @@ __all__ = ["Loading"]
 log = logging.getLogger(__name__)
 
 
+def _in_force(loading: Loading, asked: ev.LoadRequested) -> bool:
+    """Whether `asked` is the API's request in force for its model (nothing pending)."""
+    status = loading.state.get(asked.model)
+    return (
+        status is not None
+        and status.pending is None
+        and status.requested
+        == ev.Requested(asked.config_override, asked.override_repository, asked.options_digest)
+    )
+
+
 class Loading:
     """How versions come; mixed into the model manager, which owns the state named here."""
 
@@ -206,11 +217,13 @@ class Loading:
             # (Before what changed: a load of an ensemble away loads its steps, to bring it back.)
             await self._ensemble_steps(name, config, found, source, loading, serving)
         if not changed and not leaving:
-            if source == ev.Source.API:
+            asked = load_requested(name, (), source, digest, override)
+            if source == ev.Source.API and (self._in_doubt(name) or not _in_force(self, asked)):
                 # Nothing to do, but the request is the one in force now: on record (a plain
                 # load after a config override equal to config.pbtxt ends the override; it also
-                # settles what an unreadable journal line left in doubt).
-                self._record(load_requested(name, (), source, digest, override))
+                # settles what an unreadable journal line left in doubt). The same request again
+                # adds nothing to the journal.
+                self._record(asked)
             return
         try:  # Triton's rule: no response cache for a decoupled or sequence model
             check_model_config(config, self._router.step_configs(config))

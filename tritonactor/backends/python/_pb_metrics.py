@@ -5,7 +5,6 @@ registry, so that a refused one raises where the model made it, as in Triton."""
 from __future__ import annotations
 
 import enum
-import numbers
 import weakref
 from typing import Any
 
@@ -103,15 +102,25 @@ class Metric:
         return float(self._operate("Failed to get metric value", "value"))
 
     def _operate(self, failure: str, action: str, *value: float) -> Any:
-        if value and (not isinstance(value[0], numbers.Real)):
-            # (as Triton's bindings refuse it; a None sent on hung the model)
-            raise TypeError(
-                f"{action}(): incompatible function arguments: value must be a number, not "
-                f"{type(value[0]).__name__}"
-            )
+        arguments = {}
+        if value:
+            # What Triton's bindings take as a float: anything `float()` reads but text (numpy
+            # arrays of one element, Decimal, torch scalars); the rest is a TypeError there
+            # too (a None sent on hung the model).
+            number = value[0]
+            if getattr(number, "size", None) == 1 and hasattr(number, "item"):
+                number = number.item()  # a numpy array of one element (numpy 2 refuses float())
+            try:
+                if number is None or isinstance(number, str | bytes):
+                    raise TypeError
+                arguments["value"] = float(number)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"{action}(): incompatible function arguments: value must be a number, "
+                    f"not {type(number).__name__}"
+                ) from None
         if self._family() is None:
             raise TritonModelException(f"{failure}: {_FAMILY_GONE}")
-        arguments = {"value": float(value[0])} if value else {}
         return _call(failure, action, self._name, labels=self._labels, **arguments)
 
 

@@ -46,8 +46,8 @@ and one it does as before:
   the plain request it also is. The parser (llhttp) treats what follows the headers of such a
   request as another protocol's bytes: uvicorn gave the app an empty body, then read the body
   as a new, invalid request. A body of a declared length is read here, and the bytes after it
-  go to the parser as the next request. (A chunked body with an upgrade offer stays uvicorn's
-  way: no client seen sends one.)
+  go to the parser as the next request. (A chunked body with an upgrade offer is still refused
+  400, as uvicorn refuses it: Java's HttpClient sends one for a body of unknown length.)
 - A request's head (request line and headers) is bounded: past MAX_HEAD_BYTES before its
   headers end, the answer is 431 and the connection closes. Nothing bounded it, and httptools
   joins a header's pieces by concatenation: a 64 MiB header took the front end 5 s and 100 MB.

@@ -85,10 +85,11 @@ class TritonPythonModel:
         return None
 
     def not_a_number(self, value):
+        self.level.set(np.array([2.5]))  # a number, as Triton's bindings read it
         try:
             self.requests.increment(None)
         except TypeError as exc:
-            return f"TypeError: {exc}"
+            return [f"TypeError: {exc}", self.level.value()]
         return None
 
     def redefined(self, value):
