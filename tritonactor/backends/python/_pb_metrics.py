@@ -82,12 +82,10 @@ class Metric:
         self._family = weakref.ref(family)
         self._name = family._name
         self._labels = {str(k): str(v) for k, v in labels.items()}
-        self._defined = False
         arguments: dict[str, Any] = {"labels": self._labels}
         if buckets is not None:
             arguments["buckets"] = [float(b) for b in buckets]
         _call("Error when creating Metric", "metric_add", self._name, **arguments)
-        self._defined = True
 
     def increment(self, value: float) -> None:
         self._operate("Failed to increment metric value", "increment", value)

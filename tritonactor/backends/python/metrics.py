@@ -42,9 +42,6 @@ class InstanceMetrics:
                 registry.add_metric(name, labels, message.get("buckets"))
                 with self._lock:
                     self._metrics[key] += 1
-            elif action == "metric_remove":
-                if self._release(self._metrics, key):
-                    registry.remove_metric(name, labels)
             elif action == "increment":
                 registry.increment(name, labels, float(message["value"]))
             elif action == "set":
