@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,37 @@ class _Down:
     spec: InstanceSpec
     reason: str  # why it died
     attempts: int = 0  # failed attempts to replace it
+
+
+class _Creation:
+    """An instance created on a worker thread whose caller may abandon it (`_create_instance`):
+    one that comes up after that is finalized where it was made, and one made just before is
+    handed to the caller to finalize (an abandoned thread's result goes nowhere)."""
+
+    def __init__(self, model: BackendModel, context: InstanceContext) -> None:
+        self._model = model
+        self._context = context
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._made: BackendInstance | None = None
+
+    def run(self) -> BackendInstance:
+        instance = self._model.create_instance(self._context)
+        with self._lock:
+            if not self._abandoned:
+                self._made = instance
+                return instance
+        instance.finalize()
+        raise RuntimeError(f"the creation of instance '{self._context.name}' was abandoned")
+
+    def abandon(self) -> BackendInstance | None:
+        """The backend cuts the creation short; an instance already made is returned."""
+        with self._lock:
+            self._abandoned = True
+            made = self._made
+        if made is None:
+            self._model.abort_create(self._context)
+        return made
 
 
 class ModelVersionActor(Actor[Any]):
@@ -145,14 +177,15 @@ class ModelVersionActor(Actor[Any]):
             submit=self._submit,
             control=self._control,
         )
+        creation = _Creation(self._model, context)
         try:
             # (abandoned when cancelled: a model whose `initialize` never returns would hold the
             # server's exit for ever; the backend is told to cut it short)
-            instance = await anyio.to_thread.run_sync(
-                self._model.create_instance, context, abandon_on_cancel=True
-            )
+            instance = await anyio.to_thread.run_sync(creation.run, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
-            self._model.abort_create(context)
+            made = creation.abandon()
+            if made is not None:  # made as the cancel came: its result would go nowhere
+                threading.Thread(target=made.finalize, daemon=True).start()
             raise
         try:  # warmed up before it serves, also when it replaces one that died
             await warm_up(instance, self.context, spec.name, self.statistics)
