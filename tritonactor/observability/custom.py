@@ -81,11 +81,12 @@ class CustomMetrics:
             else:
                 family.references += 1
 
-    def remove_family(self, name: str) -> None:
+    def remove_family(self, name: str, count: int = 1) -> None:
+        """Release `count` definitions of the family; it goes with the last."""
         with self._lock:
             family = self._families.get(name)
             if family is not None:
-                family.references -= 1
+                family.references -= count
                 if family.references <= 0:
                     del self._families[name]
 
@@ -113,12 +114,13 @@ class CustomMetrics:
                 {str(k): str(v) for k, v in labels.items()}, bounds, counts=[0] * (len(bounds) + 1)
             )
 
-    def remove_metric(self, name: str, labels: Mapping[str, str]) -> None:
+    def remove_metric(self, name: str, labels: Mapping[str, str], count: int = 1) -> None:
+        """Release `count` definitions of the metric; it goes with the last."""
         with self._lock:
             family = self._families.get(name)
             metric = None if family is None else family.metrics.get(_key(labels))
             if family is not None and metric is not None:
-                metric.references -= 1
+                metric.references -= count
                 if metric.references <= 0:
                     del family.metrics[_key(labels)]
 

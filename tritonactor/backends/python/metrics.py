@@ -72,9 +72,8 @@ class InstanceMetrics:
         with self._lock:
             metrics, self._metrics = self._metrics, Counter()
             families, self._families = self._families, Counter()
+        # (a model that makes a `Metric` a request defines it once a request: released at once)
         for (name, labels), count in metrics.items():
-            for _ in range(count):
-                self._registry.remove_metric(name, dict(labels))
+            self._registry.remove_metric(name, dict(labels), count)
         for name, count in families.items():
-            for _ in range(count):
-                self._registry.remove_family(name)
+            self._registry.remove_family(name, count)
