@@ -40,3 +40,28 @@ def environ(pid: int) -> dict[str, str]:
 
 def all_pids() -> list[int]:
     return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (field 3, the state, first)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot): with the pid, names one process for good."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def has_ended(pid: int, started: int | None) -> bool:
+    """Whether the process `pid` that started at `started` has let go of what it held: gone,
+    a zombie or dead (its files, listening sockets included, closed), or the pid now names a
+    later process. Its command line is no sign: it reads empty while the exiting process still
+    holds its files."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return True
+    return started is not None and int(fields[19]) != started

@@ -31,7 +31,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.otlp_receiver import OtlpReceiver
-from tests.processes import all_pids, children, cmdline, environ
+from tests.processes import all_pids, children, cmdline, environ, has_ended, start_time
 from tests.server_process import free_port, loopback_env, wait_for
 from tritonactor.backends.python.ipc import SHM_DIR
 from tritonactor.engine.lanes import owner_prefix
@@ -252,6 +252,7 @@ def stop(served: Served) -> None:
     engine = None
     with contextlib.suppress(AssertionError):  # a test that killed it
         engine = served.engine()
+    started = start_time(engine) if engine is not None else None
     served.process.send_signal(signal.SIGTERM)
     try:
         served.process.wait(timeout=60)
@@ -261,11 +262,9 @@ def stop(served: Served) -> None:
     if engine is not None:
         # The engine stops once its last front end has gone.
         deadline = time.monotonic() + 60
-        while Path(f"/proc/{engine}").exists() and time.monotonic() < deadline:
-            if "tritonactor.engine" not in cmdline(engine):
-                break
+        while not has_ended(engine, started) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if "tritonactor.engine" in cmdline(engine):
+        if not has_ended(engine, started):
             os.kill(engine, signal.SIGKILL)
             raise AssertionError("the engine outlived its front ends")
 
@@ -417,11 +416,12 @@ def test_a_supervisor_killed_outright_takes_its_front_ends_and_engine_with_it(
     served = start(kind, tmp_path / "first")
     workers, engine = served.front_ends(), served.engine()
     assert len(workers) == 2
+    started = {pid: start_time(pid) for pid in [*workers, engine]}
     served.process.kill()
     served.process.wait()
     deadline = time.monotonic() + 60  # a bound on waiting for the event: reaching it fails
     for pid in [*workers, engine]:
-        while Path(f"/proc/{pid}").exists() and "tritonactor" in cmdline(pid):
+        while not has_ended(pid, started[pid]):
             assert time.monotonic() < deadline, (pid, cmdline(pid), served.output())
             time.sleep(0.05)
     ports = (served.http_port, served.grpc_port, served.metrics_port)
