@@ -34,7 +34,7 @@ from tritonactor.frontends.grpc.listener import grpc_listener
 from tritonactor.frontends.http.app import create_http_app
 from tritonactor.frontends.http.direct import HttpApp
 from tritonactor.frontends.hypercorn_command import hypercorn_config
-from tritonactor.frontends.listen import ListenFailed, refuse_shared
+from tritonactor.frontends.listen import ListenFailed, address_text, refuse_shared
 from tritonactor.frontends.signals import held_signals
 from tritonactor.frontends.tls import check_hand_started_http
 from tritonactor.observability.endpoint import metrics_listener
@@ -71,6 +71,7 @@ def create_app(settings: Settings | None = None, workers: int | None = None) -> 
                 # Every admitted request is answered before the models stop (docs/shutdown.md),
                 # the signals held until then: the ASGI server may end its HTTP side first (a
                 # hypercorn worker), and a signal must not end the gRPC calls still running.
+                _log_http_started(server.settings)
                 with held_signals(drain):
                     yield
                     await drain.wait()
@@ -106,6 +107,7 @@ def _front_end_app(server: Server) -> Starlette:
                 async with front.running(), grpc_listener(front, grpc_socket, drain=drain):  # type: ignore[arg-type]
                     if found is not None:
                         found.close()  # joined
+                    _log_http_started(server.settings)
                     # This front end leaves the engine once it has answered what it admitted.
                     with held_signals(drain):
                         yield
@@ -124,6 +126,13 @@ def _front_end_app(server: Server) -> Starlette:
             raise
 
     return _gated(create_http_app(front, lifespan=lifespan), front, drain)  # type: ignore[arg-type]
+
+
+def _log_http_started(settings: Settings) -> None:
+    """Triton's line once the HTTP endpoint serves (each front end writes it, as each writes
+    its gRPC line): scripts wait for it."""
+    address = address_text(settings.http_host, settings.http_port)
+    logging.getLogger(__name__).info("Started HTTPService at %s", address)
 
 
 def _gated(app: Starlette, server: Server | RemoteServer, drain: Drain) -> Starlette:

@@ -151,6 +151,8 @@ def bind_address(host: str, port: int) -> str:
 
 # httptools, a request's body handed to the app whole (frontends/http/uvicorn_protocol.py).
 UVICORN_PROTOCOL = "tritonactor.frontends.http.uvicorn_protocol:HttpToolsWholeBody"
+# uvicorn's own loggers written through the server's log settings (asgi_server_handler).
+UVICORN_LOG_CONFIG = Path(__file__).parent / "frontends" / "http" / "uvicorn_logging.json"
 
 
 def uvicorn_command(settings: Settings, workers: int = 0) -> list[str]:
@@ -172,6 +174,8 @@ def uvicorn_command(settings: Settings, workers: int = 0) -> list[str]:
         "--http",
         UVICORN_PROTOCOL,
         "--no-access-log",
+        "--log-config",
+        str(UVICORN_LOG_CONFIG),
         "--lifespan",
         "on",
         # How long in-flight requests may take to finish after SIGTERM (--exit-timeout-secs).

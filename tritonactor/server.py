@@ -37,6 +37,7 @@ from tritonactor.core.heap import keep_freed_memory
 from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.observability import logging as log_settings
+from tritonactor.observability.log_format import OBJECT, table
 from tritonactor.observability.summaries import latency_options
 from tritonactor.observability.trace_settings import OFF, SettingJson, TraceSettings
 from tritonactor.observability.tracing import Tracing, start_tracing
@@ -101,6 +102,25 @@ def startup_failures(
             if not version_status.unloaded and version_status.state != ev.VersionState.READY:
                 failures.append((name, f"version {version}: {version_status.reason}"))
     return failures
+
+
+def model_table(state: ev.State) -> str:
+    """The models and versions the startup loads left, as Triton's table after its startup
+    loads: READY, or UNAVAILABLE and why."""
+    rows = []
+    for name, status in sorted(state.items()):
+        if status.state is not None:
+            rows.append((name, "-", _status_text(status.state, status.reason)))
+        for version, version_status in sorted(status.versions.items()):
+            state_text = _status_text(version_status.state, version_status.reason)
+            rows.append((name, str(version), state_text))
+    return table(("Model", "Version", "Status"), rows)
+
+
+def _status_text(state: ev.VersionState, reason: str) -> str:
+    if not reason or state == ev.VersionState.READY:
+        return state.value
+    return f"{state.value}: {reason.rstrip()}"
 
 
 def settle_heap() -> None:
@@ -190,10 +210,10 @@ class Server:
         return self.settings.warnings() + self._start_warnings
 
     def log_startup(self) -> None:
-        """The settings in force, one line each, then the startup warnings: once, as the ASGI
-        lifespan starts and logging is configured."""
-        for variable, value in self.settings.describe():
-            log.info("%s=%s", variable, value)
+        """The settings in force, in a table as Triton logs its options, then the startup
+        warnings: once, as the ASGI lifespan starts and logging is configured."""
+        options = table(("Option", "Value"), self.settings.describe())
+        log.info("", extra={OBJECT: options})
         for warning in self.startup_warnings():
             log.warning("%s", warning)
 
@@ -275,11 +295,9 @@ class Server:
                         reply, startup_models, restore=self.mode is ControlMode.EXPLICIT
                     )
                 )
-                failures = (
-                    startup_failures(await self.state(), startup_models)
-                    if settings.exit_on_error
-                    else []
-                )
+                state = await self.state()
+                log.info("", extra={OBJECT: model_table(state)})
+                failures = startup_failures(state, startup_models) if settings.exit_on_error else []
                 if failures:
                     self.live = False
                     error = StartupFailed(failures)

@@ -256,7 +256,8 @@ def put_in_flight(served: Served) -> InFlight:
     return InFlight(http, answers, streamed, grpc_clients, stream_client, pool)
 
 
-LISTENING = "gRPC listening on"  # each serving process's line once its listeners are up
+# Each serving process's line once its listeners are up.
+LISTENING = "Started GRPCInferenceService at"
 DRAINING = "in flight may finish within"  # each front end's line when its drain begins
 
 

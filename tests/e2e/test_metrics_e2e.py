@@ -233,7 +233,7 @@ def test_port_zero_listens_where_the_os_chose(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 10
-        while not (found := re.search(r"metrics listening on \S+:(\d+)", server.log())):
+        while not (found := re.search(r"Started Metrics Service at \S+:(\d+)", server.log())):
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.05)
         port = int(found.group(1))

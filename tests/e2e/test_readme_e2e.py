@@ -111,8 +111,10 @@ def test_plain_hypercorn_binds_grpc_and_metrics_where_it_binds_http(tmp_path: Pa
     try:
         wait_live(process, http, log)
         text = log.read_text()
-        assert f"gRPC listening on 127.0.0.1:{env['TRITONACTOR_GRPC_PORT']}" in text, text
-        assert f"metrics listening on 127.0.0.1:{env['TRITONACTOR_METRICS_PORT']}" in text, text
+        # Triton's lines, which scripts wait for.
+        assert f"Started HTTPService at 127.0.0.1:{http}" in text, text
+        assert f"Started GRPCInferenceService at 127.0.0.1:{env['TRITONACTOR_GRPC_PORT']}" in text
+        assert f"Started Metrics Service at 127.0.0.1:{env['TRITONACTOR_METRICS_PORT']}" in text
     finally:
         process.terminate()
         process.wait(timeout=60)

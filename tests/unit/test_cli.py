@@ -193,6 +193,8 @@ def test_uvicorn_command(repo: Path, tmp_path: Path) -> None:
         "--http",
         cli.UVICORN_PROTOCOL,
         "--no-access-log",
+        "--log-config",
+        str(cli.UVICORN_LOG_CONFIG),
         "--lifespan",
         "on",
         "--timeout-graceful-shutdown",

@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2
 from tritonactor._proto import inference as pb
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.observability import logging as log_settings
-from tritonactor.observability.log_format import LogFormat, trace_fields
+from tritonactor.observability.log_format import OBJECT, LogFormat, trace_fields
 from tritonactor.observability.logging import (
     LogSettings,
     apply,
@@ -254,7 +254,7 @@ def test_default_format_is_tritons(capsys: pytest.CaptureFixture[str]) -> None:
     log.warning("hello %s", "there")
     (line,) = lines(capsys.readouterr().err)
     assert re.fullmatch(
-        r"W\d{4} \d{2}:\d{2}:\d{2}\.\d{6} \d+ test_logging\.py:\d+\] hello there", line
+        r'W\d{4} \d{2}:\d{2}:\d{2}\.\d{6} \d+ test_logging\.py:\d+\] "hello there"', line
     ), line
 
 
@@ -265,7 +265,7 @@ def test_iso8601_format(capsys: pytest.CaptureFixture[str]) -> None:
     log.error("broken")
     info, error = lines(capsys.readouterr().err)
     assert re.fullmatch(
-        r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z I \d+ test_logging\.py:\d+\] hello", info
+        r'\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z I \d+ test_logging\.py:\d+\] "hello"', info
     )
     assert re.search(r"Z E \d+ ", error)
 
@@ -276,7 +276,59 @@ def test_text_lines_carry_extra_fields_and_stay_one_line(
     apply(LogSettings())
     log.info("model %s", "a\nI0101 forged line", extra={"model": "a b", "count": 2, "ok": True})
     (line,) = lines(capsys.readouterr().err)
-    assert line.endswith('] model a\\nI0101 forged line model="a b" count=2 ok=true')
+    assert line.endswith('] "model a\\nI0101 forged line model=\\"a b\\" count=2 ok=true"')
+    message = line.split("] ", 1)[1]
+    assert json.loads(message) == 'model a\nI0101 forged line model="a b" count=2 ok=true'
+
+
+def test_a_message_is_a_json_string_with_its_exception_inside(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    apply(LogSettings())
+    try:
+        raise ValueError('bad "value"')
+    except ValueError:
+        log.exception("failed \\ here\u2028next")
+    (line,) = lines(capsys.readouterr().err)
+    message = line.split("] ", 1)[1]
+    assert "\u2028" not in message  # escaped: nothing in the message breaks the line
+    text = json.loads(message)
+    assert text.startswith("failed \\ here\u2028next\nTraceback (most recent call last):")
+    assert text.endswith('ValueError: bad "value"')
+
+
+def test_escaping_switched_off_as_in_triton(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRITON_SERVER_ESCAPE_LOG_MESSAGES", "0")
+    apply(LogSettings())
+    log.info('say "hi"\nI0101 forged')
+    (line,) = lines(capsys.readouterr().err)
+    # Unquoted, but control characters stay escaped: one record a line, still.
+    assert line.endswith('] say "hi"\\nI0101 forged')
+    monkeypatch.setenv("TRITON_SERVER_ESCAPE_LOG_MESSAGES", "false")  # only "0" switches it off
+    apply(LogSettings(log_verbose_level=1))
+    log.info("quoted")
+    (line,) = lines(capsys.readouterr().err)
+    assert line.endswith('] "quoted"')
+
+
+def test_a_table_follows_its_heading_on_lines_of_its_own(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    apply(LogSettings())
+    table = "+---+\n| a |\n+---+"
+    log.info("", extra={OBJECT: table})
+    log.info("heading", extra={OBJECT: table})
+    written = capsys.readouterr().err.split("\n")
+    assert re.fullmatch(r"I\S+ \S+ \d+ test_logging\.py:\d+\] ", written[0])
+    assert written[1:4] == written[5:8] == table.split("\n")
+    assert written[4].endswith('] "heading"')
+    apply(LogSettings(json_lines=True))
+    log.info("heading", extra={OBJECT: table})
+    (entry,) = (json.loads(line) for line in lines(capsys.readouterr().err))
+    assert (entry["message"], entry["object"]) == ("heading", table)
+    assert OBJECT not in entry
 
 
 def test_text_lines_carry_the_trace_context(
@@ -290,9 +342,9 @@ def test_text_lines_carry_the_trace_context(
     (span,) = exporter.get_finished_spans()
     inside, outside = lines(capsys.readouterr().err)
     assert inside.endswith(
-        f"] inside trace_id={span.context.trace_id:032x} span_id={span.context.span_id:016x}"
+        f'] "inside trace_id={span.context.trace_id:032x} span_id={span.context.span_id:016x}"'
     )
-    assert outside.endswith("] outside")
+    assert outside.endswith('] "outside"')
 
 
 def test_json_lines(
@@ -381,8 +433,8 @@ def test_changing_other_settings_keeps_the_file_open(tmp_path: Path) -> None:
     update({"log_format": "ISO8601"})
     log.info("two")
     one, two = lines(path.read_text())
-    assert one.startswith("I") and one.endswith("] one")
-    assert re.match(r"\d{4}-", two) and two.endswith("] two")
+    assert one.startswith("I") and one.endswith('] "one"')
+    assert re.match(r"\d{4}-", two) and two.endswith('] "two"')
 
 
 # -- configuring from the server's settings ------------------------------------------------------
@@ -401,7 +453,8 @@ def test_configure_logging_from_settings(tmp_path: Path) -> None:
         "log_format": "ISO8601",
     }
     log.log(verbose(2), "deep")
-    assert re.fullmatch(r"\S+Z V \d+ test_logging\.py:\d+\] deep\n", path.read_text())
+    # Triton writes verbose messages with the information letter.
+    assert re.fullmatch(r'\S+Z I \d+ test_logging\.py:\d+\] "deep"\n', path.read_text())
 
 
 def test_configure_logging_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -552,6 +605,6 @@ def test_a_failed_request_line(capsys: pytest.CaptureFixture[str]) -> None:
     (line,) = lines(capsys.readouterr().err)
     # The line names the code that ran the block, not the logging module.
     assert re.match(
-        r"V\S+ \S+ \d+ test_logging\.py:\d+\] GRPC ModelInfer simple status=NOT_FOUND ", line
+        r'I\S+ \S+ \d+ test_logging\.py:\d+\] "GRPC ModelInfer simple status=NOT_FOUND ', line
     )
-    assert "error=\"Request for unknown model: 'simple'\"" in line
+    assert "error=\\\"Request for unknown model: 'simple'\\\"" in line

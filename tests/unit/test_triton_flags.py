@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
@@ -583,9 +584,10 @@ def test_the_server_logs_a_warning_naming_each_ignored_flag(
         "--reuse-grpc-port (TRITONACTOR_REUSE_GRPC_PORT=false): accepted, ignored: the gRPC "
         "port is bound once and shared by this server's front ends only (operations.md)",
     ]
-    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert "TRITONACTOR_HTTP_THREAD_COUNT=4" in infos
-    assert "TRITONACTOR_EXIT_ON_ERROR=true" in infos
+    # The options table (log_format.OBJECT) holds every setting in force.
+    (options,) = [r.triton_object for r in caplog.records if hasattr(r, "triton_object")]
+    assert re.search(r"^\| TRITONACTOR_HTTP_THREAD_COUNT +\| 4 +\|$", options, re.M), options
+    assert re.search(r"^\| TRITONACTOR_EXIT_ON_ERROR +\| true +\|$", options, re.M)
 
 
 # -- the environment channel -----------------------------------------------------------------------

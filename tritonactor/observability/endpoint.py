@@ -198,7 +198,7 @@ async def metrics_listener(server: Server) -> AsyncIterator[int | None]:
         raise
     listener = await SocketListener.from_socket(sock)
     port = listener.extra(SocketAttribute.local_port)
-    log.info("metrics listening on %s", address_text(settings.metrics_host, port))
+    log.info("Started Metrics Service at %s", address_text(settings.metrics_host, port))
     try:
         async with anyio.create_task_group() as group:
             render = ServerMetrics(server).render

@@ -25,10 +25,14 @@ class LogFormat(StrEnum):
     ISO8601 = "ISO8601"
 
 
+# The ``extra=`` name of a record's multi-line object (a table), written after its message.
+OBJECT = "triton_object"
+
 # Attributes every record has; anything else on a record came from ``extra=``.
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
     "asctime",
+    OBJECT,
 }
 
 
@@ -59,15 +63,19 @@ def context_fields(record: logging.LogRecord) -> dict[str, object]:
 class TextFormatter(logging.Formatter):
     """Triton's layouts, with the Python file where Triton has its C++ file:
 
-    default  ``I0520 20:03:25.829575 3355 manager.py:95] message key=value``
-    ISO8601  ``2024-05-20T20:03:25Z I 3355 manager.py:95] message key=value``
+    default  ``I0520 20:03:25.829575 3355 manager.py:95] "message key=value"``
+    ISO8601  ``2024-05-20T20:03:25Z I 3355 manager.py:95] "message key=value"``
 
-    Times are UTC. Control characters in the message are escaped, so that a line is one record
-    whatever a client put in a name."""
+    Times are UTC. As in Triton, the message is written as a JSON string (quoted, escaped:
+    a line is one record whatever a client put in a name), its fields and any exception text
+    inside it; with ``escaped`` False (TRITON_SERVER_ESCAPE_LOG_MESSAGES=0) it is written as it
+    is, control characters still escaped. A record's ``OBJECT`` (a table) follows the message on
+    lines of its own, as Triton writes its tables: the one multi-line record."""
 
-    def __init__(self, log_format: LogFormat = LogFormat.DEFAULT) -> None:
+    def __init__(self, log_format: LogFormat = LogFormat.DEFAULT, escaped: bool = True) -> None:
         super().__init__()
         self.log_format = log_format
+        self.escaped = escaped
 
     def format(self, record: logging.LogRecord) -> str:
         moment = datetime.fromtimestamp(record.created, UTC)
@@ -77,12 +85,17 @@ class TextFormatter(logging.Formatter):
         else:
             stamp = f"{letter}{moment:%m%d %H:%M:%S}.{moment.microsecond:06d}"
         process = record.process if record.process is not None else os.getpid()
-        line = (
-            f"{stamp} {process} {record.filename}:{record.lineno}] {_escape(record.getMessage())}"
-        )
+        message = record.getMessage()
         for name, value in context_fields(record).items():
-            line += f" {name}={_text_value(value)}"
-        return line + self._exception_text(record)
+            message += f" {name}={_text_value(value)}"
+        message += self._exception_text(record)
+        table = getattr(record, OBJECT, None)
+        if self.escaped and (message or table is None):  # a table's empty heading stays empty
+            message = _json_string(message)
+        else:
+            message = _escape(message)
+        line = f"{stamp} {process} {record.filename}:{record.lineno}] {message}"
+        return line if table is None else f"{line}\n{table}"
 
     def _exception_text(self, record: logging.LogRecord) -> str:
         text = ""
@@ -119,17 +132,29 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
+        table = getattr(record, OBJECT, None)
+        if table is not None:
+            entry["object"] = table
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
 def _letter(level: int) -> str:
+    # Triton writes a verbose message as information: it has no letter of its own.
     if level >= logging.ERROR:
         return "E"
     if level >= logging.WARNING:
         return "W"
-    if level >= logging.INFO:
-        return "I"
-    return "V"
+    return "I"
+
+
+def _json_string(text: str) -> str:
+    """``text`` as a JSON string, as Triton writes a message: quoted, with quotes, backslashes
+    and control characters escaped; other characters that are not printable (U+2028, ...)
+    escaped too, so that nothing reads as a line break, and the result still JSON."""
+    quoted = json.dumps(text, ensure_ascii=False)
+    if quoted.isprintable():
+        return quoted
+    return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in quoted)
 
 
 def _escape(text: str) -> str:
@@ -145,3 +170,24 @@ def _text_value(value: object) -> str:
     if value is None or isinstance(value, bool | int | float):
         return json.dumps(value)
     return _text_value(str(value))
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Rows as Triton's log writes a table (a record's ``OBJECT``)::
+
+        +--------+---------+--------+
+        | Model  | Version | Status |
+        +--------+---------+--------+
+        | simple | 1       | READY  |
+        +--------+---------+--------+
+
+    A cell is one line: its line breaks and other unprintable characters are escaped."""
+    cells = [header, *(tuple(_escape(str(cell)) for cell in row) for row in rows)]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
+    border = "+" + "+".join("-" * (width + 2) for width in widths) + "+"
+
+    def line(row: tuple[str, ...]) -> str:
+        padded = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        return "| " + " | ".join(padded) + " |"
+
+    return "\n".join([border, line(header), border, *(line(row) for row in cells[1:]), border])

@@ -9,14 +9,16 @@ so the HTTP route and the gRPC RPC need nothing passed to them. See docs/logging
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from opentelemetry.trace import SpanContext
 
@@ -28,13 +30,12 @@ from tritonactor.observability.log_format import (
     TextFormatter,
     trace_fields,
 )
-from tritonactor.settings import VARIABLES, SettingsError
-
-if TYPE_CHECKING:
-    from tritonactor.settings import Settings
+from tritonactor.settings import VARIABLES, Settings, SettingsError
 
 TREE = "tritonactor"
 REQUESTS = "tritonactor.requests"
+# Triton's environment variable: "0" writes messages as they are instead of as JSON strings.
+ESCAPE_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
 # log_verbose_level travels as a uint32 in gRPC, so no larger level can be answered.
 MAX_VERBOSE_LEVEL = 2**32 - 1
 
@@ -319,10 +320,24 @@ class _SettingsHandler(logging.Handler):
         super().close()
 
 
+def asgi_server_handler() -> logging.Handler:
+    """The handler of the ASGI server's own loggers (uvicorn's, through the --log-config that
+    `tritonactor serve` gives it), in every process of it, its supervisor included: the one the
+    settings in the environment configure, so that its warnings and errors are written as the
+    server's are (format, log_file, log_warning); its information lines (the address it runs
+    on, its workers starting) are not written: the server writes Triton's."""
+    with contextlib.suppress(SettingsError):  # the server reports a wrong setting as it starts
+        configure_logging(Settings.from_env())
+    return _handler()
+
+
 def _formatter(settings: LogSettings) -> logging.Formatter:
     if settings.json_lines:
         return JsonFormatter()
-    return TextFormatter(settings.log_format)
+    # Triton's switch, from the environment the server started in: unset or anything but "0"
+    # escapes.
+    escaped = os.environ.get(ESCAPE_VARIABLE, "1") != "0"
+    return TextFormatter(settings.log_format, escaped=escaped)
 
 
 def _in_tree(name: str) -> bool:

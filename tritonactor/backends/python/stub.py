@@ -180,7 +180,7 @@ class Stub(WireConversions):
             if is_ready is not None and not self._call(is_ready):
                 raise RuntimeError("the model's is_ready() returned False")
         except BaseException as exc:
-            traceback.print_exc()
+            # Logged by the server, which reports the failed load with these words.
             self.channel.send({"op": "failed", "error": _describe_where(exc)})
             return False
         self.channel.send({"op": "ready"})
@@ -203,7 +203,7 @@ class Stub(WireConversions):
                 )
             config = result.as_dict()
         except BaseException as exc:
-            traceback.print_exc()
+            # Logged by the server, which reports the failed load with these words.
             self.channel.send({"op": "failed", "error": _describe_where(exc)})
             return
         self.channel.send({"op": "auto_completed", "config": config})
@@ -232,23 +232,12 @@ class Stub(WireConversions):
             reply = self._responses_to_wire(seq, requests, returned)
             reply["release"] = self._released(requests)
         except BaseException as exc:
-            if isinstance(exc, ExecuteError):
-                self.log(2, f"model instance '{self.name}': {exc}")
-                text = str(exc)
-            else:
-                traceback.print_exc()
-                text = _describe_where(exc)
+            text = str(exc) if isinstance(exc, ExecuteError) else _describe_where(exc)
             for request in requests:  # the server ends them all: no more sends
                 request._sender._close()
-            reply = {
-                "op": "result",
-                "seq": seq,
-                "shm": None,
-                "responses": None,
-                "error": (
-                    f"Failed to process the request(s) for model '{self.name}', message: {text}"
-                ),
-            }
+            error = f"Failed to process the request(s) for model '{self.name}', message: {text}"
+            self.log(2, error)  # an error line, as Triton's stub writes it
+            reply = {"op": "result", "seq": seq, "shm": None, "responses": None, "error": error}
         self.channel.send(reply)
 
     def _finalize(self) -> None:
@@ -256,8 +245,9 @@ class Stub(WireConversions):
         if finalize is not None:
             try:
                 self._call(finalize)
-            except BaseException:
-                traceback.print_exc()
+            except BaseException as exc:
+                error = _describe_where(exc)
+                self.log(2, f"model instance '{self.name}': finalize failed: {error}")
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._results_arena.close()
@@ -289,11 +279,11 @@ class Stub(WireConversions):
         error = future.exception() if not future.cancelled() else asyncio.CancelledError()
         if error is None:
             return
-        traceback.print_exception(error)
         text = (
             f"Failed to process the request(s) for model '{self.name}', message: "
             f"{_describe_where(error)}"
         )
+        self.log(2, text)
         for request in requests:  # those it left unfinished end with its error
             sender = request._sender
             if not sender._is_closed:

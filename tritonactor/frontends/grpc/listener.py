@@ -61,7 +61,8 @@ async def grpc_listener(
     # One socket, bound once: never SO_REUSEPORT, which would let another process share it.
     await listener.start(sock=sock, ssl=context, backlog=BACKLOG)
     port = sock.getsockname()[1]
-    log.info("gRPC listening on %s%s", address_text(settings.grpc_host, port), describe(context))
+    address = address_text(settings.grpc_host, port)
+    log.info("Started GRPCInferenceService at %s%s", address, describe(context))
     try:
         yield listener
     finally:
