@@ -567,6 +567,22 @@ def test_grpc_a_prefix_cut_short_is_invalid_argument(
     _still_serves(served)
 
 
+@pytest.mark.parametrize(
+    "path",
+    [GRPC_INFER, "/inference.GRPCInferenceService/ModelMetadata", "/grpc.health.v1.Health/Check"],
+)
+def test_grpc_a_unary_call_with_no_message_is_invalid_argument(served: Served, path: str) -> None:
+    """A unary call whose request stream ends before any message: the client's error, no
+    traceback (grpclib's handlers assert a message came: UNKNOWN before)."""
+    status, message = _grpc_raw(served, path, b"")
+    assert (status, message) == (
+        str(grpc.StatusCode.INVALID_ARGUMENT.value[0]),
+        "Unable to parse request: no request message",
+    )
+    _still_serves(served)
+    assert "Traceback" not in served.output()
+
+
 def _frame(kind: int, stream: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + bytes([kind, 0]) + stream.to_bytes(4, "big") + payload
 

@@ -473,6 +473,30 @@ def _inputs_wrong_shape() -> list[grpcclient.InferInput]:
     return [tensor("INPUT0", a, "INT32"), tensor("INPUT1", a, "INT32")]
 
 
+def _inputs_of_65_dims() -> list[grpcclient.InferInput]:
+    """More dimensions than a numpy array has (64): refused as any wrong shape is."""
+    inputs = simple_inputs()
+    for tensor_ in inputs:
+        tensor_.set_shape([1] * 64 + [16])
+    return inputs
+
+
+def _inputs_wrong_shape_and_size() -> list[grpcclient.InferInput]:
+    """A shape the config does not take, its data sized for the right one: Triton holds the
+    shape against the config before the data against the shape."""
+    inputs = simple_inputs()
+    inputs[0].set_shape([1, 15])
+    return inputs
+
+
+def _inputs_wrong_datatype_and_size() -> list[grpcclient.InferInput]:
+    a, b = simple_arrays()
+    # 16 INT32 are 64 bytes: 8 FP64, not the 16 the shape holds.
+    wrong = grpcclient.InferInput("INPUT0", [1, 16], "FP64")
+    wrong._raw_content = a.tobytes()
+    return [wrong, tensor("INPUT1", b, "INT32")]
+
+
 def _inputs_wrong_datatype() -> list[grpcclient.InferInput]:
     a, b = simple_arrays()
     return [tensor("INPUT0", a.astype(np.float32), "FP32"), tensor("INPUT1", b, "INT32")]
@@ -498,6 +522,24 @@ INFER_ERRORS = {
         "INVALID_ARGUMENT",
         f"{UNKNOWN_ID}unexpected shape for input 'INPUT0' for model 'simple'. Expected "
         f"[-1,16], got [1,15]. {BATCH_NOTE}",
+    ),
+    "65-dims": (
+        {"model_name": "simple", "inputs": _inputs_of_65_dims},
+        "INVALID_ARGUMENT",
+        f"{UNKNOWN_ID}unexpected shape for input 'INPUT0' for model 'simple'. Expected "
+        f"[-1,16], got [{'1,' * 64}16]. {BATCH_NOTE}",
+    ),
+    "wrong-shape-and-size": (
+        {"model_name": "simple", "inputs": _inputs_wrong_shape_and_size},
+        "INVALID_ARGUMENT",
+        f"{UNKNOWN_ID}unexpected shape for input 'INPUT0' for model 'simple'. Expected "
+        f"[-1,16], got [1,15]. {BATCH_NOTE}",
+    ),
+    "wrong-datatype-and-size": (
+        {"model_name": "simple", "inputs": _inputs_wrong_datatype_and_size},
+        "INVALID_ARGUMENT",
+        f"{UNKNOWN_ID}inference input 'INPUT0' data-type is 'FP64', but model 'simple' "
+        "expects 'INT32'",
     ),
     "wrong-datatype": (
         {"model_name": "simple", "inputs": _inputs_wrong_datatype},

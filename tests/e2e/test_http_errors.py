@@ -304,6 +304,16 @@ CASES: list[Case] = [
         exact=True,
     ),
     Case(
+        "65-dims",  # more than a numpy array has: refused as any wrong shape
+        "POST",
+        INFER,
+        400,
+        f"{NO_ID}unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got "
+        f"[{'1,' * 64}16]. {SHAPE_NOTE}",
+        body=with_input0(shape=[1] * 64 + [16]),
+        exact=True,
+    ),
+    Case(
         "wrong-shape-no-batching",
         "POST",
         "/v2/models/simple_nobatch/infer",

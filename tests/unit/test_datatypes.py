@@ -24,3 +24,29 @@ def test_malformed_bytes_and_unknown_dtypes_are_value_errors() -> None:
         deserialize_bytes(b"\x05\x00\x00\x00ab")
     with pytest.raises(ValueError, match="has no Triton data type"):
         from_numpy_dtype(np.dtype(np.complex64))
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [b"ab\x00", b"\x00cd"],  # elements of one length (read by numpy), trailing NULs kept
+        [b""] * 5,
+        [b"x"],
+        [b"a", b"bb", b""],  # of several lengths (read one by one)
+        [b"\x03\x00\x00\x00", b"abcd"],  # one length, an element that reads as a prefix
+    ],
+)
+def test_bytes_elements_of_one_length_and_of_several(items: list[bytes]) -> None:
+    buffer = serialize_bytes(np.array(items, dtype=np.object_))
+    decoded = deserialize_bytes(memoryview(buffer), len(items))
+    assert decoded.tolist() == items
+    assert all(type(item) is bytes for item in decoded)
+    for wrong in (len(items) - 1, len(items) + 1):
+        with pytest.raises(ValueError, match="elements"):
+            deserialize_bytes(buffer, wrong)
+
+
+def test_too_many_bytes_elements_are_refused_at_one_past_the_count() -> None:
+    buffer = serialize_bytes(np.array([b"a", b"bb"] * 1000, dtype=np.object_))
+    with pytest.raises(ValueError, match="more than 3 elements"):
+        deserialize_bytes(buffer, 3)

@@ -17,6 +17,7 @@ from tritonactor._proto.inference import (
     ModelInferRequestInferRequestedOutputTensor,
 )
 from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.core.tensors import DATA_ERROR
 from tritonactor.core.types import InferenceRequest, InferenceResponse, Tensor
 from tritonactor.frontends.grpc import codec as grpc_codec
 from tritonactor.frontends.http import codec as http_codec
@@ -288,8 +289,9 @@ def test_a_byte_size_past_the_region_is_held_against_the_tensor_as_triton_does()
             )
         ]
     }
-    with pytest.raises(TritonError, match=r"Expected 8, got 18446744073709551615$"):
-        http_decode(document, lease)
+    # (Kept for the model's signature to raise once the rest of the request is right.)
+    error = http_decode(document, lease).context[DATA_ERROR]
+    assert error.message.endswith("Expected 8, got 18446744073709551615")
     message = ModelInferRequest(model_name="m", inputs=[grpc_input("A", **region("r", 56, -1))])
-    with pytest.raises(TritonError, match=r"Expected 8, got 18446744073709551615$"):
-        grpc_decode(message, lease)
+    error = grpc_decode(message, lease).context[DATA_ERROR]
+    assert error.message.endswith("Expected 8, got 18446744073709551615")

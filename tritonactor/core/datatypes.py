@@ -111,20 +111,50 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
     """Inverse of `serialize_bytes`: a 1-D object array. ValueError if the buffer is malformed
     or (when `count` is given) holds a different number of elements."""
-    view = memoryview(buffer)
-    items: list[bytes] = []
-    offset, end = 0, len(view)
-    while offset < end:
-        if offset + 4 > end:
-            raise ValueError("BYTES data ends inside a 4-byte length prefix")
-        (length,) = _LENGTH.unpack_from(view, offset)
-        offset += 4
-        if offset + length > end:
-            raise ValueError(f"BYTES element of {length} bytes runs past the end of the data")
-        items.append(bytes(view[offset : offset + length]))
-        offset += length
-    if count is not None and len(items) != count:
-        raise ValueError(f"BYTES data holds {len(items)} elements, expected {count}")
+    view = memoryview(buffer).cast("B")
+    uniform = _uniform_bytes(view)
+    if uniform is not None:
+        if count is not None and len(uniform) != count:
+            raise ValueError(f"BYTES data holds {len(uniform)} elements, expected {count}")
+        items = uniform
+    else:
+        items = []
+        offset, end = 0, len(view)
+        limit = count if count is not None else end
+        while offset < end:
+            if offset + 4 > end:
+                raise ValueError("BYTES data ends inside a 4-byte length prefix")
+            (length,) = _LENGTH.unpack_from(view, offset)
+            offset += 4
+            if offset + length > end:
+                raise ValueError(f"BYTES element of {length} bytes runs past the end of the data")
+            if len(items) == limit:  # one more than asked for: no need to read the rest
+                raise ValueError(f"BYTES data holds more than {limit} elements")
+            items.append(bytes(view[offset : offset + length]))
+            offset += length
+        if count is not None and len(items) != count:
+            raise ValueError(f"BYTES data holds {len(items)} elements, expected {count}")
     result = np.empty(len(items), dtype=np.object_)
     result[:] = items
     return result
+
+
+def _uniform_bytes(view: memoryview) -> list[bytes] | None:
+    """The elements of BYTES data whose elements are all as long as its first, read by numpy
+    (strided views, no Python loop: many short elements cost a loop turn each otherwise); None
+    when they are not all that long, or the data is too short to tell."""
+    end = len(view)
+    if end < 8:
+        return None
+    (length,) = _LENGTH.unpack_from(view, 0)
+    stride = 4 + length
+    if end % stride:
+        return None
+    n = end // stride
+    prefixes = np.ndarray((n,), dtype="<u4", buffer=view, strides=(stride,))
+    if not (prefixes == length).all():
+        return None
+    if length == 0:
+        return [b""] * n
+    elements = np.ndarray((n,), dtype=f"V{length}", buffer=view, offset=4, strides=(stride,))
+    return elements.tolist()

@@ -16,6 +16,7 @@ from tritonactor.core.datatypes import (
     to_numpy_dtype,
 )
 from tritonactor.core.errors import TritonError, invalid_arg
+from tritonactor.core.types import InferenceRequest
 
 
 class HeldView(np.ndarray):
@@ -81,9 +82,10 @@ def array_from_bytes(
         if got != len(buffer):
             raise _size_mismatch(context, name, len(buffer), got)
         try:
-            return deserialize_bytes(buffer, count).reshape(shape)
+            array = deserialize_bytes(buffer, count)
         except ValueError:
             raise _bytes_error(context, name, count, buffer) from None
+        return shaped(array, shape)
     dtype = to_numpy_dtype(datatype)
     expected = count * dtype.itemsize
     if got != expected:  # (`declared` is the buffer's length, but where it wrapped)
@@ -91,7 +93,51 @@ def array_from_bytes(
     array = np.frombuffer(buffer, dtype=dtype)
     if datatype == "BOOL":
         array = normalize_bools(array)
-    return array.reshape(shape)
+    return shaped(array, shape)
+
+
+# The most dimensions a numpy array has. A request's tensor with more keeps its data flat: no
+# model's config has that many, so the model's signature refuses it, with Triton's words, from
+# the tensor's shape (reshaping would fail first, as an internal error).
+MAX_DIMS = 64
+
+
+def shaped(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`array` in `shape`, or as it is where `shape` has more than MAX_DIMS dimensions."""
+    return array.reshape(shape) if len(shape) <= MAX_DIMS else array
+
+
+# The request context's key of the first error found holding an input's data against its shape,
+# kept for the model's signature to raise once the request's names, datatypes and shapes pass:
+# Triton checks those first, so a request wrong in both is told of its shape or datatype.
+DATA_ERROR = "data_error"
+# The data of an input whose bytes did not fit its shape: never read (the request is refused).
+UNREAD = np.empty(0, dtype=np.uint8)
+UNREAD.flags.writeable = False
+
+
+def array_or_later(
+    errors: list[TritonError],
+    context: RequestContext,
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    buffer: memoryview,
+    declared: int | None = None,
+) -> np.ndarray:
+    """`array_from_bytes`, or UNREAD with its error added to `errors` (for `keep_data_error`)."""
+    try:
+        return array_from_bytes(context, name, datatype, shape, buffer, declared)
+    except TritonError as error:
+        errors.append(error)
+        return UNREAD
+
+
+def keep_data_error(request: InferenceRequest, errors: list[TritonError]) -> InferenceRequest:
+    """`request`, holding the first of `errors` for its model's signature to raise."""
+    if errors:
+        request.context[DATA_ERROR] = errors[0]
+    return request
 
 
 def _size_mismatch(context: RequestContext, name: str, expected: int, got: int) -> TritonError:

@@ -11,6 +11,7 @@ from tritonactor._proto.inference import ModelConfig, ModelInput, ModelOutput
 from tritonactor.core.datatypes import config_to_wire, dims_text
 from tritonactor.core.errors import TritonError, internal, invalid_arg
 from tritonactor.core.paths import inside
+from tritonactor.core.tensors import DATA_ERROR
 from tritonactor.core.types import InferenceRequest, RequestedOutput
 
 # request.context key: {output name: Classification} for the outputs a request asks to have
@@ -109,6 +110,8 @@ class ModelSignature:
         request that asks for classification, `request.context[CLASSIFICATION]`."""
         if not self._plainly_valid(request):
             self._check(request)
+        if DATA_ERROR in request.context:  # told of once the rest of the request is right
+            raise request.context.pop(DATA_ERROR)
 
     def _plainly_valid(self, request: InferenceRequest) -> bool:
         """Whether `request` passes every check of `_check` with nothing to note: the common

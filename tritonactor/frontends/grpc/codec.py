@@ -32,11 +32,14 @@ from tritonactor.core.datatypes import (
     num_elements,
     to_numpy_dtype,
 )
-from tritonactor.core.errors import invalid_arg
+from tritonactor.core.errors import TritonError, invalid_arg
 from tritonactor.core.protocol import RESERVED_PARAMETER_PREFIX
 from tritonactor.core.tensors import (
+    UNREAD,
     RequestContext,
-    array_from_bytes,
+    array_or_later,
+    keep_data_error,
+    shaped,
     string_count_error,
     tensor_to_bytes,
 )
@@ -210,16 +213,23 @@ def decode_infer_request(
         )
     # As Triton does, the data are held against their shapes last input first: a request with
     # several bad inputs is told about its last.
+    # Data that do not fit their shape are told of after the model's signature has checked the
+    # request, as Triton does (DATA_ERROR).
     inputs: list[Tensor] = []
+    errors: list[TritonError] = []
     for index in reversed(range(len(found))):
         name, datatype, shape, buffer, declared = found[index]
         tensor = tensors[index]
         if datatype == INVALID_DATATYPE:
-            data = np.empty(0, dtype=np.uint8)  # never read: the signature refuses the type
+            data = UNREAD  # the signature refuses the type
         elif buffer is not None:
-            data = array_from_bytes(context, name, datatype, shape, buffer, declared)
+            data = array_or_later(errors, context, name, datatype, shape, buffer, declared)
         else:
-            data = _array_from_contents(tensor, shape, context)
+            try:
+                data = _array_from_contents(tensor, shape, context)
+            except TritonError as error:
+                errors.append(error)
+                data = UNREAD
         parameters = decode_parameters(tensor.parameters)
         if parameters:
             for key in SHARED_MEMORY_KEYS:
@@ -255,7 +265,7 @@ def decode_infer_request(
     )
     if empty_final is True:
         request.context[ENABLE_EMPTY_FINAL] = True
-    return request
+    return keep_data_error(request, errors)
 
 
 # The request parameters the server acts on: the fields of InferParameter each may use, and how
@@ -425,7 +435,7 @@ def _array_from_contents(
     if tensor.datatype == "BYTES":
         array = np.empty(count, dtype=np.object_)
         array[:] = values
-        return array.reshape(shape)
+        return shaped(array, shape)
     try:
         return _typed_array(values, to_numpy_dtype(tensor.datatype), shape)
     except OverflowError:
@@ -442,8 +452,8 @@ def _typed_array(values: list[Any], dtype: np.dtype[Any], shape: tuple[int, ...]
         info = np.iinfo(dtype)
         if wide.size and (wide.min() < info.min or wide.max() > info.max):
             raise OverflowError(dtype.name)
-        return wide.astype(dtype).reshape(shape)
-    return np.array(values, dtype=dtype).reshape(shape)
+        return shaped(wide.astype(dtype), shape)
+    return shaped(np.array(values, dtype=dtype), shape)
 
 
 def encode_infer_response(

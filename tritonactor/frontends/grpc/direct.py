@@ -57,7 +57,7 @@ from h2.exceptions import StreamClosedError
 from tritonactor.core.tensors import unchanging
 from tritonactor.frontends.drain import SHUTTING_DOWN, Drain, timed_out
 from tritonactor.frontends.grpc.lane_stream import WRITE_AS_IS, LaneStream
-from tritonactor.frontends.grpc.limits import parse_message, read_message
+from tritonactor.frontends.grpc.limits import no_message, parse_message, read_message
 from tritonactor.frontends.grpc.unary import DEADLINE_MESSAGE
 from tritonactor.frontends.grpc.wire import InferRequestMessage, InferResponseMessage
 from tritonactor.frontends.restrictions import INFERENCE, Restrictions, grpc_message
@@ -235,8 +235,8 @@ class DirectInfer:
             if missing is not None:
                 raise GRPCError(Status.UNAVAILABLE, grpc_message(missing))
         data = await read_message(stream, self._max_size, view=True)
-        if data is None:  # grpclib's handler asserts a message came
-            raise AssertionError("ModelInfer without a request message")
+        if data is None:
+            raise no_message()
         message = parse_message(InferRequestMessage.FromString, data)
         connection = stream.connection
         connection.messages_received += 1

@@ -46,7 +46,12 @@ def bounded(
     `max_size` bytes each."""
     return {
         method: handler._replace(
-            func=_bounded(handler.func, max_size, _strict_parser(handler.request_type))
+            func=_bounded(
+                handler.func,
+                max_size,
+                _strict_parser(handler.request_type),
+                required=not handler.cardinality.client_streaming,
+            )
         )
         for method, handler in mapping.items()
     }
@@ -60,10 +65,12 @@ def _strict_parser(request_type: Any) -> Callable[[bytes], object] | None:
     return None
 
 
-def _bounded(func: Handler, max_size: int, strict: Callable[[bytes], object] | None) -> Handler:
+def _bounded(
+    func: Handler, max_size: int, strict: Callable[[bytes], object] | None, required: bool
+) -> Handler:
     async def call(stream: grpclib.server.Stream[Any, Any]) -> None:
         # An instance attribute: `recv_message()` and `async for message in stream` use it.
-        stream.recv_message = functools.partial(receive, stream, max_size, strict)  # type: ignore[method-assign]
+        stream.recv_message = functools.partial(receive, stream, max_size, strict, required)  # type: ignore[method-assign]
         await func(stream)
 
     return call
@@ -73,13 +80,17 @@ async def receive(
     stream: grpclib.server.Stream[Any, Any],
     max_size: int,
     strict: Callable[[bytes], object] | None = None,
+    required: bool = False,
 ) -> Any:
     """The next message of `stream` (None at its end), as grpclib's `Stream.recv_message`
     reads it, once its length is known to be at most `max_size`; its bytes are also parsed by
-    `strict` when given, which raises on bytes that are not the message."""
+    `strict` when given, which raises on bytes that are not the message. `required`: the
+    call's one request (a unary call), whose absence is the client's error."""
     raw = stream._stream
     data = await read_message(raw, max_size)
     if data is None:
+        if required:
+            raise no_message()
         return None
     codec, recv_type = stream._codec, stream._recv_type
     message = parse_message(lambda data: codec.decode(data, recv_type), data, strict)
@@ -150,6 +161,11 @@ async def _inflate(data: bytes | memoryview, raw: grpclib.protocol.Stream, max_s
         ) from None
     except Inflated as error:
         raise GRPCError(Status.INTERNAL, f"Unable to decompress the message: {error}") from None
+
+
+def no_message() -> GRPCError:
+    """A unary call that ended with no request message (grpclib's handlers assert one)."""
+    return GRPCError(Status.INVALID_ARGUMENT, "Unable to parse request: no request message")
 
 
 def parse_message(

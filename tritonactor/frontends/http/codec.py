@@ -38,11 +38,12 @@ from tritonactor.core.datatypes import (
     num_elements,
     to_numpy_dtype,
 )
-from tritonactor.core.errors import invalid_arg
+from tritonactor.core.errors import TritonError, invalid_arg
 from tritonactor.core.protocol import RESERVED_PARAMETER_PREFIX
 from tritonactor.core.tensors import (
     RequestContext,
-    array_from_bytes,
+    array_or_later,
+    keep_data_error,
 )
 from tritonactor.core.types import (
     InferenceRequest,
@@ -99,7 +100,8 @@ def decode_infer_request(
     parameters = _request_parameters(document.get("parameters"))
     binary_output = parameters.pop("binary_data_output", False)
     reader = _BinaryReader(binary, model_name, has_header_length=header_length is not None)
-    inputs, binary_sizes = _decode_inputs(document, reader, shared_memory, context)
+    errors: list[TritonError] = []  # data not fitting their shapes, told of later (DATA_ERROR)
+    inputs, binary_sizes = _decode_inputs(document, reader, shared_memory, context, errors)
     outputs, reserved = _decode_outputs(document.get("outputs"), shared_memory_outputs)
     request = InferenceRequest(
         model_name=model_name,
@@ -111,6 +113,8 @@ def decode_infer_request(
     )
     if binary_output:
         request.context[BINARY_DATA_OUTPUT] = True
+    if errors:
+        return keep_data_error(request, errors)
     if plan_key is not None and binary_sizes is not None and not reserved and not request_id:
         _remember(plan_key, _Plan.of(request, binary_sizes, bool(binary_output)))
     return request
@@ -157,12 +161,13 @@ class _Plan:
         """The request of this header with `binary` (of the size it says) as its data; each
         input checked against its shape as a full decode does it, last one first."""
         context = RequestContext(model_name, "")
+        errors: list[TritonError] = []
         tensors = [
             Tensor(
                 name,
                 datatype,
                 shape,
-                array_from_bytes(context, name, datatype, shape, binary[start:end]),
+                array_or_later(errors, context, name, datatype, shape, binary[start:end]),
                 dict(parameters),
             )
             for name, datatype, shape, parameters, start, end in reversed(self.inputs)
@@ -177,7 +182,7 @@ class _Plan:
         )
         if self.binary_output:
             request.context[BINARY_DATA_OUTPUT] = True
-        return request
+        return keep_data_error(request, errors)
 
 
 _PLANS: dict[tuple[bytes, int], _Plan] = {}
@@ -351,6 +356,7 @@ def _decode_inputs(
     reader: _BinaryReader,
     shared_memory: Reader | None,
     context: RequestContext,
+    errors: list[TritonError],
 ) -> tuple[list[Tensor], list[int] | None]:
     """The inputs, and the byte size of each when every one came from the binary data (else
     None)."""
@@ -362,7 +368,7 @@ def _decode_inputs(
     decoded: list[Tensor | _BinaryInput] = []
     seen: set[str] = set()
     for index, item in enumerate(items):
-        entry = _decode_input(index, item, reader, shared_memory, context)
+        entry = _decode_input(index, item, reader, shared_memory, context, errors)
         if entry.name in seen:
             raise invalid_arg(f"{context.prefix}input '{entry.name}' already exists in request")
         seen.add(entry.name)
@@ -373,7 +379,7 @@ def _decode_inputs(
     # told about its last.
     reader.finish()
     tensors = [
-        entry.tensor(context) if isinstance(entry, _BinaryInput) else entry
+        entry.tensor(context, errors) if isinstance(entry, _BinaryInput) else entry
         for entry in reversed(decoded)
     ]
     tensors.reverse()
@@ -391,8 +397,8 @@ class _BinaryInput:
     parameters: Parameters
     chunk: memoryview
 
-    def tensor(self, context: RequestContext) -> Tensor:
-        data = array_from_bytes(context, self.name, self.datatype, self.shape, self.chunk)
+    def tensor(self, context: RequestContext, errors: list[TritonError]) -> Tensor:
+        data = array_or_later(errors, context, self.name, self.datatype, self.shape, self.chunk)
         return Tensor(self.name, self.datatype, self.shape, data, self.parameters)
 
 
@@ -409,6 +415,7 @@ def _decode_input(
     reader: _BinaryReader,
     shared_memory: Reader | None,
     context: RequestContext,
+    errors: list[TritonError],
 ) -> Tensor | _BinaryInput:
     if not isinstance(item, dict):
         raise invalid_arg(f"input {index} must be a JSON object")
@@ -442,7 +449,9 @@ def _decode_input(
             data = array_from_json(context, name, datatype, shape, item["data"])
         else:
             buffer, declared = _read_shared_memory(name, parameters, shared_memory)
-            data = array_from_bytes(context, name, datatype, shape, memoryview(buffer), declared)
+            data = array_or_later(
+                errors, context, name, datatype, shape, memoryview(buffer), declared
+            )
     elif num_elements(shape) == 0:
         data = np.empty(shape, dtype=to_numpy_dtype(datatype))
     else:

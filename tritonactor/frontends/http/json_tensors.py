@@ -17,7 +17,7 @@ import numpy as np
 
 from tritonactor.core.datatypes import BINARY_ONLY, num_elements, to_numpy_dtype
 from tritonactor.core.errors import TritonError, invalid_arg
-from tritonactor.core.tensors import RequestContext, string_count_error
+from tritonactor.core.tensors import RequestContext, shaped, string_count_error
 
 _INTEGER_KINDS = "iu"
 _FLOAT_KINDS = "iuf"
@@ -42,7 +42,7 @@ def array_from_json(
             f"unexpected shape for input '{name}' for model '{context.model}': shape "
             f"{list(shape)} holds {count} elements, 'data' has {flat.size}"
         )
-    return flat.reshape(shape)
+    return shaped(flat, shape)
 
 
 def _json_numbers(name: str, datatype: str, data: list[Any]) -> np.ndarray:
