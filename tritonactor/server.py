@@ -38,6 +38,7 @@ from tritonactor.memory.region import Kind
 from tritonactor.memory.registry import SharedMemoryRegistry
 from tritonactor.observability import logging as log_settings
 from tritonactor.observability.log_format import OBJECT, table
+from tritonactor.observability.span_export import exporter_settings
 from tritonactor.observability.summaries import latency_options
 from tritonactor.observability.trace_settings import OFF, SettingJson, TraceSettings
 from tritonactor.observability.tracing import Tracing, start_tracing
@@ -195,6 +196,7 @@ class Server:
             rate=1 if asked.rate is None else asked.rate,
             count=-1 if asked.count is None else asked.count,
             log_frequency=0 if asked.log_frequency is None else asked.log_frequency,
+            exporter=exporter_settings(os.environ),
         )
 
     def new_tracing(self) -> Tracing | None:

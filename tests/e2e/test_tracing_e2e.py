@@ -370,21 +370,31 @@ def test_load_and_unload_are_traced(
 # -- the trace settings API ---------------------------------------------------------------------
 
 
-def test_trace_settings_read_and_validate(server: ServerProcess, http: httpx.Client) -> None:
+def test_trace_settings_read_and_validate(
+    server: ServerProcess, receiver: OtlpReceiver, http: httpx.Client
+) -> None:
     assert "trace" in http.get("/v2").json()["extensions"]
-    assert http.get("/v2/trace/setting").json() == {
+    # Triton's answer in its OpenTelemetry mode, in its order: where spans go, how batched.
+    answer = http.get("/v2/trace/setting").json()
+    assert answer == {
         "trace_level": ["TIMESTAMPS"],
         "trace_rate": "1",
         "trace_count": "-1",
-        "log_frequency": "0",
-        "trace_file": "",
         "trace_mode": "opentelemetry",
+        "url": receiver.endpoint + "/v1/traces",
+        "bsp_schedule_delay": "50",
+        "bsp_max_export_batch_size": "512",
+        "bsp_max_queue_size": "65536",
     }
+    assert list(answer)[:5] == ["trace_level", "trace_rate", "trace_count", "trace_mode", "url"]
     refused = http.post("/v2/trace/setting", json={"trace_rate": "0"})
     assert refused.status_code == 400
     assert refused.json() == {
-        "error": "Unable to parse 'trace_rate', value is out of range [ 1, 4294967295 ], got: 0"
+        "error": "Attempting to set invalid trace setting :sample rate must be non-zero"
     }
+    refused = http.post("/v2/trace/setting", json={"trace_file": None})
+    assert refused.status_code == 501
+    assert http.get("/v2/trace/setting").json() == answer
     assert http.post("/v2/trace/setting").json()["trace_rate"] == "1"  # no body: no change
     assert http.post("/v2/trace/setting", content=b"[1]").status_code == 400
     unknown = http.get("/v2/models/nosuch/trace/setting")

@@ -10,19 +10,25 @@ import pytest
 from tritonactor.core.errors import ErrorCode, TritonError
 from tritonactor.observability.trace_settings import TraceSettings, from_grpc
 
+EXPORTER = {
+    "url": "collector:4318/v1/traces",
+    "bsp_schedule_delay": "5000",
+    "bsp_max_export_batch_size": "512",
+    "bsp_max_queue_size": "2048",
+}
+# Triton's answer in its OpenTelemetry mode, keys in its order.
 GLOBAL = {
     "trace_level": ["TIMESTAMPS"],
     "trace_rate": "1",
     "trace_count": "-1",
-    "log_frequency": "0",
-    "trace_file": "",
     "trace_mode": "opentelemetry",
+    **EXPORTER,
 }
 
 
 @pytest.fixture
 def settings() -> TraceSettings:
-    return TraceSettings(level=("TIMESTAMPS",), rate=1)
+    return TraceSettings(level=("TIMESTAMPS",), rate=1, exporter=EXPORTER)
 
 
 def take(settings: TraceSettings, model: str) -> bool:
@@ -45,6 +51,7 @@ def test_a_request_the_sampler_drops_uses_up_no_trace_count() -> None:
 
 def test_settings_read_as_triton_writes_them(settings: TraceSettings) -> None:
     assert settings.get() == GLOBAL
+    assert list(settings.get()) == list(GLOBAL)
     assert TraceSettings().get()["trace_level"] == ["OFF"]
     assert TraceSettings().get()["trace_rate"] == "1000"
 
@@ -76,7 +83,12 @@ def test_clearing_a_global_setting_restores_the_servers_default(settings: TraceS
         ({"trace_rate": "abc"}, "Unable to parse 'trace_rate', got: abc"),
         (
             {"trace_rate": "0"},
-            "Unable to parse 'trace_rate', value is out of range [ 1, 4294967295 ], got: 0",
+            "Attempting to set invalid trace setting :sample rate must be non-zero",
+        ),
+        (
+            {"trace_rate": "4294967296"},
+            "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], "
+            "got: 4294967296",
         ),
         ({"trace_rate": 5}, "Unable to parse 'trace_rate', expected a string, got: 5"),
         ({"trace_count": "-2"}, "Unable to parse 'trace_count'. Expecting value >= -1, got:-2"),
@@ -98,14 +110,30 @@ def test_invalid_values_are_refused_and_change_nothing(
     assert settings.get() == GLOBAL
 
 
-def test_a_trace_file_is_unsupported_as_in_triton(settings: TraceSettings) -> None:
+@pytest.mark.parametrize("value", ["/tmp/trace.json", "", None])
+def test_a_trace_file_is_unsupported_as_in_triton(settings: TraceSettings, value: object) -> None:
     with pytest.raises(TritonError) as caught:
-        settings.update({"trace_count": "3", "trace_file": "/tmp/trace.json"})
+        settings.update({"trace_count": "3", "trace_file": value})
     assert caught.value.code is ErrorCode.UNSUPPORTED
     assert caught.value.message == (
         "trace file location can not be updated through network protocol"
     )
     assert settings.get() == GLOBAL
+
+
+def test_the_exporter_settings_are_taken_and_stay_as_the_environment_says(
+    settings: TraceSettings,
+) -> None:
+    answer = settings.update(
+        {"url": "elsewhere:4318", "bsp_schedule_delay": "1", "trace_rate": "3"}
+    )
+    assert answer == GLOBAL | {"trace_rate": "3"}
+
+
+def test_rate_0_from_the_start_samples_nothing_by_itself() -> None:
+    settings = TraceSettings(level=("TIMESTAMPS",), rate=0)
+    assert settings.get()["trace_rate"] == "0"
+    assert not any(take(settings, "m") for _ in range(5))
 
 
 def test_what_get_shows_can_be_posted_back(settings: TraceSettings) -> None:
@@ -185,7 +213,7 @@ def test_what_the_engine_says_is_left_never_raises_a_front_ends_count(
 def test_a_front_end_that_joins_takes_the_settings_in_force(settings: TraceSettings) -> None:
     settings.update({"trace_count": "0", "trace_rate": "7"})
     settings.update({"trace_level": ["OFF"]}, "quiet")
-    joining = TraceSettings(level=("TIMESTAMPS",), rate=1)
+    joining = TraceSettings(level=("TIMESTAMPS",), rate=1, exporter=EXPORTER)  # its own env
     joining.restore(settings.snapshot())
     assert joining.get() == settings.get() and joining.get("quiet") == settings.get("quiet")
     assert not take(joining, "m") and not take(joining, "quiet")
@@ -202,5 +230,5 @@ def test_grpc_values_become_json_values() -> None:
     assert from_grpc(
         {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": ["3"], "trace_count": []}
     ) == {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "3", "trace_count": None}
-    with pytest.raises(TritonError, match="takes one value, got 2"):
+    with pytest.raises(TritonError, match=r"^expect only 1 value for 'trace_rate'$"):
         from_grpc({"trace_rate": ["1", "2"]})

@@ -314,7 +314,7 @@ def test_trace_settings_with_no_meaning_here_are_warned_about(base: dict[str, st
         (["--trace-config=rate=often"], "'often' is not an integer"),
         (["--trace-config=level=loud"], "invalid value for trace level option: loud"),
         (["--trace-level=loud"], "invalid value for trace level option: loud"),
-        (["--trace-rate=0"], "out of range"),
+        (["--trace-rate=-1"], "out of range"),
         (["--trace-count=-2"], "out of range"),
     ],
 )
@@ -331,9 +331,12 @@ def test_the_server_starts_with_the_trace_settings_asked_for(base: dict[str, str
         "trace_level": ["TIMESTAMPS"],
         "trace_rate": "10",
         "trace_count": "-1",
-        "log_frequency": "0",
-        "trace_file": "",
         "trace_mode": "opentelemetry",
+        # Triton's OpenTelemetry mode shows where spans go and how they are batched.
+        "url": "",
+        "bsp_schedule_delay": "5000",
+        "bsp_max_export_batch_size": "512",
+        "bsp_max_queue_size": "65536",
     }
     # No OTEL_* exporter here: the level cannot take effect, and the server says so.
     assert any("no OpenTelemetry exporter" in line for line in server.startup_warnings())
@@ -783,3 +786,14 @@ def test_grpc_binds_where_http_does_unless_told() -> None:
     assert (local.grpc_host, local.metrics_host) == ("127.0.0.1", "127.0.0.1")
     assert Settings(http_host="127.0.0.1", grpc_host="0.0.0.0").grpc_host == "0.0.0.0"
     assert Settings.from_env(local.to_env()) == local
+
+
+@pytest.mark.usefixtures("clean_environ")
+@pytest.mark.parametrize("flag", ["--trace-config=rate=0", "--trace-rate=0"])
+def test_a_trace_rate_of_0_at_start_traces_only_what_clients_sample(
+    base: dict[str, str], flag: str
+) -> None:
+    """Triton's docs give rate 0 for tracing only requests whose client sampled them."""
+    server = Server(settings_from(base, "--trace-config=level=TIMESTAMPS", flag))
+    assert server.trace_settings.get()["trace_rate"] == "0"
+    assert server.trace_settings.sample("m") is None

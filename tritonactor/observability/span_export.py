@@ -125,6 +125,24 @@ def _setting(environ: Mapping[str, str], variable: str, default: int) -> int:
     return value
 
 
+def exporter_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """Where spans go and how they are batched, as Triton's trace settings show them in its
+    OpenTelemetry mode (`url`, `bsp_*`): the OTLP traces endpoint ("" without one) and the
+    batch settings in force."""
+    url = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if not url:
+        base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        url = base.rstrip("/") + "/v1/traces" if base else ""
+    return {
+        "url": url,
+        "bsp_schedule_delay": str(_setting(environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS)),
+        "bsp_max_export_batch_size": str(
+            _setting(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH_SIZE)
+        ),
+        "bsp_max_queue_size": str(_setting(environ, "OTEL_BSP_MAX_QUEUE_SIZE", MAX_QUEUE_SIZE)),
+    }
+
+
 def context_fields(context: SpanContext) -> Context:
     """A span context as a record holds it (see `Record`)."""
     state = context.trace_state

@@ -22,8 +22,13 @@ from tritonactor.core.errors import invalid_arg, unsupported
 OFF = "OFF"
 LEVELS = ("TIMESTAMPS", "TENSORS")  # in the order Triton lists them
 TRACE_MODE = "opentelemetry"
-# The settings, in the order a response lists them.
+# The settings a request may name. Triton's answer in its OpenTelemetry mode, the one mode
+# tritonactor traces in, lists the first three, trace_mode and EXPORTER_NAMES; log_frequency and
+# trace_file belong to its trace files, which tritonactor does not write.
 NAMES = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
+# Where spans go and how they are batched: OTEL_* variables read at start, shown in every
+# answer as Triton shows them; a request may name them (Triton takes them) and they stay.
+EXPORTER_NAMES = ("url", "bsp_schedule_delay", "bsp_max_export_batch_size", "bsp_max_queue_size")
 
 UINT32_MAX = 2**32 - 1
 INT32_MAX = 2**31 - 1
@@ -49,6 +54,8 @@ class TraceSettings:
     rate: int = 1000
     count: int = -1
     log_frequency: int = 0
+    # The EXPORTER_NAMES values in force (`exporter_settings`).
+    exporter: Mapping[str, str] = field(default_factory=dict)
     _global: _Scope = field(init=False)
     _models: dict[str, _Scope] = field(init=False, default_factory=dict)
     # Told the scope ("" = global) whose trace_count a traced request used up: a front end
@@ -76,9 +83,8 @@ class TraceSettings:
             "trace_level": list(level),
             "trace_rate": str(self._value("trace_rate", model)),
             "trace_count": str(self._value("trace_count", model)),
-            "log_frequency": str(self._value("log_frequency", model)),
-            "trace_file": "",
             "trace_mode": TRACE_MODE,
+            **{name: self.exporter.get(name, "") for name in EXPORTER_NAMES},
         }
 
     def update(self, changes: Mapping[str, Any], model: str = "") -> dict[str, SettingJson]:
@@ -94,7 +100,7 @@ class TraceSettings:
             scope = self._global
         defaults = self._defaults()
         for name, value in parsed.items():
-            if name in ("trace_file", "trace_mode"):
+            if name in ("trace_file", "trace_mode") or name in EXPORTER_NAMES:
                 continue  # accepted only as what they already are (see _parse)
             if value is None:
                 if model:
@@ -134,8 +140,11 @@ class TraceSettings:
         return self._take(rating, counting, model if counting is override else "")
 
     def _take(self, rating: _Scope, counting: _Scope, scope: str = "") -> Callable[[], None] | None:
+        rate = rating.values["trace_rate"]
+        if not rate:  # 0 (a start setting only): traced only where the client asks
+            return None
         rating.seen += 1
-        if rating.seen % rating.values["trace_rate"]:
+        if rating.seen % rate:
             return None
         if counting.values["trace_count"] < 0:  # no count: nothing to use up (the usual case)
             return _nothing
@@ -199,8 +208,15 @@ def _nothing() -> None:
 
 def _parse(name: str, value: Any) -> Any:
     """A setting's value from the wire, checked with Triton's messages where Triton has one."""
-    if name not in NAMES:
-        raise invalid_arg(f"Unknown trace setting '{name}'; the settings are {', '.join(NAMES)}")
+    if name in EXPORTER_NAMES:
+        return None  # the OTEL_* variables decide, at start
+    if name not in (*NAMES, *EXPORTER_NAMES):
+        known = ", ".join((*NAMES, *EXPORTER_NAMES))
+        raise invalid_arg(f"Unknown trace setting '{name}'; the settings are {known}")
+    if name == "trace_file":
+        # Any value, null included (Triton's answer, UNSUPPORTED): tritonactor writes no trace
+        # files at all, its traces go through OpenTelemetry (trace_mode 'opentelemetry').
+        raise unsupported("trace file location can not be updated through network protocol")
     if value is None:
         return None
     if name == "trace_level":
@@ -208,17 +224,16 @@ def _parse(name: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise invalid_arg(f"Unable to parse '{name}', expected a string, got: {value!r}")
     if name == "trace_rate":
-        return _integer(name, value, 1, UINT32_MAX)
+        rate = _integer(name, value, 0, UINT32_MAX)
+        if rate == 0:  # Triton takes 0 at start only
+            raise invalid_arg(
+                "Attempting to set invalid trace setting :sample rate must be non-zero"
+            )
+        return rate
     if name == "log_frequency":
         return _integer(name, value, 0, UINT32_MAX)
     if name == "trace_count":
         return _integer(name, value, -1, INT32_MAX)
-    if name == "trace_file":
-        if value:
-            # Triton's answer (UNSUPPORTED); tritonactor writes no trace files at all, its
-            # traces go through OpenTelemetry (trace_mode 'opentelemetry').
-            raise unsupported("trace file location can not be updated through network protocol")
-        return value
     if value != TRACE_MODE:
         raise invalid_arg(
             f"trace_mode cannot be set to '{value}': tritonactor traces through OpenTelemetry "
@@ -272,5 +287,5 @@ def from_grpc(settings: Mapping[str, list[str]]) -> dict[str, Any]:
         elif len(values) == 1:
             changes[name] = values[0]
         else:
-            raise invalid_arg(f"trace setting '{name}' takes one value, got {len(values)}")
+            raise invalid_arg(f"expect only 1 value for '{name}'")
     return changes

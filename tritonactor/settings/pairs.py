@@ -178,7 +178,7 @@ def _integer(text: str, low: int, high: int) -> int:
 # The values tritonserver checks as it parses them: (mode, setting) -> check.
 _TRACE_VALUE_CHECKS: dict[tuple[str, str], Callable[[str], object]] = {
     ("", "level"): trace_level,
-    ("", "rate"): lambda text: _integer(text, 1, UINT32_MAX),
+    ("", "rate"): lambda text: _integer(text, 0, UINT32_MAX),  # 0: only what clients sample
     ("", "count"): lambda text: _integer(text, -1, INT32_MAX),
     ("", "mode"): lambda text: _trace_mode(text),
     ("triton", "log-frequency"): lambda text: _integer(text, 0, UINT32_MAX),

@@ -521,8 +521,9 @@ class ServedSettings(BaseSettings):
     trace_rate: Annotated[
         int | None,
         honoured(
-            "trace 1 request in this many; as `--trace-config rate=…`. Unset: 1 (every request)",
-            in_range(1, UINT32_MAX),
+            "trace 1 request in this many; as `--trace-config rate=…`. Unset: 1 (every "
+            "request); 0: only those a client's `traceparent` samples",
+            in_range(0, UINT32_MAX),
             TRACING,
             default="unset",
         ),
@@ -539,8 +540,8 @@ class ServedSettings(BaseSettings):
     trace_log_frequency: Annotated[
         int | None,
         honoured(
-            "the `log_frequency` the trace API shows (traces go to OpenTelemetry, not files); "
-            "as `--trace-config triton,log-frequency=…`",
+            "accepted, as `--trace-config triton,log-frequency=…`: traces go to OpenTelemetry, "
+            "not files, and the trace API shows no `log_frequency` (Triton's OpenTelemetry mode)",
             in_range(0, UINT32_MAX),
             TRACING,
             default="unset (0)",

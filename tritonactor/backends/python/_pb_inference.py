@@ -173,7 +173,8 @@ class InferenceTrace:
         self._key = key
 
     def get_context(self) -> str | None:
-        return None if self._context is None else json.dumps(self._context)
+        # Compact, as Triton writes it: {"traceparent":"00-..."}.
+        return None if self._context is None else json.dumps(self._context, separators=(",", ":"))
 
 
 class PreferredMemory:
