@@ -23,6 +23,9 @@ class InstanceSpec:
     kind: str  # "KIND_CPU" | "KIND_GPU" | "KIND_MODEL"
     device_id: int
     index: int
+    # A passive group's instance (`passive: true`): created, initialized and warmed up, but
+    # given no requests, as in Triton.
+    passive: bool = False
 
 
 # Backends whose CPU groups get two instances when the config gives no count (Triton's
@@ -110,6 +113,7 @@ def instance_specs(config: ModelConfig) -> list[InstanceSpec]:
         index = 0
         for device in devices:
             for _ in range(group.count):
-                specs.append(InstanceSpec(f"{group.name}_{index}", group.name, kind, device, index))
+                name = f"{group.name}_{index}"
+                specs.append(InstanceSpec(name, group.name, kind, device, index, group.passive))
                 index += 1
     return specs

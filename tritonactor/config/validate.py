@@ -416,3 +416,10 @@ def _check_instance_groups(config: ModelConfig) -> None:
                     f"{profile}. The field should contain the string representation of a "
                     "non-negative integer."
                 )
+    if config.instance_group and all(group.passive for group in config.instance_group):
+        # Passive instances take no requests: nothing would serve the model's (Triton 2.51
+        # loads such a model and crashes on its first request).
+        raise ConfigError(
+            f"every instance group of model {config.name} is passive: no instance would serve "
+            "its requests"
+        )

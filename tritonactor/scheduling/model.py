@@ -133,6 +133,8 @@ class ModelVersionActor(Actor[Any]):
         # Whether the owner was told the version cannot serve (no instance left).
         self._told_down = False
         self.scheduler: ActorRef[Any] | None = None
+        # The instances of passive groups: made and kept, never given requests (as in Triton).
+        self._passive: list[BackendInstance] = []
         config = context.config
         # Whether a batch that never reached a dead instance may queue again as new requests:
         # not a sequence batcher's rows, nor where answers must keep the order of arrival.
@@ -150,10 +152,11 @@ class ModelVersionActor(Actor[Any]):
     async def started(self) -> None:
         # Built first: a scheduler config it cannot serve fails the load before anything exists.
         scheduler = scheduler_for(self.context.config, self._infer, self.context.model_dir)
+        specs = instance_specs(self.context.config)
         self._model = await anyio.to_thread.run_sync(self._backend.load_model, self.context)
         created: list[tuple[InstanceSpec, BackendInstance]] = []
         try:
-            for spec in instance_specs(self.context.config):
+            for spec in specs:
                 created.append((spec, await self._create_instance(spec)))
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -163,7 +166,10 @@ class ModelVersionActor(Actor[Any]):
             raise
         self.scheduler = await self.spawn(scheduler)
         for spec, instance in created:
-            await self._start_instance(spec, instance)
+            if spec.passive:
+                self._passive.append(instance)
+            else:
+                await self._start_instance(spec, instance)
 
     async def _create_instance(self, spec: InstanceSpec) -> BackendInstance:
         assert self._model is not None
@@ -295,5 +301,8 @@ class ModelVersionActor(Actor[Any]):
         # never at a cancellation), and go before the model.
         for actor in list(self._actors.values()):
             await actor.release()
+        for instance in self._passive:
+            await anyio.to_thread.run_sync(instance.finalize)
+        self._passive.clear()
         if self._model is not None:
             await anyio.to_thread.run_sync(self._model.finalize)
