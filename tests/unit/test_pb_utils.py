@@ -77,6 +77,18 @@ def test_inference_request_wrong_types_are_type_errors(arguments: dict[str, Any]
         pb_utils.InferenceRequest(**given)
 
 
+def test_inference_request_ids_and_flags_out_of_their_range_are_refused_as_triton_does() -> None:
+    for number in (-1, 2**64):
+        with pytest.raises(RuntimeError, match="Unable to cast Python instance to C"):
+            pb_utils.InferenceRequest(model_name="m", correlation_id=number)
+    with pytest.raises(pb_utils.TritonModelException, match="must be integer or string"):
+        pb_utils.InferenceRequest(model_name="m", correlation_id=1.5)  # type: ignore[arg-type]
+    for flags in (-1, 2**32):
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(model_name="m", flags=flags)
+    assert pb_utils.InferenceRequest(model_name="m", correlation_id=2**64 - 1).correlation_id()
+
+
 def test_inference_request_none_among_inputs_is_a_model_exception() -> None:
     with pytest.raises(pb_utils.TritonModelException):
         pb_utils.InferenceRequest(model_name="m", inputs=[None], requested_output_names=[])

@@ -185,6 +185,10 @@ class PreferredMemory:
         self.preferred_device_id = preferred_device_id
 
 
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+
+
 def _check(value: Any, kind: type | tuple[type, ...], what: str) -> None:
     if value is None or (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
         raise TypeError(f"InferenceRequest {what} has the wrong type: {type(value).__name__}")
@@ -213,8 +217,19 @@ class InferenceRequest:
         _check(request_id, str, "request_id")
         _check(model_version, int, "model_version")
         _check(flags, int, "flags")
+        if not 0 <= flags <= UINT32_MAX:  # Triton's bindings take a uint32
+            raise TypeError(f"InferenceRequest flags must be a uint32, got {flags}")
         _check(timeout, int, "timeout")
-        _check(correlation_id, (int, str), "correlation_id")
+        if correlation_id is None or isinstance(correlation_id, bool):
+            _check(correlation_id, (int, str), "correlation_id")  # TypeError, as in Triton
+        if not isinstance(correlation_id, int | str):  # Triton's words for a float, say
+            raise TritonModelException("Correlation ID must be integer or string")
+        if isinstance(correlation_id, int) and not 0 <= correlation_id <= UINT64_MAX:
+            # pybind11's words where Triton's bindings cannot take the number (a uint64).
+            raise RuntimeError(
+                "Unable to cast Python instance to C++ type (#define "
+                "PYBIND11_DETAILED_ERROR_MESSAGES or compile in debug mode for details)"
+            )
         if requested_output_names is None or isinstance(requested_output_names, str):
             raise TypeError("InferenceRequest requested_output_names must be a list of str")
         requested = list(requested_output_names)
