@@ -133,6 +133,8 @@ def test_the_log_is_in_tritons_layout(tmp_path: Path, layout: str) -> None:
     # Triton's start lines, which scripts wait for.
     for endpoint in ("HTTPService", "GRPCInferenceService", "Metrics Service"):
         assert any(m.startswith(f"Started {endpoint} at 127.0.0.1:") for m in messages), text
+    # And the line scripts wait for at SIGTERM.
+    assert any(m.startswith("Waiting for in-flight requests to complete.") for m in messages)
     # The model table after the startup loads: each version and its state.
     (models,) = [t for t in tables if t[1].startswith("| Model ")]
     rows = {tuple(cell.strip() for cell in row.strip("|").split("|")) for row in models[3:-1]}

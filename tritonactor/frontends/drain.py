@@ -84,9 +84,9 @@ class Drain:
             self._idle.set()
         for stream in list(self._streams):
             stream.drain()
-        log.info(
-            "shutting down: %d request(s) in flight may finish within %g s; new requests are "
-            "answered 503 / UNAVAILABLE",
+        log.info(  # Triton's first sentence, which scripts wait for, then ours
+            "Waiting for in-flight requests to complete. Shutting down: %d request(s) in flight "
+            "may finish within %g s; new requests are answered 503 / UNAVAILABLE",
             len(self._tasks),
             self.exit_timeout,
         )
