@@ -159,14 +159,16 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("cache"))
 
 
+ENV = {
+    "TRITONACTOR_CACHE_CONFIG": f"local,size={CACHE_SIZE}",
+    "TRITONACTOR_MODEL_CONTROL_MODE": "explicit",
+    "TRITONACTOR_LOAD_MODEL": ",".join(LOADED),
+}
+
+
 @pytest.fixture(scope="module")
 def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    env = {
-        "TRITONACTOR_CACHE_CONFIG": f"local,size={CACHE_SIZE}",
-        "TRITONACTOR_MODEL_CONTROL_MODE": "explicit",
-        "TRITONACTOR_LOAD_MODEL": ",".join(LOADED),
-    }
-    process = start_server([repo], tmp_path_factory.mktemp("cache_server"), env)
+    process = start_server([repo], tmp_path_factory.mktemp("cache_server"), ENV)
     yield process
     process.stop()
 
@@ -307,6 +309,38 @@ def test_a_grpc_stream_gets_its_hits_in_the_stream(
     np.testing.assert_array_equal(second.as_numpy("OUTPUT0"), first.as_numpy("OUTPUT0"))
     delta = changed(before, stats(server, "cached"))
     assert (delta["cache_hit"], delta["cache_miss"], delta["execution_count"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_stream_request_whose_data_do_not_fit_its_shape_is_refused_not_run(
+    repo: Path, tmp_path: Path, workers: str
+) -> None:
+    """A caching model's stream request goes through the cache's pre-step and then the router
+    (in one process, `--workers 0`, both are the engine's): the data error kept for the
+    model's signature is told by both, never let through."""
+    server = start_server([repo], tmp_path, ENV, args=("--workers", workers))
+    try:
+        refused_not_run(server)
+    finally:
+        server.stop()
+
+
+def refused_not_run(server: ServerProcess) -> None:
+    grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+    before = stats(server, "cached")
+    answers: queue.Queue[Any] = queue.Queue()
+    grpc_client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        inputs = add_sub_inputs(grpcclient, [2.0, 4.0, 6.0, 8.0], [2.0, 2.0, 2.0, 2.0])
+        inputs[0]._raw_content = np.zeros(8, dtype=np.float32).tobytes()  # 32 bytes for 4 FP32
+        grpc_client.async_stream_infer("cached", inputs, request_id="bad")
+        result, error = answers.get(timeout=30)
+    finally:
+        grpc_client.stop_stream()
+    assert result is None and error is not None
+    assert "input byte size mismatch for input 'INPUT0'" in error.message()
+    assert "Expected 16, got 32" in error.message()
+    assert changed(before, stats(server, "cached")) == {}
 
 
 def test_what_the_model_would_answer_differently_is_a_miss(

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tritonactor.core.errors import TritonError
+from tritonactor.core.errors import TritonError, invalid_arg
+from tritonactor.core.tensors import DATA_ERROR, UNREAD
 from tritonactor.core.types import InferenceRequest, RequestedOutput, Tensor
 from tritonactor.scheduling.signature import CLASSIFICATION, ModelSignature, TensorSpec
 
@@ -113,6 +114,23 @@ def test_a_common_request_takes_the_one_pass(max_batch_size: int) -> None:
     assert not signature._plainly_valid(request)
     with pytest.raises(TritonError, match="data-type is 'FP64'"):
         signature.validate(request)
+
+
+def test_data_that_did_not_fit_their_shape_are_refused_once_the_rest_passes_every_time() -> None:
+    """The decoders keep a data error for the signature (DATA_ERROR): a wrong shape is told of
+    first, and a request otherwise right is refused at each validation (the router may validate
+    a request twice: `prepare`, then `submit`), never let through with its placeholder data."""
+    signature = ModelSignature("m", 8, (TensorSpec("INPUT0", "FP32", (16,)),), ())
+    error = invalid_arg("input byte size mismatch")
+    wrong_shape = Tensor("INPUT0", "FP32", (1, 15), UNREAD)
+    request = InferenceRequest("m", "", "", [wrong_shape], [], {}, context={DATA_ERROR: error})
+    with pytest.raises(TritonError, match="unexpected shape"):
+        signature.validate(request)
+    request.inputs = [Tensor("INPUT0", "FP32", (1, 16), UNREAD)]
+    for _ in range(2):
+        with pytest.raises(TritonError) as caught:
+            signature.validate(request)
+        assert caught.value is error
 
 
 def test_a_name_given_twice_is_left_to_the_checks() -> None:

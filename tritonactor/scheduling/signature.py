@@ -111,7 +111,8 @@ class ModelSignature:
         if not self._plainly_valid(request):
             self._check(request)
         if DATA_ERROR in request.context:  # told of once the rest of the request is right
-            raise request.context.pop(DATA_ERROR)
+            # (kept: a request may be validated again, `Router.prepare` then `submit`)
+            raise request.context[DATA_ERROR]
 
     def _plainly_valid(self, request: InferenceRequest) -> bool:
         """Whether `request` passes every check of `_check` with nothing to note: the common
