@@ -328,7 +328,7 @@ def test_killed_model_process_fails_its_request_then_recovers(
 def test_model_log_lines_reach_the_server_log(server: ServerProcess) -> None:
     """Located where the model called the logger, as Triton's lines are (its file and line)."""
     log = server.log()
-    assert "model.py:17] [add_sub_0_0] add_sub initialized as add_sub_0_0" in log
+    assert 'model.py:17] "[add_sub_0_0] add_sub initialized as add_sub_0_0"' in log
 
 
 def test_a_model_error_in_a_stream_carries_the_model_and_the_final_flag(
