@@ -160,6 +160,44 @@ async def test_aio_client_infers_and_streams(grpc_server: ServerProcess) -> None
         assert sorted(seen) == ["0", "1", "2"]
 
 
+@pytest.mark.anyio
+async def test_more_than_100_streams_open_at_once_on_one_channel(
+    grpc_server: ServerProcess,
+) -> None:
+    """One client channel carries every call of an aio client: 150 streams held open until
+    all are answered (h2's default of 100 streams a connection held the last 50 back: with
+    the first ones open for good, they never opened)."""
+    count = 150
+    answered: list[str] = []
+    everyone = asyncio.Event()
+    async with aioclient.InferenceServerClient(grpc_server.grpc_url) as client:
+
+        async def one(index: int) -> None:
+            async def requests() -> AsyncIterator[dict[str, Any]]:
+                yield {"model_name": "simple", "inputs": simple_inputs(), "request_id": str(index)}
+                await everyone.wait()  # the stream stays open until every stream is answered
+
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                answered.append(result.get_response().id)
+                if len(answered) == count:
+                    everyone.set()
+
+        # (a bound on waiting for the event: reaching it fails)
+        await asyncio.wait_for(asyncio.gather(*(one(index) for index in range(count))), 120)
+    assert sorted(answered, key=int) == [str(index) for index in range(count)]
+
+
+def test_large_metadata_leaves_the_connection_to_its_other_calls(
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+) -> None:
+    """70 KB of metadata on one call (h2's 64 KiB limit ended the connection: every call on it
+    failed UNAVAILABLE); up to 1 MiB is read."""
+    big = stub.ServerLive(service_pb2.ServerLiveRequest(), metadata=[("x-big", "a" * 70_000)])
+    assert big.live
+    assert stub.ServerLive(service_pb2.ServerLiveRequest()).live
+
+
 def test_stream_matches_answers_by_id_and_survives_an_error(
     client: grpcclient.InferenceServerClient,
 ) -> None:

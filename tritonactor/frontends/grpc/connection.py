@@ -45,6 +45,14 @@ from tritonactor.frontends.grpc.lane import DirectCalls, Lane
 log = logging.getLogger(__name__)
 
 FRAME = 4 * 1024 * 1024
+# Calls open at once on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`; h2's default is
+# 100): Triton's gRPC core sets no limit, and one client channel carries all its calls (a
+# decoupled model's streams held open past 100 made every other call of it wait).
+STREAMS = 8192
+# The most a call's headers (its metadata) may take, decoded: h2's 64 KiB ended the whole
+# connection, every call on it, for one call's large metadata (Triton refuses past 16 KiB,
+# that call only).
+HEADER_LIST = 1024 * 1024
 
 
 class _ReceivedData(DataFrame):
@@ -105,8 +113,11 @@ class _Protocol(H2Protocol):
         cached = cache_header_blocks(h2_connection.decoder, h2_connection.encoder)
         if not cached:
             log.debug("h2's HPACK coders are not hpack's own: their blocks are not cached")
-        h2_connection.update_settings({SettingCodes.MAX_FRAME_SIZE: FRAME})
+        h2_connection.update_settings(
+            {SettingCodes.MAX_FRAME_SIZE: FRAME, SettingCodes.MAX_CONCURRENT_STREAMS: STREAMS}
+        )
         h2_connection.max_inbound_frame_size = FRAME
+        h2_connection.decoder.max_header_list_size = HEADER_LIST
         self.connection.flush()
         if cached and self.lanes and isinstance(self.handler, Handler):
             # every method served, unary or streaming (a method no one serves is h2's)
