@@ -35,6 +35,7 @@ from grpclib.server import Stream
 from hyperframe.frame import DataFrame, Frame, RstStreamFrame, WindowUpdateFrame
 
 from tests.unit.test_grpc_unary import Raw
+from tritonactor.frontends.grpc import connection
 from tritonactor.frontends.grpc.connection import FRAME, GrpcServer
 from tritonactor.frontends.grpc.direct import DirectInfer
 from tritonactor.frontends.grpc.frames import LANE_INPUTS, advance, frame_header
@@ -355,8 +356,17 @@ async def warm(session: Session, *methods: str) -> None:
     session.service.lane_calls = 0
 
 
+@pytest.fixture
+def h2_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection's limits as h2's defaults (100 streams, 64 KiB of headers), low enough
+    for a test to reach: the lane must count and refuse at them as h2 does."""
+    monkeypatch.setattr(connection, "STREAMS", 100)
+    monkeypatch.setattr(connection, "HEADER_LIST", 2**16)
+
+
 def past_the_limit(session: Session) -> None:
-    """Let the client open streams past the server's limit (h2's 100), as h2 would not."""
+    """Let the client open streams past the server's limit (100, `h2_limits`), as h2 would
+    not."""
     limits = session.client.remote_settings
     limits.max_concurrent_streams = 1000
     limits.acknowledge()
@@ -677,6 +687,7 @@ async def test_a_streams_window_emptied_goes_back_once_a_little_is_read() -> Non
     assert ours.service.lane_calls == 1
 
 
+@pytest.mark.usefixtures("h2_limits")
 async def test_streams_past_the_limit_end_the_connection_as_h2_ends_it() -> None:
     async def play(session: Session) -> None:
         await warm(session, WAIT)
@@ -771,6 +782,7 @@ async def test_calls_before_the_settings_are_acknowledged_get_their_larger_windo
     assert ours.streams[5]["data"] == message(body[::-1])
 
 
+@pytest.mark.usefixtures("h2_limits")
 async def test_streams_h2_opens_count_the_lanes_against_the_limit() -> None:
     async def play(session: Session) -> None:
         await at_the_limit(session)
@@ -1030,6 +1042,7 @@ async def test_a_deadline_on_a_lane_call_ends_it_as_grpclib_ends_it() -> None:
     assert status(ours.streams[5]) == "0"
 
 
+@pytest.mark.usefixtures("h2_limits")
 async def test_a_new_stream_past_the_limit_is_refused_before_its_block_is_read() -> None:
     """h2 counts the streams before it reads a new one's header block: past the limit, a block
     it could not read (too large) ends the connection as too many streams."""
@@ -1044,6 +1057,7 @@ async def test_a_new_stream_past_the_limit_is_refused_before_its_block_is_read()
     assert kind == GOAWAY and code == h2.errors.ErrorCodes.PROTOCOL_ERROR
 
 
+@pytest.mark.usefixtures("h2_limits")
 async def test_a_block_too_large_to_read_before_a_priority_on_itself() -> None:
     async def play(session: Session) -> None:
         await warm(session, ECHO)
