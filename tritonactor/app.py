@@ -37,6 +37,7 @@ from tritonactor.frontends.hypercorn_command import hypercorn_config
 from tritonactor.frontends.listen import ListenFailed, address_text, refuse_shared
 from tritonactor.frontends.signals import held_signals
 from tritonactor.frontends.tls import check_hand_started_http
+from tritonactor.observability import logging as log_settings
 from tritonactor.observability.endpoint import metrics_listener
 from tritonactor.observability.logging import configure_logging
 from tritonactor.server import Server, StartupFailed
@@ -129,8 +130,11 @@ def _front_end_app(server: Server) -> Starlette:
 
 
 def _log_http_started(settings: Settings) -> None:
-    """Triton's line once the HTTP endpoint serves (each front end writes it, as each writes
-    its gRPC line): scripts wait for it."""
+    """Triton's line as the HTTP endpoint serves (each front end writes it, as each writes
+    its gRPC line): scripts wait for it. Under uvicorn (`tritonactor serve`) uvicorn's own line
+    becomes it, with the port it bound (observability/logging.py `AsgiServerNotices`)."""
+    if log_settings.asgi_server_logs:
+        return
     address = address_text(settings.http_host, settings.http_port)
     logging.getLogger(__name__).info("Started HTTPService at %s", address)
 

@@ -6,14 +6,19 @@ ASGI server's own warnings in the same file and format."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.server_process import start_serve, wait_for
+from tests.processes import children, cmdline
+from tests.server_process import free_port, loopback_env, start_serve, wait_for
 
 DEFAULT = re.compile(r"(?P<level>[IWE])\d{4} \d{2}:\d{2}:\d{2}\.\d{6} \d+ [\w.]+:\d+\] (?P<m>.*)")
 ISO8601 = re.compile(
@@ -173,3 +178,47 @@ def test_messages_unescaped_as_triton_allows(tmp_path: Path) -> None:
         m.endswith('said "hi"\\nI0101 00:00:00.000000 1 forged.cc:1] "forged"') for m in messages
     )
     assert not any(line.startswith("I0101") for line in text.splitlines())
+
+
+def test_uvicorns_lines_become_the_servers(tmp_path: Path) -> None:
+    """Under `tritonactor serve` (uvicorn, two workers, HTTP port 0): uvicorn's address line is
+    Triton's `Started HTTPService at` with the port it bound, and a worker that dies is a
+    warning in the server's log (uvicorn starts another)."""
+    repo = tmp_path / "models"
+    repo.mkdir()
+    log_file = tmp_path / "server.log"
+    env = loopback_env(tmp_path, 0, free_port(), free_port())
+    env["TRITONACTOR_MODEL_REPOSITORY"] = str(repo)
+    command = [sys.executable, "-m", "tritonactor.cli", "serve", "--workers", "2"]
+    process = subprocess.Popen(
+        [*command, f"--log-file={log_file}"], env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        found: list[str] = []
+
+        def bound() -> bool:
+            text = log_file.read_text() if log_file.exists() else ""
+            found[:] = re.findall(r'"Started HTTPService at 127\.0\.0\.1:(\d+)"', text)
+            return bool(found)
+
+        wait_for(bound, 60, lambda: log_file.read_text())
+        (port,) = found
+        assert port != "0"
+        url = f"http://127.0.0.1:{port}/v2/health/ready"
+
+        def ready() -> bool:
+            try:
+                return httpx.get(url).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 60, lambda: log_file.read_text())
+        workers = [pid for pid in children(process.pid) if "multiprocessing.spawn" in cmdline(pid)]
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        died = re.compile(rf'^W\S+ \S+ \d+ \S+\] "Child process \[{workers[0]}\] died"$', re.M)
+        wait_for(lambda: bool(died.search(log_file.read_text())), 60, log_file.read_text)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    assert "Uvicorn running" not in log_file.read_text()

@@ -429,3 +429,14 @@ def test_an_ensemble_config_served_before_loads_as_an_override() -> None:
     assert (cleaned.backend, cleaned.instance_group, cleaned.optimization) == ("", [], None)
     other = dict(OLD_SERVED_ENSEMBLE, instance_group=[{"name": "g", "count": 2}])
     assert _without_old_ensemble_defaults(config_from_json(other)).instance_group  # kept
+
+
+def test_more_dimensions_than_a_tensor_has_are_refused_at_load() -> None:
+    """A request's tensor past 64 dimensions is kept flat until the signature refuses it
+    (core/tensors.py `shaped`): no config may take one, the batch dimension counted."""
+    sixty_four = ", ".join(["1"] * 64)
+    with pytest.raises(ConfigError, match="has 64 dimensions and the batch dimension: a tensor"):
+        check(config("deep", io(inp=f"data_type: TYPE_FP32 dims: [ {sixty_four} ]")))
+    check(config("deep", io(inp=f"data_type: TYPE_FP32 dims: [ {sixty_four} ]"), 0))
+    with pytest.raises(ConfigError, match="has 65 dimensions: a tensor has at most 64"):
+        check(config("deep", io(out=f"data_type: TYPE_FP32 dims: [ {sixty_four}, 1 ]"), 0))

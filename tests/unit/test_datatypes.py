@@ -29,11 +29,11 @@ def test_malformed_bytes_and_unknown_dtypes_are_value_errors() -> None:
 @pytest.mark.parametrize(
     "items",
     [
-        [b"ab\x00", b"\x00cd"],  # elements of one length (read by numpy), trailing NULs kept
-        [b""] * 5,
-        [b"x"],
-        [b"a", b"bb", b""],  # of several lengths (read one by one)
-        [b"\x03\x00\x00\x00", b"abcd"],  # one length, an element that reads as a prefix
+        [b"ab\x00", b"\x00cd"] * 20,  # many of one length (read by numpy), NULs kept
+        [b""] * 40,
+        [b"\x03\x00\x00\x00", b"abcd"] * 20,  # one length, elements that read as prefixes
+        [b"x"],  # few (read one by one)
+        [b"a", b"bb", b""] * 20,  # of several lengths (read one by one)
     ],
 )
 def test_bytes_elements_of_one_length_and_of_several(items: list[bytes]) -> None:
@@ -46,7 +46,10 @@ def test_bytes_elements_of_one_length_and_of_several(items: list[bytes]) -> None
             deserialize_bytes(buffer, wrong)
 
 
-def test_too_many_bytes_elements_are_refused_at_one_past_the_count() -> None:
+def test_too_many_bytes_elements_are_refused_before_they_are_made() -> None:
     buffer = serialize_bytes(np.array([b"a", b"bb"] * 1000, dtype=np.object_))
-    with pytest.raises(ValueError, match="more than 3 elements"):
+    with pytest.raises(ValueError, match="more than 3 elements"):  # one past the count
+        deserialize_bytes(buffer, 3)
+    buffer = serialize_bytes(np.array([b"ab"] * 1000, dtype=np.object_))
+    with pytest.raises(ValueError, match="holds 1000 elements, expected 3"):  # counted first
         deserialize_bytes(buffer, 3)

@@ -87,6 +87,10 @@ def test_inference_request_ids_and_flags_out_of_their_range_are_refused_as_trito
         with pytest.raises(TypeError):
             pb_utils.InferenceRequest(model_name="m", flags=flags)
     assert pb_utils.InferenceRequest(model_name="m", correlation_id=2**64 - 1).correlation_id()
+    # What an int can be made of is taken as that int, as Triton's bindings take it.
+    assert pb_utils.InferenceRequest(model_name="m", correlation_id=True).correlation_id() == 1
+    assert pb_utils.InferenceRequest(model_name="m", flags=np.uint32(1)).flags() == 1
+    assert pb_utils.InferenceRequest(model_name="m", flags=True).flags() == 1
 
 
 def test_inference_request_none_among_inputs_is_a_model_exception() -> None:

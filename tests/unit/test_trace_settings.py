@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from tritonactor.core.errors import ErrorCode, TritonError
+from tritonactor.observability.span_export import exporter_settings
 from tritonactor.observability.trace_settings import TraceSettings, from_grpc
 
 EXPORTER = {
     "url": "collector:4318/v1/traces",
-    "bsp_schedule_delay": "5000",
     "bsp_max_export_batch_size": "512",
+    "bsp_schedule_delay": "5000",
     "bsp_max_queue_size": "2048",
 }
 # Triton's answer in its OpenTelemetry mode, keys in its order.
@@ -232,3 +233,28 @@ def test_grpc_values_become_json_values() -> None:
     ) == {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "3", "trace_count": None}
     with pytest.raises(TritonError, match=r"^expect only 1 value for 'trace_rate'$"):
         from_grpc({"trace_rate": ["1", "2"]})
+
+
+@pytest.mark.parametrize(
+    ("environ", "url"),
+    [
+        ({}, ""),  # no exporter: nothing is traced
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}, "http://c:4318/v1/traces"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "http://c:4317",
+        ),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/x"}, "http://t:1/x"),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, "http://localhost:4318/v1/traces"),
+        ({"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, ""),
+    ],
+)
+def test_the_url_is_where_the_otlp_exporter_sends(environ: dict[str, str], url: str) -> None:
+    settings = exporter_settings(environ)
+    assert settings["url"] == url
+    assert list(settings) == list(EXPORTER)  # Triton's order
+
+
+def test_bad_batch_settings_are_shown_as_the_defaults_in_force() -> None:
+    settings = exporter_settings({"OTEL_BSP_SCHEDULE_DELAY": "abc"})
+    assert settings["bsp_schedule_delay"] == "5000"

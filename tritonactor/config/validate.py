@@ -33,6 +33,7 @@ from tritonactor._proto.inference import (
 from tritonactor.config.model_config import ConfigError
 from tritonactor.config.normalize import BACKEND_PLATFORMS, PLATFORM_BACKENDS
 from tritonactor.config.validate_ensemble import check_ensemble
+from tritonactor.core.tensors import MAX_DIMS
 
 __all__ = ["check_runtime", "validate_config"]
 
@@ -309,6 +310,13 @@ def _check_tensor(tensor: ModelInput | ModelOutput, max_batch_size: int, prefix:
                 f"{where}dimension must be integer >= 1, or -1 to indicate a variable-size "
                 "dimension"
             )
+    rank = max(len(tensor.dims), len(reshape.shape) if reshape is not None else 0)
+    if rank + (max_batch_size > 0) > MAX_DIMS:
+        # (Triton 2.51 loads such a python model, whose process then dies on its first request.)
+        raise ConfigError(
+            f"{where}has {rank} dimensions{' and the batch dimension' if max_batch_size else ''}"
+            f": a tensor has at most {MAX_DIMS}"
+        )
     if reshape is None:
         return
     for dim in reshape.shape:

@@ -27,12 +27,15 @@ class LogFormat(StrEnum):
 
 # The ``extra=`` name of a record's multi-line object (a table), written after its message.
 OBJECT = "triton_object"
+# Set on a record from outside the ``tritonactor`` tree that the server writes as its own.
+NOTICE = "triton_notice"
 
 # Attributes every record has; anything else on a record came from ``extra=``.
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
     "asctime",
     OBJECT,
+    NOTICE,
 }
 
 

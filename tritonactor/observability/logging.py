@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanContext
 from tritonactor._proto import inference as pb
 from tritonactor.core.errors import TritonError, invalid_arg, unsupported
 from tritonactor.observability.log_format import (
+    NOTICE,
     JsonFormatter,
     LogFormat,
     TextFormatter,
@@ -284,7 +285,7 @@ class _SettingsHandler(logging.Handler):
             allowed = settings.log_error
         elif level >= logging.WARNING:
             allowed = settings.log_warning
-        elif not _in_tree(record.name):
+        elif not _in_tree(record.name) and not getattr(record, NOTICE, False):
             # Through the root: other libraries' chatter (hypercorn's access lines, asyncio's
             # debug) is theirs to configure; only their warnings and errors are ours to show.
             allowed = False
@@ -324,11 +325,42 @@ def asgi_server_handler() -> logging.Handler:
     """The handler of the ASGI server's own loggers (uvicorn's, through the --log-config that
     `tritonactor serve` gives it), in every process of it, its supervisor included: the one the
     settings in the environment configure, so that its warnings and errors are written as the
-    server's are (format, log_file, log_warning); its information lines (the address it runs
-    on, its workers starting) are not written: the server writes Triton's."""
+    server's are (format, log_file, log_warning); of its information lines only those
+    `AsgiServerNotices` picks are written."""
+    global asgi_server_logs
+    asgi_server_logs = True
     with contextlib.suppress(SettingsError):  # the server reports a wrong setting as it starts
         configure_logging(Settings.from_env())
     return _handler()
+
+
+# Whether the ASGI server's loggers go through the server's handler in this process (uvicorn
+# under `tritonactor serve`): it then tells where HTTP is served (AsgiServerNotices), with the
+# port it bound; the app does not.
+asgi_server_logs = False
+_RUNNING = "Uvicorn running on %s://"
+
+
+class AsgiServerNotices(logging.Filter):
+    """uvicorn's information lines an operator needs, made the server's: `Uvicorn running on
+    http://HOST:PORT` becomes Triton's `Started HTTPService at HOST:PORT` (the port bound,
+    also where 0 was asked for), and a worker process that died (and is started again) a
+    warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("color_message", None)  # uvicorn's terminal colours: no field
+        if record.levelno != logging.INFO:
+            return True
+        if isinstance(record.msg, str) and record.msg.startswith(_RUNNING):
+            args = record.args
+            if isinstance(args, tuple) and len(args) == 3:
+                host, port = str(args[1]), args[2]
+                record.msg = "Started HTTPService at %s"
+                record.args = (f"[{host}]:{port}" if ":" in host else f"{host}:{port}",)
+                setattr(record, NOTICE, True)
+        elif record.getMessage().startswith("Child process [") and "died" in record.getMessage():
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 def _formatter(settings: LogSettings) -> logging.Formatter:

@@ -109,9 +109,9 @@ _UNSET = Status(StatusCode.UNSET)
 _IDS = RandomIdGenerator()
 
 
-def _setting(environ: Mapping[str, str], variable: str, default: int) -> int:
+def _setting(environ: Mapping[str, str], variable: str, default: int, warn: bool = True) -> int:
     """A positive integer from `variable`, else `default` (a value that is not one is logged,
-    as the SDK does)."""
+    as the SDK does, unless `warn` is False: the exporter's process warns of it)."""
     text = environ.get(variable, "").strip()
     if not text:
         return default
@@ -120,27 +120,52 @@ def _setting(environ: Mapping[str, str], variable: str, default: int) -> int:
     except ValueError:
         value = 0
     if value <= 0:
-        log.warning("%s=%r is not a positive integer: using %d", variable, text, default)
+        if warn:
+            log.warning("%s=%r is not a positive integer: using %d", variable, text, default)
         return default
     return value
 
 
 def exporter_settings(environ: Mapping[str, str]) -> dict[str, str]:
     """Where spans go and how they are batched, as Triton's trace settings show them in its
-    OpenTelemetry mode (`url`, `bsp_*`): the OTLP traces endpoint ("" without one) and the
-    batch settings in force."""
-    url = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-    if not url:
-        base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-        url = base.rstrip("/") + "/v1/traces" if base else ""
+    OpenTelemetry mode (`url`, `bsp_*`, in its order): the OTLP traces endpoint the exporter
+    uses ("" where no OTLP exporter is configured) and the batch settings in force."""
     return {
-        "url": url,
-        "bsp_schedule_delay": str(_setting(environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS)),
+        "url": _traces_url(environ),
         "bsp_max_export_batch_size": str(
-            _setting(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH_SIZE)
+            _setting(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", MAX_EXPORT_BATCH_SIZE, False)
         ),
-        "bsp_max_queue_size": str(_setting(environ, "OTEL_BSP_MAX_QUEUE_SIZE", MAX_QUEUE_SIZE)),
+        "bsp_schedule_delay": str(
+            _setting(environ, "OTEL_BSP_SCHEDULE_DELAY", SCHEDULE_DELAY_MS, False)
+        ),
+        "bsp_max_queue_size": str(
+            _setting(environ, "OTEL_BSP_MAX_QUEUE_SIZE", MAX_QUEUE_SIZE, False)
+        ),
     }
+
+
+def _traces_url(environ: Mapping[str, str]) -> str:
+    """The OTLP exporter's traces endpoint, as the SDK works it out: the traces variable as it
+    is; else the general one, with `/v1/traces` over HTTP; else the SDK's default where an OTLP
+    exporter is named. "" where none exports over OTLP."""
+    named = [e.strip() for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]
+    if named and "otlp" not in named:
+        return ""
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
+        or "http/protobuf"
+    ).lower()
+    grpc = protocol == "grpc"
+    url = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if url:
+        return url
+    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    if base:
+        return base if grpc else base.rstrip("/") + "/v1/traces"
+    if not named:
+        return ""  # no exporter at all: nothing is traced
+    return "http://localhost:4317" if grpc else "http://localhost:4318/v1/traces"
 
 
 def context_fields(context: SpanContext) -> Context:

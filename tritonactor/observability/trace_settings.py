@@ -28,7 +28,7 @@ TRACE_MODE = "opentelemetry"
 NAMES = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
 # Where spans go and how they are batched: OTEL_* variables read at start, shown in every
 # answer as Triton shows them; a request may name them (Triton takes them) and they stay.
-EXPORTER_NAMES = ("url", "bsp_schedule_delay", "bsp_max_export_batch_size", "bsp_max_queue_size")
+EXPORTER_NAMES = ("url", "bsp_max_export_batch_size", "bsp_schedule_delay", "bsp_max_queue_size")
 
 UINT32_MAX = 2**32 - 1
 INT32_MAX = 2**31 - 1
@@ -284,6 +284,8 @@ def from_grpc(settings: Mapping[str, list[str]]) -> dict[str, Any]:
             changes[name] = None
         elif name == "trace_level":
             changes[name] = list(values)
+        elif name in EXPORTER_NAMES:
+            changes[name] = values[0]  # taken, and left as the environment says, as one value
         elif len(values) == 1:
             changes[name] = values[0]
         else:

@@ -4,6 +4,7 @@ Runs in the stub process; what needs the server goes through `_pb_runtime.stub`.
 from __future__ import annotations
 
 import json
+import operator
 import threading
 from collections.abc import Awaitable
 from typing import Any
@@ -189,6 +190,13 @@ UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 
 
+def _integer(value: Any, what: str) -> int:
+    """`value` as the int it stands for (a bool or a numpy integer too); TypeError otherwise."""
+    if value is None or not hasattr(type(value), "__index__"):
+        raise TypeError(f"InferenceRequest {what} has the wrong type: {type(value).__name__}")
+    return operator.index(value)
+
+
 def _check(value: Any, kind: type | tuple[type, ...], what: str) -> None:
     if value is None or (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
         raise TypeError(f"InferenceRequest {what} has the wrong type: {type(value).__name__}")
@@ -216,14 +224,17 @@ class InferenceRequest:
         _check(model_name, str, "model_name")
         _check(request_id, str, "request_id")
         _check(model_version, int, "model_version")
-        _check(flags, int, "flags")
-        if not 0 <= flags <= UINT32_MAX:  # Triton's bindings take a uint32
+        # Triton's bindings take a uint32: anything an int can be made of (a bool, numpy's)
+        flags = _integer(flags, "flags")
+        if not 0 <= flags <= UINT32_MAX:
             raise TypeError(f"InferenceRequest flags must be a uint32, got {flags}")
         _check(timeout, int, "timeout")
-        if correlation_id is None or isinstance(correlation_id, bool):
-            _check(correlation_id, (int, str), "correlation_id")  # TypeError, as in Triton
-        if not isinstance(correlation_id, int | str):  # Triton's words for a float, say
-            raise TritonModelException("Correlation ID must be integer or string")
+        if correlation_id is None:  # as Triton's bindings refuse it
+            raise TypeError("InferenceRequest correlation_id has the wrong type: NoneType")
+        if not isinstance(correlation_id, str):
+            if not hasattr(type(correlation_id), "__index__"):  # Triton's words for a float
+                raise TritonModelException("Correlation ID must be integer or string")
+            correlation_id = operator.index(correlation_id)  # True is 1, as in Triton
         if isinstance(correlation_id, int) and not 0 <= correlation_id <= UINT64_MAX:
             # pybind11's words where Triton's bindings cannot take the number (a uint64).
             raise RuntimeError(

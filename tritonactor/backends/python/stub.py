@@ -366,6 +366,11 @@ class Stub(WireConversions):
         return self.calls.control(action, model, **arguments)
 
     def log(self, level: int, message: str, file: str = "", line: int = 0) -> None:
+        """A line for the server's log, located at `file`:`line` (a model's logger call), or,
+        without them, where the stub logs it (as Triton's lines name its stub's source)."""
+        if not file:
+            caller = sys._getframe(1)
+            file, line = caller.f_code.co_filename, caller.f_lineno
         self.channel.send(
             {"op": "log", "level": level, "message": message, "file": file, "line": line}
         )
