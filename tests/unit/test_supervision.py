@@ -318,6 +318,23 @@ async def test_a_replacement_that_dies_soon_backs_off_as_a_failed_start(
 
 
 @pytest.mark.usefixtures("quick_restarts")
+async def test_requests_queued_when_the_version_gives_up_are_told_why(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    """Not that the model is unloading (nobody asked): that it failed, and why."""
+    backend, _, router = await serve(system, CONFIG, tmp_path)
+    backend.refuse = True
+    backend.instances[0].die("the process exited with code 1")
+    with anyio.fail_after(WAIT), pytest.raises(TritonError) as caught:
+        await router.infer(request(CONFIG))  # queued: no instance serves
+    assert caught.value.code is ErrorCode.UNAVAILABLE
+    assert caught.value.message == (
+        "model 'm' failed (instance 'm_0_0' failed: the process exited with code 1; "
+        "restarting it failed: no weights); the request was not run"
+    )
+
+
+@pytest.mark.usefixtures("quick_restarts")
 async def test_the_version_fails_when_no_instance_is_left_after_the_first_attempts(
     system: ActorSystem, tmp_path: Path
 ) -> None:

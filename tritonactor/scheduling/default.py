@@ -37,6 +37,10 @@ class Scheduler(Actor[M]):
 
     mailbox_size = 1024
     handles_now = True
+    # Why its model gave up on it (its instances died and could not be made again), told before
+    # the model fails: the scheduler is then cancelled, not failed, and its queued requests
+    # are told this rather than that the model is unloading.
+    given_up: str | None = None
 
     async def receive(self, message: M) -> None:
         self.handle_now(message)
@@ -45,10 +49,9 @@ class Scheduler(Actor[M]):
     def handle_now(self, message: M) -> None: ...
 
     def stopped_error(self) -> TritonError:
-        if self.failure is not None:
-            return unavailable(
-                f"model '{self.name}' failed ({self.failure}); the request was not run"
-            )
+        failure = self.failure if self.failure is not None else self.given_up
+        if failure is not None:
+            return unavailable(f"model '{self.name}' failed ({failure}); the request was not run")
         return unavailable(f"model '{self.name}' is unloading; the request was not run")
 
 

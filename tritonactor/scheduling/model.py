@@ -25,6 +25,7 @@ from tritonactor.backends.base import (
 from tritonactor.cache import caches_responses
 from tritonactor.config.normalize import InstanceSpec, instance_specs
 from tritonactor.observability.summaries import LatencyOptions, LatencySummaries
+from tritonactor.scheduling.default import Scheduler
 from tritonactor.scheduling.factory import scheduler_for
 from tritonactor.scheduling.instance import InstanceActor
 from tritonactor.scheduling.messages import InstanceGone, VersionHealth
@@ -133,6 +134,7 @@ class ModelVersionActor(Actor[Any]):
         # Whether the owner was told the version cannot serve (no instance left).
         self._told_down = False
         self.scheduler: ActorRef[Any] | None = None
+        self._scheduler: Actor[Any] | None = None  # the actor behind `scheduler`
         # The instances of passive groups: made and kept, never given requests (as in Triton).
         self._passive: list[BackendInstance] = []
         config = context.config
@@ -164,6 +166,7 @@ class ModelVersionActor(Actor[Any]):
                     await anyio.to_thread.run_sync(instance.finalize)
                 await anyio.to_thread.run_sync(self._model.finalize)
             raise
+        self._scheduler = scheduler
         self.scheduler = await self.spawn(scheduler)
         for spec, instance in created:
             if spec.passive:
@@ -276,7 +279,10 @@ class ModelVersionActor(Actor[Any]):
             )
             first_tries = len(self.RESTART_DELAYS)
             if not self._instances and all(d.attempts >= first_tries for d in self._down.values()):
-                raise RuntimeError(f"{down.reason}; restarting it failed: {error}") from None
+                reason = f"{down.reason}; restarting it failed: {error}"
+                if isinstance(self._scheduler, Scheduler):  # its queued requests are told why
+                    self._scheduler.given_up = reason
+                raise RuntimeError(reason) from None
             self._schedule(down)
             return
         del self._down[name]
