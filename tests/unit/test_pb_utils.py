@@ -91,6 +91,10 @@ def test_inference_request_ids_and_flags_out_of_their_range_are_refused_as_trito
     assert pb_utils.InferenceRequest(model_name="m", correlation_id=True).correlation_id() == 1
     assert pb_utils.InferenceRequest(model_name="m", flags=np.uint32(1)).flags() == 1
     assert pb_utils.InferenceRequest(model_name="m", flags=True).flags() == 1
+    assert pb_utils.InferenceRequest(model_name="m", flags=np.bool_(True)).flags() == 1
+    assert pb_utils.InferenceRequest(model_name="m", model_version=np.int64(2)).model_version() == 2
+    with pytest.raises(pb_utils.TritonModelException):  # Triton checks for an int or a str
+        pb_utils.InferenceRequest(model_name="m", correlation_id=np.int64(5))
 
 
 def test_inference_request_none_among_inputs_is_a_model_exception() -> None:

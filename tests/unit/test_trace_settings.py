@@ -245,7 +245,7 @@ def test_grpc_values_become_json_values() -> None:
             "http://c:4317",
         ),
         ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/x"}, "http://t:1/x"),
-        ({"OTEL_TRACES_EXPORTER": "otlp"}, "http://localhost:4318/v1/traces"),
+        ({"OTEL_TRACES_EXPORTER": "OTLP"}, "http://localhost:4318/v1/traces"),
         ({"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, ""),
     ],
 )

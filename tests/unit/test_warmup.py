@@ -304,7 +304,7 @@ ZERO_F = 'inputs { key: "F" value: { data_type: TYPE_FP32 dims: [ 3 ] zero_data:
             'inputs { key: "S" value: { data_type: TYPE_STRING dims: [ 2 ] '
             'input_data_file: "three.bin" } }',
             "warmup 'bad' of model 'm', input 'S': input_data_file 'three.bin': BYTES data "
-            "holds 3 elements, expected 2",
+            "holds more than 2 elements, expected 2",
         ),
         (
             'inputs { key: "S" value: { data_type: TYPE_STRING dims: [ 2 ] '

@@ -119,7 +119,6 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> n
         items = []
         offset, end = 0, len(view)
         limit = count if count is not None else end
-        extra = 0  # elements past the count: counted, not made
         while offset < end:
             if offset + 4 > end:
                 raise ValueError("BYTES data ends inside a 4-byte length prefix")
@@ -127,13 +126,12 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> n
             offset += 4
             if offset + length > end:
                 raise ValueError(f"BYTES element of {length} bytes runs past the end of the data")
-            if len(items) < limit:
-                items.append(bytes(view[offset : offset + length]))
-            else:
-                extra += 1
+            if len(items) == limit:  # one past the count: the rest is not read (nor made)
+                raise ValueError(f"BYTES data holds more than {limit} elements, expected {limit}")
+            items.append(bytes(view[offset : offset + length]))
             offset += length
-        if count is not None and len(items) + extra != count:
-            raise ValueError(f"BYTES data holds {len(items) + extra} elements, expected {count}")
+        if count is not None and len(items) != count:
+            raise ValueError(f"BYTES data holds {len(items)} elements, expected {count}")
     result = np.empty(len(items), dtype=np.object_)
     result[:] = items
     return result

@@ -148,7 +148,8 @@ def _traces_url(environ: Mapping[str, str]) -> str:
     """The OTLP exporter's traces endpoint, as the SDK works it out: the traces variable as it
     is; else the general one, with `/v1/traces` over HTTP; else the SDK's default where an OTLP
     exporter is named. "" where none exports over OTLP."""
-    named = [e.strip() for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]
+    names = environ.get("OTEL_TRACES_EXPORTER", "").lower()  # as tracing_env.py reads it
+    named = [e.strip() for e in names.split(",") if e.strip()]
     if named and "otlp" not in named:
         return ""
     protocol = (

@@ -191,10 +191,19 @@ UINT64_MAX = 2**64 - 1
 
 
 def _integer(value: Any, what: str) -> int:
-    """`value` as the int it stands for (a bool or a numpy integer too); TypeError otherwise."""
-    if value is None or not hasattr(type(value), "__index__"):
+    """`value` as an int, as Triton's bindings convert it: whatever has `__index__` or
+    `__int__` (a bool, numpy's integers, booleans and floats but a Python float); TypeError
+    otherwise."""
+    if value is None or isinstance(value, float | str | bytes):
         raise TypeError(f"InferenceRequest {what} has the wrong type: {type(value).__name__}")
-    return operator.index(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        if not hasattr(type(value), "__int__"):
+            raise TypeError(
+                f"InferenceRequest {what} has the wrong type: {type(value).__name__}"
+            ) from None
+        return int(value)
 
 
 def _check(value: Any, kind: type | tuple[type, ...], what: str) -> None:
@@ -223,7 +232,7 @@ class InferenceRequest:
     ) -> None:
         _check(model_name, str, "model_name")
         _check(request_id, str, "request_id")
-        _check(model_version, int, "model_version")
+        model_version = _integer(model_version, "model_version")
         # Triton's bindings take a uint32: anything an int can be made of (a bool, numpy's)
         flags = _integer(flags, "flags")
         if not 0 <= flags <= UINT32_MAX:
@@ -231,10 +240,10 @@ class InferenceRequest:
         _check(timeout, int, "timeout")
         if correlation_id is None:  # as Triton's bindings refuse it
             raise TypeError("InferenceRequest correlation_id has the wrong type: NoneType")
-        if not isinstance(correlation_id, str):
-            if not hasattr(type(correlation_id), "__index__"):  # Triton's words for a float
-                raise TritonModelException("Correlation ID must be integer or string")
-            correlation_id = operator.index(correlation_id)  # True is 1, as in Triton
+        if not isinstance(correlation_id, int | str):  # numpy's too: Triton's check and words
+            raise TritonModelException("Correlation ID must be integer or string")
+        if isinstance(correlation_id, bool):
+            correlation_id = int(correlation_id)  # True is 1, as in Triton
         if isinstance(correlation_id, int) and not 0 <= correlation_id <= UINT64_MAX:
             # pybind11's words where Triton's bindings cannot take the number (a uint64).
             raise RuntimeError(

@@ -114,7 +114,11 @@ class _Protocol(H2Protocol):
         if not cached:
             log.debug("h2's HPACK coders are not hpack's own: their blocks are not cached")
         h2_connection.update_settings(
-            {SettingCodes.MAX_FRAME_SIZE: FRAME, SettingCodes.MAX_CONCURRENT_STREAMS: STREAMS}
+            {
+                SettingCodes.MAX_FRAME_SIZE: FRAME,
+                SettingCodes.MAX_CONCURRENT_STREAMS: STREAMS,
+                SettingCodes.MAX_HEADER_LIST_SIZE: HEADER_LIST,  # told: clients that heed it
+            }
         )
         h2_connection.max_inbound_frame_size = FRAME
         h2_connection.decoder.max_header_list_size = HEADER_LIST
