@@ -97,8 +97,9 @@ def array_from_bytes(
 
 
 # The most dimensions a numpy array has. A request's tensor with more keeps its data flat: no
-# model's config has that many, so the model's signature refuses it, with Triton's words, from
-# the tensor's shape (reshaping would fail first, as an internal error).
+# model's config may have that many (config/validate.py refuses it at load), so the model's
+# signature refuses it, with Triton's words, from the tensor's shape (reshaping would fail
+# first, as an internal error).
 MAX_DIMS = 64
 
 
