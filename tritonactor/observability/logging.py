@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanContext
 
 from tritonactor._proto import inference as pb
 from tritonactor.core.errors import TritonError, invalid_arg, unsupported
+from tritonactor.frontends.listen import address_text
 from tritonactor.observability.log_format import (
     NOTICE,
     JsonFormatter,
@@ -354,9 +355,8 @@ class AsgiServerNotices(logging.Filter):
         if isinstance(record.msg, str) and record.msg.startswith(_RUNNING):
             args = record.args
             if isinstance(args, tuple) and len(args) == 3:
-                host, port = str(args[1]), args[2]
                 record.msg = "Started HTTPService at %s"
-                record.args = (f"[{host}]:{port}" if ":" in host else f"{host}:{port}",)
+                record.args = (address_text(str(args[1]), int(args[2])),)
                 setattr(record, NOTICE, True)
         elif record.getMessage().startswith("Child process [") and "died" in record.getMessage():
             record.levelno, record.levelname = logging.WARNING, "WARNING"
